@@ -1,0 +1,80 @@
+// Package agentconn is the daemon side of the daemon↔agent link: it turns a
+// dial function (a Unix socket, vsock, a forwarded port) into an
+// agentv1connect.AgentServiceClient speaking Connect over unencrypted
+// HTTP/2, and negotiates the protocol version. It imports only api/.
+package agentconn
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
+	"github.com/sbxdev/sbx/api/gen/agent/v1/agentv1connect"
+)
+
+// ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
+const ProtocolVersion = 1
+
+// DialFunc opens a new connection to an agent.
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+// Conn is a client of one agent. Close releases its idle connections.
+type Conn struct {
+	agentv1connect.AgentServiceClient
+	transport *http.Transport
+}
+
+// New returns a client that dials with dial. It does not connect yet.
+func New(dial DialFunc) *Conn {
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols: &protos,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx)
+		},
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	hc := &http.Client{Transport: tr}
+	client := agentv1connect.NewAgentServiceClient(hc, "http://agent", connect.WithGRPC())
+	return &Conn{AgentServiceClient: client, transport: tr}
+}
+
+// Close drops idle connections to the agent.
+func (c *Conn) Close() { c.transport.CloseIdleConnections() }
+
+// Hello checks the agent answers and speaks a protocol this daemon knows.
+func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
+	resp, err := c.AgentServiceClient.Hello(ctx, connect.NewRequest(&agentv1.HelloRequest{ProtocolVersion: ProtocolVersion}))
+	if err != nil {
+		return nil, fmt.Errorf("agent hello: %w", err)
+	}
+	if v := resp.Msg.GetProtocolVersion(); v == 0 || v > ProtocolVersion {
+		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ProtocolVersion)
+	}
+	return resp.Msg, nil
+}
+
+// WaitReady calls Hello until it succeeds or ctx ends.
+func (c *Conn) WaitReady(ctx context.Context) (*agentv1.HelloResponse, error) {
+	delay := 200 * time.Microsecond
+	for {
+		resp, err := c.Hello(ctx)
+		if err == nil {
+			return resp, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for agent: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

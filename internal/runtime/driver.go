@@ -1,0 +1,123 @@
+// Package runtime owns the runtime.Driver contract: the interface every
+// isolation technology (oci with runc/crun/runsc, later microvm and
+// kubernetes) implements so that internal/sandbox can run sandboxes without
+// knowing how. Drivers live in runtime/<name>/ and never import each other;
+// runtime/testsuite is the conformance suite each of them (and the fake) passes.
+package runtime
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Driver starts and stops boxes whose PID 1 is sbx-agent. It is the whole
+// contract between the sandbox manager and an isolation technology:
+//
+//   - Create builds every host resource for the box (rootfs, cgroup,
+//     namespaces, ...), starts it with the agent as init, and returns only when
+//     the agent's listening socket exists and a Dial would reach it (the caller
+//     then says Hello). On any error nothing of the box is left behind: Create
+//     rolls back what it made.
+//   - The returned Handle is persisted by the caller (SQLite) verbatim. After a
+//     daemon restart the caller passes it to Recover, which either re-attaches
+//     (the box is running or paused and its agent is reachable) or returns an
+//     error wrapping errdefs.ErrNotFound after cleaning up whatever is left.
+//   - Pause freezes every process of the box; Resume thaws it. Both are
+//     idempotent.
+//   - Destroy kills every process, releases every host resource (mounts,
+//     cgroups, namespaces, directories, state files) and is idempotent: a
+//     second call, or a call for a box that never fully existed, returns nil.
+//     Destroys of different boxes may run concurrently.
+//   - Cleanup removes host resources of boxes whose ids are not in keep — the
+//     leftovers of a crash in the middle of Create or Destroy. The daemon calls
+//     it once at start, after Recover.
+//   - Dial connects to the agent of a running box.
+//
+// All methods are safe for concurrent use on different ids. Calls for the
+// same id are serialised by the caller.
+type Driver interface {
+	Name() string
+	// Info reports capabilities and health. Cheap; may be called often.
+	Info(ctx context.Context) Info
+	Create(ctx context.Context, spec Spec) (Handle, error)
+	Recover(ctx context.Context, h Handle) (Handle, error)
+	Pause(ctx context.Context, h Handle) error
+	Resume(ctx context.Context, h Handle) error
+	Destroy(ctx context.Context, h Handle) error
+	Stats(ctx context.Context, h Handle) (Stats, error)
+	Dial(ctx context.Context, h Handle) (net.Conn, error)
+	Cleanup(ctx context.Context, keep map[string]bool) error
+}
+
+// Spec is everything a driver needs to create a box.
+type Spec struct {
+	// ID is the sandbox id: unique, [a-z0-9-], at most 32 bytes. Drivers use
+	// it to name host resources.
+	ID string
+	// Image is the rootfs to run; Image.Name "host" is the built-in host image.
+	Image Image
+	// Env is the environment of the agent and, by default, of every command.
+	Env []string
+	// Workdir is the initial working directory ("/" if empty).
+	Workdir string
+	// Command is an optional long-running command the agent starts at boot.
+	Command []string
+	// Hostname of the box (default: ID).
+	Hostname string
+	Resources Resources
+}
+
+// Image says what the box's root filesystem is made of.
+type Image struct {
+	// Name is the reference the user gave ("host", ...).
+	Name string
+	// Layers are read-only directories, lowest first, stacked under the box's
+	// writable layer. Empty for the built-in "host" image, which the driver
+	// assembles itself.
+	Layers []string
+}
+
+// Resources are hard limits. Zero means "no limit" for the driver; the
+// sandbox manager fills in defaults before calling Create.
+type Resources struct {
+	MemoryBytes int64
+	CPUMillis   int64
+	Pids        int64
+	DiskBytes   int64
+}
+
+// Handle identifies a box to its driver. Drivers may keep private state in
+// Data (JSON); the caller persists the whole Handle and hands it back.
+type Handle struct {
+	ID     string `json:"id"`
+	Driver string `json:"driver"`
+	// Data is driver-private state, persisted by the caller.
+	Data []byte `json:"data,omitempty"`
+}
+
+// Stats are live resource usage figures; a driver that cannot measure one
+// leaves it zero.
+type Stats struct {
+	MemoryBytes     int64
+	MemoryPeakBytes int64
+	CPUUsageNs      int64
+	Pids            int64
+	DiskUsedBytes   int64
+	// OOMKills counts processes killed for exceeding the memory limit.
+	OOMKills int64
+}
+
+// Info is a driver's self-description.
+type Info struct {
+	Name string
+	// Healthy is false when the driver cannot create boxes at all.
+	Healthy bool
+	// Detail explains the health state or any fallback made, for humans.
+	Detail string
+	// Capabilities lists optional features, e.g. "pause", "stats", "disk-limit".
+	Capabilities []string
+}
+
+// ProbeTimeout bounds how long drivers wait for an agent to come up.
+const ProbeTimeout = 10 * time.Second
