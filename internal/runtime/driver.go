@@ -64,7 +64,7 @@ type Spec struct {
 	// Command is an optional long-running command the agent starts at boot.
 	Command []string
 	// Hostname of the box (default: ID).
-	Hostname string
+	Hostname  string
 	Resources Resources
 }
 

@@ -1,0 +1,49 @@
+# sbx — see README.md. `make run` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION)
+DATA_DIR ?= $(CURDIR)/.sbx/data
+SBX_ADDR ?= 127.0.0.1:7777
+export SBX_ADDR
+
+.PHONY: all build deps run stop test test-unit lint check-gen bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build:
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx-agent ./cmd/sbx-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx ./cmd/sbx
+
+# Start the daemon in the background (log in .sbx/daemon.log) and run the quickstart.
+run: deps build
+	@./scripts/run.sh
+
+stop:
+	@./scripts/run.sh stop
+
+lint: deps
+	$(GO) vet ./...
+	cd api && $(GO) vet ./...
+	./.tools/staticcheck ./...
+
+check-gen: deps
+	@./scripts/check-gen.sh
+
+test: deps build lint check-gen
+	$(GO) test -race -count=1 -timeout 25m ./...
+	cd api && $(GO) test -count=1 ./...
+
+test-unit:
+	$(GO) test -count=1 ./...
+
+bench: deps build
+	@./scripts/bench.sh
+
+clean:
+	rm -rf bin .tools

@@ -1,0 +1,229 @@
+package cli
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+func newCp(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files between the host and a sandbox (ID:/path on either side)",
+		Long: "Copy a file or directory. One side is ID:/path (or NAME:/path).\n" +
+			"A directory is copied recursively; symlinks are copied as links and never followed.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcRef, srcPath, srcRemote := splitRemote(args[0])
+			dstRef, dstPath, dstRemote := splitRemote(args[1])
+			switch {
+			case srcRemote && dstRemote:
+				return errors.New("cp: copying between two sandboxes is not supported; go through the host")
+			case !srcRemote && !dstRemote:
+				return errors.New("cp: one of SRC and DST must be ID:/path")
+			case dstRemote:
+				sb, err := a.client().Get(cmd.Context(), dstRef)
+				if err != nil {
+					return err
+				}
+				return copyIn(cmd.Context(), sb, srcPath, dstPath)
+			default:
+				sb, err := a.client().Get(cmd.Context(), srcRef)
+				if err != nil {
+					return err
+				}
+				return copyOut(cmd.Context(), sb, srcPath, dstPath)
+			}
+		},
+	}
+}
+
+// splitRemote splits "ref:/path". Local paths containing ':' must start with
+// '.' or '/' to be read as local.
+func splitRemote(arg string) (ref, p string, remote bool) {
+	if strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, ".") {
+		return "", arg, false
+	}
+	ref, p, ok := strings.Cut(arg, ":")
+	if !ok || ref == "" {
+		return "", arg, false
+	}
+	return ref, p, true
+}
+
+func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
+	fi, err := os.Lstat(src)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		// Copying onto an existing directory puts the file inside it.
+		if info, err := sb.Stat(ctx, dst); err == nil && info.GetType() == sbxv1.FileType_FILE_TYPE_DIR {
+			dst = path.Join(dst, filepath.Base(src))
+		}
+		_, err = sb.Upload(ctx, dst, f, uint32(fi.Mode().Perm()))
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeTar(pw, src)) }()
+	_, err = sb.UploadTar(ctx, dst, pr)
+	pr.CloseWithError(err)
+	return err
+}
+
+// writeTar writes the tree at dir (without following symlinks) as a tar.
+func writeTar(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if info.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(tw, f)
+			f.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
+	info, err := sb.Stat(ctx, src)
+	if err != nil {
+		return err
+	}
+	if info.GetType() != sbxv1.FileType_FILE_TYPE_DIR {
+		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+			dst = filepath.Join(dst, path.Base(src))
+		}
+		tmp, err := os.CreateTemp(filepath.Dir(dst), ".sbx-cp-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		if err := sb.Download(ctx, src, tmp); err != nil {
+			tmp.Close()
+			return err
+		}
+		if err := tmp.Chmod(fs.FileMode(info.GetMode()) & 0o777); err != nil {
+			tmp.Close()
+			return err
+		}
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp.Name(), dst)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(sb.DownloadTar(ctx, src, pw)) }()
+	err = extractTar(pr, dst)
+	pr.CloseWithError(err)
+	return err
+}
+
+// extractTar unpacks a tar that came from a sandbox — hostile by definition —
+// into dst. os.Root confines every operation to dst, so absolute names, ".."
+// and symlinks planted by earlier entries cannot reach outside it; device
+// nodes are skipped and setuid/setgid bits dropped.
+func extractTar(r io.Reader, dst string) error {
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading tar from sandbox: %w", err)
+		}
+		name := path.Clean("/" + hdr.Name)[1:]
+		if name == "" {
+			continue
+		}
+		mode := fs.FileMode(hdr.Mode) & 0o777
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.MkdirAll(name, mode|0o700); err != nil {
+				return fmt.Errorf("mkdir %s: %w", name, err)
+			}
+		case tar.TypeReg:
+			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil && path.Dir(name) != "." {
+				return err
+			}
+			f, err := root.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+			if err != nil {
+				return fmt.Errorf("create %s: %w", name, err)
+			}
+			_, err = io.Copy(f, tr)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("write %s: %w", name, err)
+			}
+		case tar.TypeSymlink:
+			_ = root.Remove(name)
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return fmt.Errorf("symlink %s: %w", name, err)
+			}
+		default:
+			// Hard links, devices, FIFOs: not copied out.
+		}
+	}
+}

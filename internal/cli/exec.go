@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/server"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+type execFlags struct {
+	interactive, tty bool
+	env              []string
+	workdir          string
+	timeout          time.Duration
+}
+
+func newExec(a *app) *cobra.Command {
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:   "exec [flags] ID|NAME -- CMD...",
+		Short: "Run a command in a sandbox; exits with its exit code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb := &sbx.Sandbox{ID: args[0]}
+			return a.runExecRef(cmd.Context(), args[0], sb, ef, args[1:])
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
+	f.BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
+	f.StringArrayVarP(&ef.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
+	f.StringVarP(&ef.workdir, "workdir", "w", "", "working directory")
+	f.DurationVar(&ef.timeout, "timeout", 0, "kill the command after this long, e.g. 30s")
+	return cmd
+}
+
+func (a *app) runExecRef(ctx context.Context, ref string, _ *sbx.Sandbox, ef execFlags, argv []string) error {
+	sb, err := a.client().Get(ctx, ref)
+	if err != nil {
+		return err
+	}
+	return a.runExec(ctx, sb, ef, argv)
+}
+
+// runExec runs argv in sb wired to this terminal and returns an ExitError
+// carrying the command's exit code.
+func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv []string) error {
+	env, err := parseEnv(ef.env)
+	if err != nil {
+		return err
+	}
+	opts := sbx.ExecOptions{
+		Argv: argv, Env: env, Workdir: ef.workdir, Timeout: ef.timeout, TTY: ef.tty,
+		Stdout: a.stdout, Stderr: a.stderr,
+	}
+	if ef.interactive {
+		opts.Stdin = a.stdin
+	}
+	var st *sbx.ExitStatus
+	if ef.tty {
+		st, err = a.execTTY(ctx, sb, opts)
+	} else {
+		st, err = sb.Exec(ctx, opts)
+	}
+	if err != nil {
+		return err
+	}
+	if st.Error != "" {
+		fmt.Fprintln(a.stderr, "sbx:", st.Error)
+	}
+	if st.TimedOut {
+		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
+	}
+	if st.Code != 0 {
+		return &ExitError{Code: st.Code}
+	}
+	return nil
+}
+
+// execTTY puts the local terminal in raw mode, forwards window size changes
+// and restores the terminal afterwards.
+func (a *app) execTTY(ctx context.Context, sb *sbx.Sandbox, opts sbx.ExecOptions) (*sbx.ExitStatus, error) {
+	fd := int(os.Stdin.Fd())
+	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
+		opts.Rows, opts.Cols = uint32(ws.Row), uint32(ws.Col)
+	}
+	if opts.Stdin == nil {
+		opts.Stdin = a.stdin
+	}
+	if old, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+		raw := *old
+		raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+		raw.Oflag &^= unix.OPOST
+		raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+		raw.Cflag &^= unix.CSIZE | unix.PARENB
+		raw.Cflag |= unix.CS8
+		raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+		if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err == nil {
+			defer unix.IoctlSetTermios(fd, unix.TCSETS, old) //nolint:errcheck
+		}
+	}
+	p, err := sb.StartExec(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	go func() {
+		for range winch {
+			if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
+				_ = p.Resize(uint32(ws.Row), uint32(ws.Col))
+			}
+		}
+	}()
+	return p.Wait()
+}
+
+func sortStrings(s []string) { sort.Strings(s) }
+
+func clientVersion() string { return server.Version }

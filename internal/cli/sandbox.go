@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+type createFlags struct {
+	image, name, workdir, memory, disk string
+	labels, env, secrets               []string
+	cpus                               float64
+	pids                               int64
+	timeout, idleTimeout               time.Duration
+	stopWhenIdle                       bool
+	runtime                            string
+}
+
+func (c *createFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&c.image, "image", "", "image (default: host)")
+	f.StringVar(&c.name, "name", "", "unique name")
+	f.StringArrayVarP(&c.labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
+	f.StringArrayVarP(&c.env, "env", "e", nil, "environment KEY=VALUE or KEY (repeatable)")
+	f.StringArrayVar(&c.secrets, "secret", nil, "secret KEY=VALUE, injected as env but never shown (repeatable)")
+	f.StringVarP(&c.workdir, "workdir", "w", "", "working directory")
+	f.StringVarP(&c.memory, "memory", "m", "", "memory limit, e.g. 512M")
+	f.Float64Var(&c.cpus, "cpus", 0, "CPU limit, e.g. 0.5")
+	f.Int64Var(&c.pids, "pids", 0, "process limit")
+	f.StringVar(&c.disk, "disk", "", "size of the writable layer, e.g. 1G")
+	f.DurationVar(&c.timeout, "timeout", 0, "lifetime, e.g. 10m (default: the daemon's)")
+	f.DurationVar(&c.idleTimeout, "idle-timeout", 0, "destroy after this long without activity")
+	f.BoolVar(&c.stopWhenIdle, "stop-when-idle", false, "stop instead of destroy at the idle timeout")
+	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
+}
+
+func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
+	mem, err := parseSize(c.memory)
+	if err != nil {
+		return sbx.CreateOptions{}, fmt.Errorf("--memory: %w", err)
+	}
+	disk, err := parseSize(c.disk)
+	if err != nil {
+		return sbx.CreateOptions{}, fmt.Errorf("--disk: %w", err)
+	}
+	labels, err := parseKV("label", c.labels)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
+	env, err := parseEnv(c.env)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
+	secrets, err := parseKV("secret", c.secrets)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
+	return sbx.CreateOptions{
+		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
+		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
+		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime,
+	}, nil
+}
+
+func newCreate(a *app) *cobra.Command {
+	var cf createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags] [-- CMD...]",
+		Short: "Create a sandbox and print its id",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts, err := cf.options(args)
+			if err != nil {
+				return err
+			}
+			sb, err := a.client().Create(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, sb.ID)
+			return nil
+		},
+	}
+	cf.add(cmd)
+	return cmd
+}
+
+func newRun(a *app) *cobra.Command {
+	var cf createFlags
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- CMD...",
+		Short: "Create a sandbox, run a command in it, destroy it",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts, err := cf.options(nil)
+			if err != nil {
+				return err
+			}
+			c := a.client()
+			sb, err := c.Create(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 30*time.Second)
+				defer cancel()
+				if err := sb.Destroy(dctx); err != nil {
+					fmt.Fprintln(a.stderr, "sbx: destroying", sb.ID+":", err)
+				}
+			}()
+			return a.runExec(cmd.Context(), sb, ef, args)
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
+	cmd.Flags().BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
+	cmd.Flags().DurationVar(&ef.timeout, "exec-timeout", 0, "kill the command after this long")
+	return cmd
+}
+
+func newLs(a *app) *cobra.Command {
+	var quiet, asJSON bool
+	var labels []string
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			list, err := a.client().List(cmd.Context(), labels...)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				infos := make([]json.RawMessage, 0, len(list))
+				for _, sb := range list {
+					b, _ := protojson.Marshal(sb.Info)
+					infos = append(infos, b)
+				}
+				return writeJSON(a, infos)
+			}
+			if quiet {
+				for _, sb := range list {
+					fmt.Fprintln(a.stdout, sb.ID)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tCREATED\tLABELS")
+			for _, sb := range list {
+				i := sb.Info
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", i.GetId(), i.GetName(), i.GetImage(), stateText(i.GetState()),
+					ago(i.GetCreatedAtMs()), labelText(i.GetLabels()))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print ids only")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label selector k=v, k!=v, k or !k (repeatable)")
+	return cmd
+}
+
+func writeJSON(a *app, v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func stateText(s sbxv1.SandboxState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "SANDBOX_STATE_"))
+}
+
+func labelText(m map[string]string) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	sortStrings(parts)
+	return strings.Join(parts, ",")
+}
+
+func ago(ms int64) string {
+	d := time.Since(time.UnixMilli(ms)).Round(time.Second)
+	return d.String() + " ago"
+}
+
+func newInspect(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "inspect ID|NAME...",
+		Short: "Show sandboxes as JSON (with live stats)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := a.client()
+			var out []json.RawMessage
+			for _, ref := range args {
+				sb, err := c.Get(cmd.Context(), ref)
+				if err != nil {
+					return err
+				}
+				b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(sb.Info)
+				if err != nil {
+					return err
+				}
+				out = append(out, b)
+			}
+			if len(out) == 1 {
+				return writeJSON(a, out[0])
+			}
+			return writeJSON(a, out)
+		},
+	}
+	cmd.Flags().Bool("json", true, "print JSON (the only format)")
+	return cmd
+}
+
+// forEach runs op on every named sandbox, reporting each failure.
+func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) error) error {
+	c := a.client()
+	failed := 0
+	for _, ref := range refs {
+		sb, err := c.Get(ctx, ref)
+		if err == nil {
+			err = op(sb)
+		}
+		if err != nil {
+			fmt.Fprintln(a.stderr, "sbx:", err)
+			failed++
+			continue
+		}
+		fmt.Fprintln(a.stdout, ref)
+	}
+	if failed > 0 {
+		return &ExitError{Code: 1}
+	}
+	return nil
+}
+
+func newRm(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID|NAME...",
+		Aliases: []string{"destroy", "kill"},
+		Short:   "Destroy sandboxes",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Destroy(cmd.Context()) })
+		},
+	}
+}
+
+func newStop(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop ID|NAME...",
+		Short: "Freeze sandboxes (processes and files are kept)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Stop(cmd.Context()) })
+		},
+	}
+}
+
+func newStart(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "start ID|NAME...",
+		Aliases: []string{"resume"},
+		Short:   "Resume stopped sandboxes",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Start(cmd.Context()) })
+		},
+	}
+}
+
+func newVersion(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print client and daemon versions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintf(a.stdout, "client: %s\n", clientVersion())
+			v, err := a.client().Version(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "daemon: %s\n", v.GetVersion())
+			for _, r := range v.GetRuntimes() {
+				def := ""
+				if r.GetIsDefault() {
+					def = " (default)"
+				}
+				health := "healthy"
+				if !r.GetHealthy() {
+					health = "UNHEALTHY"
+				}
+				fmt.Fprintf(a.stdout, "runtime %s%s: %s: %s\n", r.GetName(), def, health, r.GetHealthDetail())
+			}
+			return nil
+		},
+	}
+}

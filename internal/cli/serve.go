@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sbxdev/sbx/internal/daemon"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+func newServe(a *app) *cobra.Command {
+	var cfg daemon.Config
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the sbx daemon",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return err
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Run(ctx, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", sbx.DefaultAddr, "API address host:port")
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/sbx", "state directory")
+	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
+	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
+	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

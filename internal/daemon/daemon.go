@@ -1,0 +1,204 @@
+// Package daemon is sbx's composition root: the one place that builds the
+// state store, the runtime drivers, the sandbox manager and the RPC server
+// from a Config and serves them until its context ends. Nothing imports it
+// but cmd/sbx (through internal/cli) and end-to-end tests.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/oci"
+	"github.com/sbxdev/sbx/internal/sandbox"
+	"github.com/sbxdev/sbx/internal/server"
+	"github.com/sbxdev/sbx/internal/store"
+)
+
+// Config is everything `sbx serve` can be told.
+type Config struct {
+	// Listen is the API address, host:port.
+	Listen string
+	// DataDir holds the state database and every sandbox's files.
+	DataDir string
+	// OCIRuntime is the OCI runtime binary ("" = auto: crun where it works, else runc).
+	OCIRuntime string
+	// AgentPath is the sbx-agent binary ("" = next to this executable).
+	AgentPath string
+	// DefaultTimeout is the lifetime of sandboxes created without one.
+	DefaultTimeout time.Duration
+	// Defaults are the resources of sandboxes that ask for none.
+	Defaults runtime.Resources
+	Logger   *slog.Logger
+	// Ready, if set, is called with the bound address once serving.
+	Ready func(addr string)
+}
+
+// DefaultResources are used when Config.Defaults leaves a field zero.
+var DefaultResources = runtime.Resources{
+	MemoryBytes: 512 << 20,
+	CPUMillis:   1000,
+	Pids:        512,
+	DiskBytes:   1 << 30,
+}
+
+// Run serves until ctx is cancelled. Sandboxes outlive the daemon: the next
+// Run over the same DataDir re-attaches them.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.DataDir == "" {
+		return errors.New("no data dir given")
+	}
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("resolve data dir: %w", err)
+	}
+	// 0711: sandboxes' user namespaces must be able to traverse to their bundles.
+	if err := os.MkdirAll(dataDir, 0o711); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	unlock, err := lockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	agentPath := cfg.AgentPath
+	if agentPath == "" {
+		if agentPath, err = findAgent(); err != nil {
+			return err
+		}
+	}
+	st, err := store.Open(ctx, dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	drv, err := oci.New(oci.Config{
+		StateDir:    filepath.Join(dataDir, "oci"),
+		RuntimePath: cfg.OCIRuntime,
+		AgentPath:   agentPath,
+		Logger:      log.With("runtime", "oci"),
+	})
+	if err != nil {
+		return fmt.Errorf("oci runtime: %w", err)
+	}
+	info := drv.Info(ctx)
+	log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail)
+
+	defaults := cfg.Defaults
+	fill(&defaults.MemoryBytes, DefaultResources.MemoryBytes)
+	fill(&defaults.CPUMillis, DefaultResources.CPUMillis)
+	fill(&defaults.Pids, DefaultResources.Pids)
+	fill(&defaults.DiskBytes, DefaultResources.DiskBytes)
+
+	mgr, err := sandbox.New(sandbox.Config{
+		Store:          st,
+		Drivers:        map[string]runtime.Driver{drv.Name(): drv},
+		DefaultRuntime: drv.Name(),
+		Defaults:       defaults,
+		DefaultTimeout: cfg.DefaultTimeout,
+		Limits:         hostLimits(),
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Recover(ctx); err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	mgr.Run()
+	defer mgr.Close()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           server.New(mgr).Handler(),
+		Protocols:         &protos,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir)
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	log.Info("sbx daemon stopped; sandboxes keep running")
+	return nil
+}
+
+func fill(v *int64, def int64) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+// hostLimits bounds requests by what this machine has.
+func hostLimits() sandbox.Limits {
+	var si unix.Sysinfo_t
+	mem := int64(64 << 30)
+	if unix.Sysinfo(&si) == nil {
+		mem = int64(si.Totalram) * int64(si.Unit)
+	}
+	return sandbox.Limits{
+		MinMemoryBytes: 16 << 20, MaxMemoryBytes: mem,
+		MinCPUMillis: 10, MaxCPUMillis: int64(goruntime.NumCPU()) * 1000,
+		MinPids: 16, MaxPids: 1 << 22,
+		MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40,
+		MaxTimeoutMs: (7 * 24 * time.Hour).Milliseconds(),
+	}
+}
+
+// findAgent looks for sbx-agent next to the running executable.
+func findAgent() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("locate own executable: %w", err)
+	}
+	p := filepath.Join(filepath.Dir(exe), "sbx-agent")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("sbx-agent not found next to %s (build it with `make build` or pass --agent): %w", exe, err)
+	}
+	return p, nil
+}
+
+// lockDataDir makes sure one daemon owns a data dir.
+func lockDataDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "daemon.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data dir %s is in use by another sbx daemon: %w", dir, err)
+	}
+	return func() { f.Close() }, nil
+}

@@ -1,0 +1,566 @@
+// Package sandbox owns the sandbox lifecycle: validation, ids and unique
+// names, label selection, the state machine (creating → running ⇄ stopped →
+// destroyed), lifetime and idle timeouts, persistence through internal/store
+// and reconciliation after a daemon restart. It drives isolation only through
+// runtime.Driver and reaches agents through internal/agentconn; it knows no
+// driver and no RPC server. internal/daemon wires it; internal/server calls it.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/store"
+)
+
+// Config wires a Manager.
+type Config struct {
+	Store *store.Store
+	// Drivers by name; DefaultRuntime names the one used when a request says none.
+	Drivers        map[string]runtime.Driver
+	DefaultRuntime string
+	// Defaults fill resources a request leaves zero.
+	Defaults runtime.Resources
+	// DefaultTimeout is the lifetime of a sandbox whose request gives none (0: unlimited).
+	DefaultTimeout time.Duration
+	Limits         Limits
+	Logger         *slog.Logger
+	// TickInterval is how often timeouts are checked (default 250ms).
+	TickInterval time.Duration
+}
+
+// Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
+// operations on one sandbox are serialised, on different sandboxes they run
+// in parallel.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	mu sync.RWMutex
+	// boxes holds every sandbox not yet destroyed, by id. Guarded by mu.
+	boxes map[string]*box
+	// names maps names to ids of boxes in boxes. Guarded by mu.
+	names map[string]string
+	// tombstones remembers why recently removed sandboxes are gone. Guarded by mu.
+	tombstones map[string]tombstone
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+type tombstone struct {
+	reason string
+	at     time.Time
+}
+
+type box struct {
+	id     string
+	driver runtime.Driver
+	// spec is the validated request with defaults applied; immutable.
+	spec *sbxv1.CreateSandboxRequest
+
+	lastActive atomic.Int64 // unix ms
+	dirty      atomic.Bool  // lastActive not yet persisted
+	busy       atomic.Int64 // operations in flight (keeps the box from idling)
+
+	// opMu serialises lifecycle operations (create, stop, start, destroy).
+	opMu sync.Mutex
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	rec    *store.Record
+	handle runtime.Handle
+	conn   *agentconn.Conn
+}
+
+func (b *box) state() sbxv1.SandboxState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return stateOf(b.rec.State)
+}
+
+// New returns a Manager. Call Recover before serving, then Run.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("sandbox manager needs a store")
+	}
+	if _, ok := cfg.Drivers[cfg.DefaultRuntime]; !ok {
+		return nil, fmt.Errorf("default runtime %q is not configured", cfg.DefaultRuntime)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = 250 * time.Millisecond
+	}
+	return &Manager{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		boxes:      map[string]*box{},
+		names:      map[string]string{},
+		tombstones: map[string]tombstone{},
+		stop:       make(chan struct{}),
+	}, nil
+}
+
+// Runtimes describes the configured drivers.
+func (m *Manager) Runtimes(ctx context.Context) []*sbxv1.RuntimeInfo {
+	var out []*sbxv1.RuntimeInfo
+	for _, name := range slices.Sorted(maps.Keys(m.cfg.Drivers)) {
+		info := m.cfg.Drivers[name].Info(ctx)
+		out = append(out, &sbxv1.RuntimeInfo{
+			Name: name, Healthy: info.Healthy, HealthDetail: info.Detail,
+			Capabilities: info.Capabilities, IsDefault: name == m.cfg.DefaultRuntime,
+		})
+	}
+	return out
+}
+
+func nowMs() int64 { return time.Now().UnixMilli() }
+
+// Create validates req, starts a sandbox and returns it once its agent answers.
+func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*sbxv1.Sandbox, error) {
+	if err := validateCreate(req, m.cfg.Limits); err != nil {
+		return nil, err
+	}
+	spec := proto.Clone(req).(*sbxv1.CreateSandboxRequest)
+	if spec.Image == "" {
+		spec.Image = "host"
+	}
+	if spec.Image != "host" {
+		return nil, fmt.Errorf("image %q: only the built-in \"host\" image exists so far: %w", spec.Image, errdefs.ErrNotFound)
+	}
+	if spec.Runtime == "" {
+		spec.Runtime = m.cfg.DefaultRuntime
+	}
+	drv, ok := m.cfg.Drivers[spec.Runtime]
+	if !ok {
+		return nil, invalid("runtime %q: not configured (have %v)", spec.Runtime, slices.Sorted(maps.Keys(m.cfg.Drivers)))
+	}
+	if info := drv.Info(ctx); !info.Healthy {
+		return nil, fmt.Errorf("runtime %q is unhealthy: %s: %w", spec.Runtime, info.Detail, errdefs.ErrUnavailable)
+	}
+	m.applyDefaults(spec)
+
+	now := nowMs()
+	b := &box{id: newID(), driver: drv, spec: spec}
+	b.lastActive.Store(now)
+	specJSON, err := protojson.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode spec: %w", err)
+	}
+	rec := &store.Record{
+		ID: b.id, Name: spec.Name, State: stateName(sbxv1.SandboxState_SANDBOX_STATE_CREATING),
+		Spec: specJSON, Labels: spec.Labels, CreatedAtMs: now, LastActiveAtMs: now,
+	}
+	if spec.TimeoutMs > 0 {
+		rec.ExpiresAtMs = now + spec.TimeoutMs
+	}
+	b.rec = rec
+	b.handle = runtime.Handle{ID: b.id, Driver: drv.Name()}
+
+	// Reserve id and name in memory first so a concurrent create of the same
+	// name fails fast, then persist before touching the host: a crash from
+	// here on leaves a record that Recover cleans up.
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := m.reserve(b); err != nil {
+		return nil, err
+	}
+	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
+		m.forget(b.id, "")
+		return nil, err
+	}
+	fail := func(err error) (*sbxv1.Sandbox, error) {
+		// Clean up with a fresh context: the caller's may be what failed.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if derr := drv.Destroy(cctx, b.handle); derr != nil {
+			m.log.Error("rolling back failed create", "sandbox", b.id, "err", derr)
+		}
+		if derr := m.cfg.Store.Delete(cctx, b.id); derr != nil {
+			m.log.Error("deleting record of failed create", "sandbox", b.id, "err", derr)
+		}
+		m.forget(b.id, "creation failed: "+err.Error())
+		return nil, err
+	}
+
+	h, err := drv.Create(ctx, runtimeSpec(b.id, spec))
+	if err != nil {
+		return fail(fmt.Errorf("create sandbox: %w", err))
+	}
+	conn := agentconn.New(func(ctx context.Context) (netConn, error) { return drv.Dial(ctx, h) })
+	rctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
+	_, err = conn.WaitReady(rctx)
+	cancel()
+	b.mu.Lock()
+	b.handle = h
+	b.conn = conn
+	b.mu.Unlock()
+	if err != nil {
+		conn.Close()
+		return fail(fmt.Errorf("sandbox agent did not come up: %w", err))
+	}
+	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+		return fail(err)
+	}
+	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
+	return m.toProto(b, nil), nil
+}
+
+func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
+	if spec.Resources == nil {
+		spec.Resources = &sbxv1.Resources{}
+	}
+	r, d := spec.Resources, m.cfg.Defaults
+	if r.MemoryBytes == 0 {
+		r.MemoryBytes = d.MemoryBytes
+	}
+	if r.CpuMillis == 0 {
+		r.CpuMillis = d.CPUMillis
+	}
+	if r.Pids == 0 {
+		r.Pids = d.Pids
+	}
+	if r.DiskBytes == 0 {
+		r.DiskBytes = d.DiskBytes
+	}
+	if spec.TimeoutMs == 0 {
+		spec.TimeoutMs = m.cfg.DefaultTimeout.Milliseconds()
+	}
+	if spec.IdleAction == sbxv1.IdleAction_IDLE_ACTION_UNSPECIFIED {
+		spec.IdleAction = sbxv1.IdleAction_IDLE_ACTION_DESTROY
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = "/root"
+	}
+}
+
+func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest) runtime.Spec {
+	env := make([]string, 0, len(spec.Env)+len(spec.Secrets)+1)
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		env = append(env, k+"="+spec.Env[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(spec.Secrets)) {
+		env = append(env, k+"="+spec.Secrets[k])
+	}
+	env = append(env, "SBX_SANDBOX_ID="+id)
+	r := spec.GetResources()
+	return runtime.Spec{
+		ID:       id,
+		Image:    runtime.Image{Name: spec.Image},
+		Env:      env,
+		Workdir:  spec.Workdir,
+		Command:  spec.Command,
+		Hostname: id,
+		Resources: runtime.Resources{
+			MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(),
+			Pids: r.GetPids(), DiskBytes: r.GetDiskBytes(),
+		},
+	}
+}
+
+func (m *Manager) reserve(b *box) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if name := b.spec.Name; name != "" {
+		if other, taken := m.names[name]; taken {
+			return fmt.Errorf("name %q is already used by sandbox %s: %w", name, other, errdefs.ErrAlreadyExists)
+		}
+		m.names[name] = b.id
+	}
+	m.boxes[b.id] = b
+	return nil
+}
+
+// forget drops a box from memory; reason, if set, is kept as a tombstone.
+func (m *Manager) forget(id, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b, ok := m.boxes[id]; ok {
+		if b.spec.Name != "" && m.names[b.spec.Name] == id {
+			delete(m.names, b.spec.Name)
+		}
+		delete(m.boxes, id)
+	}
+	if reason != "" {
+		if len(m.tombstones) > 10000 {
+			clear(m.tombstones)
+		}
+		m.tombstones[id] = tombstone{reason: reason, at: time.Now()}
+	}
+}
+
+// lookup resolves an id or a name.
+func (m *Manager) lookup(ref string) (*box, error) {
+	if ref == "" {
+		return nil, invalid("no sandbox id or name given")
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if b, ok := m.boxes[ref]; ok {
+		return b, nil
+	}
+	if id, ok := m.names[ref]; ok {
+		return m.boxes[id], nil
+	}
+	if t, ok := m.tombstones[ref]; ok {
+		return nil, fmt.Errorf("sandbox %s is gone (%s at %s): %w", ref, t.reason, t.at.Format(time.RFC3339), errdefs.ErrNotFound)
+	}
+	return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
+}
+
+// setState persists a state change.
+func (m *Manager) setState(ctx context.Context, b *box, st sbxv1.SandboxState, detail string) error {
+	b.mu.Lock()
+	rec := *b.rec
+	rec.State = stateName(st)
+	rec.StateDetail = detail
+	hjson, err := marshalHandle(b.handle)
+	if err != nil {
+		b.mu.Unlock()
+		return err
+	}
+	rec.Handle = hjson
+	rec.LastActiveAtMs = b.lastActive.Load()
+	b.mu.Unlock()
+	if err := m.cfg.Store.Update(ctx, &rec); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.rec = &rec
+	b.mu.Unlock()
+	return nil
+}
+
+// Get returns a sandbox with live stats.
+func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	var stats *sbxv1.SandboxStats
+	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING || st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
+		b.mu.Lock()
+		h := b.handle
+		b.mu.Unlock()
+		if s, err := b.driver.Stats(ctx, h); err == nil {
+			stats = &sbxv1.SandboxStats{
+				MemoryBytes: s.MemoryBytes, MemoryPeakBytes: s.MemoryPeakBytes, CpuUsageNs: s.CPUUsageNs,
+				Pids: s.Pids, DiskUsedBytes: s.DiskUsedBytes,
+			}
+		}
+	}
+	return m.toProto(b, stats), nil
+}
+
+// List returns the sandboxes whose labels match every selector, oldest first.
+func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbox, error) {
+	sel, err := ParseSelectors(selectors)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.RLock()
+	boxes := slices.Collect(maps.Values(m.boxes))
+	m.mu.RUnlock()
+	var out []*sbxv1.Sandbox
+	for _, b := range boxes {
+		if Matches(sel, b.spec.Labels) {
+			out = append(out, m.toProto(b, nil))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedAtMs != out[j].CreatedAtMs {
+			return out[i].CreatedAtMs < out[j].CreatedAtMs
+		}
+		return out[i].Id < out[j].Id
+	})
+	return out, nil
+}
+
+// Stop freezes every process of a running sandbox.
+func (m *Manager) Stop(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.stopBox(ctx, b, ""); err != nil {
+		return nil, err
+	}
+	return m.toProto(b, nil), nil
+}
+
+func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	switch st := b.state(); st {
+	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+		return nil
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+	default:
+		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	if err := b.driver.Pause(ctx, h); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", b.id, err)
+	}
+	return m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_STOPPED, detail)
+}
+
+// Start resumes a stopped sandbox.
+func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	switch st := b.state(); st {
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+		return m.toProto(b, nil), nil
+	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+	default:
+		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	if err := b.driver.Resume(ctx, h); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", b.id, err)
+	}
+	b.lastActive.Store(nowMs())
+	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+		return nil, err
+	}
+	return m.toProto(b, nil), nil
+}
+
+// Destroy kills a sandbox and releases everything it held.
+func (m *Manager) Destroy(ctx context.Context, ref string) error {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return err
+	}
+	return m.destroyBox(ctx, b, "destroyed")
+}
+
+func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
+	// Finish the destroy even if the caller goes away half-way.
+	ctx = context.WithoutCancel(ctx)
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
+		return nil
+	}
+	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_DESTROYING, reason); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	h, conn := b.handle, b.conn
+	b.conn = nil
+	b.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+	if err := b.driver.Destroy(ctx, h); err != nil {
+		_ = m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_FAILED, "destroy failed: "+err.Error())
+		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
+	}
+	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYED)
+	b.mu.Unlock()
+	m.forget(b.id, reason)
+	m.log.Info("sandbox destroyed", "sandbox", b.id, "reason", reason)
+	return nil
+}
+
+// Agent returns a client of a running sandbox's agent for one operation.
+// The caller must call release when the operation ends; while it runs the
+// sandbox counts as active and does not idle out.
+func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.mu.Lock()
+	st, conn := stateOf(b.rec.State), b.conn
+	b.mu.Unlock()
+	switch {
+	case st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+		return nil, nil, fmt.Errorf("sandbox %s is stopped; start it first: %w", b.id, errdefs.ErrFailedPrecondition)
+	case st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil:
+		return nil, nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	b.busy.Add(1)
+	m.touch(b)
+	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
+}
+
+func (m *Manager) touch(b *box) {
+	b.lastActive.Store(nowMs())
+	b.dirty.Store(true)
+}
+
+func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
+	b.mu.Lock()
+	rec := *b.rec
+	b.mu.Unlock()
+	s := b.spec
+	out := &sbxv1.Sandbox{
+		Id: b.id, Name: s.Name, Labels: s.Labels, Image: s.Image, Runtime: s.Runtime,
+		State: stateOf(rec.State), Env: s.Env, Command: s.Command, Workdir: s.Workdir,
+		Resources: s.Resources, TimeoutMs: s.TimeoutMs, IdleTimeoutMs: s.IdleTimeoutMs,
+		IdleAction: s.IdleAction, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
+		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats,
+	}
+	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
+	return proto.Clone(out).(*sbxv1.Sandbox)
+}
+
+func stateName(s sbxv1.SandboxState) string {
+	switch s {
+	case sbxv1.SandboxState_SANDBOX_STATE_CREATING:
+		return "creating"
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+		return "running"
+	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+		return "stopped"
+	case sbxv1.SandboxState_SANDBOX_STATE_DESTROYING:
+		return "destroying"
+	case sbxv1.SandboxState_SANDBOX_STATE_DESTROYED:
+		return "destroyed"
+	case sbxv1.SandboxState_SANDBOX_STATE_FAILED:
+		return "failed"
+	}
+	return "unknown"
+}
+
+func stateOf(name string) sbxv1.SandboxState {
+	for s := sbxv1.SandboxState_SANDBOX_STATE_CREATING; s <= sbxv1.SandboxState_SANDBOX_STATE_FAILED; s++ {
+		if stateName(s) == name {
+			return s
+		}
+	}
+	return sbxv1.SandboxState_SANDBOX_STATE_UNSPECIFIED
+}

@@ -1,0 +1,223 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/store"
+)
+
+type netConn = net.Conn
+
+func marshalHandle(h runtime.Handle) ([]byte, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encode handle of %s: %w", h.ID, err)
+	}
+	return b, nil
+}
+
+// Recover reconciles the database with reality after a (re)start: sandboxes
+// whose boxes still run are re-attached, half-created or half-destroyed ones
+// are finished off, dead ones are removed, and each driver then removes any
+// host resource no record accounts for. Call it once, before serving.
+func (m *Manager) Recover(ctx context.Context) error {
+	recs, err := m.cfg.Store.List(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]map[string]bool{}
+	for name := range m.cfg.Drivers {
+		keep[name] = map[string]bool{}
+	}
+	for _, rec := range recs {
+		if m.recoverOne(ctx, rec) {
+			var h runtime.Handle
+			_ = json.Unmarshal(rec.Handle, &h)
+			if keep[h.Driver] != nil {
+				keep[h.Driver][rec.ID] = true
+			}
+		}
+	}
+	for name, drv := range m.cfg.Drivers {
+		if err := drv.Cleanup(ctx, keep[name]); err != nil {
+			m.log.Error("cleaning up leftovers", "runtime", name, "err", err)
+		}
+	}
+	return nil
+}
+
+// recoverOne returns whether the sandbox lives on.
+func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
+	log := m.log.With("sandbox", rec.ID)
+	spec := &sbxv1.CreateSandboxRequest{}
+	if err := protojson.Unmarshal(rec.Spec, spec); err != nil {
+		log.Error("unreadable sandbox spec; removing the record", "err", err)
+		_ = m.cfg.Store.Delete(ctx, rec.ID)
+		return false
+	}
+	var h runtime.Handle
+	if len(rec.Handle) > 0 {
+		if err := json.Unmarshal(rec.Handle, &h); err != nil {
+			log.Error("unreadable driver handle", "err", err)
+		}
+	}
+	if h.ID == "" {
+		h = runtime.Handle{ID: rec.ID, Driver: spec.Runtime}
+	}
+	drv, ok := m.cfg.Drivers[spec.Runtime]
+	if !ok {
+		log.Error("sandbox uses a runtime this daemon no longer has; keeping the record", "runtime", spec.Runtime)
+		return false
+	}
+	drop := func(why string) bool {
+		if err := drv.Destroy(ctx, h); err != nil {
+			log.Error("destroying leftover sandbox", "err", err)
+		}
+		_ = m.cfg.Store.Delete(ctx, rec.ID)
+		m.forget(rec.ID, why)
+		log.Info("sandbox removed during recovery", "reason", why)
+		return false
+	}
+	switch stateOf(rec.State) {
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING, sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+	case sbxv1.SandboxState_SANDBOX_STATE_CREATING:
+		return drop("daemon stopped while the sandbox was being created")
+	default:
+		return drop("daemon stopped while the sandbox was " + rec.State)
+	}
+	nh, err := drv.Recover(ctx, h)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return drop("found dead after daemon restart")
+		}
+		return drop("could not re-attach after daemon restart: " + err.Error())
+	}
+	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh}
+	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
+	b.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, nh) })
+	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := b.conn.Hello(hctx)
+		cancel()
+		if err != nil {
+			b.conn.Close()
+			return drop("agent did not answer after daemon restart: " + err.Error())
+		}
+	}
+	if err := m.reserve(b); err != nil {
+		b.conn.Close()
+		return drop("name clash during recovery: " + err.Error())
+	}
+	log.Info("sandbox re-attached", "state", rec.State)
+	return true
+}
+
+// Run starts the background loop that enforces lifetimes and idle timeouts
+// and persists activity times. Close stops it.
+func (m *Manager) Run() {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		tick := time.NewTicker(m.cfg.TickInterval)
+		defer tick.Stop()
+		lastFlush := time.Now()
+		for {
+			select {
+			case <-m.stop:
+				m.flushActivity(context.Background())
+				return
+			case <-tick.C:
+			}
+			m.enforceTimeouts()
+			if time.Since(lastFlush) > 5*time.Second {
+				m.flushActivity(context.Background())
+				lastFlush = time.Now()
+			}
+		}
+	}()
+}
+
+// Close stops the background loop. Sandboxes keep running: a restarted
+// daemon re-attaches them.
+func (m *Manager) Close() {
+	m.stopOnce.Do(func() { close(m.stop) })
+	m.wg.Wait()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, b := range m.boxes {
+		b.mu.Lock()
+		if b.conn != nil {
+			b.conn.Close()
+		}
+		b.mu.Unlock()
+	}
+}
+
+func (m *Manager) enforceTimeouts() {
+	now := nowMs()
+	m.mu.RLock()
+	var expired, idle []*box
+	for _, b := range m.boxes {
+		b.mu.Lock()
+		st, exp := stateOf(b.rec.State), b.rec.ExpiresAtMs
+		b.mu.Unlock()
+		if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
+			continue
+		}
+		switch {
+		case exp > 0 && now >= exp:
+			expired = append(expired, b)
+		case st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING && b.spec.IdleTimeoutMs > 0 &&
+			b.busy.Load() == 0 && now-b.lastActive.Load() >= b.spec.IdleTimeoutMs:
+			idle = append(idle, b)
+		}
+	}
+	m.mu.RUnlock()
+	ctx := context.Background()
+	for _, b := range expired {
+		go func() {
+			if err := m.destroyBox(ctx, b, "lifetime timeout reached"); err != nil {
+				m.log.Error("destroying expired sandbox", "sandbox", b.id, "err", err)
+			}
+		}()
+	}
+	for _, b := range idle {
+		// Mark active so the next tick does not fire again while this runs.
+		b.lastActive.Store(now)
+		go func() {
+			var err error
+			if b.spec.IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
+				err = m.stopBox(ctx, b, "idle timeout reached")
+			} else {
+				err = m.destroyBox(ctx, b, "idle timeout reached")
+			}
+			if err != nil && !errdefs.IsFailedPrecondition(err) {
+				m.log.Error("idle action", "sandbox", b.id, "err", err)
+			}
+		}()
+	}
+}
+
+func (m *Manager) flushActivity(ctx context.Context) {
+	m.mu.RLock()
+	dirty := map[string]int64{}
+	for id, b := range m.boxes {
+		if b.dirty.Swap(false) {
+			dirty[id] = b.lastActive.Load()
+		}
+	}
+	m.mu.RUnlock()
+	if err := m.cfg.Store.TouchMany(ctx, dirty); err != nil {
+		m.log.Warn("persisting activity times", "err", err)
+	}
+}

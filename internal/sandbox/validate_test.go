@@ -1,0 +1,105 @@
+package sandbox
+
+import (
+	"strings"
+	"testing"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+var testLimits = Limits{
+	MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
+	MinPids: 16, MaxPids: 1 << 20, MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40, MaxTimeoutMs: 3600_000,
+}
+
+func TestValidateCreate(t *testing.T) {
+	tests := []struct {
+		name    string
+		req     *sbxv1.CreateSandboxRequest
+		wantErr string // substring; "" means valid
+	}{
+		{"empty is fine", &sbxv1.CreateSandboxRequest{}, ""},
+		{"good name", &sbxv1.CreateSandboxRequest{Name: "web-1.a_b"}, ""},
+		{"bad name", &sbxv1.CreateSandboxRequest{Name: "no spaces"}, `name "no spaces"`},
+		{"name too long", &sbxv1.CreateSandboxRequest{Name: strings.Repeat("a", 64)}, "name"},
+		{"name like an id", &sbxv1.CreateSandboxRequest{Name: "sb-abcdefabcdef"}, "looks like a sandbox id"},
+		{"bad label key", &sbxv1.CreateSandboxRequest{Labels: map[string]string{"a b": "x"}}, "label key"},
+		{"control char in label", &sbxv1.CreateSandboxRequest{Labels: map[string]string{"a": "x\n"}}, "label"},
+		{"bad env key", &sbxv1.CreateSandboxRequest{Env: map[string]string{"1X": "y"}}, `env name "1X"`},
+		{"nul in env", &sbxv1.CreateSandboxRequest{Env: map[string]string{"X": "a\x00b"}}, "NUL"},
+		{"env and secret clash", &sbxv1.CreateSandboxRequest{Env: map[string]string{"K": "1"}, Secrets: map[string]string{"K": "2"}}, "both"},
+		{"relative workdir", &sbxv1.CreateSandboxRequest{Workdir: "work"}, "workdir"},
+		{"memory too small", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{MemoryBytes: 1}}, "memory 1B: below the minimum of 16MiB"},
+		{"memory too big", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{MemoryBytes: 1 << 40}}, "memory 1TiB: above"},
+		{"negative cpu", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{CpuMillis: -5}}, "cpu -5"},
+		{"too many cpus", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{CpuMillis: 64000}}, "cpu 64 CPUs"},
+		{"pids too few", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{Pids: 2}}, "pids 2"},
+		{"disk too small", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{DiskBytes: 10}}, "disk 10B"},
+		{"timeout too long", &sbxv1.CreateSandboxRequest{TimeoutMs: 1 << 40}, "timeout"},
+		{"negative idle", &sbxv1.CreateSandboxRequest{IdleTimeoutMs: -1}, "idle timeout"},
+		{"all good", &sbxv1.CreateSandboxRequest{Name: "ok", Resources: &sbxv1.Resources{MemoryBytes: 64 << 20, CpuMillis: 500, Pids: 64, DiskBytes: 64 << 20}, TimeoutMs: 60000}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validateCreate(tt.req, testLimits)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("got %v, want no error", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.wantErr)
+			}
+			if !errdefs.IsInvalidArgument(err) {
+				t.Errorf("got %v, want it to wrap ErrInvalidArgument", err)
+			}
+		})
+	}
+}
+
+func TestSelectors(t *testing.T) {
+	labels := map[string]string{"team": "a", "env": "prod"}
+	tests := []struct {
+		terms []string
+		want  bool
+	}{
+		{nil, true},
+		{[]string{"team=a"}, true},
+		{[]string{"team=b"}, false},
+		{[]string{"team!=b"}, true},
+		{[]string{"team!=a"}, false},
+		{[]string{"env"}, true},
+		{[]string{"!env"}, false},
+		{[]string{"!owner"}, true},
+		{[]string{"team=a", "env=prod"}, true},
+		{[]string{"team=a", "env=dev"}, false},
+	}
+	for _, tt := range tests {
+		sel, err := ParseSelectors(tt.terms)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.terms, err)
+		}
+		if got := Matches(sel, labels); got != tt.want {
+			t.Errorf("Matches(%v) = %v, want %v", tt.terms, got, tt.want)
+		}
+	}
+	if _, err := ParseSelectors([]string{"bad key=x"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("bad selector: got %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestNewIDShape(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newID()
+		if !IsID(id) {
+			t.Fatalf("newID() = %q, not an id", id)
+		}
+		if seen[id] {
+			t.Fatalf("duplicate id %q", id)
+		}
+		seen[id] = true
+	}
+}

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+func validateExec(req *sbxv1.ExecRequest) error {
+	if req == nil {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: the first message must be `start`"))
+	}
+	if (len(req.GetArgv()) == 0) == (req.GetShell() == "") {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: give exactly one of argv and shell"))
+	}
+	if req.GetTimeoutMs() < 0 {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: timeout %dms must not be negative", req.GetTimeoutMs()))
+	}
+	return nil
+}
+
+// Exec runs a command with stdin given up front and streams its output.
+func (s *Server) Exec(ctx context.Context, req *connect.Request[sbxv1.ExecRequest], out *connect.ServerStream[sbxv1.ExecOutput]) error {
+	start := req.Msg
+	if err := validateExec(start); err != nil {
+		return err
+	}
+	start.StdinOpen = false
+	return s.exec(ctx, start, nil, out.Send)
+}
+
+// ExecInteractive relays stdin, resizes and signals to a running command.
+func (s *Server) ExecInteractive(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: reading the start message: %w", err))
+	}
+	if err := validateExec(first.GetStart()); err != nil {
+		return err
+	}
+	return s.exec(ctx, first.GetStart(), stream.Receive, stream.Send)
+}
+
+// exec opens an agent exec stream for start, forwards input from recv (if
+// any) and every output event to send.
+func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
+	conn, release, err := s.mgr.Agent(ctx, start.GetSandbox())
+	if err != nil {
+		return toConnect(err)
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	as := conn.Exec(ctx)
+	if err := as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, errEOF) {
+		return fmt.Errorf("exec: sending start to agent: %w", err)
+	}
+	if recv != nil {
+		go func() {
+			for {
+				in, err := recv()
+				if err != nil {
+					// Client went away or half-closed: close stdin if it was open.
+					if start.GetStdinOpen() {
+						_ = as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
+					}
+					return
+				}
+				if in.GetStart() != nil {
+					continue
+				}
+				if err := as.Send(in); err != nil {
+					return
+				}
+			}
+		}()
+	} else {
+		_ = as.CloseRequest()
+	}
+	for {
+		msg, err := as.Receive()
+		if err != nil {
+			if errors.Is(err, errEOF) {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return connect.NewError(connect.CodeCanceled, ctx.Err())
+			}
+			return err
+		}
+		if err := send(msg); err != nil {
+			return err
+		}
+		if msg.GetExited() != nil {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,131 @@
+// Package server owns sbx's RPC edge: it implements the sbx.v1
+// SandboxService with Connect (gRPC, gRPC-Web and Connect HTTP/JSON on one
+// port), forwards exec and file calls to sandbox agents, and is the only
+// place where errdefs sentinels become RPC codes. It knows no runtime driver.
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/sandbox"
+)
+
+// Version and Commit are stamped at build time with -ldflags.
+var (
+	Version = "dev"
+	Commit  = ""
+)
+
+// Server implements sbxv1connect.SandboxServiceHandler.
+type Server struct {
+	mgr *sandbox.Manager
+}
+
+var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
+
+// New returns a Server over mgr.
+func New(mgr *sandbox.Manager) *Server { return &Server{mgr: mgr} }
+
+// Handler returns the HTTP handler serving the API (and /healthz).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	path, h := sbxv1connect.NewSandboxServiceHandler(s)
+	mux.Handle(path, h)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// toConnect maps an error to a Connect error at the edge. Errors already
+// carrying a code (from an agent) pass through.
+func toConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	code := connect.CodeInternal
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		code = connect.CodeNotFound
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		code = connect.CodeAlreadyExists
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		code = connect.CodeFailedPrecondition
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		code = connect.CodeResourceExhausted
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		code = connect.CodePermissionDenied
+	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	case errors.Is(err, errdefs.ErrUnavailable):
+		code = connect.CodeUnavailable
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	}
+	return connect.NewError(code, err)
+}
+
+func (s *Server) Version(ctx context.Context, _ *connect.Request[sbxv1.VersionRequest]) (*connect.Response[sbxv1.VersionResponse], error) {
+	return connect.NewResponse(&sbxv1.VersionResponse{Version: Version, Commit: Commit, Runtimes: s.mgr.Runtimes(ctx)}), nil
+}
+
+func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sbxv1.CreateSandboxRequest]) (*connect.Response[sbxv1.CreateSandboxResponse], error) {
+	sb, err := s.mgr.Create(ctx, req.Msg)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.CreateSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sbxv1.GetSandboxRequest]) (*connect.Response[sbxv1.GetSandboxResponse], error) {
+	sb, err := s.mgr.Get(ctx, req.Msg.GetSandbox())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.GetSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sbxv1.ListSandboxesRequest]) (*connect.Response[sbxv1.ListSandboxesResponse], error) {
+	list, err := s.mgr.List(ctx, req.Msg.GetSelectors())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.ListSandboxesResponse{Sandboxes: list}), nil
+}
+
+func (s *Server) StopSandbox(ctx context.Context, req *connect.Request[sbxv1.StopSandboxRequest]) (*connect.Response[sbxv1.StopSandboxResponse], error) {
+	sb, err := s.mgr.Stop(ctx, req.Msg.GetSandbox())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.StopSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *Server) StartSandbox(ctx context.Context, req *connect.Request[sbxv1.StartSandboxRequest]) (*connect.Response[sbxv1.StartSandboxResponse], error) {
+	sb, err := s.mgr.Start(ctx, req.Msg.GetSandbox())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.StartSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *Server) DestroySandbox(ctx context.Context, req *connect.Request[sbxv1.DestroySandboxRequest]) (*connect.Response[sbxv1.DestroySandboxResponse], error) {
+	if err := s.mgr.Destroy(ctx, req.Msg.GetSandbox()); err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.DestroySandboxResponse{}), nil
+}

@@ -1,0 +1,198 @@
+// Package store owns sbx's persistent state: one SQLite file (pure-Go
+// driver) in the daemon's data dir. It stores sandbox records verbatim and
+// knows nothing about their meaning; internal/sandbox is its only user.
+//
+// Durability: the database runs in WAL mode with synchronous=NORMAL, so a
+// committed write survives the daemon being killed at any point (kill -9);
+// only a power loss may drop the last transactions.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Store is a handle on the state database. Safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+// Record is one sandbox as persisted.
+type Record struct {
+	ID    string
+	Name  string // "" when unnamed
+	State string
+	// Spec is the creation request, JSON-encoded by the caller.
+	Spec json.RawMessage
+	// Handle is the runtime driver's handle, JSON-encoded by the caller.
+	Handle         json.RawMessage
+	Labels         map[string]string
+	CreatedAtMs    int64
+	ExpiresAtMs    int64
+	LastActiveAtMs int64
+	StateDetail    string
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id            TEXT PRIMARY KEY,
+	name          TEXT UNIQUE,
+	state         TEXT NOT NULL,
+	spec          BLOB NOT NULL,
+	handle        BLOB,
+	labels        TEXT NOT NULL DEFAULT '{}',
+	created_at    INTEGER NOT NULL,
+	expires_at    INTEGER NOT NULL DEFAULT 0,
+	last_active   INTEGER NOT NULL DEFAULT 0,
+	state_detail  TEXT NOT NULL DEFAULT ''
+);
+`
+
+// Open opens (creating if needed) the database in dir.
+func Open(ctx context.Context, dir string) (*Store, error) {
+	path := filepath.Join(dir, "sbx.db")
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open state db %s: %w", path, err)
+	}
+	// One writer at a time is SQLite's model; a small pool serves readers.
+	db.SetMaxOpenConns(4)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("create schema in %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// Insert adds a new record. A duplicate id or name wraps errdefs.ErrAlreadyExists.
+func (s *Store) Insert(ctx context.Context, r *Record) error {
+	labels, err := json.Marshal(r.Labels)
+	if err != nil {
+		return fmt.Errorf("encode labels: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx,
+		`INSERT INTO sandboxes (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail)
+		 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, nullable(r.Name), r.State, []byte(r.Spec), []byte(r.Handle), string(labels),
+		r.CreatedAtMs, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
+			return fmt.Errorf("sandbox name %q is taken: %w", r.Name, errdefs.ErrAlreadyExists)
+		}
+		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			return fmt.Errorf("sandbox id %q exists: %w", r.ID, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("insert sandbox %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Update rewrites the mutable fields of a record (state, handle, detail,
+// timestamps).
+func (s *Store) Update(ctx context.Context, r *Record) error {
+	res, err := s.db.ExecContext(ctx,
+		`UPDATE sandboxes SET state = ?, handle = ?, expires_at = ?, last_active = ?, state_detail = ? WHERE id = ?`,
+		r.State, []byte(r.Handle), r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail, r.ID)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", r.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", r.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// TouchMany records last-activity times in one transaction.
+func (s *Store) TouchMany(ctx context.Context, lastActive map[string]int64) error {
+	if len(lastActive) == 0 {
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	for id, ms := range lastActive {
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET last_active = ? WHERE id = ?`, ms, id); err != nil {
+			return fmt.Errorf("touch sandbox %s: %w", id, err)
+		}
+	}
+	return tx.Commit()
+}
+
+// Delete removes a record; deleting a missing one is not an error.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Get returns one record by id.
+func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
+	rows, err := s.db.QueryContext(ctx, selectAll+` WHERE id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	recs, err := scan(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return recs[0], nil
+}
+
+// List returns every record, oldest first.
+func (s *Store) List(ctx context.Context) ([]*Record, error) {
+	rows, err := s.db.QueryContext(ctx, selectAll+` ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return scan(rows)
+}
+
+const selectAll = `SELECT id, COALESCE(name, ''), state, spec, handle, labels, created_at, expires_at, last_active, state_detail FROM sandboxes`
+
+func scan(rows *sql.Rows) ([]*Record, error) {
+	defer rows.Close()
+	var out []*Record
+	for rows.Next() {
+		var r Record
+		var spec, handle []byte
+		var labels string
+		if err := rows.Scan(&r.ID, &r.Name, &r.State, &spec, &handle, &labels, &r.CreatedAtMs, &r.ExpiresAtMs, &r.LastActiveAtMs, &r.StateDetail); err != nil {
+			return nil, fmt.Errorf("scan sandbox row: %w", err)
+		}
+		r.Spec = spec
+		r.Handle = handle
+		if err := json.Unmarshal([]byte(labels), &r.Labels); err != nil {
+			return nil, fmt.Errorf("decode labels of %s: %w", r.ID, err)
+		}
+		out = append(out, &r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read sandbox rows: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing sbx needs on a Debian-like
+# machine: system packages through apt (only when missing) and pinned Go
+# tools into .tools/. Safe to run repeatedly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in runc crun protobuf-compiler iproute2 python3 procps; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-deps: missing packages ${need[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null; then
+  if [[ -x /usr/local/go/bin/go ]]; then export PATH=/usr/local/go/bin:$PATH; else
+    echo "install-deps: Go is missing (install Go 1.26 to /usr/local/go)" >&2; exit 1; fi
+fi
+
+tools="$PWD/.tools"
+mkdir -p "$tools"
+STATICCHECK_VERSION=v0.8.2
+if [[ ! -x "$tools/staticcheck" ]] || ! go version -m "$tools/staticcheck" | grep -q "$STATICCHECK_VERSION"; then
+  echo "install-deps: installing staticcheck $STATICCHECK_VERSION"
+  GOBIN="$tools" GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi

@@ -1,0 +1,191 @@
+// Package sbx is the Go SDK for the sbx daemon: create, find, stop, resume
+// and destroy sandboxes, run commands in them with streamed output, stdin and
+// PTYs, and move files in and out. It imports only sbx's api module, connect
+// and the standard library.
+//
+//	c := sbx.NewClient("")                      // SBX_ADDR or 127.0.0.1:7777
+//	sb, err := c.Create(ctx, sbx.CreateOptions{Name: "demo"})
+//	res, err := sb.Run(ctx, "python3", "-c", "print(6*7)")
+//	fmt.Print(string(res.Stdout))
+//	sb.Destroy(ctx)
+package sbx
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+)
+
+// DefaultAddr is where the daemon listens unless told otherwise.
+const DefaultAddr = "127.0.0.1:7777"
+
+// Client talks to one sbx daemon. Safe for concurrent use.
+type Client struct {
+	api     sbxv1connect.SandboxServiceClient
+	baseURL string
+}
+
+// NewClient returns a client of the daemon at addr ("host:port" or an
+// http:// URL). An empty addr means $SBX_ADDR, else DefaultAddr.
+func NewClient(addr string) *Client {
+	if addr == "" {
+		addr = os.Getenv("SBX_ADDR")
+	}
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	base := addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols:           &protos,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		TLSClientConfig:     &tls.Config{},
+		MaxIdleConnsPerHost: 8,
+	}
+	hc := &http.Client{Transport: tr}
+	return &Client{
+		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
+		baseURL: base,
+	}
+}
+
+// API exposes the generated client for calls the SDK does not wrap.
+func (c *Client) API() sbxv1connect.SandboxServiceClient { return c.api }
+
+// Version returns the daemon's version and runtimes.
+func (c *Client) Version(ctx context.Context) (*sbxv1.VersionResponse, error) {
+	resp, err := c.api.Version(ctx, connect.NewRequest(&sbxv1.VersionRequest{}))
+	if err != nil {
+		return nil, wrap("version", err)
+	}
+	return resp.Msg, nil
+}
+
+// CreateOptions describe a new sandbox. Zero values take the daemon's defaults.
+type CreateOptions struct {
+	Image   string
+	Name    string
+	Labels  map[string]string
+	Env     map[string]string
+	Secrets map[string]string
+	// Command is an optional long-running process started with the sandbox.
+	Command []string
+	Workdir string
+	// MemoryBytes, CPUs (fractions allowed), Pids, DiskBytes limit resources.
+	MemoryBytes int64
+	CPUs        float64
+	Pids        int64
+	DiskBytes   int64
+	// Timeout is the sandbox's lifetime; IdleTimeout destroys (or, with
+	// StopWhenIdle, stops) it after that long without activity.
+	Timeout      time.Duration
+	IdleTimeout  time.Duration
+	StopWhenIdle bool
+	Runtime      string
+}
+
+// Request converts the options to the API request.
+func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
+	req := &sbxv1.CreateSandboxRequest{
+		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
+		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime,
+		Resources: &sbxv1.Resources{
+			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
+		},
+		TimeoutMs:     o.Timeout.Milliseconds(),
+		IdleTimeoutMs: o.IdleTimeout.Milliseconds(),
+	}
+	if o.StopWhenIdle {
+		req.IdleAction = sbxv1.IdleAction_IDLE_ACTION_STOP
+	}
+	return req
+}
+
+// Create starts a sandbox and returns once it is ready for Exec.
+func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
+	return c.CreateFromRequest(ctx, opts.Request())
+}
+
+// CreateFromRequest is Create with a raw API request.
+func (c *Client) CreateFromRequest(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*Sandbox, error) {
+	resp, err := c.api.CreateSandbox(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrap("create sandbox", err)
+	}
+	return c.sandbox(resp.Msg.GetSandbox()), nil
+}
+
+// Get finds a sandbox by id or name.
+func (c *Client) Get(ctx context.Context, ref string) (*Sandbox, error) {
+	resp, err := c.api.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref}))
+	if err != nil {
+		return nil, wrap("get sandbox "+ref, err)
+	}
+	return c.sandbox(resp.Msg.GetSandbox()), nil
+}
+
+// List returns sandboxes matching all label selectors ("k=v", "k!=v", "k", "!k").
+func (c *Client) List(ctx context.Context, selectors ...string) ([]*Sandbox, error) {
+	resp, err := c.api.ListSandboxes(ctx, connect.NewRequest(&sbxv1.ListSandboxesRequest{Selectors: selectors}))
+	if err != nil {
+		return nil, wrap("list sandboxes", err)
+	}
+	out := make([]*Sandbox, 0, len(resp.Msg.GetSandboxes()))
+	for _, s := range resp.Msg.GetSandboxes() {
+		out = append(out, c.sandbox(s))
+	}
+	return out, nil
+}
+
+func (c *Client) sandbox(info *sbxv1.Sandbox) *Sandbox {
+	return &Sandbox{c: c, ID: info.GetId(), Name: info.GetName(), Info: info}
+}
+
+// Error is an API error with its code.
+type Error struct {
+	Op   string
+	Code connect.Code
+	Msg  string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Op, e.Msg) }
+
+// IsNotFound reports whether err says a sandbox, file or image does not exist.
+func IsNotFound(err error) bool { return codeOf(err) == connect.CodeNotFound }
+
+// IsAlreadyExists reports whether err says a name or file is taken.
+func IsAlreadyExists(err error) bool { return codeOf(err) == connect.CodeAlreadyExists }
+
+// IsInvalidArgument reports whether the request was malformed.
+func IsInvalidArgument(err error) bool { return codeOf(err) == connect.CodeInvalidArgument }
+
+func codeOf(err error) connect.Code {
+	if e, ok := err.(*Error); ok {
+		return e.Code
+	}
+	return connect.CodeOf(err)
+}
+
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ce, ok := err.(*connect.Error); ok {
+		return &Error{Op: op, Code: ce.Code(), Msg: ce.Message()}
+	}
+	return &Error{Op: op, Code: connect.CodeOf(err), Msg: err.Error()}
+}
