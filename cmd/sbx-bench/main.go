@@ -1,0 +1,246 @@
+// Command sbx-bench measures sbx's latencies against floors measured in the
+// same run on the same machine, and prints them as ratios:
+//
+//   - create→ready through the API vs a bare `runc run` of /bin/true on a
+//     trivial bundle (the OCI runtime's own cost) and vs `unshare` of all
+//     namespaces (the kernel floor);
+//   - `exec true` round trip through the API vs fork+exec of /bin/true here;
+//   - destroy, one at a time and many at once.
+//
+// It starts its own daemon in-process over a temporary data dir. Needs root.
+// Run it with `make bench`.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/daemon"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+func main() {
+	n := flag.Int("n", 40, "samples per measurement")
+	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
+	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
+	flag.Parse()
+	if err := run(*n, *agent, *runtimeBin); err != nil {
+		fmt.Fprintln(os.Stderr, "sbx-bench:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	name string
+	ds   []time.Duration
+}
+
+func (r result) p(q float64) time.Duration {
+	s := append([]time.Duration(nil), r.ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[int(q*float64(len(s)-1))]
+}
+
+func measure(name string, n int, f func() error) (result, error) {
+	r := result{name: name}
+	for range n {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return r, fmt.Errorf("%s: %w", name, err)
+		}
+		r.ds = append(r.ds, time.Since(t0))
+	}
+	return r, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%7.2f ms", float64(d.Microseconds())/1000) }
+
+func run(n int, agentPath, runtimeBin string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root")
+	}
+	agentPath, _ = filepath.Abs(agentPath)
+	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	_ = os.Chmod(tmp, 0o711)
+
+	// Floors.
+	trueRes, err := measure("fork+exec /bin/true", n, func() error { return exec.Command("/bin/true").Run() })
+	if err != nil {
+		return err
+	}
+	unshareRes, err := measure("unshare all namespaces + true", n, func() error {
+		return exec.Command("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount", "--net", "--uts", "--ipc", "true").Run()
+	})
+	if err != nil {
+		return err
+	}
+	runc := runtimeBin
+	if runc == "" {
+		runc = "runc"
+	}
+	bundle, err := trivialBundle(filepath.Join(tmp, "bundle"))
+	if err != nil {
+		return err
+	}
+	i := 0
+	runcRes, err := measure("runc run /bin/true (trivial bundle)", n, func() error {
+		i++
+		out, err := exec.Command(runc, "--root", filepath.Join(tmp, "runc-root"), "run", "--bundle", bundle, fmt.Sprintf("bench-%d", i)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+
+	// sbx through its API.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- daemon.Run(ctx, daemon.Config{
+			Listen: "127.0.0.1:0", DataDir: filepath.Join(tmp, "data"), AgentPath: agentPath, OCIRuntime: runtimeBin,
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Ready:  func(addr string) { ready <- addr },
+		})
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-errc:
+		return fmt.Errorf("daemon: %w", err)
+	}
+	c := sbx.NewClient(addr)
+	v, err := c.Version(ctx)
+	if err != nil {
+		return err
+	}
+	var boxes []*sbx.Sandbox
+	createRes, err := measure("sbx create→ready (API)", n, func() error {
+		sb, err := c.Create(ctx, sbx.CreateOptions{})
+		if err == nil {
+			boxes = append(boxes, sb)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	sb := boxes[0]
+	if _, err := sb.Run(ctx, "true"); err != nil { // warm the connection
+		return err
+	}
+	execRes, err := measure("sbx exec true (API round trip)", n*5, func() error {
+		res, err := sb.Run(ctx, "true")
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	k := 0
+	destroyRes, err := measure("sbx destroy (API)", len(boxes)/2, func() error {
+		k++
+		return boxes[k-1].Destroy(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	rest := boxes[k:]
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var destroyErr error
+	for _, b := range rest {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Destroy(ctx); err != nil {
+				mu.Lock()
+				destroyErr = err
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	parallel := time.Since(t0)
+	if destroyErr != nil {
+		return destroyErr
+	}
+	cancel()
+	<-errc
+
+	rt := ""
+	for _, r := range v.GetRuntimes() {
+		rt = r.GetHealthDetail()
+	}
+	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
+	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
+	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, execRes, destroyRes} {
+		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
+	}
+	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
+	ratio := func(a, b result) float64 { return float64(a.p(0.5)) / float64(b.p(0.5)) }
+	fmt.Println()
+	fmt.Printf("create→ready / runc run true   = %.2fx  (target ≤ 1.5x)\n", ratio(createRes, runcRes))
+	fmt.Printf("create→ready / unshare floor   = %.2fx\n", ratio(createRes, unshareRes))
+	fmt.Printf("exec true p50                  = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
+	fmt.Printf("destroy p50                    = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
+	return nil
+}
+
+// trivialBundle makes an OCI bundle running /bin/true from the host's /usr
+// with runc's default namespaces: the runtime's own cost, nothing of ours.
+func trivialBundle(dir string) (string, error) {
+	rootfs := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(rootfs, l)); err != nil {
+			return "", err
+		}
+	}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"args": []string{"/bin/true"}, "cwd": "/", "env": []string{"PATH=/usr/bin:/bin"},
+			"user": map[string]any{"uid": 0, "gid": 0}, "noNewPrivileges": true,
+		},
+		"root":     map[string]any{"path": "rootfs", "readonly": true},
+		"hostname": "bench",
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "mode=755", "size=65536k"}},
+			{"destination": "/usr", "type": "bind", "source": "/usr", "options": []string{"rbind", "ro", "nosuid", "nodev"}},
+		},
+		"linux": map[string]any{
+			"namespaces": []map[string]string{{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network"}},
+		},
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return dir, os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+}

@@ -1,0 +1,272 @@
+// Package integration holds end-to-end tests that drive the built sbx and
+// sbx-agent binaries as a user would: a real daemon, real sandboxes, the CLI
+// and the Go SDK. They need root and skip without it.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/testutil"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+var build struct {
+	sync.Once
+	dir string
+	err error
+}
+
+// binaries builds bin/sbx and bin/sbx-agent side by side once per test run.
+func binaries(t *testing.T) string {
+	t.Helper()
+	build.Do(func() {
+		dir, err := os.MkdirTemp("", "sbx-e2e-bin-")
+		if err != nil {
+			build.err = err
+			return
+		}
+		_ = os.Chmod(dir, 0o755)
+		for _, pkg := range []string{"sbx", "sbx-agent"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "../cmd/"+pkg)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				build.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+		build.dir = dir
+	})
+	if build.err != nil {
+		t.Fatal(build.err)
+	}
+	return build.dir
+}
+
+// daemon is one running `sbx serve`.
+type daemon struct {
+	t       *testing.T
+	bin     string
+	addr    string
+	dataDir string
+	cmd     *exec.Cmd
+	log     *os.File
+	exited  chan struct{}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startDaemon starts a daemon over a fresh data dir; the test's cleanup
+// destroys whatever sandboxes remain and stops it.
+func startDaemon(t *testing.T) *daemon {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	dir := binaries(t)
+	// Sandboxes' user namespaces must traverse to their bundles: no 0700 parents.
+	data, err := os.MkdirTemp("", "sbx-e2e-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(data, 0o711)
+	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data}
+	d.start()
+	t.Cleanup(func() {
+		if d.cmd != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c := d.client()
+			if list, err := c.List(ctx); err == nil {
+				for _, sb := range list {
+					_ = sb.Destroy(ctx)
+				}
+			}
+			d.stop()
+		}
+		if t.Failed() {
+			if b, err := os.ReadFile(filepath.Join(d.dataDir, "daemon.log")); err == nil {
+				t.Logf("daemon log:\n%s", tail(string(b), 60))
+			}
+		}
+		os.RemoveAll(d.dataDir)
+	})
+	return d
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (d *daemon) start() {
+	t := d.t
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(d.dataDir, "daemon.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.log = logf
+	d.cmd = exec.Command(d.bin, "serve", "--listen", d.addr, "--data-dir", d.dataDir, "--default-timeout", "10m", "--log-level", "debug")
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, ch chan struct{}) { _ = cmd.Wait(); close(ch) }(d.cmd, d.exited)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := d.client().Version(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-d.exited:
+			b, _ := os.ReadFile(filepath.Join(d.dataDir, "daemon.log"))
+			t.Fatalf("daemon exited at start:\n%s", b)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("daemon did not answer within 30s")
+}
+
+// kill9 kills the daemon the hard way.
+func (d *daemon) kill9() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	d.log.Close()
+	d.cmd = nil
+}
+
+func (d *daemon) stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(15 * time.Second):
+		_ = d.cmd.Process.Signal(syscall.SIGKILL)
+		<-d.exited
+	}
+	d.log.Close()
+	d.cmd = nil
+}
+
+func (d *daemon) client() *sbx.Client { return sbx.NewClient(d.addr) }
+
+// cli runs the sbx CLI against this daemon and returns stdout, stderr and the exit code.
+func (d *daemon) cli(stdin string, args ...string) (string, string, int) {
+	d.t.Helper()
+	cmd := exec.Command(d.bin, append([]string{"--addr", d.addr}, args...)...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin = strings.NewReader(stdin)
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatalf("sbx %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// leaks lists host resources under the data dir or named after sandboxes
+// that should not exist when only the sandboxes in live remain.
+func (d *daemon) leaks(live ...string) []string {
+	keep := map[string]bool{}
+	for _, id := range live {
+		keep[id] = true
+	}
+	var out []string
+	f, err := os.Open("/proc/self/mountinfo")
+	if err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) > 4 && strings.HasPrefix(fields[4], d.dataDir) && !mentionsAny(fields[4], keep) {
+				out = append(out, "mount "+fields[4])
+			}
+		}
+		f.Close()
+	}
+	boxes, _ := filepath.Glob(filepath.Join(d.dataDir, "oci", "boxes", "*"))
+	for _, b := range boxes {
+		if !keep[filepath.Base(b)] {
+			out = append(out, "dir "+b)
+		}
+	}
+	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/sbx*/sb-*")
+	cg2, _ := filepath.Glob("/sys/fs/cgroup/sbx*/sb-*")
+	for _, c := range append(cgs, cg2...) {
+		if d.owns(filepath.Base(c)) && !keep[filepath.Base(c)] {
+			out = append(out, "cgroup "+c)
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, kv := range strings.Split(string(b), "\x00") {
+			if id, ok := strings.CutPrefix(kv, "SBX_SANDBOX_ID="); ok && d.owns(id) && !keep[id] {
+				out = append(out, "process "+filepath.Dir(p)+" of "+id)
+			}
+		}
+	}
+	return out
+}
+
+// created remembers sandbox ids this daemon made, so leak checks ignore
+// other tests' sandboxes running at the same time.
+var created sync.Map
+
+func (d *daemon) owns(id string) bool {
+	v, ok := created.Load(id)
+	return ok && v.(string) == d.dataDir
+}
+
+func (d *daemon) remember(id string) { created.Store(id, d.dataDir) }
+
+func mentionsAny(s string, ids map[string]bool) bool {
+	for id := range ids {
+		if strings.Contains(s, id) {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *daemon) assertNoLeaks(live ...string) {
+	d.t.Helper()
+	// Destroy is synchronous, but give reaped processes a moment to vanish from /proc.
+	var l []string
+	for range 50 {
+		if l = d.leaks(live...); len(l) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	d.t.Errorf("leaked host resources:\n  %s", strings.Join(l, "\n  "))
+}
