@@ -56,6 +56,9 @@ func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	as := conn.Exec(ctx)
+	// Closing the response is what tells the agent (over HTTP/2) that we are
+	// gone, so it kills the command when the client disconnects.
+	defer as.CloseResponse() //nolint:errcheck
 	if err := as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, errEOF) {
 		return fmt.Errorf("exec: sending start to agent: %w", err)
 	}

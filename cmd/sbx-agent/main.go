@@ -1,0 +1,44 @@
+// Command sbx-agent is the init process of every sandbox: it serves the
+// agent API to the sbx daemon and runs commands, terminals and file
+// operations inside the sandbox. See internal/agent.
+//
+//	sbx-agent [--listen-fd N | --listen unix:/path] [-- CMD ARGS...]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/sbxdev/sbx/internal/agent"
+)
+
+func main() {
+	opts, err := parseArgs(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sbx-agent:", err)
+		os.Exit(2)
+	}
+	if err := agent.Run(context.Background(), opts); err != nil {
+		fmt.Fprintln(os.Stderr, "sbx-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func parseArgs(args []string) (agent.Options, error) {
+	fs := flag.NewFlagSet("sbx-agent", flag.ContinueOnError)
+	opts := agent.Options{}
+	fs.IntVar(&opts.ListenFD, "listen-fd", -1, "serve on this inherited listening socket `fd`")
+	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
+	version := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return opts, err
+	}
+	if *version {
+		fmt.Println(agent.Version)
+		os.Exit(0)
+	}
+	opts.Entrypoint = fs.Args()
+	return opts, nil
+}

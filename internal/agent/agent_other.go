@@ -1,0 +1,43 @@
+//go:build !linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+
+	"connectrpc.com/connect"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+// The agent runs only inside Linux sandboxes. These stubs keep
+// `go build ./...` working on other systems; the file operations that need
+// nothing Linux-specific still work there.
+
+var errNotLinux = errors.New("sbx-agent runs only on Linux")
+
+// Options is what cmd/sbx-agent parsed from its command line.
+type Options struct {
+	ListenFD   int
+	Listen     string
+	Entrypoint []string
+	Logger     *slog.Logger
+}
+
+// Run fails: the agent needs Linux.
+func Run(context.Context, Options) error { return errNotLinux }
+
+type reaper struct{}
+
+func newReaper(bool, *slog.Logger) *reaper { return &reaper{} }
+
+// Exec is unimplemented outside Linux.
+func (s *Server) Exec(context.Context, *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
+	return connect.NewError(connect.CodeUnimplemented, errNotLinux)
+}
+
+func extractTar(context.Context, string, io.Reader) (int64, int64, error) {
+	return 0, 0, connect.NewError(connect.CodeUnimplemented, errNotLinux)
+}

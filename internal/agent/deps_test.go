@@ -1,0 +1,41 @@
+package agent
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDeps enforces the agent's dependency budget: it ships in every sandbox,
+// so it may import only the standard library and a handful of modules.
+func TestDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "../../cmd/sbx-agent").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	// Each entry allows a package and the packages below it.
+	allowed := []string{
+		"golang.org/x/sys/unix",
+		"github.com/creack/pty",
+		"connectrpc.com/connect",
+		"google.golang.org/protobuf",
+		"github.com/sbxdev/sbx/api",
+		"github.com/sbxdev/sbx/internal/agent",
+		"github.com/sbxdev/sbx/cmd/sbx-agent",
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		ok := false
+		for _, a := range allowed {
+			if pkg == a || strings.HasPrefix(pkg, a+"/") {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			t.Errorf("sbx-agent depends on %s, which is outside its dependency budget", pkg)
+		}
+	}
+}

@@ -1,0 +1,458 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"golang.org/x/sys/unix"
+)
+
+// keepaliveIdle is how long an exec's output stream may be silent before a
+// keepalive event is sent (a variable for tests).
+var keepaliveIdle = 10 * time.Second
+
+const (
+	chunkSize = 32 << 10
+	// drainTimeout bounds how long output is still read after the process
+	// exited, in case a background grandchild holds the pipes open.
+	drainTimeout = 200 * time.Millisecond
+)
+
+// process is one running exec.
+type process struct {
+	pid     int // also its process group id
+	done    <-chan exitStatus
+	started time.Time
+	tty     bool
+
+	stdin     *os.File // pipe write end or pty master; nil for /dev/null
+	stdinOnce sync.Once
+	stdout    *os.File // pipe read end or pty master
+	stderr    *os.File // nil with a tty
+	exited    atomic.Bool
+}
+
+// startError is a command that could not be started; it is reported as an
+// exited event with exit code 127 (not found) or 126 (not executable).
+type startError struct {
+	code int32
+	err  error
+}
+
+func (e *startError) Error() string { return e.err.Error() }
+
+// Exec runs one command. See sbx.v1.ExecInput and ExecOutput for the
+// protocol. A command that cannot be started (not found, not executable, no
+// such workdir) gets a single exited event with exit code 127 or 126 and an
+// error, and no started event.
+func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
+	first, err := stream.Receive()
+	if errors.Is(err, io.EOF) {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: stream ended before start"))
+	}
+	if err != nil {
+		return fmt.Errorf("receiving exec start: %w", err)
+	}
+	req := first.GetStart()
+	if req == nil {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("first exec message must be start"))
+	}
+	switch {
+	case len(req.GetArgv()) > 0 && req.GetShell() != "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: set only one of argv and shell"))
+	case len(req.GetArgv()) == 0 && req.GetShell() == "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: one of argv and shell is required"))
+	case len(req.GetArgv()) > 0 && req.GetArgv()[0] == "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: argv[0] is empty"))
+	}
+	for k := range req.GetEnv() {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: invalid env name %q", k))
+		}
+	}
+	p, err := s.start(req)
+	if se, ok := errors.AsType[*startError](err); ok {
+		return stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: &sbxv1.ExecExited{
+			ExitCode: se.code,
+			Error:    se.Error(),
+		}}})
+	}
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		return err
+	}
+	if err != nil {
+		return connect.NewError(connect.CodeInternal, err)
+	}
+	defer p.close()
+	if err := stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: int32(p.pid)}}}); err != nil {
+		p.kill()
+		<-p.done
+		return err
+	}
+	go p.input(stream, req)
+	return s.wait(ctx, stream, req, p)
+}
+
+// start forks the command described by req.
+func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
+	env := s.env
+	if len(req.GetEnv()) > 0 {
+		env = slices.Clone(env)
+		for _, k := range slices.Sorted(maps.Keys(req.GetEnv())) {
+			env = envSet(env, k, req.GetEnv()[k])
+		}
+	}
+	if req.GetTty() && envLookup(env, "TERM") == "" {
+		env = append(slices.Clip(env), "TERM=xterm-256color")
+	}
+	dir := s.workdir
+	if w := req.GetWorkdir(); w != "" {
+		dir = s.resolve(w)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, &startError{code: 127, err: fmt.Errorf("workdir %s: %w", dir, errors.Unwrap(err))}
+	} else if !fi.IsDir() {
+		return nil, &startError{code: 126, err: fmt.Errorf("workdir %s: not a directory", dir)}
+	}
+	argv := req.GetArgv()
+	if req.GetShell() != "" {
+		argv = []string{"/bin/sh", "-c", req.GetShell()}
+	}
+	name := argv[0]
+	if !filepath.IsAbs(name) && strings.ContainsRune(name, '/') {
+		name = filepath.Join(dir, name)
+	}
+	path, err := lookPath(name, envLookup(env, "PATH"))
+	if err != nil {
+		return nil, err
+	}
+
+	p := &process{tty: req.GetTty()}
+	var childFiles []*os.File // closed in the parent once the child has them
+	defer func() {
+		for _, f := range childFiles {
+			f.Close()
+		}
+	}()
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	var files []uintptr
+	if p.tty {
+		master, slave, err := openPTY(req.GetSize())
+		if err != nil {
+			return nil, err
+		}
+		childFiles = append(childFiles, slave)
+		p.stdin, p.stdout = master, master
+		fd := slave.Fd()
+		files = []uintptr{fd, fd, fd}
+		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	} else {
+		var stdin *os.File
+		if len(req.GetStdin()) > 0 || req.GetStdinOpen() {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return nil, fmt.Errorf("creating stdin pipe: %w", err)
+			}
+			stdin, p.stdin = r, w
+		} else if stdin, err = os.Open(os.DevNull); err != nil {
+			return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
+		}
+		childFiles = append(childFiles, stdin)
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("creating stdout pipe: %w", err)
+		}
+		p.stdout = outR
+		childFiles = append(childFiles, outW)
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("creating stderr pipe: %w", err)
+		}
+		p.stderr = errR
+		childFiles = append(childFiles, errW)
+		files = []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()}
+	}
+	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}
+	p.started = time.Now()
+	p.pid, p.done, err = s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	if err != nil {
+		p.close()
+		return nil, execError(path, err)
+	}
+	return p, nil
+}
+
+// execError classifies a fork/exec failure.
+func execError(path string, err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return &startError{code: 127, err: fmt.Errorf("%s: %w", path, err)}
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.ENOEXEC), errors.Is(err, unix.EPERM), errors.Is(err, unix.EISDIR):
+		return &startError{code: 126, err: fmt.Errorf("%s: %w", path, err)}
+	}
+	if errors.Is(err, unix.EINVAL) { // e.g. a NUL byte in argv or env
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec %s: %w", path, err))
+	}
+	return fmt.Errorf("starting %s: %w", path, err)
+}
+
+// lookPath finds name in the colon-separated path list, like a shell.
+func lookPath(name, pathList string) (string, error) {
+	check := func(p string) error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return unix.EISDIR
+		}
+		if fi.Mode()&0o111 == 0 {
+			return unix.EACCES
+		}
+		return nil
+	}
+	if strings.ContainsRune(name, '/') {
+		if err := check(name); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return "", &startError{code: 127, err: fmt.Errorf("%s: no such file or directory", name)}
+			}
+			return "", &startError{code: 126, err: fmt.Errorf("%s: not executable: %w", name, errors.Unwrap(err))}
+		}
+		return name, nil
+	}
+	var denied error
+	for _, dir := range filepath.SplitList(pathList) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		err := check(p)
+		if err == nil {
+			return p, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) && denied == nil {
+			denied = &startError{code: 126, err: fmt.Errorf("%s: not executable", p)}
+		}
+	}
+	if denied != nil {
+		return "", denied
+	}
+	return "", &startError{code: 127, err: fmt.Errorf("%s: command not found", name)}
+}
+
+// wait streams output until the process has exited and its output is
+// drained, then sends the one exited event.
+func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest, p *process) error {
+	out := make(chan *sbxv1.ExecOutput, 4)
+	quit := make(chan struct{})
+	defer close(quit)
+	var readers sync.WaitGroup
+	readers.Go(func() { p.read(p.stdout, false, out, quit) })
+	if p.stderr != nil {
+		readers.Go(func() { p.read(p.stderr, true, out, quit) })
+	}
+	readersDone := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(readersDone)
+	}()
+
+	keepalive := time.NewTimer(keepaliveIdle)
+	defer keepalive.Stop()
+	var timeout <-chan time.Time
+	if ms := req.GetTimeoutMs(); ms > 0 {
+		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	send := func(m *sbxv1.ExecOutput) error {
+		keepalive.Reset(keepaliveIdle)
+		return stream.Send(m)
+	}
+	abort := func(err error) error {
+		p.kill()
+		if !p.exited.Load() {
+			<-p.done
+		}
+		return err
+	}
+
+	done := p.done
+	var status exitStatus
+	exited, drained, timedOut := false, false, false
+	for !exited || !drained {
+		select {
+		case m := <-out:
+			if err := send(m); err != nil {
+				return abort(err)
+			}
+		case <-readersDone:
+			drained, readersDone = true, nil
+		case status = <-done:
+			exited, done = true, nil
+			p.exited.Store(true)
+			deadline := time.Now().Add(drainTimeout)
+			p.stdout.SetReadDeadline(deadline)
+			if p.stderr != nil {
+				p.stderr.SetReadDeadline(deadline)
+			}
+		case <-timeout:
+			timedOut, timeout = true, nil
+			p.kill()
+		case <-keepalive.C:
+			if err := send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
+				return abort(err)
+			}
+		case <-ctx.Done():
+			return abort(ctx.Err())
+		}
+	}
+	for {
+		select {
+		case m := <-out:
+			if err := send(m); err != nil {
+				return err
+			}
+			continue
+		default:
+		}
+		break
+	}
+	code, sig := exitCode(status.ws)
+	ex := &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(p.started).Milliseconds()}
+	if timedOut {
+		ex.TimedOut, ex.ExitCode = true, 137
+	}
+	return stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: ex}})
+}
+
+// readBufs holds chunkSize buffers for process.read.
+var readBufs = sync.Pool{New: func() any {
+	b := make([]byte, chunkSize)
+	return &b
+}}
+
+// read forwards f's data as stdout or stderr events until EOF, error or the
+// drain deadline.
+func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, quit <-chan struct{}) {
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	buf := *bp
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			data := slices.Clone(buf[:n])
+			var m *sbxv1.ExecOutput
+			if stderr {
+				m = &sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Stderr{Stderr: data}}
+			} else {
+				m = &sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Stdout{Stdout: data}}
+			}
+			select {
+			case out <- m:
+			case <-quit:
+				return
+			}
+		}
+		if err != nil {
+			return // io.EOF, EIO from a pty whose slave closed, or the deadline
+		}
+	}
+}
+
+// input applies the client's stdin, resize and signal events. It runs until
+// the client's side of the stream ends (at the latest when Exec returns).
+func (p *process) input(stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest) {
+	if len(req.GetStdin()) > 0 && p.stdin != nil {
+		p.stdin.Write(req.GetStdin())
+		if !req.GetStdinOpen() {
+			p.closeStdin()
+		}
+	} else if !req.GetStdinOpen() && !p.tty {
+		p.closeStdin()
+	}
+	for {
+		msg, err := stream.Receive()
+		if err != nil {
+			if errors.Is(err, io.EOF) && req.GetStdinOpen() {
+				p.closeStdin()
+			}
+			return
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *sbxv1.ExecInput_Stdin:
+			if p.stdin != nil && len(ev.Stdin) > 0 {
+				p.stdin.Write(ev.Stdin)
+			}
+		case *sbxv1.ExecInput_StdinClose:
+			if ev.StdinClose {
+				p.closeStdin()
+			}
+		case *sbxv1.ExecInput_Resize:
+			if p.tty {
+				setPTYSize(p.stdout, ev.Resize)
+			}
+		case *sbxv1.ExecInput_Signal:
+			if !p.exited.Load() && ev.Signal > 0 {
+				unix.Kill(-p.pid, unix.Signal(ev.Signal))
+			}
+		}
+	}
+}
+
+// closeStdin gives the process end-of-file on stdin: closes the pipe, or
+// types ^D on a terminal (closing the master would hang the session up).
+func (p *process) closeStdin() {
+	p.stdinOnce.Do(func() {
+		if p.stdin == nil {
+			return
+		}
+		if p.tty {
+			p.stdin.Write([]byte{4})
+			return
+		}
+		p.stdin.Close()
+	})
+}
+
+// kill SIGKILLs the whole process group.
+func (p *process) kill() {
+	if !p.exited.Load() {
+		unix.Kill(-p.pid, unix.SIGKILL)
+	}
+}
+
+// close releases the parent's ends of the child's stdio.
+func (p *process) close() {
+	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// exitCode returns the shell-style exit code and the killing signal.
+func exitCode(ws unix.WaitStatus) (code, sig int32) {
+	switch {
+	case ws.Exited():
+		return int32(ws.ExitStatus()), 0
+	case ws.Signaled():
+		return 128 + int32(ws.Signal()), int32(ws.Signal())
+	}
+	return -1, 0
+}

@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options is what cmd/sbx-agent parsed from its command line.
+type Options struct {
+	// ListenFD is an inherited listening socket (the production way); -1 if unset.
+	ListenFD int
+	// Listen is an address "unix:/path" to listen on instead (tests).
+	Listen string
+	// Entrypoint, if set, is started at boot in the background.
+	Entrypoint []string
+	// Logger is the agent's log; nil means a text logger on stderr.
+	Logger *slog.Logger
+}
+
+// Run is the whole agent: harden, listen, start the entrypoint, serve until
+// ctx ends. As PID 1 ctx never ends.
+func Run(ctx context.Context, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if err := harden(); err != nil {
+		log.Warn("hardening agent", "err", err)
+	}
+	ln, err := listen(opts)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	closeOnExecAll()
+
+	pid1 := os.Getpid() == 1
+	if !pid1 {
+		// Orphans of our children come back to us rather than to the real init.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err == nil {
+			pid1 = true
+		}
+	}
+	srv, err := NewServer(Config{Logger: log, ReapAll: pid1})
+	if err != nil {
+		return err
+	}
+	if len(opts.Entrypoint) > 0 {
+		if err := srv.startEntrypoint(opts.Entrypoint); err != nil {
+			log.Error("starting entrypoint", "argv", opts.Entrypoint, "err", err)
+		}
+	}
+	log.Info("sbx-agent serving", "version", Version, "pid", os.Getpid(), "addr", ln.Addr().String())
+	return srv.Serve(ctx, ln)
+}
+
+func listen(opts Options) (net.Listener, error) {
+	switch {
+	case opts.ListenFD >= 0 && opts.Listen != "":
+		return nil, fmt.Errorf("--listen-fd and --listen are exclusive")
+	case opts.ListenFD >= 0:
+		// The fd is dup'ed close-on-exec by FileListener; close the original
+		// so user processes can never inherit it.
+		unix.CloseOnExec(opts.ListenFD)
+		f := os.NewFile(uintptr(opts.ListenFD), "listen-fd")
+		if f == nil {
+			return nil, fmt.Errorf("listen fd %d is not valid", opts.ListenFD)
+		}
+		defer f.Close()
+		ln, err := net.FileListener(f)
+		if err != nil {
+			return nil, fmt.Errorf("using listen fd %d: %w", opts.ListenFD, err)
+		}
+		return ln, nil
+	case strings.HasPrefix(opts.Listen, "unix:"):
+		path := strings.TrimPrefix(opts.Listen, "unix:")
+		os.Remove(path)
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", path, err)
+		}
+		return ln, nil
+	default:
+		return nil, fmt.Errorf("need --listen-fd N or --listen unix:/path (got %q)", opts.Listen)
+	}
+}
+
+// startEntrypoint starts the sandbox's long-running command in the
+// background with the agent's stdout and stderr; its exit is only logged.
+func (s *Server) startEntrypoint(argv []string) error {
+	path, err := lookPath(argv[0], envLookup(s.env, "PATH"))
+	if err != nil {
+		return err
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	attr := &syscall.ProcAttr{
+		Dir:   s.workdir,
+		Env:   s.env,
+		Files: []uintptr{devnull.Fd(), os.Stdout.Fd(), os.Stderr.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	started := time.Now()
+	pid, done, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", path, err)
+	}
+	s.log.Info("entrypoint started", "argv", argv, "pid", pid)
+	go func() {
+		st := <-done
+		code, sig := exitCode(st.ws)
+		s.log.Info("entrypoint exited", "pid", pid, "exit_code", code, "signal", sig, "after", time.Since(started).Round(time.Millisecond))
+	}()
+	return nil
+}

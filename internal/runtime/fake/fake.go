@@ -1,0 +1,272 @@
+// Package fake is a runtime.Driver for tests that need real agents but no
+// root: each "box" is the sbx-agent binary started as a plain child process
+// of the caller, serving on a Unix socket the driver made (passed as fd 3,
+// exactly as real drivers do). There is NO isolation at all — no namespaces,
+// no cgroups, no filesystem of its own; commands run on the host as the
+// caller. Use it only to unit-test code above the Driver contract
+// (internal/sandbox). Pause and Resume stop and continue the agent's process
+// group with SIGSTOP/SIGCONT.
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// Config configures a fake Driver.
+type Config struct {
+	// StateDir holds one directory per box (its socket, pid file and log).
+	StateDir string
+	// AgentPath is the sbx-agent binary to start.
+	AgentPath string
+}
+
+// Driver is the fake driver. It keeps no state in memory.
+type Driver struct {
+	cfg Config
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New returns a fake driver.
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" || cfg.AgentPath == "" {
+		return nil, fmt.Errorf("fake: state dir and agent path are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fake: %w", err)
+	}
+	return &Driver{cfg: cfg}, nil
+}
+
+type boxData struct {
+	Pid       int    `json:"pid"`
+	StartTime string `json:"start_time"` // /proc/pid/stat field 22 ("" off Linux)
+}
+
+func (d *Driver) Name() string { return "fake" }
+
+func (d *Driver) Info(context.Context) runtime.Info {
+	return runtime.Info{Name: "fake", Healthy: true, Detail: "no isolation: agents run as host processes",
+		Capabilities: []string{"pause", "recover"}}
+}
+
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+func (d *Driver) dir(id string) (string, error) {
+	if !validID.MatchString(id) {
+		return "", fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return filepath.Join(d.cfg.StateDir, id), nil
+}
+
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
+	dir, err := d.dir(spec.ID)
+	if err != nil {
+		return h, err
+	}
+	for _, l := range spec.Image.Layers {
+		if _, err := os.Stat(l); err != nil {
+			return h, fmt.Errorf("image layer %q: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return h, err
+	}
+	var data boxData
+	defer func() {
+		if err != nil {
+			_ = d.destroy(dir, data)
+		}
+	}()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "agent.sock"), Net: "unix"})
+	if err != nil {
+		return h, err
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	lnf, err := ln.File()
+	if err != nil {
+		return h, err
+	}
+	defer lnf.Close()
+	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		return h, err
+	}
+	defer logf.Close()
+	args := []string{"--listen-fd", "3"}
+	if len(spec.Command) > 0 {
+		args = append(append(args, "--"), spec.Command...)
+	}
+	cmd := exec.Command(d.cfg.AgentPath, args...)
+	cmd.Env = append(os.Environ(), spec.Env...)
+	cmd.ExtraFiles = []*os.File{lnf}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return h, fmt.Errorf("start agent: %w", err)
+	}
+	data = boxData{Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
+	_ = cmd.Process.Release() // reaped by pid in Destroy, also from a new Driver
+	raw, _ := json.Marshal(data)
+	if err := os.WriteFile(filepath.Join(dir, "handle.json"), raw, 0o600); err != nil {
+		return h, err
+	}
+	h = runtime.Handle{ID: spec.ID, Driver: "fake", Data: raw}
+	wctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
+	defer cancel()
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) { return d.Dial(ctx, h) })
+	defer conn.Close()
+	if _, err := conn.WaitReady(wctx); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+func (d *Driver) load(h runtime.Handle) (string, boxData, error) {
+	dir, err := d.dir(h.ID)
+	if err != nil {
+		return "", boxData{}, err
+	}
+	var data boxData
+	raw := h.Data
+	if len(raw) == 0 {
+		raw, _ = os.ReadFile(filepath.Join(dir, "handle.json"))
+	}
+	_ = json.Unmarshal(raw, &data)
+	return dir, data, nil
+}
+
+// alive reports whether data still names our agent (not a reused pid).
+func alive(data boxData) bool {
+	return data.Pid > 0 && syscall.Kill(data.Pid, 0) == nil && startTime(data.Pid) == data.StartTime
+}
+
+func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle, error) {
+	dir, data, err := d.load(h)
+	if err != nil {
+		return h, err
+	}
+	if alive(data) {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		conn := agentconn.New(func(ctx context.Context) (net.Conn, error) { return d.Dial(ctx, h) })
+		defer conn.Close()
+		if _, err = conn.Hello(ctx); err == nil {
+			return h, nil
+		}
+	}
+	_ = d.destroy(dir, data)
+	return h, fmt.Errorf("recover box %s: %w", h.ID, errdefs.ErrNotFound)
+}
+
+func (d *Driver) signal(h runtime.Handle, sig syscall.Signal) error {
+	_, data, err := d.load(h)
+	if err != nil {
+		return err
+	}
+	if !alive(data) {
+		return fmt.Errorf("box %s: %w", h.ID, errdefs.ErrNotFound)
+	}
+	return syscall.Kill(-data.Pid, sig)
+}
+
+func (d *Driver) Pause(_ context.Context, h runtime.Handle) error {
+	return d.signal(h, syscall.SIGSTOP)
+}
+
+func (d *Driver) Resume(_ context.Context, h runtime.Handle) error {
+	return d.signal(h, syscall.SIGCONT)
+}
+
+func (d *Driver) Destroy(_ context.Context, h runtime.Handle) error {
+	dir, data, err := d.load(h)
+	if err != nil {
+		return err
+	}
+	return d.destroy(dir, data)
+}
+
+func (d *Driver) destroy(dir string, data boxData) error {
+	if alive(data) {
+		_ = syscall.Kill(-data.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-data.Pid, syscall.SIGCONT)
+		reap(data.Pid)
+	}
+	return os.RemoveAll(dir)
+}
+
+// reap waits (bounded) for pid, our child unless we restarted.
+func reap(pid int) {
+	for i := 0; i < 1000; i++ {
+		var ws syscall.WaitStatus
+		got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		if got == pid || (err != nil && !errors.Is(err, syscall.EINTR)) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
+	return runtime.Stats{}, fmt.Errorf("fake driver has no stats: %w", errdefs.ErrFailedPrecondition)
+}
+
+func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	dir, err := d.dir(h.ID)
+	if err != nil {
+		return nil, err
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", filepath.Join(dir, "agent.sock"))
+}
+
+func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	ents, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if keep[e.Name()] || !validID.MatchString(e.Name()) {
+			continue
+		}
+		dir, data, _ := d.load(runtime.Handle{ID: e.Name()})
+		errs = append(errs, d.destroy(dir, data))
+	}
+	return errors.Join(errs...)
+}
+
+// startTime is field 22 of /proc/pid/stat, or "" where there is no /proc.
+func startTime(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		if f := strings.Fields(s[i+1:]); len(f) >= 20 {
+			return f[19]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,233 @@
+package oci
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// cgroupLayout says where the host's cgroup hierarchies are mounted. The OCI
+// runtime creates and configures the box cgroups; the driver only reads
+// statistics, thaws and removes them, for v1, v2 and hybrid hosts alike.
+type cgroupLayout struct {
+	// unified is the cgroup2 mount ("" if none). On a pure v2 host it is
+	// /sys/fs/cgroup and v1 is empty.
+	unified string
+	// v1 maps a v1 controller (or "name=systemd") to its mount point.
+	v1 map[string]string
+	// all lists every hierarchy's mount point, v1 and v2.
+	all []string
+	// parent is the cgroup, in every hierarchy, under which boxes live.
+	parent string
+}
+
+func detectCgroups(parent string) (cgroupLayout, error) {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return cgroupLayout{}, fmt.Errorf("read mountinfo: %w", err)
+	}
+	l := cgroupLayout{v1: map[string]string{}, parent: parent}
+	for _, m := range mounts {
+		switch m.FSType {
+		case "cgroup2":
+			if l.unified == "" {
+				l.unified = m.MountPoint
+				l.all = append(l.all, m.MountPoint)
+			}
+		case "cgroup":
+			added := false
+			for _, opt := range strings.Split(m.SuperOpts, ",") {
+				switch opt {
+				case "rw", "ro", "":
+					continue
+				}
+				if _, dup := l.v1[opt]; !dup {
+					l.v1[opt] = m.MountPoint
+					added = true
+				}
+			}
+			if added {
+				l.all = append(l.all, m.MountPoint)
+			}
+		}
+	}
+	if l.unified == "" && len(l.v1) == 0 {
+		return l, errors.New("no cgroup hierarchy mounted")
+	}
+	return l, nil
+}
+
+// swapAccounting reports whether memory+swap can be limited: always assumed
+// on v2 (memory.swap.max), on v1 only with memory.memsw.* files.
+func (l cgroupLayout) swapAccounting() bool {
+	mp, ok := l.v1["memory"]
+	if !ok {
+		return l.unified != ""
+	}
+	_, err := os.Stat(filepath.Join(mp, "memory.memsw.limit_in_bytes"))
+	return err == nil
+}
+
+// hybrid reports v1 controllers plus a cgroup2 mount (what crun refuses).
+func (l cgroupLayout) hybrid() bool { return len(l.v1) > 0 && l.unified != "" }
+
+// dirs lists box id's cgroup directory in every hierarchy.
+func (l cgroupLayout) dirs(id string) []string {
+	out := make([]string, 0, len(l.all))
+	for _, mp := range l.all {
+		out = append(out, filepath.Join(mp, l.parent, id))
+	}
+	return out
+}
+
+// ids lists the box ids that have a cgroup in any hierarchy.
+func (l cgroupLayout) ids() map[string]bool {
+	ids := map[string]bool{}
+	for _, mp := range l.all {
+		ents, _ := os.ReadDir(filepath.Join(mp, l.parent))
+		for _, e := range ents {
+			if e.IsDir() {
+				ids[e.Name()] = true
+			}
+		}
+	}
+	return ids
+}
+
+// controllerDir is the box's directory for a v1 controller, or its v2 dir.
+func (l cgroupLayout) controllerDir(ctrl, id string) (dir string, v2 bool) {
+	if mp, ok := l.v1[ctrl]; ok {
+		return filepath.Join(mp, l.parent, id), false
+	}
+	return filepath.Join(l.unified, l.parent, id), true
+}
+
+// thaw unfreezes the box (a frozen task does not die of SIGKILL until thawed).
+func (l cgroupLayout) thaw(id string) {
+	dir, v2 := l.controllerDir("freezer", id)
+	if v2 {
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+		return
+	}
+	_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+}
+
+// remove kills whatever is still in the box's cgroups and removes them.
+func (l cgroupLayout) remove(id string) error {
+	var errs []error
+	for _, dir := range l.dirs(id) {
+		if err := removeCgroupDir(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		l.thaw(id)
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupDir rmdirs dir, killing leftover processes and retrying while
+// they exit. A missing dir is fine.
+func removeCgroupDir(dir string) error {
+	delay := 100 * time.Microsecond
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := syscall.Rmdir(dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		// Nested cgroups (made inside the box's cgroup namespace) first.
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() {
+				_ = removeCgroupDir(filepath.Join(dir, e.Name()))
+			}
+		}
+		for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+		time.Sleep(delay)
+		if delay < 10*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+func readPids(path string) []int {
+	b, _ := os.ReadFile(path)
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// stats fills the cgroup-derived fields of runtime.Stats.
+func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
+	var st runtime.Stats
+	mem, v2 := l.controllerDir("memory", id)
+	if _, err := os.Stat(mem); err != nil {
+		return st, fmt.Errorf("box cgroup: %w", err)
+	}
+	if v2 {
+		st.MemoryBytes = readInt(filepath.Join(mem, "memory.current"))
+		st.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.peak"))
+		st.OOMKills = readKey(filepath.Join(mem, "memory.events"), "oom_kill")
+		st.CPUUsageNs = readKey(filepath.Join(mem, "cpu.stat"), "usage_usec") * 1000
+		st.Pids = readInt(filepath.Join(mem, "pids.current"))
+		return st, nil
+	}
+	st.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
+	st.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
+	st.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	if dir, _ := l.controllerDir("cpuacct", id); dir != "" {
+		st.CPUUsageNs = readInt(filepath.Join(dir, "cpuacct.usage"))
+	}
+	if dir, _ := l.controllerDir("pids", id); dir != "" {
+		st.Pids = readInt(filepath.Join(dir, "pids.current"))
+	}
+	return st, nil
+}
+
+func readInt(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	return n
+}
+
+// readKey reads "key value" lines (memory.events, cpu.stat, oom_control).
+func readKey(path, key string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && k == key {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,70 @@
+// Package oci owns OCI-bundle sandboxes run by an OCI runtime binary (runc,
+// crun; runsc later). For each box it assembles a root filesystem (overlayfs
+// over image layers or the built-in "host" skeleton, with a size-bounded
+// tmpfs as the writable layer), writes a hardened config.json (user
+// namespace, minimal capabilities, seccomp allowlist, masked /proc paths,
+// cgroup limits) and starts the runtime with sbx-agent as the box's init,
+// listening on a Unix socket the driver created.
+//
+// The writable layer is a tmpfs whose size is Resources.DiskBytes. Its pages
+// are charged to the memory cgroup of the process that writes them, i.e. the
+// box: files written inside a box count against its memory limit too, so the
+// memory limit should exceed the disk bound for the disk bound to be reached.
+//
+// Box root runs as uid 0 of a user namespace mapped to host uids
+// 100000..165535 (one range shared by all boxes). Image layers are used as
+// they are: files owned by host root show up as nobody inside, which is fine
+// for read-only system files; the image store should shift ownership into
+// the mapped range (or, later, the driver should use idmapped mounts) for
+// layers whose files the box must own.
+//
+// Only internal/daemon (and tests) should import it; everything else uses
+// the runtime.Driver interface.
+//
+// Reaping: the box's init is started with `<runtime> run --detach`, so once
+// the runtime exits the init is re-parented to the nearest child subreaper.
+// On hosts (and containers) whose PID 1 does not reap orphans that would leave
+// a zombie per destroyed box, so New makes the calling process a child
+// subreaper and Destroy reaps the box's init with a targeted wait4(pid) —
+// never wait4(-1), which would steal exit statuses from os/exec. A daemon
+// that embeds this driver therefore adopts every orphan of its descendants;
+// boxes recovered after a daemon restart are not our children and their init
+// is left to whoever adopted it.
+package oci
+
+import "log/slog"
+
+// Config configures a Driver.
+type Config struct {
+	// StateDir holds everything the driver makes on disk: box dirs, the host
+	// image skeleton, the runtime's private --root, a copy of the agent. It
+	// must be on a local filesystem usable as an overlayfs lower dir, short
+	// enough for <StateDir>/boxes/<id>/agent.sock to fit a Unix socket
+	// address, and every ancestor must be searchable (o+x) by the mapped uid
+	// because the runtime resolves bundle paths inside the user namespace.
+	StateDir string
+	// RuntimePath is the OCI runtime binary; "" picks crun where it works on
+	// this host, else runc.
+	RuntimePath string
+	// AgentPath is the sbx-agent binary (static). It is copied into StateDir
+	// and bind-mounted read-only at /.sbx/sbx-agent in every box.
+	AgentPath string
+	// CgroupParent is the cgroup, in every hierarchy, under which boxes live
+	// ("" = "sbx"). Cleanup removes every box cgroup under it that it is not
+	// told to keep, so drivers over different state dirs on one host (tests
+	// next to a daemon) need different parents.
+	CgroupParent string
+	// Logger receives driver logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Box user namespace: sandbox uids/gids 0..idMapSize-1 map to host
+// idMapBase.. (one range shared by all boxes for now; per-box ranges need
+// idmapped lower layers).
+const (
+	idMapBase = 100000
+	idMapSize = 65536
+)
+
+// defaultCgroupParent is Config.CgroupParent's default.
+const defaultCgroupParent = "sbx"

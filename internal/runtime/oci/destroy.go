@@ -1,0 +1,185 @@
+//go:build linux
+
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// reapTimeout bounds how long Destroy waits for a killed box init to exit.
+const reapTimeout = 5 * time.Second
+
+// Destroy kills the box and removes every host resource it had. It is
+// idempotent and takes no global lock.
+//
+// Fast path (no runtime process, a few ms): SIGKILL the init pid recorded at
+// create (checked against its start time to rule out pid reuse) — the kernel
+// then kills every process of the box's pid namespace —, thaw the freezer so
+// a paused box can die, reap the init, remove the box cgroups and the
+// runtime's state dir ourselves (what `runc delete` would do for a stopped
+// container with no hooks). If the init is unknown or gone, fall back to
+// `<runtime> delete --force`.
+func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
+	if err := checkID(h.ID); err != nil {
+		return err
+	}
+	data := parseData(h)
+	return d.destroy(ctx, h.ID, &data)
+}
+
+func (d *Driver) destroy(ctx context.Context, id string, data *boxData) error {
+	errs := []error{d.teardownProcesses(ctx, id, data)}
+	box := d.boxDir(id)
+	mounts, err := mountsUnder(box)
+	errs = append(errs, err)
+	for _, m := range mounts {
+		errs = append(errs, unmount(m))
+	}
+	if err := os.RemoveAll(box); err != nil {
+		errs = append(errs, fmt.Errorf("remove box dir: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy box %s: %w", id, err)
+	}
+	return nil
+}
+
+// teardownProcesses kills the box, reaps its init and removes its runtime
+// state and cgroups.
+func (d *Driver) teardownProcesses(ctx context.Context, id string, data *boxData) error {
+	var errs []error
+	if data.Pid == 0 {
+		// Unknown init (a crash mid-create, Cleanup): ask the runtime.
+		if st, err := d.rt.state(ctx, id); err == nil && st.Pid > 0 {
+			data.Pid, data.StartTime = st.Pid, procStartTime(st.Pid)
+		}
+	}
+	killed := false
+	if data.Pid > 0 && data.StartTime != 0 && procStartTime(data.Pid) == data.StartTime {
+		if err := unix.Kill(data.Pid, unix.SIGKILL); err == nil {
+			d.cg.thaw(id)
+			if err := reap(data.Pid, reapTimeout); err != nil {
+				errs = append(errs, err)
+			} else {
+				killed = true
+			}
+		}
+	}
+	stateDir := d.rt.stateDir(id)
+	if _, err := os.Stat(stateDir); err == nil {
+		if !killed {
+			if err := d.rt.run(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
+				errs = append(errs, err)
+			}
+			if data.Pid > 0 {
+				_ = reap(data.Pid, reapTimeout) // our zombie if we started it
+			}
+		}
+		if err := os.RemoveAll(stateDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove runtime state: %w", err))
+		}
+	}
+	if err := d.cg.remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Recover re-attaches to a box that is running (its agent answers Hello) or
+// paused; anything else is destroyed and reported as errdefs.ErrNotFound.
+func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle, error) {
+	if err := checkID(h.ID); err != nil {
+		return h, err
+	}
+	data := parseData(h)
+	st, err := d.rt.state(ctx, h.ID)
+	if err == nil {
+		switch st.Status {
+		case "paused":
+			if _, serr := os.Stat(sockPath(d.boxDir(h.ID))); serr == nil {
+				return h, nil // a frozen agent cannot answer; Resume will tell
+			}
+		case "running":
+			if err = d.hello(ctx, h.ID); err == nil {
+				return h, nil
+			}
+		default:
+			err = fmt.Errorf("runtime says %s", st.Status)
+		}
+	}
+	if derr := d.destroy(ctx, h.ID, &data); derr != nil {
+		d.log.Warn("destroying unrecoverable box", "id", h.ID, "err", derr)
+	}
+	return h, fmt.Errorf("recover box %s (%v): %w", h.ID, err, errdefs.ErrNotFound)
+}
+
+func (d *Driver) hello(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sockPath(d.boxDir(id)))
+	})
+	defer conn.Close()
+	_, err := conn.Hello(ctx)
+	return err
+}
+
+// Cleanup destroys every box whose id is not in keep: box dirs, mounts under
+// StateDir, runtime containers under our --root and cgroups under the sbx
+// parent. Runtime state under other runtimes' roots (after switching runtime)
+// is not looked at.
+func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	ids := d.cg.ids()
+	if ents, err := os.ReadDir(d.boxesDir); err == nil {
+		for _, e := range ents {
+			ids[e.Name()] = true
+		}
+	}
+	if listed, err := d.rt.list(ctx); err == nil {
+		for _, id := range listed {
+			ids[id] = true
+		}
+	} else {
+		d.log.Warn("listing runtime containers", "err", err)
+	}
+	var errs []error
+	if mounts, err := mountsUnder(d.boxesDir); err == nil {
+		for _, m := range mounts {
+			rel, _ := filepath.Rel(d.boxesDir, m)
+			id, _, _ := strings.Cut(rel, "/")
+			ids[id] = true
+		}
+	}
+	for id := range ids {
+		if keep[id] || checkID(id) != nil {
+			continue
+		}
+		d.log.Info("cleaning up leftover box", "id", id)
+		if err := d.destroy(ctx, id, &boxData{}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Temp dirs of an interrupted host image build.
+	if ents, err := os.ReadDir(d.imagesDir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".tmp-") {
+				errs = append(errs, os.RemoveAll(filepath.Join(d.imagesDir, e.Name())))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,488 @@
+//go:build linux
+
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// Driver runs boxes with an OCI runtime. It keeps no per-box state in memory:
+// everything is derived from the box id, the box dir and the handle, so
+// operations on different boxes never contend on a lock.
+type Driver struct {
+	stateDir  string
+	boxesDir  string
+	imagesDir string
+	agentPath string // our copy of the agent binary
+	rt        *ociRuntime
+	cg        cgroupLayout
+	detail    string
+	healthy   bool
+	swapLimit bool // the host can limit memory+swap
+	noFile    uint64
+	log       *slog.Logger
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// boxData is the driver-private part of a Handle.
+type boxData struct {
+	Runtime string `json:"runtime"`
+	Pid     int    `json:"pid"`
+	// StartTime (/proc/pid/stat field 22) guards against pid reuse.
+	StartTime uint64 `json:"start_time"`
+	Dir       string `json:"dir"`
+}
+
+// New prepares StateDir, picks the runtime and makes this process a child
+// subreaper (see the package doc).
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
+		return nil, fmt.Errorf("oci: state dir %q must be absolute: %w", cfg.StateDir, errdefs.ErrInvalidArgument)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Driver{
+		stateDir:  filepath.Clean(cfg.StateDir),
+		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
+		imagesDir: filepath.Join(cfg.StateDir, "images"),
+		log:       log.With("driver", "oci"),
+	}
+	for _, dir := range []string{d.stateDir, d.boxesDir} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("oci: create %s: %w", dir, err)
+		}
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("oci: chmod %s: %w", dir, err)
+		}
+	}
+	if err := checkSearchable(d.stateDir); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	parent := cfg.CgroupParent
+	if parent == "" {
+		parent = defaultCgroupParent
+	}
+	if !validCgroupParent.MatchString(parent) {
+		return nil, fmt.Errorf("oci: cgroup parent %q: %w", parent, errdefs.ErrInvalidArgument)
+	}
+	var err error
+	if d.cg, err = detectCgroups(parent); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	var fallback string
+	path := cfg.RuntimePath
+	if path == "" {
+		path, fallback = pickRuntime(d.cg)
+	}
+	if d.rt, err = newOCIRuntime(path, d.stateDir); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	d.detail, d.healthy = fmt.Sprintf("%s (%s)", d.rt, d.rt.path), true
+	if fallback != "" {
+		d.detail = fallback + ", using " + d.detail
+	}
+	if d.rt.name == "crun" && d.cg.hybrid() {
+		d.detail, d.healthy = "crun: hybrid cgroup layout not supported (configure runc instead)", false
+	}
+	if d.agentPath, err = installAgent(cfg.AgentPath, filepath.Join(d.stateDir, "bin")); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	d.swapLimit = d.cg.swapAccounting()
+	d.noFile = 1 << 20
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Max < d.noFile {
+		d.noFile = lim.Max // raising it would need CAP_SYS_RESOURCE in the host namespace
+	}
+	if err := setSubreaper(); err != nil {
+		return nil, fmt.Errorf("oci: become child subreaper: %w", err)
+	}
+	return d, nil
+}
+
+// pickRuntime prefers crun (faster) unless the host layout makes it refuse.
+func pickRuntime(cg cgroupLayout) (path, fallback string) {
+	crun, err := exec.LookPath("crun")
+	switch {
+	case err != nil:
+		fallback = "crun: not installed"
+	case cg.hybrid():
+		fallback = "crun: hybrid cgroup layout not supported"
+	default:
+		return crun, ""
+	}
+	return "runc", fallback
+}
+
+// checkSearchable makes sure the mapped root can traverse to dir: the runtime
+// resolves the bundle's rootfs inside the box's user namespace.
+func checkSearchable(dir string) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is not searchable by others (mode %v); box roots must be reachable by the mapped uid %d: %w",
+				p, fi.Mode().Perm(), idMapBase, errdefs.ErrFailedPrecondition)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
+
+// installAgent copies the agent into dir (0755), so boxes never see a
+// half-replaced binary and its path is reachable from the user namespace.
+func installAgent(src, dir string) (string, error) {
+	if src == "" {
+		return "", fmt.Errorf("agent path not set: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	dst := filepath.Join(dir, "sbx-agent")
+	tmp := fmt.Sprintf("%s.tmp-%d", dst, os.Getpid())
+	if err := copyFile(src, tmp, 0o755); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	return dst, nil
+}
+
+func (d *Driver) Name() string { return "oci" }
+
+func (d *Driver) Info(ctx context.Context) runtime.Info {
+	return runtime.Info{
+		Name:         "oci",
+		Healthy:      d.healthy,
+		Detail:       d.detail,
+		Capabilities: []string{"pause", "stats", "disk-limit", "recover"},
+	}
+}
+
+var validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
+
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+func checkID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
+
+// Paths inside a box dir.
+func sockPath(box string) string  { return filepath.Join(box, "agent.sock") }
+func rwDir(box string) string     { return filepath.Join(box, "rw") }
+func bundleDir(box string) string { return filepath.Join(box, "bundle") }
+func rootfsDir(box string) string { return filepath.Join(box, "bundle", "rootfs") }
+func pidFile(box string) string   { return filepath.Join(box, "init.pid") }
+func agentLog(box string) string  { return filepath.Join(box, "agent.log") }
+
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
+	t0 := time.Now()
+	if err := checkID(spec.ID); err != nil {
+		return h, err
+	}
+	lowers, hostImage, err := d.lowers(spec.Image)
+	if err != nil {
+		return h, err
+	}
+	box := d.boxDir(spec.ID)
+	if len(sockPath(box)) >= len(unix.RawSockaddrUnix{}.Path) {
+		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", sockPath(box), errdefs.ErrInvalidArgument)
+	}
+	if err := os.Mkdir(box, 0o711); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return h, fmt.Errorf("create box dir: %w", err)
+	}
+	var undo cleanupStack
+	defer func() {
+		if err != nil {
+			if cerr := undo.run(); cerr != nil {
+				d.log.Warn("rolling back box", "id", spec.ID, "err", cerr)
+			}
+		}
+	}()
+	undo.add(func() error { return os.RemoveAll(box) })
+
+	// Writable layer: a tmpfs bounding its size (its pages are charged to the
+	// memory cgroup of whoever writes them, i.e. the box).
+	rw := rwDir(box)
+	if err := os.Mkdir(rw, 0o700); err != nil {
+		return h, fmt.Errorf("create rw dir: %w", err)
+	}
+	if err := mountTmpfs(rw, spec.Resources.DiskBytes); err != nil {
+		return h, err
+	}
+	undo.add(func() error { return unmount(rw) })
+	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
+	for _, dir := range []string{upper, work} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return h, fmt.Errorf("create overlay dirs: %w", err)
+		}
+	}
+	if err := os.Chown(upper, idMapBase, idMapBase); err != nil {
+		return h, fmt.Errorf("chown upper dir: %w", err)
+	}
+	rootfs := rootfsDir(box)
+	if err := os.MkdirAll(rootfs, 0o711); err != nil {
+		return h, fmt.Errorf("create rootfs dir: %w", err)
+	}
+	if err := mountOverlay(rootfs, lowers, upper, work); err != nil {
+		return h, err
+	}
+	undo.add(func() error { return unmount(rootfs) })
+	if err := d.prepareRootfs(rootfs, spec); err != nil {
+		return h, err
+	}
+
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	ociSpec := buildSpec(specParams{
+		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
+		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
+		SwapLimit: d.swapLimit,
+	})
+	cfg, err := json.Marshal(ociSpec)
+	if err != nil {
+		return h, fmt.Errorf("encode oci spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(bundleDir(box), "config.json"), cfg, 0o600); err != nil {
+		return h, fmt.Errorf("write oci spec: %w", err)
+	}
+
+	tPrepared := time.Now()
+	data := boxData{Runtime: d.rt.path, Dir: box}
+	// From here on the runtime may hold state, a cgroup and processes.
+	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
+	if err := d.start(ctx, spec.ID, box, &data); err != nil {
+		return h, err
+	}
+	tStarted := time.Now()
+	if err := d.waitAgent(ctx, box, data.Pid); err != nil {
+		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
+	}
+	raw, _ := json.Marshal(data)
+	undo.release()
+	d.log.Debug("box created", "id", spec.ID, "prepare", tPrepared.Sub(t0), "runtime", tStarted.Sub(tPrepared),
+		"agent", time.Since(tStarted))
+	return runtime.Handle{ID: spec.ID, Driver: "oci", Data: raw}, nil
+}
+
+// lowers returns the image's lower dirs, lowest first.
+func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err error) {
+	if len(img.Layers) == 0 {
+		if img.Name != "host" && img.Name != "" {
+			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
+		}
+		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		return []string{dir}, true, err
+	}
+	for _, l := range img.Layers {
+		fi, err := os.Stat(l)
+		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
+			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	return img.Layers, false, nil
+}
+
+// prepareRootfs writes per-box files into the writable layer: /etc/hostname,
+// /etc/hosts and the working directory.
+func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	if err := mkdirInRoot(rootfs, "/etc", idMapBase, idMapBase); err != nil {
+		return err
+	}
+	files := map[string]string{
+		"etc/hostname": hostname + "\n",
+		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+	for name, content := range files {
+		err := writeFileInRoot(rootfs, name, []byte(content), idMapBase, idMapBase)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			// The image's /etc is a dangling symlink or not a dir: its problem.
+			d.log.Debug("not writing into image /etc", "file", name, "err", err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return mkdirInRoot(rootfs, spec.Workdir, idMapBase, idMapBase)
+}
+
+// start runs the runtime with the agent's listening socket as fd 3.
+func (d *Driver) start(ctx context.Context, id, box string, data *boxData) error {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath(box), Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listen on agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	lnFile, err := ln.File()
+	if err != nil {
+		return fmt.Errorf("agent socket fd: %w", err)
+	}
+	defer lnFile.Close()
+	logf, err := os.OpenFile(agentLog(box), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("create agent log: %w", err)
+	}
+	defer logf.Close()
+
+	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "1",
+		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
+	cmd.ExtraFiles = []*os.File{lnFile}
+	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
+	}
+	b, err := os.ReadFile(pidFile(box))
+	if err != nil {
+		return fmt.Errorf("read init pid: %w", err)
+	}
+	if _, err := fmt.Sscan(string(b), &data.Pid); err != nil {
+		return fmt.Errorf("parse init pid %q: %w", b, err)
+	}
+	data.StartTime = procStartTime(data.Pid)
+	return nil
+}
+
+// waitAgent says Hello until the agent answers, the init dies or
+// runtime.ProbeTimeout passes.
+func (d *Driver) waitAgent(ctx context.Context, box string, pid int) error {
+	ctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
+	defer cancel()
+	died := make(chan struct{})
+	go func() { // fail fast when the agent exits instead of waiting out the timeout
+		defer close(died)
+		for ctx.Err() == nil {
+			if procGoneOrZombie(pid) {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", sockPath(box))
+	})
+	defer conn.Close()
+	_, err := conn.WaitReady(ctx)
+	cancel()
+	<-died
+	if err != nil && procGoneOrZombie(pid) {
+		return fmt.Errorf("agent exited before answering: %w", err)
+	}
+	return err
+}
+
+// logTail returns the end of the agent log for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return "; log: " + strings.TrimSpace(string(b))
+}
+
+func parseData(h runtime.Handle) boxData {
+	var data boxData
+	if len(h.Data) > 0 {
+		_ = json.Unmarshal(h.Data, &data) // best effort: destroy must work anyway
+	}
+	return data
+}
+
+func (d *Driver) Pause(ctx context.Context, h runtime.Handle) error {
+	return d.setPaused(ctx, h, true)
+}
+
+func (d *Driver) Resume(ctx context.Context, h runtime.Handle) error {
+	return d.setPaused(ctx, h, false)
+}
+
+func (d *Driver) setPaused(ctx context.Context, h runtime.Handle, pause bool) error {
+	if err := checkID(h.ID); err != nil {
+		return err
+	}
+	verb, want := "resume", "running"
+	if pause {
+		verb, want = "pause", "paused"
+	}
+	err := d.rt.run(ctx, verb, h.ID)
+	if err == nil {
+		return nil
+	}
+	st, serr := d.rt.state(ctx, h.ID)
+	if serr != nil {
+		return fmt.Errorf("%s box %s: %w", verb, h.ID, serr)
+	}
+	if st.Status == want {
+		return nil // already there
+	}
+	return fmt.Errorf("%s box %s: %w", verb, h.ID, err)
+}
+
+func (d *Driver) Stats(ctx context.Context, h runtime.Handle) (runtime.Stats, error) {
+	if err := checkID(h.ID); err != nil {
+		return runtime.Stats{}, err
+	}
+	st, err := d.cg.stats(h.ID)
+	if err != nil {
+		return st, fmt.Errorf("stats of box %s: %w", h.ID, errors.Join(err, errdefs.ErrNotFound))
+	}
+	st.DiskUsedBytes, _ = diskUsed(rwDir(d.boxDir(h.ID)))
+	return st, nil
+}
+
+func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	if err := checkID(h.ID); err != nil {
+		return nil, err
+	}
+	var dl net.Dialer
+	c, err := dl.DialContext(ctx, "unix", sockPath(d.boxDir(h.ID)))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
+	}
+	return c, nil
+}

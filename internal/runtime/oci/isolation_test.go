@@ -1,0 +1,273 @@
+//go:build linux
+
+package oci_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/testsuite"
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+// initPid is the box init's host pid, from the handle.
+func initPid(t *testing.T, h runtime.Handle) int {
+	t.Helper()
+	var data struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(h.Data, &data); err != nil || data.Pid == 0 {
+		t.Fatalf("handle data %s: no pid (%v)", h.Data, err)
+	}
+	return data.Pid
+}
+
+func statusField(t *testing.T, status, key string) string {
+	t.Helper()
+	for _, line := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in status:\n%s", key, status)
+	return ""
+}
+
+func TestIsolation(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := stateRoot(t)
+	d := newDriver(t, dir)
+	h := testsuite.Create(t, d, testsuite.NewSpec("iso"))
+	sh := func(script string) testsuite.ExecResult {
+		t.Helper()
+		return testsuite.MustExec(t, d, h, "/bin/sh", "-c", script)
+	}
+
+	t.Run("NoHostFiles", func(t *testing.T) {
+		// The box's /work (its workdir), /root and /home exist but are its own, empty.
+		if res := sh("ls -A /work /root /home"); res.Stdout != "/home:\n\n/root:\n\n/work:\n" {
+			t.Errorf("ls -A /work /root /home: got %q, want three empty dirs", res.Stdout)
+		}
+		for _, p := range []string{"/farm", "/old_root", "/etc/ssh", "/etc/shadow", "/etc/machine-id", "/etc/sudoers", "/etc/environment", "/etc/ssl/private"} {
+			if res := sh("ls -d " + p); res.ExitCode == 0 {
+				t.Errorf("host path %s is visible in the box: %q", p, res.Stdout)
+			}
+		}
+		if res := sh("grep -c : /etc/passwd"); res.Stdout != "2\n" {
+			t.Errorf("/etc/passwd has %q entries, want the 2 generated ones", res.Stdout)
+		}
+	})
+	t.Run("NoHostProcesses", func(t *testing.T) {
+		res := sh(`for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0' ' ' < $p/cmdline)"; done`)
+		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+		if len(lines) > 4 {
+			t.Errorf("box sees %d processes, want only its own:\n%s", len(lines), res.Stdout)
+		}
+		if !strings.HasPrefix(res.Stdout, "1 /.sbx/sbx-agent") {
+			t.Errorf("pid 1 in the box: got %q, want the agent", lines[0])
+		}
+	})
+	t.Run("ProcSysReadOnly", func(t *testing.T) {
+		for _, f := range []string{"/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/sys/vm/drop_caches"} {
+			if res := sh("echo 1 > " + f); res.ExitCode == 0 {
+				t.Errorf("writing %s succeeded", f)
+			}
+		}
+		if res := sh("cat /proc/kcore | head -c 1 | wc -c"); strings.TrimSpace(res.Stdout) != "0" {
+			t.Errorf("/proc/kcore readable: %q", res.Stdout)
+		}
+	})
+	t.Run("UserNamespace", func(t *testing.T) {
+		if res := sh("id -u; mkdir /newdir && echo 1.2.3.4 x >> /etc/hosts && echo ok"); res.Stdout != "0\nok\n" {
+			t.Errorf("id -u; mkdir; write /etc/hosts: got %q %q, want root that can write its rootfs", res.Stdout, res.Stderr)
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", initPid(t, h)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := strings.Fields(statusField(t, string(status), "Uid"))[0]; uid != "100000" {
+			t.Errorf("box init's host uid = %s, want the unprivileged mapped uid 100000", uid)
+		}
+	})
+	t.Run("CapabilitiesSeccomp", func(t *testing.T) {
+		status := sh("cat /proc/self/status").Stdout
+		// CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE SYS_CHROOT AUDIT_WRITE SETFCAP
+		const want = "00000000a00405fb"
+		for _, k := range []string{"CapEff", "CapPrm", "CapBnd"} {
+			if got := statusField(t, status, k); got != want {
+				t.Errorf("%s = %s, want %s", k, got, want)
+			}
+		}
+		if got := statusField(t, status, "Seccomp"); got != "2" {
+			t.Errorf("Seccomp = %s, want 2 (filter)", got)
+		}
+		if got := statusField(t, status, "NoNewPrivs"); got != "1" {
+			t.Errorf("NoNewPrivs = %s, want 1", got)
+		}
+		if res := sh("unshare -U true 2>&1; echo $?"); strings.HasSuffix(res.Stdout, "\n0\n") || res.Stdout == "0\n" {
+			t.Errorf("unshare -U succeeded in the box: %q", res.Stdout)
+		}
+	})
+	t.Run("LoopbackOnly", func(t *testing.T) {
+		res := sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+		if res.Stdout != "lo\n" {
+			t.Errorf("network interfaces: got %q, want only lo", res.Stdout)
+		}
+	})
+	t.Run("Python", func(t *testing.T) {
+		if res := testsuite.MustExec(t, d, h, "/usr/bin/python3", "-c", "import ssl, json; print(6*7)"); res.Stdout != "42\n" {
+			t.Errorf("python3: got %q %q", res.Stdout, res.Stderr)
+		}
+	})
+	t.Run("AgentReadOnly", func(t *testing.T) {
+		before, _ := os.ReadFile(testutil.AgentBinary(t))
+		for _, script := range []string{"echo x > /.sbx/sbx-agent", "cp /bin/true /.sbx/sbx-agent", "rm -f /.sbx/sbx-agent", "mv /.sbx /sbx2"} {
+			if res := sh(script); res.ExitCode == 0 {
+				t.Errorf("%q succeeded", script)
+			}
+		}
+		after, _ := os.ReadFile(testutil.AgentBinary(t))
+		if string(before) != string(after) {
+			t.Errorf("agent binary on the host changed")
+		}
+	})
+}
+
+func TestLimits(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := stateRoot(t)
+	d := newDriver(t, dir)
+	ctx := context.Background()
+
+	t.Run("MemoryHogKilled", func(t *testing.T) {
+		spec := testsuite.NewSpec("hog")
+		spec.Resources.MemoryBytes = 64 << 20
+		h := testsuite.Create(t, d, spec)
+		res := testsuite.MustExec(t, d, h, "/usr/bin/python3", "-c", "a = bytearray(512<<20); print('survived')")
+		if res.Stdout != "" || res.ExitCode == 0 {
+			t.Errorf("512 MiB hog in a 64 MiB box: got exit %d stdout %q, want it killed", res.ExitCode, res.Stdout)
+		}
+		if st, err := d.Stats(ctx, h); err != nil || st.OOMKills < 1 {
+			t.Errorf("Stats after the hog: %+v, %v; want OOMKills >= 1", st, err)
+		}
+		if err := testsuite.Hello(ctx, d, h); err != nil {
+			t.Errorf("agent after the hog: %v", err)
+		}
+	})
+	t.Run("ForkBombContained", func(t *testing.T) {
+		spec := testsuite.NewSpec("bomb")
+		spec.Resources.Pids = 64
+		h := testsuite.Create(t, d, spec)
+		start := time.Now()
+		testsuite.MustExec(t, d, h, "/bin/sh", "-c", "timeout -s KILL 3 /bin/sh -c 'f() { f | f & }; f; sleep 10' 2>/dev/null; true")
+		t.Logf("bomb ran %v", time.Since(start))
+		events, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids", cgroupParent(dir), h.ID, "pids.events"))
+		events2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cgroupParent(dir), h.ID, "pids.events"))
+		if len(events)+len(events2) == 0 {
+			t.Errorf("no pids.events for the box")
+		}
+		for _, f := range append(events, events2...) {
+			b, _ := os.ReadFile(f)
+			if n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(string(b), "max "))); n == 0 {
+				t.Errorf("%s = %q, want fork failures counted", f, b)
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			res, err := testsuite.Exec(ctx, d, h, "echo", "alive")
+			if err == nil && res.Stdout == "alive\n" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("box does not answer after the fork bomb: %+v %v", res, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	t.Run("DiskBound", func(t *testing.T) {
+		spec := testsuite.NewSpec("disk")
+		spec.Resources.DiskBytes = 32 << 20
+		h := testsuite.Create(t, d, spec)
+		res := testsuite.MustExec(t, d, h, "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=100")
+		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+			t.Errorf("dd of 100 MiB into a 32 MiB layer: exit %d stderr %q, want ENOSPC", res.ExitCode, res.Stderr)
+		}
+		if st, err := d.Stats(ctx, h); err != nil || st.DiskUsedBytes < 16<<20 || st.DiskUsedBytes > 33<<20 {
+			t.Errorf("Stats.DiskUsedBytes = %d (%v), want about 32 MiB", st.DiskUsedBytes, err)
+		}
+	})
+	t.Run("ImpossibleMemory", func(t *testing.T) {
+		spec := testsuite.NewSpec("tiny")
+		spec.Resources.MemoryBytes = 1
+		if h, err := d.Create(ctx, spec); err == nil {
+			d.Destroy(ctx, h)
+			t.Fatalf("Create with a 1-byte memory limit succeeded")
+		} else {
+			t.Logf("Create with 1 byte of memory: %v", err)
+		}
+	})
+	checkNoLeftovers(t, d, dir)
+}
+
+func TestDestroyLeavesNothing(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := stateRoot(t)
+	d := newDriver(t, dir)
+	ctx := context.Background()
+	var pids []int
+	for i := 0; i < 3; i++ {
+		spec := testsuite.NewSpec("leak")
+		h, err := d.Create(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, initPid(t, h))
+		if i == 1 {
+			testsuite.MustExec(t, d, h, "/bin/sh", "-c", "sleep 100 & sleep 100 & echo started")
+		}
+		if i == 2 {
+			if err := d.Pause(ctx, h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := d.Destroy(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkNoLeftovers(t, d, dir)
+	if z := zombieChildren(); len(z) > 0 {
+		t.Errorf("zombie children of the driver's process: %v", z)
+	}
+	for _, pid := range pids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			t.Errorf("box init pid %d still exists", pid)
+		}
+	}
+}
+
+// zombieChildren lists zombies whose parent is this (subreaper) process.
+func zombieChildren() []string {
+	var out []string
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		fields := strings.Fields(s[i+1:])
+		if len(fields) > 1 && fields[0] == "Z" && fields[1] == strconv.Itoa(os.Getpid()) {
+			out = append(out, s[:i+1])
+		}
+	}
+	return out
+}

@@ -1,0 +1,224 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountTmpfs mounts a tmpfs of at most size bytes (0: kernel default) at dir.
+func mountTmpfs(dir string, size int64) error {
+	opts := "mode=0755"
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// mountOverlay stacks lowers (lowest first) under upper at target.
+func mountOverlay(target string, lowers []string, upper, work string) error {
+	rev := make([]string, len(lowers))
+	for i, l := range lowers {
+		if strings.ContainsAny(l, ",:") {
+			return fmt.Errorf("overlay lower dir %q contains ',' or ':'", l)
+		}
+		rev[len(lowers)-1-i] = l // overlayfs wants the top layer first
+	}
+	opts := "lowerdir=" + strings.Join(rev, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if len(opts) >= os.Getpagesize() {
+		return fmt.Errorf("overlay mount options too long (%d bytes, %d layers)", len(opts), len(lowers))
+	}
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", target, err)
+	}
+	return nil
+}
+
+// unmount detaches the mount at dir; not mounted or missing is fine. A busy
+// mount is lazily detached.
+func unmount(dir string) error {
+	err := unix.Unmount(dir, 0)
+	switch {
+	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", dir, err)
+}
+
+// mountsUnder lists mount points under dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return nil, err
+	}
+	prefix := filepath.Clean(dir) + "/"
+	var out []string
+	for _, m := range mounts {
+		if strings.HasPrefix(m.MountPoint, prefix) {
+			out = append(out, m.MountPoint)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// setSubreaper makes this process adopt orphaned descendants (see package doc).
+func setSubreaper() error {
+	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+}
+
+// diskUsed is the space used on the filesystem at dir.
+func diskUsed(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
+
+// procStartTime is field 22 of /proc/pid/stat (0 if gone): with the pid it
+// identifies a process across pid reuse.
+func procStartTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[19], 10, 64)
+	return n
+}
+
+// procGoneOrZombie reports whether pid has exited.
+func procGoneOrZombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+// reap waits for pid to exit and reaps it if it is our child (we are a
+// subreaper). It never waits for any other process.
+func reap(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	delay := 20 * time.Microsecond
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ECHILD):
+			// Not our child (recovered after a restart): wait until it is gone.
+			if procGoneOrZombie(pid) {
+				return nil
+			}
+		case err != nil:
+			return fmt.Errorf("wait for pid %d: %w", pid, err)
+		case got == pid:
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d still alive after %v", pid, timeout)
+		}
+		time.Sleep(delay)
+		if delay < 5*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// mkdirInRoot creates dir (absolute inside root) and its missing parents,
+// resolving every component inside root so symlinks cannot lead out of it.
+func mkdirInRoot(root, dir string, uid, gid int) error {
+	rel := strings.Trim(filepath.Clean("/"+dir), "/")
+	if rel == "" {
+		return nil
+	}
+	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open rootfs: %w", err)
+	}
+	defer unix.Close(rootfd)
+	how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+	cur := "."
+	for _, c := range strings.Split(rel, "/") {
+		next := filepath.Join(cur, c)
+		fd, err := unix.Openat2(rootfd, next, how)
+		if err == nil {
+			unix.Close(fd)
+			cur = next
+			continue
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("mkdir %s in rootfs: %w", dir, err)
+		}
+		parent, err := unix.Openat2(rootfd, cur, how)
+		if err != nil {
+			return fmt.Errorf("mkdir %s in rootfs: %w", dir, err)
+		}
+		err = unix.Mkdirat(parent, c, 0o755)
+		if err == nil {
+			err = unix.Fchownat(parent, c, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		unix.Close(parent)
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("mkdir %s in rootfs: %w", dir, err)
+		}
+		cur = next
+	}
+	return nil
+}
+
+// writeFileInRoot creates or truncates file (a path inside root) and writes
+// data, resolving the path inside root so an image's symlinks (an absolute
+// /etc -> /host/etc, say) can never make us write a host file.
+func writeFileInRoot(root, file string, data []byte, uid, gid int) error {
+	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open rootfs: %w", err)
+	}
+	defer unix.Close(rootfd)
+	fd, err := unix.Openat2(rootfd, file, &unix.OpenHow{
+		Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC | unix.O_CLOEXEC,
+		Mode:    0o644,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return fmt.Errorf("write /%s in rootfs: %w", file, err)
+	}
+	f := os.NewFile(uintptr(fd), file)
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write /%s in rootfs: %w", file, err)
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		return fmt.Errorf("chown /%s in rootfs: %w", file, err)
+	}
+	return nil
+}

@@ -1,0 +1,161 @@
+package oci
+
+import (
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// agentInBox is where the agent binary is bind-mounted inside every box.
+const agentInBox = "/.sbx/sbx-agent"
+
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// boxCapabilities is Docker's default capability set: no SYS_ADMIN, NET_RAW,
+// SYS_PTRACE or MKNOD. They are capabilities in the box's user namespace.
+var boxCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
+	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+	"CAP_SETFCAP",
+}
+
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+// specParams is what varies between boxes' config.json.
+type specParams struct {
+	ID           string
+	CgroupParent string
+	Hostname     string
+	Command      []string
+	Env          []string
+	Workdir      string
+	Resources    runtime.Resources
+	HostImage    bool   // bind the host's /usr read-only
+	AgentPath    string // host path of the agent binary
+	NoFile       uint64 // RLIMIT_NOFILE soft and hard
+	// SwapLimit sets memory+swap to the memory limit; false on v1 hosts
+	// without swap accounting, where the runtime would fail to set it.
+	SwapLimit bool
+}
+
+// buildSpec returns the hardened OCI runtime spec of a box.
+func buildSpec(p specParams) *specs.Spec {
+	env := append([]string(nil), p.Env...)
+	hasPath := false
+	for _, e := range env {
+		if strings.HasPrefix(e, "PATH=") {
+			hasPath = true
+		}
+	}
+	if !hasPath {
+		env = append(env, defaultPath)
+	}
+	cwd := p.Workdir
+	if cwd == "" {
+		cwd = "/"
+	}
+	args := []string{agentInBox, "--listen-fd", "3"}
+	if len(p.Command) > 0 {
+		args = append(append(args, "--"), p.Command...)
+	}
+	caps := append([]string(nil), boxCapabilities...)
+	s := &specs.Spec{
+		Version:  "1.0.2",
+		Hostname: p.Hostname,
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			Args: args,
+			Env:  env,
+			Cwd:  cwd,
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
+			NoNewPrivileges: true,
+			// OOMScoreAdj stays unset: lowering it needs CAP_SYS_RESOURCE.
+		},
+		Mounts: boxMounts(p),
+		Linux: &specs.Linux{
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
+			Resources:     boxResources(p.Resources, p.SwapLimit),
+			Seccomp:       defaultSeccomp(),
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	return s
+}
+
+func boxMounts(p specParams) []specs.Mount {
+	m := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	if p.HostImage {
+		m = append(m, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	m = append(m, specs.Mount{Destination: agentInBox, Type: "bind", Source: p.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	return m
+}
+
+func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
+	res := &specs.LinuxResources{
+		// Deny every device but the standard ones the runtime provides.
+		Devices: []specs.LinuxDeviceCgroup{
+			{Allow: false, Access: "rwm"},
+			charDev(1, 3), charDev(1, 5), charDev(1, 7), charDev(1, 8), charDev(1, 9),
+			charDev(5, 0), charDev(5, 2), charDev(136, -1),
+		},
+	}
+	if r.MemoryBytes > 0 {
+		mem := r.MemoryBytes
+		// memory+swap equal to memory: no escaping the limit through swap.
+		res.Memory = &specs.LinuxMemory{Limit: &mem}
+		if swapLimit {
+			res.Memory.Swap = &mem
+		}
+	}
+	if r.CPUMillis > 0 {
+		period := uint64(100000)
+		quota := r.CPUMillis * int64(period) / 1000
+		if quota < 1000 {
+			quota = 1000
+		}
+		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if r.Pids > 0 {
+		pids := r.Pids
+		res.Pids = &specs.LinuxPids{Limit: &pids}
+	}
+	return res
+}
+
+func charDev(major, minor int64) specs.LinuxDeviceCgroup {
+	d := specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &major, Access: "rwm"}
+	if minor >= 0 {
+		d.Minor = &minor
+	}
+	return d
+}

@@ -1,0 +1,156 @@
+package oci
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+func TestBuildSpec(t *testing.T) {
+	s := buildSpec(specParams{
+		ID: "b1", CgroupParent: "sbx", Hostname: "h", Command: []string{"sleep", "1"}, Env: []string{"A=1"}, Workdir: "/w",
+		Resources: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 100},
+		HostImage: true, AgentPath: "/x/sbx-agent", NoFile: 1024, SwapLimit: true,
+	})
+	if diff := cmp.Diff([]string{agentInBox, "--listen-fd", "3", "--", "sleep", "1"}, s.Process.Args); diff != "" {
+		t.Errorf("args (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"A=1", defaultPath}, s.Process.Env); diff != "" {
+		t.Errorf("env (-want +got):\n%s", diff)
+	}
+	if s.Process.OOMScoreAdj != nil {
+		t.Errorf("oomScoreAdj = %d, want unset", *s.Process.OOMScoreAdj)
+	}
+	if !s.Process.NoNewPrivileges {
+		t.Errorf("noNewPrivileges = false")
+	}
+	for _, forbidden := range []string{"CAP_SYS_ADMIN", "CAP_NET_RAW", "CAP_SYS_PTRACE", "CAP_MKNOD", "CAP_SYS_MODULE"} {
+		if slices.Contains(s.Process.Capabilities.Bounding, forbidden) {
+			t.Errorf("bounding set has %s", forbidden)
+		}
+	}
+	if s.Process.Capabilities.Inheritable != nil || s.Process.Capabilities.Ambient != nil {
+		t.Errorf("inheritable/ambient capabilities set")
+	}
+	var nss []specs.LinuxNamespaceType
+	for _, ns := range s.Linux.Namespaces {
+		nss = append(nss, ns.Type)
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.MountNamespace, specs.IPCNamespace,
+		specs.UTSNamespace, specs.NetworkNamespace, specs.UserNamespace, specs.CgroupNamespace} {
+		if !slices.Contains(nss, want) {
+			t.Errorf("namespace %s missing", want)
+		}
+	}
+	r := s.Linux.Resources
+	if *r.Memory.Limit != 64<<20 || *r.Memory.Swap != 64<<20 {
+		t.Errorf("memory limit/swap = %d/%d, want both 64 MiB", *r.Memory.Limit, *r.Memory.Swap)
+	}
+	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 {
+		t.Errorf("cpu quota/period = %d/%d, want 50000/100000", *r.CPU.Quota, *r.CPU.Period)
+	}
+	if *r.Pids.Limit != 100 {
+		t.Errorf("pids limit = %d, want 100", *r.Pids.Limit)
+	}
+	if s.Linux.CgroupsPath != "/sbx/b1" {
+		t.Errorf("cgroupsPath = %q, want /sbx/b1", s.Linux.CgroupsPath)
+	}
+	var usr, agent bool
+	for _, m := range s.Mounts {
+		switch m.Destination {
+		case "/usr":
+			usr = slices.Contains(m.Options, "ro") && slices.Contains(m.Options, "nosuid")
+		case agentInBox:
+			agent = m.Source == "/x/sbx-agent" && slices.Contains(m.Options, "ro")
+		}
+	}
+	if !usr || !agent {
+		t.Errorf("read-only /usr bind %v, read-only agent bind %v; want both", usr, agent)
+	}
+}
+
+func TestSeccompProfile(t *testing.T) {
+	p := defaultSeccomp()
+	if p.DefaultAction != specs.ActErrno {
+		t.Errorf("default action = %s, want errno", p.DefaultAction)
+	}
+	allowed := map[string]bool{}
+	for _, rule := range p.Syscalls {
+		if rule.Action == specs.ActAllow && len(rule.Args) == 0 {
+			for _, n := range rule.Names {
+				if allowed[n] {
+					t.Errorf("syscall %s listed twice", n)
+				}
+				allowed[n] = true
+			}
+		}
+	}
+	for _, n := range []string{
+		"mount", "umount2", "pivot_root", "bpf", "perf_event_open", "kexec_load", "kexec_file_load",
+		"init_module", "finit_module", "delete_module", "ptrace", "process_vm_writev", "keyctl", "add_key",
+		"request_key", "userfaultfd", "unshare", "clone", "clone3", "personality", "open_by_handle_at",
+		"name_to_handle_at", "reboot", "swapon", "syslog", "acct", "settimeofday", "clock_settime",
+		"quotactl", "setns", "fanotify_init", "lookup_dcookie", "iopl", "ioperm", "vm86", "io_uring_setup",
+		"fsopen", "open_tree", "move_mount",
+	} {
+		if allowed[n] {
+			t.Errorf("%s allowed unconditionally", n)
+		}
+	}
+	for _, n := range []string{"read", "write", "newfstatat", "execve", "wait4", "socket", "statx", "rseq"} {
+		if !allowed[n] {
+			t.Errorf("%s not allowed", n)
+		}
+	}
+}
+
+func TestParseMountinfo(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want mountEntry
+	}{
+		{"36 35 98:0 /mnt1 /mnt\\040two rw,noatime master:1 - ext3 /dev/root rw,errors=continue",
+			mountEntry{MountPoint: "/mnt two", FSType: "ext3", SuperOpts: "rw,errors=continue"}},
+		{"32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu",
+			mountEntry{MountPoint: "/sys/fs/cgroup/cpu", FSType: "cgroup", SuperOpts: "rw,cpu"}},
+	} {
+		got, ok := parseMountinfoLine(tc.line)
+		if !ok || got != tc.want {
+			t.Errorf("parseMountinfoLine(%q) = %+v, %v; want %+v", tc.line, got, ok, tc.want)
+		}
+	}
+}
+
+func TestHostImage(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := t.TempDir()
+	root, err := ensureHostImage(dir, idMapBase, idMapBase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := ensureHostImage(dir, idMapBase, idMapBase); err != nil || again != root {
+		t.Fatalf("second ensureHostImage = %q, %v; want %q", again, err, root)
+	}
+	for _, secret := range []string{"shadow", "gshadow", "ssh", "sudoers", "environment", "machine-id", "ssl/private"} {
+		if _, err := os.Lstat(filepath.Join(root, "etc", secret)); err == nil {
+			t.Errorf("host image has /etc/%s", secret)
+		}
+	}
+	if link, err := os.Readlink(filepath.Join(root, "bin")); err != nil || link != "usr/bin" {
+		t.Errorf("/bin -> %q (%v), want usr/bin", link, err)
+	}
+	fi, err := os.Stat(filepath.Join(root, "tmp"))
+	if err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Errorf("/tmp mode = %v (%v), want sticky 0777", fi.Mode(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("images dir has %d entries, want only the image (no temp dirs)", len(ents))
+	}
+}

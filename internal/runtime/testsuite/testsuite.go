@@ -1,0 +1,325 @@
+// Package testsuite is the conformance suite of the runtime.Driver contract:
+// every driver (and the fake) runs it from its own tests with Run. It also
+// offers helpers (Hello, Exec, NewSpec) for driver-specific tests. Only
+// _test.go files should import it.
+package testsuite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// Run runs the conformance suite. newDriver must return a new driver value
+// over the same host state every time it is called (as a daemon restart
+// would); the suite calls it once per subtest and again to simulate a
+// restart. Subtests run one after another and destroy what they create;
+// subtests needing a capability the driver lacks are skipped.
+func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
+	tests := []struct {
+		name string
+		cap  string
+		fn   func(t *testing.T, d runtime.Driver, newDriver func(t *testing.T) runtime.Driver)
+	}{
+		{"CreateHello", "", testCreateHello},
+		{"Exec", "", testExec},
+		{"PauseResume", "pause", testPauseResume},
+		{"Stats", "stats", testStats},
+		{"DestroyIdempotent", "", testDestroyIdempotent},
+		{"RecoverLive", "recover", testRecoverLive},
+		{"RecoverDestroyed", "", testRecoverDestroyed},
+		{"Cleanup", "", testCleanup},
+		{"CreateFailsCleanly", "", testCreateFailsCleanly},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDriver(t)
+			if tc.cap != "" && !HasCapability(d, tc.cap) {
+				t.Skipf("driver %s lacks capability %q", d.Name(), tc.cap)
+			}
+			tc.fn(t, d, newDriver)
+		})
+	}
+}
+
+// HasCapability reports whether d advertises capability c.
+func HasCapability(d runtime.Driver, c string) bool {
+	return slices.Contains(d.Info(context.Background()).Capabilities, c)
+}
+
+var idSeq atomic.Int64
+
+// NewSpec returns a spec for the host image with modest limits and a fresh id.
+func NewSpec(prefix string) runtime.Spec {
+	id := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%1e6, idSeq.Add(1))
+	if len(id) > 32 {
+		id = id[len(id)-32:]
+		id = strings.TrimLeft(id, "-")
+	}
+	return runtime.Spec{
+		ID:      id,
+		Image:   runtime.Image{Name: "host"},
+		Env:     []string{"SBX_TEST=1"},
+		Workdir: "/work",
+		Resources: runtime.Resources{
+			MemoryBytes: 256 << 20,
+			CPUMillis:   1000,
+			Pids:        512,
+			DiskBytes:   64 << 20,
+		},
+	}
+}
+
+// Create creates a box and registers its destruction at test end.
+func Create(t testing.TB, d runtime.Driver, spec runtime.Spec) runtime.Handle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := d.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("Create(%s): %v", spec.ID, err)
+	}
+	t.Cleanup(func() {
+		if err := d.Destroy(context.Background(), h); err != nil {
+			t.Errorf("Destroy(%s) at cleanup: %v", h.ID, err)
+		}
+	})
+	return h
+}
+
+// Conn returns an agent client for the box.
+func Conn(d runtime.Driver, h runtime.Handle) *agentconn.Conn {
+	return agentconn.New(func(ctx context.Context) (net.Conn, error) { return d.Dial(ctx, h) })
+}
+
+// Hello says Hello to the box's agent.
+func Hello(ctx context.Context, d runtime.Driver, h runtime.Handle) error {
+	c := Conn(d, h)
+	defer c.Close()
+	_, err := c.Hello(ctx)
+	return err
+}
+
+// ExecResult is what a command run through the agent produced.
+type ExecResult struct {
+	Stdout, Stderr string
+	ExitCode       int32
+	Signal         int32
+	Error          string
+}
+
+// Exec runs argv in the box through the agent's Exec stream and collects its
+// output.
+func Exec(ctx context.Context, d runtime.Driver, h runtime.Handle, argv ...string) (ExecResult, error) {
+	c := Conn(d, h)
+	defer c.Close()
+	var res ExecResult
+	stream := c.Exec(ctx)
+	defer stream.CloseResponse()
+	if err := stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: &sbxv1.ExecRequest{Argv: argv}}}); err != nil {
+		return res, fmt.Errorf("send exec start: %w", err)
+	}
+	var stdout, stderr strings.Builder
+	for {
+		msg, err := stream.Receive()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("stream ended without exited event")
+			}
+			return res, fmt.Errorf("exec %q: %w", argv, err)
+		}
+		switch ev := msg.Event.(type) {
+		case *sbxv1.ExecOutput_Stdout:
+			stdout.Write(ev.Stdout)
+		case *sbxv1.ExecOutput_Stderr:
+			stderr.Write(ev.Stderr)
+		case *sbxv1.ExecOutput_Exited:
+			_ = stream.CloseRequest()
+			res.Stdout, res.Stderr = stdout.String(), stderr.String()
+			res.ExitCode, res.Signal, res.Error = ev.Exited.GetExitCode(), ev.Exited.GetSignal(), ev.Exited.GetError()
+			return res, nil
+		}
+	}
+}
+
+// MustExec is Exec that fails the test on a transport error.
+func MustExec(t testing.TB, d runtime.Driver, h runtime.Handle, argv ...string) ExecResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := Exec(ctx, d, h, argv...)
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return res
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func testCreateHello(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	h := Create(t, d, NewSpec("hello"))
+	if h.ID == "" || h.Driver != d.Name() {
+		t.Errorf("handle = %+v, want id set and driver %q", h, d.Name())
+	}
+	c := Conn(d, h)
+	defer c.Close()
+	resp, err := c.Hello(ctxT(t))
+	if err != nil {
+		t.Fatalf("Hello: %v", err)
+	}
+	if resp.GetProtocolVersion() != agentconn.ProtocolVersion {
+		t.Errorf("protocol version = %d, want %d", resp.GetProtocolVersion(), agentconn.ProtocolVersion)
+	}
+}
+
+func testExec(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	h := Create(t, d, NewSpec("exec"))
+	res := MustExec(t, d, h, "echo", "hello", "sbx")
+	if res.Stdout != "hello sbx\n" || res.ExitCode != 0 {
+		t.Errorf("echo: got stdout %q exit %d (err %q), want %q exit 0", res.Stdout, res.ExitCode, res.Error, "hello sbx\n")
+	}
+	res = MustExec(t, d, h, "sh", "-c", "echo oops >&2; exit 3")
+	if res.Stderr != "oops\n" || res.ExitCode != 3 {
+		t.Errorf("sh: got stderr %q exit %d, want %q exit 3", res.Stderr, res.ExitCode, "oops\n")
+	}
+}
+
+func testPauseResume(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("pause"))
+	for i := 0; i < 2; i++ { // idempotent
+		if err := d.Pause(ctx, h); err != nil {
+			t.Fatalf("Pause #%d: %v", i+1, err)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if err := Hello(short, d, h); err == nil {
+		t.Errorf("Hello to a paused box succeeded, want it to hang")
+	}
+	cancel()
+	for i := 0; i < 2; i++ {
+		if err := d.Resume(ctx, h); err != nil {
+			t.Fatalf("Resume #%d: %v", i+1, err)
+		}
+	}
+	if res := MustExec(t, d, h, "echo", "back"); res.Stdout != "back\n" {
+		t.Errorf("echo after resume: got %q, want %q", res.Stdout, "back\n")
+	}
+}
+
+func testStats(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	h := Create(t, d, NewSpec("stats"))
+	MustExec(t, d, h, "sh", "-c", "echo data > /tmp/f")
+	st, err := d.Stats(ctxT(t), h)
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	if st.MemoryBytes <= 0 || st.Pids <= 0 || st.CPUUsageNs <= 0 {
+		t.Errorf("Stats = %+v, want memory, pids and cpu > 0", st)
+	}
+	if HasCapability(d, "disk-limit") && st.DiskUsedBytes <= 0 {
+		t.Errorf("Stats.DiskUsedBytes = %d, want > 0", st.DiskUsedBytes)
+	}
+}
+
+func testDestroyIdempotent(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("destroy"))
+	for i := 0; i < 2; i++ {
+		if err := d.Destroy(ctx, h); err != nil {
+			t.Fatalf("Destroy #%d: %v", i+1, err)
+		}
+	}
+	if c, err := d.Dial(ctx, h); err == nil {
+		c.Close()
+		t.Errorf("Dial after Destroy succeeded, want an error")
+	}
+	// Destroying a box that never existed is fine too.
+	if err := d.Destroy(ctx, runtime.Handle{ID: NewSpec("never").ID, Driver: d.Name()}); err != nil {
+		t.Errorf("Destroy of unknown box: %v", err)
+	}
+}
+
+func testRecoverLive(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("recover"))
+	d2 := newDriver(t) // the daemon restarted
+	h2, err := d2.Recover(ctx, h)
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if h2.ID != h.ID {
+		t.Errorf("recovered id = %q, want %q", h2.ID, h.ID)
+	}
+	if res := MustExec(t, d2, h2, "echo", "still here"); res.Stdout != "still here\n" {
+		t.Errorf("echo after recover: got %q", res.Stdout)
+	}
+	if err := d2.Destroy(ctx, h2); err != nil {
+		t.Fatalf("Destroy through the new driver: %v", err)
+	}
+}
+
+func testRecoverDestroyed(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("gone"))
+	if err := d.Destroy(ctx, h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	_, err := newDriver(t).Recover(ctx, h)
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("Recover of a destroyed box: got %v, want an error wrapping ErrNotFound", err)
+	}
+}
+
+func testCleanup(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	kept := Create(t, d, NewSpec("keep"))
+	doomed := Create(t, d, NewSpec("doomed"))
+	if err := d.Cleanup(ctx, map[string]bool{kept.ID: true}); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := Hello(short, d, doomed); err == nil {
+		t.Errorf("box %s not kept but still answers after Cleanup", doomed.ID)
+	}
+	if err := Hello(ctx, d, kept); err != nil {
+		t.Errorf("kept box %s: Hello after Cleanup: %v", kept.ID, err)
+	}
+}
+
+func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	ctx := ctxT(t)
+	bad := []runtime.Spec{NewSpec("badlayer"), NewSpec("badid")}
+	bad[0].Image = runtime.Image{Name: "nope", Layers: []string{"/nonexistent/sbx-layer"}}
+	bad[1].ID = "Bad/ID"
+	for _, spec := range bad {
+		if h, err := d.Create(ctx, spec); err == nil {
+			_ = d.Destroy(ctx, h)
+			t.Errorf("Create(%+v) succeeded, want an error", spec.Image)
+		}
+	}
+	// Nothing was left behind: the id is free and the box works.
+	spec := bad[0]
+	spec.Image = runtime.Image{Name: "host"}
+	Create(t, d, spec)
+	if _, err := d.Stats(ctx, runtime.Handle{ID: bad[1].ID}); err == nil && HasCapability(d, "stats") {
+		t.Errorf("Stats of a never-created box succeeded")
+	}
+}

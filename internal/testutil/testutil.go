@@ -1,0 +1,80 @@
+// Package testutil holds helpers shared by sbx's tests: privilege checks and
+// building the binaries tests boot. Only _test.go files may import it.
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// RequiresRoot skips the test unless it runs as root.
+func RequiresRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("requires root (run the tests as root to exercise real isolation)")
+	}
+}
+
+// AgentEnv names an environment variable that, when set, points at a prebuilt
+// sbx-agent used instead of building one.
+const AgentEnv = "SBX_TEST_AGENT"
+
+var agentOnce struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// AgentBinary returns the path of a static sbx-agent built from this checkout
+// (CGO_ENABLED=0), built once per test binary. The file lives at a stable
+// path in the temp dir, replaced atomically, so parallel test binaries share
+// it and nothing accumulates. The file and its directory are world-readable so
+// that sandboxes with a mapped uid can execute it.
+func AgentBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(AgentEnv); p != "" {
+		return p
+	}
+	agentOnce.Do(func() { agentOnce.path, agentOnce.err = buildAgent() })
+	if agentOnce.err != nil {
+		t.Fatalf("build sbx-agent: %v", agentOnce.err)
+	}
+	return agentOnce.path
+}
+
+func buildAgent() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	if _, err := os.Stat(filepath.Join(root, "cmd", "sbx-agent")); err != nil {
+		return "", fmt.Errorf("no cmd/sbx-agent in %s: %w", root, err)
+	}
+	dir := filepath.Join(os.TempDir(), "sbx-test-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, "sbx-agent")
+	tmp := fmt.Sprintf("%s.%d", dst, os.Getpid())
+	cmd := exec.Command("go", "build", "-o", tmp, "./cmd/sbx-agent")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("go build ./cmd/sbx-agent: %w\n%s", err, out)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	return dst, nil
+}
