@@ -372,3 +372,53 @@ func TestCLI(t *testing.T) {
 	}
 	d.assertNoLeaks()
 }
+
+// TestDaemonNotReachable checks that the daemon's API port, environment and
+// open files are out of a sandbox's reach.
+func TestDaemonNotReachable(t *testing.T) {
+	t.Setenv("SBX_E2E_DAEMON_SECRET", "daemon-only-value")
+	d := startDaemon(t)
+	ctx := ctxT(t, time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	_, port, _ := strings.Cut(d.addr, ":")
+	script := `
+import socket, os
+for host in ("127.0.0.1", "10.0.2.2", "172.17.0.1"):
+    s = socket.socket()
+    s.settimeout(1)
+    try:
+        s.connect((host, ` + port + `))
+        print("REACHED", host)
+    except OSError:
+        pass
+env = open("/proc/self/environ", "rb").read()
+try:
+    env += open("/proc/1/environ", "rb").read()
+except PermissionError:
+    pass  # the agent is not dumpable: even better
+print("SECRET" if b"daemon-only-value" in env else "no-secret")
+`
+	res, err := sb.Run(ctx, "python3", "-c", script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(res.Stdout)
+	if strings.Contains(out, "REACHED") || !strings.Contains(out, "no-secret") {
+		t.Errorf("sandbox reached the daemon or saw its environment: %s %s", out, res.Stderr)
+	}
+	// A command holds stdin, stdout, stderr (and ls its directory): nothing inherited.
+	fds := mustRun(t, ctx, sb, "ls /proc/self/fd | tr '\\n' ' '")
+	if fds != "0 1 2 3 " {
+		t.Errorf("open files of a sandbox process: got %q, want only 0 1 2 (and ls's own 3)", fds)
+	}
+	// The agent's fds (its listening socket among them) cannot be followed or opened.
+	for _, cmd := range []string{"readlink /proc/1/fd/3", "exec 9</proc/1/fd/3", "cat /proc/1/environ"} {
+		if res, _ := sb.RunShell(ctx, cmd); res.Code == 0 {
+			t.Errorf("%q succeeded inside the sandbox: %s", cmd, res.Stdout)
+		}
+	}
+}
