@@ -166,6 +166,9 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	if err != nil {
 		return h, err
 	}
+	if alive(data) && procState(data.Pid) == "T" {
+		return h, nil // stopped: a frozen agent cannot answer; Resume will tell
+	}
 	if alive(data) {
 		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -257,6 +260,21 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 }
 
 // startTime is field 22 of /proc/pid/stat, or "" where there is no /proc.
+// procState is the one-letter state of a process ("R", "S", "T", ...).
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		if f := strings.Fields(s[i+1:]); len(f) >= 1 {
+			return f[0]
+		}
+	}
+	return ""
+}
+
 func startTime(pid int) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {

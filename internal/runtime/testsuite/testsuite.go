@@ -39,6 +39,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		{"Stats", "stats", testStats},
 		{"DestroyIdempotent", "", testDestroyIdempotent},
 		{"RecoverLive", "recover", testRecoverLive},
+		{"RecoverPaused", "recover", testRecoverPaused},
 		{"RecoverDestroyed", "", testRecoverDestroyed},
 		{"Cleanup", "", testCleanup},
 		{"CreateFailsCleanly", "", testCreateFailsCleanly},
@@ -272,6 +273,31 @@ func testRecoverLive(t *testing.T, d runtime.Driver, newDriver func(*testing.T) 
 	}
 	if err := d2.Destroy(ctx, h2); err != nil {
 		t.Fatalf("Destroy through the new driver: %v", err)
+	}
+}
+
+func testRecoverPaused(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+	if !HasCapability(d, "pause") {
+		t.Skip("driver cannot pause")
+	}
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("recpause"))
+	if err := d.Pause(ctx, h); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	d2 := newDriver(t) // the daemon restarted while the box was frozen
+	h2, err := d2.Recover(ctx, h)
+	if err != nil {
+		t.Fatalf("Recover of a paused box: %v", err)
+	}
+	if err := d2.Resume(ctx, h2); err != nil {
+		t.Fatalf("Resume after recover: %v", err)
+	}
+	if res := MustExec(t, d2, h2, "echo", "thawed"); res.Stdout != "thawed\n" {
+		t.Errorf("echo after recover+resume: got %q", res.Stdout)
+	}
+	if err := d2.Destroy(ctx, h2); err != nil {
+		t.Fatalf("Destroy: %v", err)
 	}
 }
 
