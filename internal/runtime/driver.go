@@ -121,3 +121,11 @@ type Info struct {
 
 // ProbeTimeout bounds how long drivers wait for an agent to come up.
 const ProbeTimeout = 10 * time.Second
+
+// Updater is implemented by drivers that can change a running box's limits
+// (used to hand warm, pre-started boxes to sandboxes that asked for other
+// limits). Update applies every field of r; it fails, changing nothing it can
+// avoid changing, when a new limit is below current usage.
+type Updater interface {
+	Update(ctx context.Context, h Handle, r Resources) error
+}

@@ -133,6 +133,105 @@ func (x *HelloResponse) GetPid() int32 {
 	return 0
 }
 
+type ConfigureRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The full default environment of execs, as KEY=VALUE (replaces the agent's own).
+	Env []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	// Default working directory of execs; created (with parents) if missing.
+	Workdir string `protobuf:"bytes,2,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// Optional long-running command to start now, like sbx-agent's `-- CMD`.
+	Command       []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureRequest) Reset() {
+	*x = ConfigureRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureRequest) ProtoMessage() {}
+
+func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ConfigureRequest) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ConfigureRequest) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *ConfigureRequest) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+type ConfigureResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureResponse) Reset() {
+	*x = ConfigureResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureResponse) ProtoMessage() {}
+
+func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
+func (*ConfigureResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
@@ -143,9 +242,15 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x05R\x03pid2\x9a\x05\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\"X\n" +
+	"\x10ConfigureRequest\x12\x10\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x18\n" +
+	"\acommand\x18\x03 \x03(\tR\acommand\"\x13\n" +
+	"\x11ConfigureResponse2\xe0\x05\n" +
 	"\fAgentService\x128\n" +
-	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x121\n" +
+	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +
+	"\tConfigure\x12\x1a.agent.v1.ConfigureRequest\x1a\x1b.agent.v1.ConfigureResponse\x121\n" +
 	"\x04Exec\x12\x11.sbx.v1.ExecInput\x1a\x12.sbx.v1.ExecOutput(\x010\x01\x128\n" +
 	"\bReadFile\x12\x17.sbx.v1.ReadFileRequest\x1a\x11.sbx.v1.FileChunk0\x01\x12B\n" +
 	"\tWriteFile\x12\x18.sbx.v1.WriteFileRequest\x1a\x19.sbx.v1.WriteFileResponse(\x01\x12:\n" +
@@ -169,55 +274,59 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_agent_v1_agent_proto_goTypes = []any{
 	(*HelloRequest)(nil),          // 0: agent.v1.HelloRequest
 	(*HelloResponse)(nil),         // 1: agent.v1.HelloResponse
-	(*v1.ExecInput)(nil),          // 2: sbx.v1.ExecInput
-	(*v1.ReadFileRequest)(nil),    // 3: sbx.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),   // 4: sbx.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),     // 5: sbx.v1.ListDirRequest
-	(*v1.StatRequest)(nil),        // 6: sbx.v1.StatRequest
-	(*v1.MakeDirRequest)(nil),     // 7: sbx.v1.MakeDirRequest
-	(*v1.RemoveRequest)(nil),      // 8: sbx.v1.RemoveRequest
-	(*v1.RenameRequest)(nil),      // 9: sbx.v1.RenameRequest
-	(*v1.UploadTarRequest)(nil),   // 10: sbx.v1.UploadTarRequest
-	(*v1.DownloadTarRequest)(nil), // 11: sbx.v1.DownloadTarRequest
-	(*v1.ExecOutput)(nil),         // 12: sbx.v1.ExecOutput
-	(*v1.FileChunk)(nil),          // 13: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),  // 14: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),    // 15: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),       // 16: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),    // 17: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),     // 18: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),     // 19: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),  // 20: sbx.v1.UploadTarResponse
+	(*ConfigureRequest)(nil),      // 2: agent.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),     // 3: agent.v1.ConfigureResponse
+	(*v1.ExecInput)(nil),          // 4: sbx.v1.ExecInput
+	(*v1.ReadFileRequest)(nil),    // 5: sbx.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),   // 6: sbx.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),     // 7: sbx.v1.ListDirRequest
+	(*v1.StatRequest)(nil),        // 8: sbx.v1.StatRequest
+	(*v1.MakeDirRequest)(nil),     // 9: sbx.v1.MakeDirRequest
+	(*v1.RemoveRequest)(nil),      // 10: sbx.v1.RemoveRequest
+	(*v1.RenameRequest)(nil),      // 11: sbx.v1.RenameRequest
+	(*v1.UploadTarRequest)(nil),   // 12: sbx.v1.UploadTarRequest
+	(*v1.DownloadTarRequest)(nil), // 13: sbx.v1.DownloadTarRequest
+	(*v1.ExecOutput)(nil),         // 14: sbx.v1.ExecOutput
+	(*v1.FileChunk)(nil),          // 15: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),  // 16: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),    // 17: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),       // 18: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),    // 19: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),     // 20: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),     // 21: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),  // 22: sbx.v1.UploadTarResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
-	2,  // 1: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
-	3,  // 2: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	4,  // 3: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	5,  // 4: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
-	6,  // 5: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
-	7,  // 6: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	8,  // 7: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
-	9,  // 8: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
-	10, // 9: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	11, // 10: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	1,  // 11: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	12, // 12: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	13, // 13: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	14, // 14: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	15, // 15: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	16, // 16: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	17, // 17: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	18, // 18: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	19, // 19: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	20, // 20: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	13, // 21: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	11, // [11:22] is the sub-list for method output_type
-	0,  // [0:11] is the sub-list for method input_type
+	2,  // 1: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
+	4,  // 2: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
+	5,  // 3: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	6,  // 4: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	7,  // 5: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
+	8,  // 6: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
+	9,  // 7: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	10, // 8: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
+	11, // 9: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
+	12, // 10: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	13, // 11: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	1,  // 12: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	3,  // 13: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	14, // 14: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	15, // 15: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	16, // 16: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	17, // 17: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	18, // 18: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	19, // 19: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	20, // 20: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	21, // 21: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	22, // 22: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	15, // 23: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	12, // [12:24] is the sub-list for method output_type
+	0,  // [0:12] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -234,7 +343,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

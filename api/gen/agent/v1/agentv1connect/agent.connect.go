@@ -40,6 +40,8 @@ const (
 const (
 	// AgentServiceHelloProcedure is the fully-qualified name of the AgentService's Hello RPC.
 	AgentServiceHelloProcedure = "/agent.v1.AgentService/Hello"
+	// AgentServiceConfigureProcedure is the fully-qualified name of the AgentService's Configure RPC.
+	AgentServiceConfigureProcedure = "/agent.v1.AgentService/Configure"
 	// AgentServiceExecProcedure is the fully-qualified name of the AgentService's Exec RPC.
 	AgentServiceExecProcedure = "/agent.v1.AgentService/Exec"
 	// AgentServiceReadFileProcedure is the fully-qualified name of the AgentService's ReadFile RPC.
@@ -67,6 +69,11 @@ const (
 type AgentServiceClient interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
 	Hello(context.Context, *connect.Request[v1.HelloRequest]) (*connect.Response[v1.HelloResponse], error)
+	// Configure replaces the defaults every later exec starts from and starts
+	// the sandbox's entrypoint command. The daemon calls it when it hands a
+	// pre-started (warm) box to a new sandbox; a box started for one sandbox
+	// gets the same settings from its command line and environment instead.
+	Configure(context.Context, *connect.Request[v1.ConfigureRequest]) (*connect.Response[v1.ConfigureResponse], error)
 	Exec(context.Context) *connect.BidiStreamForClient[v11.ExecInput, v11.ExecOutput]
 	ReadFile(context.Context, *connect.Request[v11.ReadFileRequest]) (*connect.ServerStreamForClient[v11.FileChunk], error)
 	WriteFile(context.Context) *connect.ClientStreamForClient[v11.WriteFileRequest, v11.WriteFileResponse]
@@ -94,6 +101,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			httpClient,
 			baseURL+AgentServiceHelloProcedure,
 			connect.WithSchema(agentServiceMethods.ByName("Hello")),
+			connect.WithClientOptions(opts...),
+		),
+		configure: connect.NewClient[v1.ConfigureRequest, v1.ConfigureResponse](
+			httpClient,
+			baseURL+AgentServiceConfigureProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Configure")),
 			connect.WithClientOptions(opts...),
 		),
 		exec: connect.NewClient[v11.ExecInput, v11.ExecOutput](
@@ -162,6 +175,7 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
 	hello       *connect.Client[v1.HelloRequest, v1.HelloResponse]
+	configure   *connect.Client[v1.ConfigureRequest, v1.ConfigureResponse]
 	exec        *connect.Client[v11.ExecInput, v11.ExecOutput]
 	readFile    *connect.Client[v11.ReadFileRequest, v11.FileChunk]
 	writeFile   *connect.Client[v11.WriteFileRequest, v11.WriteFileResponse]
@@ -177,6 +191,11 @@ type agentServiceClient struct {
 // Hello calls agent.v1.AgentService.Hello.
 func (c *agentServiceClient) Hello(ctx context.Context, req *connect.Request[v1.HelloRequest]) (*connect.Response[v1.HelloResponse], error) {
 	return c.hello.CallUnary(ctx, req)
+}
+
+// Configure calls agent.v1.AgentService.Configure.
+func (c *agentServiceClient) Configure(ctx context.Context, req *connect.Request[v1.ConfigureRequest]) (*connect.Response[v1.ConfigureResponse], error) {
+	return c.configure.CallUnary(ctx, req)
 }
 
 // Exec calls agent.v1.AgentService.Exec.
@@ -233,6 +252,11 @@ func (c *agentServiceClient) DownloadTar(ctx context.Context, req *connect.Reque
 type AgentServiceHandler interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
 	Hello(context.Context, *connect.Request[v1.HelloRequest]) (*connect.Response[v1.HelloResponse], error)
+	// Configure replaces the defaults every later exec starts from and starts
+	// the sandbox's entrypoint command. The daemon calls it when it hands a
+	// pre-started (warm) box to a new sandbox; a box started for one sandbox
+	// gets the same settings from its command line and environment instead.
+	Configure(context.Context, *connect.Request[v1.ConfigureRequest]) (*connect.Response[v1.ConfigureResponse], error)
 	Exec(context.Context, *connect.BidiStream[v11.ExecInput, v11.ExecOutput]) error
 	ReadFile(context.Context, *connect.Request[v11.ReadFileRequest], *connect.ServerStream[v11.FileChunk]) error
 	WriteFile(context.Context, *connect.ClientStream[v11.WriteFileRequest]) (*connect.Response[v11.WriteFileResponse], error)
@@ -256,6 +280,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		AgentServiceHelloProcedure,
 		svc.Hello,
 		connect.WithSchema(agentServiceMethods.ByName("Hello")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceConfigureHandler := connect.NewUnaryHandler(
+		AgentServiceConfigureProcedure,
+		svc.Configure,
+		connect.WithSchema(agentServiceMethods.ByName("Configure")),
 		connect.WithHandlerOptions(opts...),
 	)
 	agentServiceExecHandler := connect.NewBidiStreamHandler(
@@ -322,6 +352,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		switch r.URL.Path {
 		case AgentServiceHelloProcedure:
 			agentServiceHelloHandler.ServeHTTP(w, r)
+		case AgentServiceConfigureProcedure:
+			agentServiceConfigureHandler.ServeHTTP(w, r)
 		case AgentServiceExecProcedure:
 			agentServiceExecHandler.ServeHTTP(w, r)
 		case AgentServiceReadFileProcedure:
@@ -353,6 +385,10 @@ type UnimplementedAgentServiceHandler struct{}
 
 func (UnimplementedAgentServiceHandler) Hello(context.Context, *connect.Request[v1.HelloRequest]) (*connect.Response[v1.HelloResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Hello is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Configure(context.Context, *connect.Request[v1.ConfigureRequest]) (*connect.Response[v1.ConfigureResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Configure is not implemented"))
 }
 
 func (UnimplementedAgentServiceHandler) Exec(context.Context, *connect.BidiStream[v11.ExecInput, v11.ExecOutput]) error {
