@@ -62,6 +62,7 @@ type daemon struct {
 	cmd     *exec.Cmd
 	log     *os.File
 	exited  chan struct{}
+	args    []string
 }
 
 func freeAddr(t *testing.T) string {
@@ -74,9 +75,10 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// startDaemon starts a daemon over a fresh data dir; the test's cleanup
-// destroys whatever sandboxes remain and stops it.
-func startDaemon(t *testing.T) *daemon {
+// startDaemon starts a daemon over a fresh data dir (with no warm pool, so
+// every box on the host belongs to a sandbox); the test's cleanup destroys
+// whatever sandboxes remain and stops it.
+func startDaemon(t *testing.T, extraArgs ...string) *daemon {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	dir := binaries(t)
@@ -86,7 +88,7 @@ func startDaemon(t *testing.T) *daemon {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(data, 0o711)
-	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data}
+	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs}
 	d.start()
 	t.Cleanup(func() {
 		if d.cmd != nil {
@@ -126,7 +128,8 @@ func (d *daemon) start() {
 		t.Fatal(err)
 	}
 	d.log = logf
-	d.cmd = exec.Command(d.bin, "serve", "--listen", d.addr, "--data-dir", d.dataDir, "--default-timeout", "10m", "--log-level", "debug")
+	args := []string{"serve", "--listen", d.addr, "--data-dir", d.dataDir, "--default-timeout", "10m", "--log-level", "debug", "--warm-pool", "0"}
+	d.cmd = exec.Command(d.bin, append(args, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {

@@ -37,6 +37,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant (0: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -39,6 +39,8 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
 	Defaults runtime.Resources
+	// WarmPool is how many pre-started boxes to keep ready for fast creates.
+	WarmPool int
 	Logger   *slog.Logger
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
@@ -114,6 +116,7 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultTimeout: cfg.DefaultTimeout,
 		Limits:         hostLimits(),
 		Logger:         log,
+		WarmPool:       cfg.WarmPool,
 	})
 	if err != nil {
 		return err

@@ -42,6 +42,9 @@ type Config struct {
 	Logger         *slog.Logger
 	// TickInterval is how often timeouts are checked (default 250ms).
 	TickInterval time.Duration
+	// WarmPool is how many started boxes (default runtime, host image,
+	// default limits) are kept ready for creates to take over (0: none).
+	WarmPool int
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -58,6 +61,10 @@ type Manager struct {
 	names map[string]string
 	// tombstones remembers why recently removed sandboxes are gone. Guarded by mu.
 	tombstones map[string]tombstone
+
+	// pool holds warm boxes (nil when disabled); poolWake nudges the filler.
+	pool     chan *warmBox
+	poolWake chan struct{}
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -109,14 +116,19 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:        cfg,
 		log:        cfg.Logger,
 		boxes:      map[string]*box{},
 		names:      map[string]string{},
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
-	}, nil
+		poolWake:   make(chan struct{}, 1),
+	}
+	if cfg.WarmPool > 0 {
+		m.pool = make(chan *warmBox, cfg.WarmPool)
+	}
+	return m, nil
 }
 
 // Runtimes describes the configured drivers.
@@ -133,6 +145,19 @@ func (m *Manager) Runtimes(ctx context.Context) []*sbxv1.RuntimeInfo {
 }
 
 func nowMs() int64 { return time.Now().UnixMilli() }
+
+func protojsonMarshal(spec *sbxv1.CreateSandboxRequest) ([]byte, error) {
+	b, err := protojson.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode spec: %w", err)
+	}
+	return b, nil
+}
+
+// isUserError reports errors a retry with a cold create would only repeat.
+func isUserError(err error) bool {
+	return errdefs.IsAlreadyExists(err) || errdefs.IsInvalidArgument(err)
+}
 
 // Create validates req, starts a sandbox and returns it once its agent answers.
 func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*sbxv1.Sandbox, error) {
@@ -158,22 +183,18 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 	m.applyDefaults(spec)
 
-	now := nowMs()
-	b := &box{id: newID(), driver: drv, spec: spec}
-	b.lastActive.Store(now)
-	specJSON, err := protojson.Marshal(spec)
+	if w := m.takeWarm(spec, drv); w != nil {
+		sb, err := m.claimWarm(ctx, w, spec, drv)
+		if err == nil || isUserError(err) {
+			return sb, err
+		}
+		m.log.Warn("warm pool: handing over a box failed; creating one", "err", err)
+	}
+
+	b, rec, err := m.newBox(newID(), spec, drv)
 	if err != nil {
-		return nil, fmt.Errorf("encode spec: %w", err)
+		return nil, err
 	}
-	rec := &store.Record{
-		ID: b.id, Name: spec.Name, State: stateName(sbxv1.SandboxState_SANDBOX_STATE_CREATING),
-		Spec: specJSON, Labels: spec.Labels, CreatedAtMs: now, LastActiveAtMs: now,
-	}
-	if spec.TimeoutMs > 0 {
-		rec.ExpiresAtMs = now + spec.TimeoutMs
-	}
-	b.rec = rec
-	b.handle = runtime.Handle{ID: b.id, Driver: drv.Name()}
 
 	// Reserve id and name in memory first so a concurrent create of the same
 	// name fails fast, then persist before touching the host: a crash from

@@ -125,6 +125,11 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 // Run starts the background loop that enforces lifetimes and idle timeouts
 // and persists activity times. Close stops it.
 func (m *Manager) Run() {
+	if m.pool != nil {
+		m.wg.Add(1)
+		go m.fillPool()
+		m.wakePool()
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -147,11 +152,12 @@ func (m *Manager) Run() {
 	}()
 }
 
-// Close stops the background loop. Sandboxes keep running: a restarted
-// daemon re-attaches them.
+// Close stops the background loops and destroys the idle warm boxes.
+// Sandboxes keep running: a restarted daemon re-attaches them.
 func (m *Manager) Close() {
 	m.stopOnce.Do(func() { close(m.stop) })
 	m.wg.Wait()
+	m.drainPool()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for _, b := range m.boxes {

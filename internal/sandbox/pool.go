@@ -1,0 +1,225 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/store"
+)
+
+// The warm pool keeps Config.WarmPool boxes of the default runtime and the
+// host image started and idle, so that a create only has to hand one over:
+// set its limits (runtime.Updater), tell its agent the sandbox's env, workdir
+// and command (Configure) and record it. Pool boxes are not in the database;
+// after a crash the drivers' Cleanup removes them, and Close destroys them.
+
+type warmBox struct {
+	id     string
+	handle runtime.Handle
+	conn   *agentconn.Conn
+	res    runtime.Resources
+}
+
+// poolSpec is what a warm box is started with.
+func (m *Manager) poolSpec(id string) runtime.Spec {
+	return runtime.Spec{
+		ID:        id,
+		Image:     runtime.Image{Name: "host"},
+		Env:       []string{"SBX_SANDBOX_ID=" + id},
+		Workdir:   "/",
+		Hostname:  id,
+		Resources: m.cfg.Defaults,
+	}
+}
+
+// fillPool keeps the pool full until the manager closes.
+func (m *Manager) fillPool() {
+	defer m.wg.Done()
+	drv := m.cfg.Drivers[m.cfg.DefaultRuntime]
+	backoff := time.Second
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.poolWake:
+		}
+		for len(m.pool) < cap(m.pool) {
+			select {
+			case <-m.stop:
+				return
+			default:
+			}
+			w, err := m.startWarm(drv)
+			if err != nil {
+				m.log.Warn("warm pool: starting a box failed", "err", err, "retry_in", backoff)
+				select {
+				case <-m.stop:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = time.Second
+			m.pool <- w
+		}
+	}
+}
+
+func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*runtime.ProbeTimeout)
+	defer cancel()
+	id := newID()
+	h, err := drv.Create(ctx, m.poolSpec(id))
+	if err != nil {
+		return nil, err
+	}
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, h) })
+	if _, err := conn.WaitReady(ctx); err != nil {
+		conn.Close()
+		_ = drv.Destroy(context.Background(), h)
+		return nil, err
+	}
+	return &warmBox{id: id, handle: h, conn: conn, res: m.cfg.Defaults}, nil
+}
+
+// takeWarm returns a warm box suitable for spec, or nil.
+func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
+	if m.pool == nil || spec.Image != "host" || spec.Runtime != m.cfg.DefaultRuntime {
+		return nil
+	}
+	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
+		return nil
+	}
+	select {
+	case w := <-m.pool:
+		m.wakePool()
+		return w
+	default:
+		m.wakePool()
+		return nil
+	}
+}
+
+func (m *Manager) wakePool() {
+	select {
+	case m.poolWake <- struct{}{}:
+	default:
+	}
+}
+
+func toResources(r *sbxv1.Resources) runtime.Resources {
+	return runtime.Resources{MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
+}
+
+// claimWarm turns warm box w into the sandbox described by spec. On error
+// the box is destroyed and nothing is recorded; the caller falls back to a
+// cold create.
+func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*sbxv1.Sandbox, error) {
+	b, rec, err := m.newBox(w.id, spec, drv)
+	if err != nil {
+		w.conn.Close()
+		_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+		return nil, err
+	}
+	b.handle = w.handle
+	b.conn = w.conn
+	if rec.Handle, err = marshalHandle(w.handle); err != nil {
+		return nil, err
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := m.reserve(b); err != nil {
+		// A name clash is the user's error, not the pool's: put the box back.
+		select {
+		case m.pool <- w:
+		default:
+			w.conn.Close()
+			_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+		}
+		return nil, err
+	}
+	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
+		m.forget(b.id, "")
+		w.conn.Close()
+		_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+		return nil, err
+	}
+	fail := func(err error) (*sbxv1.Sandbox, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		w.conn.Close()
+		_ = drv.Destroy(cctx, w.handle)
+		_ = m.cfg.Store.Delete(cctx, b.id)
+		m.forget(b.id, "")
+		return nil, err
+	}
+	if want := toResources(spec.Resources); want != w.res {
+		up, ok := drv.(runtime.Updater)
+		if !ok {
+			return fail(fmt.Errorf("runtime %s cannot change limits", drv.Name()))
+		}
+		if err := up.Update(ctx, w.handle, want); err != nil {
+			return fail(fmt.Errorf("set limits of warm box: %w", err))
+		}
+	}
+	rs := runtimeSpec(b.id, spec)
+	if _, err := w.conn.Configure(ctx, connect.NewRequest(&agentv1.ConfigureRequest{
+		Env: rs.Env, Workdir: rs.Workdir, Command: rs.Command,
+	})); err != nil {
+		return fail(fmt.Errorf("configure warm box: %w", err))
+	}
+	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+		return fail(err)
+	}
+	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime, "warm", true)
+	return m.toProto(b, nil), nil
+}
+
+// drainPool destroys every idle warm box.
+func (m *Manager) drainPool() {
+	if m.pool == nil {
+		return
+	}
+	drv := m.cfg.Drivers[m.cfg.DefaultRuntime]
+	for {
+		select {
+		case w := <-m.pool:
+			w.conn.Close()
+			if err := drv.Destroy(context.Background(), w.handle); err != nil {
+				m.log.Warn("warm pool: destroying a box", "err", err)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// newBox builds the in-memory box and its record for a sandbox about to be created.
+func (m *Manager) newBox(id string, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*box, *store.Record, error) {
+	now := nowMs()
+	b := &box{id: id, driver: drv, spec: spec}
+	b.lastActive.Store(now)
+	specJSON, err := protojsonMarshal(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec := &store.Record{
+		ID: id, Name: spec.Name, State: stateName(sbxv1.SandboxState_SANDBOX_STATE_CREATING),
+		Spec: specJSON, Labels: spec.Labels, CreatedAtMs: now, LastActiveAtMs: now,
+	}
+	if spec.TimeoutMs > 0 {
+		rec.ExpiresAtMs = now + spec.TimeoutMs
+	}
+	b.rec = rec
+	b.handle = runtime.Handle{ID: id, Driver: drv.Name()}
+	return b, rec, nil
+}
