@@ -96,17 +96,8 @@ func (a *app) execTTY(ctx context.Context, sb *sbx.Sandbox, opts sbx.ExecOptions
 	if opts.Stdin == nil {
 		opts.Stdin = a.stdin
 	}
-	if old, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
-		raw := *old
-		raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
-		raw.Oflag &^= unix.OPOST
-		raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
-		raw.Cflag &^= unix.CSIZE | unix.PARENB
-		raw.Cflag |= unix.CS8
-		raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
-		if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err == nil {
-			defer unix.IoctlSetTermios(fd, unix.TCSETS, old) //nolint:errcheck
-		}
+	if restore, err := makeRaw(fd); err == nil {
+		defer restore()
 	}
 	p, err := sb.StartExec(ctx, opts)
 	if err != nil {

@@ -166,11 +166,7 @@ func fill(v *int64, def int64) {
 
 // hostLimits bounds requests by what this machine has.
 func hostLimits() sandbox.Limits {
-	var si unix.Sysinfo_t
-	mem := int64(64 << 30)
-	if unix.Sysinfo(&si) == nil {
-		mem = int64(si.Totalram) * int64(si.Unit)
-	}
+	mem := totalMemory()
 	return sandbox.Limits{
 		MinMemoryBytes: 16 << 20, MaxMemoryBytes: mem,
 		MinCPUMillis: 10, MaxCPUMillis: int64(goruntime.NumCPU()) * 1000,
