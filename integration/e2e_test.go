@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -420,5 +421,95 @@ print("SECRET" if b"daemon-only-value" in env else "no-secret")
 		if res, _ := sb.RunShell(ctx, cmd); res.Code == 0 {
 			t.Errorf("%q succeeded inside the sandbox: %s", cmd, res.Stdout)
 		}
+	}
+}
+
+// TestInteractiveExec drives ExecInteractive through the daemon: a PTY with
+// resize, streamed stdin, and signals.
+func TestInteractiveExec(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+
+	// PTY: initial size, a resize, input typed at a prompt.
+	pr, pw := io.Pipe()
+	var out syncBuffer
+	p, err := sb.StartExec(ctx, sbx.ExecOptions{
+		Shell: `stty size; read line; stty size; echo "got:$line"`, TTY: true, Rows: 30, Cols: 100,
+		Stdin: pr, Stdout: &out,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(out.String(), "30 100") })
+	if err := p.Resize(40, 120); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	io.WriteString(pw, "hello\n")
+	st, err := p.Wait()
+	pw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Code != 0 || !strings.Contains(out.String(), "40 120") || !strings.Contains(out.String(), "got:hello") {
+		t.Errorf("pty session: exit %d, output %q", st.Code, out.String())
+	}
+
+	// Signals reach the process group.
+	pr2, pw2 := io.Pipe()
+	defer pw2.Close()
+	var out2 syncBuffer
+	p2, err := sb.StartExec(ctx, sbx.ExecOptions{Shell: "echo ready; sleep 100", Stdin: pr2, Stdout: &out2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(out2.String(), "ready") })
+	if err := p2.Signal(15); err != nil {
+		t.Fatal(err)
+	}
+	st, err = p2.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Code != 143 || st.Signal != 15 {
+		t.Errorf("after SIGTERM: got code %d signal %d, want 143 and 15", st.Code, st.Signal)
+	}
+
+	// Only the usual device nodes exist.
+	if got := mustRun(t, ctx, sb, "ls /dev | tr '\\n' ' '"); got != "fd full mqueue null ptmx pts random shm stderr stdin stdout tty urandom zero " {
+		t.Errorf("/dev holds %q", got)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
