@@ -9,17 +9,20 @@ import (
 	"connectrpc.com/connect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
 )
 
 var errEOF = io.EOF
 
-func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sbxv1.ReadFileRequest], out *connect.ServerStream[sbxv1.FileChunk]) error {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
+// serverStream forwards a server-streaming call to the agent of the named sandbox.
+func serverStream[Req, Resp any](ctx context.Context, s *Server, sandbox string, req *connect.Request[Req], out *connect.ServerStream[Resp],
+	call func(*agentconn.Conn, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Resp], error)) error {
+	conn, release, err := s.mgr.Agent(ctx, sandbox)
 	if err != nil {
 		return toConnect(err)
 	}
 	defer release()
-	st, err := conn.ReadFile(ctx, connect.NewRequest(req.Msg))
+	st, err := call(conn, ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return err
 	}
@@ -30,75 +33,55 @@ func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sbxv1.ReadFi
 		}
 	}
 	return st.Err()
+}
+
+func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sbxv1.ReadFileRequest], out *connect.ServerStream[sbxv1.FileChunk]) error {
+	return serverStream(ctx, s, req.Msg.GetSandbox(), req, out, (*agentconn.Conn).ReadFile)
 }
 
 func (s *Server) DownloadTar(ctx context.Context, req *connect.Request[sbxv1.DownloadTarRequest], out *connect.ServerStream[sbxv1.FileChunk]) error {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
+	return serverStream(ctx, s, req.Msg.GetSandbox(), req, out, (*agentconn.Conn).DownloadTar)
+}
+
+// clientStream forwards a client-streaming upload whose first message names
+// the sandbox (header returns that message's header, or nil).
+func clientStream[Req any, Hdr interface {
+	comparable
+	GetSandbox() string
+}, Resp any](ctx context.Context, s *Server, what string,
+	in *connect.ClientStream[Req], header func(*Req) Hdr,
+	call func(*agentconn.Conn, context.Context) *connect.ClientStreamForClient[Req, Resp]) (*connect.Response[Resp], error) {
+	if !in.Receive() {
+		return nil, firstMessageError(what, in.Err())
+	}
+	hdr := header(in.Msg())
+	var none Hdr
+	if hdr == none {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: the first message must be a header", what))
+	}
+	conn, release, err := s.mgr.Agent(ctx, hdr.GetSandbox())
 	if err != nil {
-		return toConnect(err)
+		return nil, toConnect(err)
 	}
 	defer release()
-	st, err := conn.DownloadTar(ctx, connect.NewRequest(req.Msg))
+	out := call(conn, ctx)
+	if err := relay(in, out.Send); err != nil {
+		out.CloseAndReceive() //nolint:errcheck // already failing
+		return nil, err
+	}
+	resp, err := out.CloseAndReceive()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer st.Close()
-	for st.Receive() {
-		if err := out.Send(st.Msg()); err != nil {
-			return err
-		}
-	}
-	return st.Err()
+	return connect.NewResponse(resp.Msg), nil
 }
 
 func (s *Server) WriteFile(ctx context.Context, in *connect.ClientStream[sbxv1.WriteFileRequest]) (*connect.Response[sbxv1.WriteFileResponse], error) {
-	if !in.Receive() {
-		return nil, firstMessageError("write file", in.Err())
-	}
-	hdr := in.Msg().GetHeader()
-	if hdr == nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("write file: the first message must be a header"))
-	}
-	conn, release, err := s.mgr.Agent(ctx, hdr.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	out := conn.WriteFile(ctx)
-	if err := relay(in, out.Send); err != nil {
-		out.CloseAndReceive() //nolint:errcheck // already failing
-		return nil, err
-	}
-	resp, err := out.CloseAndReceive()
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp.Msg), nil
+	return clientStream(ctx, s, "write file", in, (*sbxv1.WriteFileRequest).GetHeader, (*agentconn.Conn).WriteFile)
 }
 
 func (s *Server) UploadTar(ctx context.Context, in *connect.ClientStream[sbxv1.UploadTarRequest]) (*connect.Response[sbxv1.UploadTarResponse], error) {
-	if !in.Receive() {
-		return nil, firstMessageError("upload tar", in.Err())
-	}
-	hdr := in.Msg().GetHeader()
-	if hdr == nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("upload tar: the first message must be a header"))
-	}
-	conn, release, err := s.mgr.Agent(ctx, hdr.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	out := conn.UploadTar(ctx)
-	if err := relay(in, out.Send); err != nil {
-		out.CloseAndReceive() //nolint:errcheck // already failing
-		return nil, err
-	}
-	resp, err := out.CloseAndReceive()
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp.Msg), nil
+	return clientStream(ctx, s, "upload tar", in, (*sbxv1.UploadTarRequest).GetHeader, (*agentconn.Conn).UploadTar)
 }
 
 func firstMessageError(what string, err error) error {
@@ -124,47 +107,33 @@ func relay[T any](in *connect.ClientStream[T], send func(*T) error) error {
 	}
 }
 
-func (s *Server) ListDir(ctx context.Context, req *connect.Request[sbxv1.ListDirRequest]) (*connect.Response[sbxv1.ListDirResponse], error) {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
+// unary forwards a unary call to the agent of the named sandbox.
+func unary[Req, Resp any](ctx context.Context, s *Server, sandbox string, req *connect.Request[Req],
+	call func(*agentconn.Conn, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+	conn, release, err := s.mgr.Agent(ctx, sandbox)
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	defer release()
-	return conn.ListDir(ctx, connect.NewRequest(req.Msg))
+	return call(conn, ctx, connect.NewRequest(req.Msg))
+}
+
+func (s *Server) ListDir(ctx context.Context, req *connect.Request[sbxv1.ListDirRequest]) (*connect.Response[sbxv1.ListDirResponse], error) {
+	return unary(ctx, s, req.Msg.GetSandbox(), req, (*agentconn.Conn).ListDir)
 }
 
 func (s *Server) Stat(ctx context.Context, req *connect.Request[sbxv1.StatRequest]) (*connect.Response[sbxv1.StatResponse], error) {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	return conn.Stat(ctx, connect.NewRequest(req.Msg))
+	return unary(ctx, s, req.Msg.GetSandbox(), req, (*agentconn.Conn).Stat)
 }
 
 func (s *Server) MakeDir(ctx context.Context, req *connect.Request[sbxv1.MakeDirRequest]) (*connect.Response[sbxv1.MakeDirResponse], error) {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	return conn.MakeDir(ctx, connect.NewRequest(req.Msg))
+	return unary(ctx, s, req.Msg.GetSandbox(), req, (*agentconn.Conn).MakeDir)
 }
 
 func (s *Server) Remove(ctx context.Context, req *connect.Request[sbxv1.RemoveRequest]) (*connect.Response[sbxv1.RemoveResponse], error) {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	return conn.Remove(ctx, connect.NewRequest(req.Msg))
+	return unary(ctx, s, req.Msg.GetSandbox(), req, (*agentconn.Conn).Remove)
 }
 
 func (s *Server) Rename(ctx context.Context, req *connect.Request[sbxv1.RenameRequest]) (*connect.Response[sbxv1.RenameResponse], error) {
-	conn, release, err := s.mgr.Agent(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	defer release()
-	return conn.Rename(ctx, connect.NewRequest(req.Msg))
+	return unary(ctx, s, req.Msg.GetSandbox(), req, (*agentconn.Conn).Rename)
 }
