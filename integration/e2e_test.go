@@ -261,6 +261,36 @@ func TestDaemonKill9AndRestart(t *testing.T) {
 		}
 	}
 	d.assertNoLeaks(live...)
+
+	// Kill the daemon while destroys are in flight: after a restart each
+	// sandbox is either fully there or fully gone.
+	var victims []*sbx.Sandbox
+	for range 3 {
+		v, err := c.Create(ctx, sbx.CreateOptions{Labels: map[string]string{"victim": "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.remember(v.ID)
+		victims = append(victims, v)
+	}
+	for _, v := range victims {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = v.Destroy(ctx) }()
+	}
+	time.Sleep(3 * time.Millisecond)
+	d.kill9()
+	wg.Wait()
+	d.start()
+	list, err = c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live = live[:0]
+	for _, s := range list {
+		live = append(live, s.ID)
+		mustRun(t, ctx, s, "true")
+	}
+	d.assertNoLeaks(live...)
 	for _, s := range list {
 		if err := s.Destroy(ctx); err != nil {
 			t.Fatal(err)
