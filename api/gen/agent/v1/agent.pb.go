@@ -140,7 +140,9 @@ type ConfigureRequest struct {
 	// Default working directory of execs; created (with parents) if missing.
 	Workdir string `protobuf:"bytes,2,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	// Optional long-running command to start now, like sbx-agent's `-- CMD`.
-	Command       []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
+	Command []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
+	// Default user of execs ("name", "uid", "uid:gid"); empty: root.
+	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +198,13 @@ func (x *ConfigureRequest) GetCommand() []string {
 	return nil
 }
 
+func (x *ConfigureRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type ConfigureResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -242,11 +251,12 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x05R\x03pid\"X\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\"l\n" +
 	"\x10ConfigureRequest\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x18\n" +
-	"\acommand\x18\x03 \x03(\tR\acommand\"\x13\n" +
+	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"\x13\n" +
 	"\x11ConfigureResponse2\xe0\x05\n" +
 	"\fAgentService\x128\n" +
 	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +

@@ -42,7 +42,10 @@ type ExecRequest struct {
 	// Stdin given up front; closed after it is written unless stdin_open.
 	Stdin []byte `protobuf:"bytes,9,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Keep stdin open for ExecInput.stdin messages (ExecInteractive only).
-	StdinOpen     bool `protobuf:"varint,10,opt,name=stdin_open,json=stdinOpen,proto3" json:"stdin_open,omitempty"`
+	StdinOpen bool `protobuf:"varint,10,opt,name=stdin_open,json=stdinOpen,proto3" json:"stdin_open,omitempty"`
+	// Run as this user: "name", "uid", "uid:gid" or "name:group" (default: the
+	// sandbox's user, root unless its image says otherwise).
+	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -145,6 +148,13 @@ func (x *ExecRequest) GetStdinOpen() bool {
 		return x.StdinOpen
 	}
 	return false
+}
+
+func (x *ExecRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type TerminalSize struct {
@@ -627,7 +637,7 @@ var File_sbx_v1_process_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_process_proto_rawDesc = "" +
 	"\n" +
-	"\x14sbx/v1/process.proto\x12\x06sbx.v1\"\xe3\x02\n" +
+	"\x14sbx/v1/process.proto\x12\x06sbx.v1\"\xf7\x02\n" +
 	"\vExecRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x14\n" +
@@ -641,7 +651,8 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\x05stdin\x18\t \x01(\fR\x05stdin\x12\x1d\n" +
 	"\n" +
 	"stdin_open\x18\n" +
-	" \x01(\bR\tstdinOpen\x1a6\n" +
+	" \x01(\bR\tstdinOpen\x12\x12\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +

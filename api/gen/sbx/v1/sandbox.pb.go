@@ -401,7 +401,9 @@ type CreateSandboxRequest struct {
 	IdleTimeoutMs int64      `protobuf:"varint,10,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
 	IdleAction    IdleAction `protobuf:"varint,11,opt,name=idle_action,json=idleAction,proto3,enum=sbx.v1.IdleAction" json:"idle_action,omitempty"`
 	// Runtime driver, e.g. "oci" (default).
-	Runtime       string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Default user of commands (default: the image's user, else root).
+	User          string `protobuf:"bytes,13,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +522,13 @@ func (x *CreateSandboxRequest) GetRuntime() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type CreateSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -588,7 +597,10 @@ type Sandbox struct {
 	// Why the sandbox is in its state (e.g. a failure reason).
 	StateDetail string `protobuf:"bytes,18,opt,name=state_detail,json=stateDetail,proto3" json:"state_detail,omitempty"`
 	// Live usage; filled by GetSandbox.
-	Stats         *SandboxStats `protobuf:"bytes,19,opt,name=stats,proto3" json:"stats,omitempty"`
+	Stats *SandboxStats `protobuf:"bytes,19,opt,name=stats,proto3" json:"stats,omitempty"`
+	User  string        `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
+	// Digest of the image the sandbox started from.
+	ImageDigest   string `protobuf:"bytes,21,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +766,20 @@ func (x *Sandbox) GetStats() *SandboxStats {
 		return x.Stats
 	}
 	return nil
+}
+
+func (x *Sandbox) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Sandbox) GetImageDigest() string {
+	if x != nil {
+		return x.ImageDigest
+	}
+	return ""
 }
 
 type SandboxStats struct {
@@ -1289,7 +1315,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xaa\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xbe\x05\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1305,7 +1331,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\x03R\ridleTimeoutMs\x123\n" +
 	"\vidle_action\x18\v \x01(\x0e2\x12.sbx.v1.IdleActionR\n" +
 	"idleAction\x12\x18\n" +
-	"\aruntime\x18\f \x01(\tR\aruntime\x1a9\n" +
+	"\aruntime\x18\f \x01(\tR\aruntime\x12\x12\n" +
+	"\x04user\x18\r \x01(\tR\x04user\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1316,7 +1343,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xa3\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xda\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1339,7 +1366,9 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\rexpires_at_ms\x18\x10 \x01(\x03R\vexpiresAtMs\x12)\n" +
 	"\x11last_active_at_ms\x18\x11 \x01(\x03R\x0elastActiveAtMs\x12!\n" +
 	"\fstate_detail\x18\x12 \x01(\tR\vstateDetail\x12*\n" +
-	"\x05stats\x18\x13 \x01(\v2\x14.sbx.v1.SandboxStatsR\x05stats\x1a9\n" +
+	"\x05stats\x18\x13 \x01(\v2\x14.sbx.v1.SandboxStatsR\x05stats\x12\x12\n" +
+	"\x04user\x18\x14 \x01(\tR\x04user\x12!\n" +
+	"\fimage_digest\x18\x15 \x01(\tR\vimageDigest\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
