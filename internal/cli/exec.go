@@ -19,7 +19,7 @@ import (
 type execFlags struct {
 	interactive, tty bool
 	env              []string
-	workdir          string
+	workdir, user    string
 	timeout          time.Duration
 }
 
@@ -39,6 +39,7 @@ func newExec(a *app) *cobra.Command {
 	f.BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
 	f.StringArrayVarP(&ef.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
 	f.StringVarP(&ef.workdir, "workdir", "w", "", "working directory")
+	f.StringVarP(&ef.user, "user", "u", "", "run as this user (name, uid or uid:gid)")
 	f.DurationVar(&ef.timeout, "timeout", 0, "kill the command after this long, e.g. 30s")
 	return cmd
 }
@@ -59,7 +60,7 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 		return err
 	}
 	opts := sbx.ExecOptions{
-		Argv: argv, Env: env, Workdir: ef.workdir, Timeout: ef.timeout, TTY: ef.tty,
+		Argv: argv, Env: env, Workdir: ef.workdir, User: ef.user, Timeout: ef.timeout, TTY: ef.tty,
 		Stdout: a.stdout, Stderr: a.stderr,
 	}
 	if ef.interactive {

@@ -22,7 +22,7 @@ type createFlags struct {
 	pids                               int64
 	timeout, idleTimeout               time.Duration
 	stopWhenIdle                       bool
-	runtime                            string
+	runtime, user                      string
 }
 
 func (c *createFlags) add(cmd *cobra.Command) {
@@ -41,6 +41,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.DurationVar(&c.idleTimeout, "idle-timeout", 0, "destroy after this long without activity")
 	f.BoolVar(&c.stopWhenIdle, "stop-when-idle", false, "stop instead of destroy at the idle timeout")
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
+	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -67,7 +68,7 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
-		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime,
+		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
 	}, nil
 }
 

@@ -42,6 +42,8 @@ type Config struct {
 	Logger         *slog.Logger
 	// TickInterval is how often timeouts are checked (default 250ms).
 	TickInterval time.Duration
+	// Images resolves image references (nil: only the host image).
+	Images Images
 	// WarmPool is how many started boxes (default runtime, host image,
 	// default limits) are kept ready for creates to take over (0: none).
 	WarmPool int
@@ -165,11 +167,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 	spec := proto.Clone(req).(*sbxv1.CreateSandboxRequest)
-	if spec.Image == "" {
-		spec.Image = "host"
-	}
-	if spec.Image != "host" {
-		return nil, fmt.Errorf("image %q: only the built-in \"host\" image exists so far: %w", spec.Image, errdefs.ErrNotFound)
+	img, err := m.resolveImage(ctx, spec)
+	if err != nil {
+		return nil, err
 	}
 	if spec.Runtime == "" {
 		spec.Runtime = m.cfg.DefaultRuntime
@@ -195,6 +195,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err != nil {
 		return nil, err
 	}
+	rec.ImageDigest = img.Digest
 
 	// Reserve id and name in memory first so a concurrent create of the same
 	// name fails fast, then persist before touching the host: a crash from
@@ -222,7 +223,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	h, err := drv.Create(ctx, runtimeSpec(b.id, spec))
+	h, err := drv.Create(ctx, runtimeSpec(b.id, spec, img))
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
@@ -237,6 +238,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err != nil {
 		conn.Close()
 		return fail(fmt.Errorf("sandbox agent did not come up: %w", err))
+	}
+	if spec.User != "" {
+		// The command must start as the user, so the agent starts it now.
+		if err := configure(ctx, conn, b.id, spec); err != nil {
+			return fail(err)
+		}
 	}
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
 		return fail(err)
@@ -273,7 +280,9 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
 	}
 }
 
-func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest) runtime.Spec {
+// runtimeSpec is what the driver gets for a sandbox. With a user set the
+// command is left out: configure starts it as that user.
+func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage) runtime.Spec {
 	env := make([]string, 0, len(spec.Env)+len(spec.Secrets)+1)
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, k+"="+spec.Env[k])
@@ -283,12 +292,20 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest) runtime.Spec {
 	}
 	env = append(env, "SBX_SANDBOX_ID="+id)
 	r := spec.GetResources()
+	image := runtime.Image{Name: spec.Image}
+	if img != nil {
+		image.Layers = img.Layers
+	}
+	command := spec.Command
+	if spec.User != "" && img != nil {
+		command = nil
+	}
 	return runtime.Spec{
 		ID:       id,
-		Image:    runtime.Image{Name: spec.Image},
+		Image:    image,
 		Env:      env,
 		Workdir:  spec.Workdir,
-		Command:  spec.Command,
+		Command:  command,
 		Hostname: id,
 		Resources: runtime.Resources{
 			MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(),
@@ -552,8 +569,8 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		Id: b.id, Name: s.Name, Labels: s.Labels, Image: s.Image, Runtime: s.Runtime,
 		State: stateOf(rec.State), Env: s.Env, Command: s.Command, Workdir: s.Workdir,
 		Resources: s.Resources, TimeoutMs: s.TimeoutMs, IdleTimeoutMs: s.IdleTimeoutMs,
-		IdleAction: s.IdleAction, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
-		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats,
+		IdleAction: s.IdleAction, User: s.User, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
+		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	return proto.Clone(out).(*sbxv1.Sandbox)

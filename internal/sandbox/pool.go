@@ -6,9 +6,6 @@ import (
 	"net"
 	"time"
 
-	"connectrpc.com/connect"
-
-	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -93,7 +90,7 @@ func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
 
 // takeWarm returns a warm box suitable for spec, or nil.
 func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
-	if m.pool == nil || spec.Image != "host" || spec.Runtime != m.cfg.DefaultRuntime {
+	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime {
 		return nil
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
@@ -171,11 +168,8 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 			return fail(fmt.Errorf("set limits of warm box: %w", err))
 		}
 	}
-	rs := runtimeSpec(b.id, spec)
-	if _, err := w.conn.Configure(ctx, connect.NewRequest(&agentv1.ConfigureRequest{
-		Env: rs.Env, Workdir: rs.Workdir, Command: rs.Command,
-	})); err != nil {
-		return fail(fmt.Errorf("configure warm box: %w", err))
+	if err := configure(ctx, w.conn, b.id, spec); err != nil {
+		return fail(err)
 	}
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
 		return fail(err)

@@ -39,6 +39,8 @@ type Record struct {
 	ExpiresAtMs    int64
 	LastActiveAtMs int64
 	StateDetail    string
+	// ImageDigest is the digest of the image the sandbox started from ("" for host).
+	ImageDigest string
 }
 
 const schema = `
@@ -56,6 +58,37 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 `
 
+// migrations add columns to databases made by older versions; each is
+// applied when its column is missing.
+var migrations = []struct{ column, ddl string }{
+	{"image_digest", `ALTER TABLE sandboxes ADD COLUMN image_digest TEXT NOT NULL DEFAULT ''`},
+}
+
+func migrate(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info('sandboxes')`)
+	if err != nil {
+		return fmt.Errorf("read schema: %w", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("read schema: %w", err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	for _, m := range migrations {
+		if !have[m.column] {
+			if _, err := db.ExecContext(ctx, m.ddl); err != nil {
+				return fmt.Errorf("add column %s: %w", m.column, err)
+			}
+		}
+	}
+	return nil
+}
+
 // Open opens (creating if needed) the database in dir.
 func Open(ctx context.Context, dir string) (*Store, error) {
 	path := filepath.Join(dir, "sbx.db")
@@ -69,6 +102,10 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	if _, err := db.ExecContext(ctx, schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("create schema in %s: %w", path, err)
+	}
+	if err := migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
 	return &Store{db: db}, nil
 }
@@ -90,10 +127,10 @@ func (s *Store) Insert(ctx context.Context, r *Record) error {
 		return fmt.Errorf("encode labels: %w", err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail)
-		 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO sandboxes (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest)
+		 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, nullable(r.Name), r.State, []byte(r.Spec), []byte(r.Handle), string(labels),
-		r.CreatedAtMs, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail)
+		r.CreatedAtMs, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail, r.ImageDigest)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 			return fmt.Errorf("sandbox name %q is taken: %w", r.Name, errdefs.ErrAlreadyExists)
@@ -172,7 +209,7 @@ func (s *Store) List(ctx context.Context) ([]*Record, error) {
 	return scan(rows)
 }
 
-const selectAll = `SELECT id, COALESCE(name, ''), state, spec, handle, labels, created_at, expires_at, last_active, state_detail FROM sandboxes`
+const selectAll = `SELECT id, COALESCE(name, ''), state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest FROM sandboxes`
 
 func scan(rows *sql.Rows) ([]*Record, error) {
 	defer rows.Close()
@@ -181,7 +218,7 @@ func scan(rows *sql.Rows) ([]*Record, error) {
 		var r Record
 		var spec, handle []byte
 		var labels string
-		if err := rows.Scan(&r.ID, &r.Name, &r.State, &spec, &handle, &labels, &r.CreatedAtMs, &r.ExpiresAtMs, &r.LastActiveAtMs, &r.StateDetail); err != nil {
+		if err := rows.Scan(&r.ID, &r.Name, &r.State, &spec, &handle, &labels, &r.CreatedAtMs, &r.ExpiresAtMs, &r.LastActiveAtMs, &r.StateDetail, &r.ImageDigest); err != nil {
 			return nil, fmt.Errorf("scan sandbox row: %w", err)
 		}
 		r.Spec = spec

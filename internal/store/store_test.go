@@ -20,7 +20,7 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 	want := &Record{
 		ID: "sb-aaaaaaaaaaaa", Name: "web", State: "running", Spec: json.RawMessage(`{"image":"host"}`),
 		Handle: json.RawMessage(`{"id":"sb-aaaaaaaaaaaa"}`), Labels: map[string]string{"team": "a"},
-		CreatedAtMs: 1, ExpiresAtMs: 2, LastActiveAtMs: 3,
+		CreatedAtMs: 1, ExpiresAtMs: 2, LastActiveAtMs: 3, ImageDigest: "sha256:abc",
 	}
 	if err := s.Insert(ctx, want); err != nil {
 		t.Fatal(err)

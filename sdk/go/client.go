@@ -96,13 +96,15 @@ type CreateOptions struct {
 	IdleTimeout  time.Duration
 	StopWhenIdle bool
 	Runtime      string
+	// User runs commands as this user by default ("name", "uid", "uid:gid").
+	User string
 }
 
 // Request converts the options to the API request.
 func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	req := &sbxv1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
-		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime,
+		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User,
 		Resources: &sbxv1.Resources{
 			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
 		},

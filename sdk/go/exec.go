@@ -20,6 +20,8 @@ type ExecOptions struct {
 	Shell   string
 	Env     map[string]string
 	Workdir string
+	// User runs the command as this user (default: the sandbox's).
+	User string
 	// Timeout kills the command's whole process group (0: none).
 	Timeout time.Duration
 	// TTY runs the command under a pseudo-terminal of Rows×Cols.
@@ -72,7 +74,7 @@ func (s *Sandbox) RunOpts(ctx context.Context, opts ExecOptions) (*Result, error
 func (o ExecOptions) request(sandbox string) *sbxv1.ExecRequest {
 	req := &sbxv1.ExecRequest{
 		Sandbox: sandbox, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Workdir: o.Workdir,
-		TimeoutMs: o.Timeout.Milliseconds(), Tty: o.TTY,
+		TimeoutMs: o.Timeout.Milliseconds(), Tty: o.TTY, User: o.User,
 	}
 	if o.TTY {
 		rows, cols := o.Rows, o.Cols

@@ -1,0 +1,104 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// Images resolves image references to unpacked layers. The daemon adapts
+// internal/image to it; a nil Images means only the built-in host image.
+type Images interface {
+	Resolve(ctx context.Context, ref string) (*ResolvedImage, error)
+}
+
+// ResolvedImage is what a sandbox needs of an image.
+type ResolvedImage struct {
+	Ref    string
+	Digest string
+	// Layers are read-only directories, lowest first.
+	Layers     []string
+	Env        []string
+	Workdir    string
+	User       string
+	Entrypoint []string
+	Cmd        []string
+}
+
+// HostImage is the built-in image: the host's /usr, read-only.
+const HostImage = "host"
+
+// resolveImage looks the sandbox's image up and folds its config into spec:
+// image env under the request's, the image's workdir and user unless the
+// request sets them, and the entrypoint in front of a requested command.
+func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxRequest) (*ResolvedImage, error) {
+	if spec.Image == "" || spec.Image == HostImage {
+		spec.Image = HostImage
+		return &ResolvedImage{Ref: HostImage}, nil
+	}
+	if m.cfg.Images == nil {
+		return nil, fmt.Errorf("image %q: this daemon has no image store: %w", spec.Image, errdefs.ErrNotFound)
+	}
+	img, err := m.cfg.Images.Resolve(ctx, spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{}
+	for _, kv := range img.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && envKeyRe.MatchString(k) {
+			env[k] = v
+		}
+	}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	if len(env) > 0 {
+		spec.Env = env
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = img.Workdir
+	}
+	if spec.User == "" {
+		spec.User = img.User
+	}
+	if len(spec.Command) > 0 && len(img.Entrypoint) > 0 {
+		spec.Command = append(slices.Clone(img.Entrypoint), spec.Command...)
+	}
+	return img, nil
+}
+
+// configure hands the agent of a box the sandbox's defaults and starts its
+// command (as the sandbox's user).
+func configure(ctx context.Context, conn *agentconn.Conn, id string, spec *sbxv1.CreateSandboxRequest) error {
+	rs := runtimeSpec(id, spec, nil)
+	_, err := conn.Configure(ctx, connect.NewRequest(&agentv1.ConfigureRequest{
+		Env: rs.Env, Workdir: rs.Workdir, Command: rs.Command, User: spec.User,
+	}))
+	if err != nil {
+		return fmt.Errorf("configure sandbox agent: %w", err)
+	}
+	return nil
+}
+
+// ImagesInUse returns the digests of the images live sandboxes started from.
+func (m *Manager) ImagesInUse() map[string]bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := map[string]bool{}
+	for _, b := range m.boxes {
+		b.mu.Lock()
+		if d := b.rec.ImageDigest; d != "" {
+			out[d] = true
+		}
+		b.mu.Unlock()
+	}
+	return out
+}
