@@ -62,7 +62,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&a.addr, "addr", "", "daemon address host:port (default $SBX_ADDR or "+sbx.DefaultAddr+")")
 	root.AddCommand(
 		newServe(a), newCreate(a), newExec(a), newRun(a), newLs(a), newInspect(a),
-		newRm(a), newStop(a), newStart(a), newCp(a), newVersion(a),
+		newRm(a), newStop(a), newStart(a), newCp(a), newVersion(a), newPull(a), newImages(a),
 	)
 	return root
 }

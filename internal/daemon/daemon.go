@@ -14,10 +14,12 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/oci"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -102,6 +104,18 @@ func Run(ctx context.Context, cfg Config) error {
 	info := drv.Info(ctx)
 	log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail)
 
+	var gcLock sync.RWMutex
+	images, err := image.Open(ctx, image.Config{
+		Dir:      filepath.Join(dataDir, "images"),
+		Logger:   log.With("component", "images"),
+		UIDShift: oci.HostUIDBase,
+		IDRange:  oci.IDRange,
+	})
+	if err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	defer images.Close()
+
 	defaults := cfg.Defaults
 	fill(&defaults.MemoryBytes, DefaultResources.MemoryBytes)
 	fill(&defaults.CPUMillis, DefaultResources.CPUMillis)
@@ -117,6 +131,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Limits:         hostLimits(),
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
+		Images:         imageResolver{store: images, gc: &gcLock},
 	})
 	if err != nil {
 		return err
@@ -134,8 +149,10 @@ func Run(ctx context.Context, cfg Config) error {
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
+	api := server.New(mgr)
+	api.AddImages(server.NewImageServer(images, mgr.ImagesInUse, &gcLock))
 	srv := &http.Server{
-		Handler:           server.New(mgr).Handler(),
+		Handler:           api.Handler(),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -200,4 +217,26 @@ func lockDataDir(dir string) (func(), error) {
 		return nil, fmt.Errorf("data dir %s is in use by another sbx daemon: %w", dir, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// imageResolver adapts the image store to the sandbox manager. Its lock
+// keeps garbage collection from running between a create resolving an image
+// and the sandbox counting as a user of it.
+type imageResolver struct {
+	store *image.Store
+	gc    *sync.RWMutex
+}
+
+func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.ResolvedImage, func(), error) {
+	r.gc.RLock()
+	img, err := r.store.Get(ctx, ref)
+	if err != nil {
+		r.gc.RUnlock()
+		return nil, nil, fmt.Errorf("image %q: %w (pull or import it first)", ref, err)
+	}
+	c := img.Config
+	return &sandbox.ResolvedImage{
+		Ref: img.Ref, Digest: img.Digest, Layers: img.Layers, Env: c.Env, Workdir: c.WorkingDir,
+		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
+	}, r.gc.RUnlock, nil
 }

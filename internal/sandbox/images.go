@@ -17,7 +17,10 @@ import (
 // Images resolves image references to unpacked layers. The daemon adapts
 // internal/image to it; a nil Images means only the built-in host image.
 type Images interface {
-	Resolve(ctx context.Context, ref string) (*ResolvedImage, error)
+	// Resolve finds an image and holds it against garbage collection until
+	// release is called; the manager releases it once the sandbox counts
+	// in ImagesInUse.
+	Resolve(ctx context.Context, ref string) (img *ResolvedImage, release func(), err error)
 }
 
 // ResolvedImage is what a sandbox needs of an image.
@@ -39,17 +42,17 @@ const HostImage = "host"
 // resolveImage looks the sandbox's image up and folds its config into spec:
 // image env under the request's, the image's workdir and user unless the
 // request sets them, and the entrypoint in front of a requested command.
-func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxRequest) (*ResolvedImage, error) {
+func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxRequest) (*ResolvedImage, func(), error) {
 	if spec.Image == "" || spec.Image == HostImage {
 		spec.Image = HostImage
-		return &ResolvedImage{Ref: HostImage}, nil
+		return &ResolvedImage{Ref: HostImage}, func() {}, nil
 	}
 	if m.cfg.Images == nil {
-		return nil, fmt.Errorf("image %q: this daemon has no image store: %w", spec.Image, errdefs.ErrNotFound)
+		return nil, nil, fmt.Errorf("image %q: this daemon has no image store: %w", spec.Image, errdefs.ErrNotFound)
 	}
-	img, err := m.cfg.Images.Resolve(ctx, spec.Image)
+	img, release, err := m.cfg.Images.Resolve(ctx, spec.Image)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	env := map[string]string{}
 	for _, kv := range img.Env {
@@ -72,7 +75,7 @@ func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxReq
 	if len(spec.Command) > 0 && len(img.Entrypoint) > 0 {
 		spec.Command = append(slices.Clone(img.Entrypoint), spec.Command...)
 	}
-	return img, nil
+	return img, release, nil
 }
 
 // configure hands the agent of a box the sandbox's defaults and starts its

@@ -167,10 +167,14 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 	spec := proto.Clone(req).(*sbxv1.CreateSandboxRequest)
-	img, err := m.resolveImage(ctx, spec)
+	img, releaseImage, err := m.resolveImage(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
+	// Held until the box is registered (and so counts in ImagesInUse).
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(releaseImage) }
+	defer release()
 	if spec.Runtime == "" {
 		spec.Runtime = m.cfg.DefaultRuntime
 	}
@@ -205,6 +209,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := m.reserve(b); err != nil {
 		return nil, err
 	}
+	release()
 	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		m.forget(b.id, "")
 		return nil, err

@@ -25,7 +25,8 @@ var (
 
 // Server implements sbxv1connect.SandboxServiceHandler.
 type Server struct {
-	mgr *sandbox.Manager
+	mgr    *sandbox.Manager
+	images *ImageServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -33,11 +34,18 @@ var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
 // New returns a Server over mgr.
 func New(mgr *sandbox.Manager) *Server { return &Server{mgr: mgr} }
 
+// AddImages serves the image service too.
+func (s *Server) AddImages(images *ImageServer) { s.images = images }
+
 // Handler returns the HTTP handler serving the API (and /healthz).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	path, h := sbxv1connect.NewSandboxServiceHandler(s)
 	mux.Handle(path, h)
+	if s.images != nil {
+		path, h := sbxv1connect.NewImageServiceHandler(s.images)
+		mux.Handle(path, h)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

@@ -32,6 +32,7 @@ const DefaultAddr = "127.0.0.1:7777"
 // Client talks to one sbx daemon. Safe for concurrent use.
 type Client struct {
 	api     sbxv1connect.SandboxServiceClient
+	images  sbxv1connect.ImageServiceClient
 	baseURL string
 }
 
@@ -59,6 +60,7 @@ func NewClient(addr string) *Client {
 	hc := &http.Client{Transport: tr}
 	return &Client{
 		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
+		images:  sbxv1connect.NewImageServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
 	}
 }

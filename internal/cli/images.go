@@ -1,0 +1,193 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/sandbox"
+)
+
+func newPull(a *app) *cobra.Command {
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "pull REF",
+		Short: "Pull an image from a registry (auth from ~/.docker/config.json)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p := newProgress(a.stderr, quiet)
+			img, err := a.client().Images().Pull(cmd.Context(), args[0], p.event)
+			p.finish()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s %s\n", img.GetRef(), img.GetDigest())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	return cmd
+}
+
+// progress prints per-layer pull progress, one line per layer update at
+// most every 200ms.
+type progress struct {
+	w     io.Writer
+	quiet bool
+	last  time.Time
+}
+
+func newProgress(w io.Writer, quiet bool) *progress { return &progress{w: w, quiet: quiet} }
+
+func (p *progress) event(ev *sbxv1.ImageProgress) {
+	if p.quiet {
+		return
+	}
+	switch e := ev.GetEvent().(type) {
+	case *sbxv1.ImageProgress_Status:
+		fmt.Fprintln(p.w, e.Status)
+	case *sbxv1.ImageProgress_Layer:
+		l := e.Layer
+		short := strings.TrimPrefix(l.GetDigest(), "sha256:")
+		if len(short) > 12 {
+			short = short[:12]
+		}
+		if l.GetPhase() == "fetching" && time.Since(p.last) < 200*time.Millisecond {
+			return
+		}
+		p.last = time.Now()
+		fmt.Fprintf(p.w, "  %s %-8s %s / %s\n", short, l.GetPhase(), sandbox.FormatBytes(l.GetCurrentBytes()), sandbox.FormatBytes(l.GetTotalBytes()))
+	}
+}
+
+func (p *progress) finish() {}
+
+func newImages(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "images",
+		Short: "Manage images (ls, import, export, tag, rm, prune)",
+	}
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List images",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			imgs, total, err := a.client().Images().List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "REF\tDIGEST\tLAYERS\tSIZE")
+			for _, i := range imgs {
+				d := strings.TrimPrefix(i.GetDigest(), "sha256:")
+				if len(d) > 12 {
+					d = d[:12]
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", i.GetRef(), d, i.GetLayers(), sandbox.FormatBytes(i.GetSizeBytes()))
+			}
+			fmt.Fprintf(tw, "\t\t\t\nlayers on disk: %s\n", sandbox.FormatBytes(total))
+			return tw.Flush()
+		},
+	}
+	var tag string
+	imp := &cobra.Command{
+		Use:   "import FILE|-",
+		Short: "Import a docker-save or OCI-layout tarball",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var r io.Reader = a.stdin
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			imgs, err := a.client().Images().Import(cmd.Context(), r, tag)
+			if err != nil {
+				return err
+			}
+			for _, i := range imgs {
+				fmt.Fprintf(a.stdout, "%s %s\n", i.GetRef(), i.GetDigest())
+			}
+			return nil
+		},
+	}
+	imp.Flags().StringVarP(&tag, "tag", "t", "", "reference to give the imported image")
+	var output string
+	exp := &cobra.Command{
+		Use:   "export REF",
+		Short: "Export an image as a docker-save tarball",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output == "" || output == "-" {
+				return a.client().Images().Export(cmd.Context(), args[0], a.stdout)
+			}
+			tmp, err := os.CreateTemp(".", ".sbx-export-*")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			if err := a.client().Images().Export(cmd.Context(), args[0], tmp); err != nil {
+				tmp.Close()
+				return err
+			}
+			if err := tmp.Close(); err != nil {
+				return err
+			}
+			return os.Rename(tmp.Name(), output)
+		},
+	}
+	exp.Flags().StringVarP(&output, "output", "o", "", "file to write (default: stdout)")
+	tagCmd := &cobra.Command{
+		Use:   "tag SOURCE TARGET",
+		Short: "Give an image another reference",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.client().Images().Tag(cmd.Context(), args[0], args[1])
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm REF...",
+		Short: "Remove images (their layers go at the next prune)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			failed := 0
+			for _, ref := range args {
+				if err := a.client().Images().Remove(cmd.Context(), ref); err != nil {
+					fmt.Fprintln(a.stderr, "sbx:", err)
+					failed++
+					continue
+				}
+				fmt.Fprintln(a.stdout, ref)
+			}
+			if failed > 0 {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	prune := &cobra.Command{
+		Use:   "prune",
+		Short: "Delete layers no image or sandbox uses",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			freed, err := a.client().Images().Prune(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "freed %s\n", sandbox.FormatBytes(freed))
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, imp, exp, tagCmd, rm, prune)
+	return cmd
+}

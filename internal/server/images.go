@@ -1,0 +1,198 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/image"
+)
+
+// ImageServer implements sbxv1connect.ImageServiceHandler over an image store.
+type ImageServer struct {
+	store *image.Store
+	// inUse returns the digests of images live sandboxes use.
+	inUse func() map[string]bool
+	// gc is held for writing while pruning, for reading while a create
+	// resolves an image and registers its sandbox.
+	gc *sync.RWMutex
+}
+
+var _ sbxv1connect.ImageServiceHandler = (*ImageServer)(nil)
+
+// NewImageServer returns the image service.
+func NewImageServer(store *image.Store, inUse func() map[string]bool, gc *sync.RWMutex) *ImageServer {
+	return &ImageServer{store: store, inUse: inUse, gc: gc}
+}
+
+// ImageInfo converts a stored image to its API form.
+func ImageInfo(img *image.Image) *sbxv1.ImageInfo {
+	c := img.Config
+	return &sbxv1.ImageInfo{
+		Ref: img.Ref, Digest: img.Digest, SizeBytes: img.Size, Layers: int32(len(img.Layers)),
+		CreatedAtMs: img.Created.UnixMilli(),
+		Config: &sbxv1.ImageConfig{
+			Env: c.Env, Workdir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels,
+		},
+	}
+}
+
+func progressEvent(p image.Progress) *sbxv1.ImageProgress {
+	return &sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Layer{Layer: &sbxv1.LayerProgress{
+		Digest: p.Layer, CurrentBytes: p.Current, TotalBytes: p.Total, Phase: p.Status,
+	}}}
+}
+
+func (s *ImageServer) PullImage(ctx context.Context, req *connect.Request[sbxv1.PullImageRequest], out *connect.ServerStream[sbxv1.ImageProgress]) error {
+	ref := req.Msg.GetRef()
+	if ref == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("pull: no image reference given"))
+	}
+	if err := out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Status{Status: "pulling " + ref}}); err != nil {
+		return err
+	}
+	var sendErr error
+	img, err := s.store.Pull(ctx, ref, func(p image.Progress) {
+		if sendErr == nil {
+			sendErr = out.Send(progressEvent(p))
+		}
+	})
+	if err != nil {
+		return toConnect(err)
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	return out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Done{Done: ImageInfo(img)}})
+}
+
+func (s *ImageServer) ImportImage(ctx context.Context, in *connect.ClientStream[sbxv1.ImportImageRequest]) (*connect.Response[sbxv1.ImportImageResponse], error) {
+	if !in.Receive() {
+		return nil, firstMessageError("import image", in.Err())
+	}
+	hdr := in.Msg().GetHeader()
+	if hdr == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("import image: the first message must be a header"))
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		for in.Receive() {
+			if _, err := pw.Write(in.Msg().GetData()); err != nil {
+				return
+			}
+		}
+		pw.CloseWithError(in.Err())
+	}()
+	imgs, err := s.store.Import(ctx, pr, nil)
+	pr.CloseWithError(errors.New("import finished"))
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if tag := hdr.GetTag(); tag != "" {
+		if len(imgs) != 1 {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("import image: --tag needs a tarball with one image, it has %d", len(imgs)))
+		}
+		if err := s.store.Tag(ctx, imgs[0].Digest, tag); err != nil {
+			return nil, toConnect(err)
+		}
+		if imgs[0], err = s.store.Get(ctx, tag); err != nil {
+			return nil, toConnect(err)
+		}
+	}
+	resp := &sbxv1.ImportImageResponse{}
+	for _, img := range imgs {
+		resp.Images = append(resp.Images, ImageInfo(img))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// chunkWriter turns writes into FileChunk messages.
+type chunkWriter struct {
+	send func(*sbxv1.FileChunk) error
+}
+
+func (w chunkWriter) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += 256 << 10 {
+		end := min(off+256<<10, len(p))
+		if err := w.send(&sbxv1.FileChunk{Data: append([]byte(nil), p[off:end]...)}); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}
+
+func (s *ImageServer) ExportImage(ctx context.Context, req *connect.Request[sbxv1.ExportImageRequest], out *connect.ServerStream[sbxv1.FileChunk]) error {
+	return toConnect(s.store.Export(ctx, req.Msg.GetRef(), chunkWriter{send: out.Send}))
+}
+
+func (s *ImageServer) ListImages(ctx context.Context, _ *connect.Request[sbxv1.ListImagesRequest]) (*connect.Response[sbxv1.ListImagesResponse], error) {
+	imgs, err := s.store.List(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	_, _, bytes, err := s.store.DiskUsage(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &sbxv1.ListImagesResponse{LayersBytes: bytes}
+	for _, img := range imgs {
+		resp.Images = append(resp.Images, ImageInfo(img))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *ImageServer) GetImage(ctx context.Context, req *connect.Request[sbxv1.GetImageRequest]) (*connect.Response[sbxv1.GetImageResponse], error) {
+	img, err := s.store.Get(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.GetImageResponse{Image: ImageInfo(img)}), nil
+}
+
+func (s *ImageServer) TagImage(ctx context.Context, req *connect.Request[sbxv1.TagImageRequest]) (*connect.Response[sbxv1.TagImageResponse], error) {
+	if err := s.store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget()); err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.TagImageResponse{}), nil
+}
+
+func (s *ImageServer) RemoveImage(ctx context.Context, req *connect.Request[sbxv1.RemoveImageRequest]) (*connect.Response[sbxv1.RemoveImageResponse], error) {
+	s.gc.Lock()
+	defer s.gc.Unlock()
+	img, err := s.store.Get(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if s.inUse()[img.Digest] {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("image %s is used by a sandbox; destroy it first", req.Msg.GetRef()))
+	}
+	if err := s.store.Remove(ctx, req.Msg.GetRef()); err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.RemoveImageResponse{}), nil
+}
+
+func (s *ImageServer) PruneImages(ctx context.Context, _ *connect.Request[sbxv1.PruneImagesRequest]) (*connect.Response[sbxv1.PruneImagesResponse], error) {
+	s.gc.Lock()
+	defer s.gc.Unlock()
+	layers := map[string]bool{}
+	for digest := range s.inUse() {
+		if img, err := s.store.Get(ctx, digest); err == nil {
+			for _, l := range img.Layers {
+				layers[l] = true
+			}
+		}
+	}
+	freed, err := s.store.Prune(ctx, layers)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.PruneImagesResponse{FreedBytes: freed}), nil
+}
