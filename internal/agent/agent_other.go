@@ -41,3 +41,12 @@ func (s *Server) Exec(context.Context, *connect.BidiStream[sbxv1.ExecInput, sbxv
 func extractTar(context.Context, string, io.Reader) (int64, int64, error) {
 	return 0, 0, connect.NewError(connect.CodeUnimplemented, errNotLinux)
 }
+
+type startError struct {
+	code int32
+	err  error
+}
+
+func (e *startError) Error() string { return e.err.Error() }
+
+func (s *Server) startEntrypointLocked([]string, []string, string) error { return errNotLinux }

@@ -24,6 +24,11 @@ import (
 // keepalive event is sent (a variable for tests).
 var keepaliveIdle = 10 * time.Second
 
+// startedDelay is how long the started event may wait for company: it goes
+// out together with the first output or the exited event (one HTTP/2 write
+// instead of two), or on its own once the command has been silent this long.
+const startedDelay = 5 * time.Millisecond
+
 const (
 	chunkSize = 32 << 10
 	// drainTimeout bounds how long output is still read after the process
@@ -97,18 +102,13 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 		return connect.NewError(connect.CodeInternal, err)
 	}
 	defer p.close()
-	if err := stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: int32(p.pid)}}}); err != nil {
-		p.kill()
-		<-p.done
-		return err
-	}
 	go p.input(stream, req)
 	return s.wait(ctx, stream, req, p)
 }
 
 // start forks the command described by req.
 func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
-	env := s.env
+	env, dir := s.defaults()
 	if len(req.GetEnv()) > 0 {
 		env = slices.Clone(env)
 		for _, k := range slices.Sorted(maps.Keys(req.GetEnv())) {
@@ -118,14 +118,8 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 	if req.GetTty() && envLookup(env, "TERM") == "" {
 		env = append(slices.Clip(env), "TERM=xterm-256color")
 	}
-	dir := s.workdir
 	if w := req.GetWorkdir(); w != "" {
-		dir = s.resolve(w)
-	}
-	if fi, err := os.Stat(dir); err != nil {
-		return nil, &startError{code: 127, err: fmt.Errorf("workdir %s: %w", dir, errors.Unwrap(err))}
-	} else if !fi.IsDir() {
-		return nil, &startError{code: 126, err: fmt.Errorf("workdir %s: not a directory", dir)}
+		dir = resolveIn(dir, w)
 	}
 	argv := req.GetArgv()
 	if req.GetShell() != "" {
@@ -141,10 +135,10 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 	}
 
 	p := &process{tty: req.GetTty()}
-	var childFiles []*os.File // closed in the parent once the child has them
+	var childFDs []int // the child's ends, closed in the parent once it has them
 	defer func() {
-		for _, f := range childFiles {
-			f.Close()
+		for _, fd := range childFDs {
+			unix.Close(fd)
 		}
 	}()
 	sys := &syscall.SysProcAttr{Setpgid: true}
@@ -154,47 +148,103 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 		if err != nil {
 			return nil, err
 		}
-		childFiles = append(childFiles, slave)
+		defer slave.Close()
 		p.stdin, p.stdout = master, master
 		fd := slave.Fd()
 		files = []uintptr{fd, fd, fd}
 		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	} else {
-		var stdin *os.File
+		files = make([]uintptr, 3)
 		if len(req.GetStdin()) > 0 || req.GetStdinOpen() {
-			r, w, err := os.Pipe()
+			w, r, err := pipe(false)
 			if err != nil {
 				return nil, fmt.Errorf("creating stdin pipe: %w", err)
 			}
-			stdin, p.stdin = r, w
-		} else if stdin, err = os.Open(os.DevNull); err != nil {
-			return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
+			p.stdin = w
+			childFDs = append(childFDs, r)
+			files[0] = uintptr(r)
+		} else {
+			fd, err := devNull()
+			if err != nil {
+				return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
+			}
+			files[0] = uintptr(fd)
 		}
-		childFiles = append(childFiles, stdin)
-		outR, outW, err := os.Pipe()
-		if err != nil {
-			p.close()
-			return nil, fmt.Errorf("creating stdout pipe: %w", err)
+		for i, f := range []**os.File{&p.stdout, &p.stderr} {
+			r, w, err := pipe(true)
+			if err != nil {
+				p.close()
+				return nil, fmt.Errorf("creating output pipe: %w", err)
+			}
+			*f = r
+			childFDs = append(childFDs, w)
+			files[i+1] = uintptr(w)
 		}
-		p.stdout = outR
-		childFiles = append(childFiles, outW)
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			p.close()
-			return nil, fmt.Errorf("creating stderr pipe: %w", err)
-		}
-		p.stderr = errR
-		childFiles = append(childFiles, errW)
-		files = []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()}
 	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}
 	p.started = time.Now()
 	p.pid, p.done, err = s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if err != nil {
 		p.close()
+		if derr := checkWorkdir(dir); derr != nil {
+			return nil, derr
+		}
 		return nil, execError(path, err)
 	}
 	return p, nil
+}
+
+// pipe returns a pipe whose end in the agent (the read end if parentReads)
+// is a pollable *os.File and whose child's end is a plain blocking fd. Both
+// are close-on-exec; ForkExec dup2s the child's end into place.
+func pipe(parentReads bool) (parent *os.File, child int, err error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, os.NewSyscallError("pipe2", err)
+	}
+	pfd, cfd, name := fds[0], fds[1], "|0"
+	if !parentReads {
+		pfd, cfd, name = fds[1], fds[0], "|1"
+	}
+	if err := unix.SetNonblock(pfd, true); err != nil {
+		unix.Close(pfd)
+		unix.Close(cfd)
+		return nil, -1, os.NewSyscallError("fcntl", err)
+	}
+	// A non-blocking fd makes os.NewFile register it with the poller.
+	return os.NewFile(uintptr(pfd), name), cfd, nil
+}
+
+// devNullFD is the agent's one /dev/null (close-on-exec), every exec's stdin
+// when it has none: reads give EOF whatever the shared offset. 0: not open yet.
+var devNullFD atomic.Int32
+
+func devNull() (int, error) {
+	if fd := devNullFD.Load(); fd > 0 {
+		return int(fd), nil
+	}
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if !devNullFD.CompareAndSwap(0, int32(fd)) {
+		unix.Close(fd)
+	}
+	return int(devNullFD.Load()), nil
+}
+
+// checkWorkdir explains a failed start by a missing or unusable working
+// directory; nil if dir is a directory. It only runs after a failure, so the
+// fast path does not stat the directory.
+func checkWorkdir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return &startError{code: 127, err: fmt.Errorf("workdir %s: %w", dir, err)}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return &startError{code: 126, err: fmt.Errorf("workdir %s: not a directory", dir)}
+	}
+	return nil
 }
 
 // execError classifies a fork/exec failure.
@@ -211,43 +261,33 @@ func execError(path string, err error) error {
 	return fmt.Errorf("starting %s: %w", path, err)
 }
 
-// lookPath finds name in the colon-separated path list, like a shell.
+// lookPath finds name in the colon-separated path list, like a shell. A name
+// with a slash is returned as is: execve itself reports a missing or
+// non-executable file, classified by execError, which saves a stat.
 func lookPath(name, pathList string) (string, error) {
-	check := func(p string) error {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return unix.EISDIR
-		}
-		if fi.Mode()&0o111 == 0 {
-			return unix.EACCES
-		}
-		return nil
-	}
 	if strings.ContainsRune(name, '/') {
-		if err := check(name); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return "", &startError{code: 127, err: fmt.Errorf("%s: no such file or directory", name)}
-			}
-			return "", &startError{code: 126, err: fmt.Errorf("%s: not executable: %w", name, errors.Unwrap(err))}
-		}
 		return name, nil
 	}
 	var denied error
-	for _, dir := range filepath.SplitList(pathList) {
+	var st unix.Stat_t
+	for dir := range strings.SplitSeq(pathList, ":") {
 		if dir == "" {
 			dir = "."
 		}
 		p := filepath.Join(dir, name)
-		err := check(p)
-		if err == nil {
-			return p, nil
+		if err := unix.Stat(p, &st); err != nil {
+			if err != unix.ENOENT && err != unix.ENOTDIR && denied == nil {
+				denied = &startError{code: 126, err: fmt.Errorf("%s: not executable: %w", p, err)}
+			}
+			continue
 		}
-		if !errors.Is(err, os.ErrNotExist) && denied == nil {
-			denied = &startError{code: 126, err: fmt.Errorf("%s: not executable", p)}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Mode&0o111 == 0 {
+			if denied == nil {
+				denied = &startError{code: 126, err: fmt.Errorf("%s: not executable", p)}
+			}
+			continue
 		}
+		return p, nil
 	}
 	if denied != nil {
 		return "", denied
@@ -256,32 +296,52 @@ func lookPath(name, pathList string) (string, error) {
 }
 
 // wait streams output until the process has exited and its output is
-// drained, then sends the one exited event.
+// drained, then sends the one exited event. The started event goes out with
+// the first other event or after startedDelay, whichever is first.
 func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest, p *process) error {
 	out := make(chan *sbxv1.ExecOutput, 4)
 	quit := make(chan struct{})
 	defer close(quit)
-	var readers sync.WaitGroup
-	readers.Go(func() { p.read(p.stdout, false, out, quit) })
+	readers := 1 // each sends nil on out when done
+	go p.read(p.stdout, false, out, quit)
 	if p.stderr != nil {
-		readers.Go(func() { p.read(p.stderr, true, out, quit) })
+		readers++
+		go p.read(p.stderr, true, out, quit)
 	}
-	readersDone := make(chan struct{})
-	go func() {
-		readers.Wait()
-		close(readersDone)
-	}()
 
-	keepalive := time.NewTimer(keepaliveIdle)
-	defer keepalive.Stop()
+	// tick is first the started deadline, then the keepalive timer. It is
+	// not reset on every send: when it fires early, it is re-armed for the rest.
+	tick := time.NewTimer(startedDelay)
+	defer tick.Stop()
+	var lastSend time.Time
 	var timeout <-chan time.Time
 	if ms := req.GetTimeoutMs(); ms > 0 {
 		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 		defer t.Stop()
 		timeout = t.C
 	}
+	bw := batchWriterFrom(ctx)
+	startedSent, last := false, false
+	// send sends m, preceded by started if that is still due; both leave in
+	// one write. A nil m sends only started. The last message (exited) is
+	// not flushed at all: the handler returns right away and net/http then
+	// writes it together with the end of the stream.
 	send := func(m *sbxv1.ExecOutput) error {
-		keepalive.Reset(keepaliveIdle)
+		if !startedSent {
+			startedSent = true
+			if bw != nil && m != nil {
+				bw.hold = true
+			}
+			err := stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: int32(p.pid)}}})
+			if bw != nil {
+				bw.hold = last
+			}
+			lastSend = time.Now()
+			if err != nil || m == nil {
+				return err
+			}
+		}
+		lastSend = time.Now()
 		return stream.Send(m)
 	}
 	abort := func(err error) error {
@@ -294,51 +354,65 @@ func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 
 	done := p.done
 	var status exitStatus
-	exited, drained, timedOut := false, false, false
-	for !exited || !drained {
+	exited, timedOut := false, false
+	for !exited || readers > 0 {
 		select {
 		case m := <-out:
-			if err := send(m); err != nil {
-				return abort(err)
+			if m != nil {
+				if err := send(m); err != nil {
+					return abort(err)
+				}
+				continue
 			}
-		case <-readersDone:
-			drained, readersDone = true, nil
+			if readers--; readers == 0 && !exited {
+				// Output ends when the process exits: reap it now rather
+				// than wait for SIGCHLD to make its way to the reaper.
+				s.reaper.poll(p.pid)
+			}
 		case status = <-done:
 			exited, done = true, nil
 			p.exited.Store(true)
-			deadline := time.Now().Add(drainTimeout)
-			p.stdout.SetReadDeadline(deadline)
-			if p.stderr != nil {
-				p.stderr.SetReadDeadline(deadline)
+			if readers > 0 {
+				// A background grandchild may hold the pipes open: read
+				// what is there, but not for long.
+				deadline := time.Now().Add(drainTimeout)
+				p.stdout.SetReadDeadline(deadline)
+				if p.stderr != nil {
+					p.stderr.SetReadDeadline(deadline)
+				}
 			}
 		case <-timeout:
 			timedOut, timeout = true, nil
 			p.kill()
-		case <-keepalive.C:
-			if err := send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
-				return abort(err)
+		case <-tick.C:
+			if !startedSent {
+				if err := send(nil); err != nil {
+					return abort(err)
+				}
+				tick.Reset(keepaliveIdle)
+				break
+			}
+			if idle := time.Since(lastSend); idle >= keepaliveIdle {
+				if err := send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
+					return abort(err)
+				}
+				tick.Reset(keepaliveIdle)
+			} else {
+				tick.Reset(keepaliveIdle - idle)
 			}
 		case <-ctx.Done():
 			return abort(ctx.Err())
 		}
-	}
-	for {
-		select {
-		case m := <-out:
-			if err := send(m); err != nil {
-				return err
-			}
-			continue
-		default:
-		}
-		break
 	}
 	code, sig := exitCode(status.ws)
 	ex := &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(p.started).Milliseconds()}
 	if timedOut {
 		ex.TimedOut, ex.ExitCode = true, 137
 	}
-	return stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: ex}})
+	if last = true; bw != nil {
+		bw.hold = true
+	}
+	return send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: ex}})
 }
 
 // readBufs holds chunkSize buffers for process.read.
@@ -348,7 +422,7 @@ var readBufs = sync.Pool{New: func() any {
 }}
 
 // read forwards f's data as stdout or stderr events until EOF, error or the
-// drain deadline.
+// drain deadline, then sends nil.
 func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, quit <-chan struct{}) {
 	bp := readBufs.Get().(*[]byte)
 	defer readBufs.Put(bp)
@@ -370,7 +444,12 @@ func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, qu
 			}
 		}
 		if err != nil {
-			return // io.EOF, EIO from a pty whose slave closed, or the deadline
+			// io.EOF, EIO from a pty whose slave closed, or the deadline.
+			select {
+			case out <- nil:
+			case <-quit:
+			}
+			return
 		}
 	}
 }

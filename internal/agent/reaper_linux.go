@@ -70,6 +70,26 @@ func (r *reaper) start(fork func() (int, error)) (int, <-chan exitStatus, error)
 	return pid, ch, nil
 }
 
+// poll reaps pid now if it is a registered child that has exited (its status
+// goes to its waiter as usual); a no-op otherwise. A caller that knows the
+// child is about to exit or has exited (its output pipes closed) gets the
+// status without the detour of SIGCHLD through the signal goroutine.
+func (r *reaper) poll(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.waiters[pid]; !ok {
+		return
+	}
+	var st exitStatus
+	got, err := unix.Wait4(pid, &st.ws, unix.WNOHANG, &st.rusage)
+	for err == unix.EINTR {
+		got, err = unix.Wait4(pid, &st.ws, unix.WNOHANG, &st.rusage)
+	}
+	if err == nil && got == pid {
+		r.deliverLocked(pid, st)
+	}
+}
+
 func (r *reaper) reap() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -93,32 +94,51 @@ func listen(opts Options) (net.Listener, error) {
 	}
 }
 
-// startEntrypoint starts the sandbox's long-running command in the
-// background with the agent's stdout and stderr; its exit is only logged.
+// startEntrypoint starts the sandbox's long-running command with the
+// current defaults (see startEntrypointLocked).
 func (s *Server) startEntrypoint(argv []string) error {
-	path, err := lookPath(argv[0], envLookup(s.env, "PATH"))
+	s.configureMu.Lock()
+	defer s.configureMu.Unlock()
+	env, dir := s.defaults()
+	return s.startEntrypointLocked(argv, env, dir)
+}
+
+// startEntrypointLocked starts the sandbox's long-running command in the
+// background with the agent's stdout and stderr; its exit is only logged.
+// s.configureMu must be held.
+func (s *Server) startEntrypointLocked(argv, env []string, dir string) error {
+	name := argv[0]
+	if !filepath.IsAbs(name) && strings.ContainsRune(name, '/') {
+		name = filepath.Join(dir, name)
+	}
+	path, err := lookPath(name, envLookup(env, "PATH"))
 	if err != nil {
 		return err
 	}
-	devnull, err := os.Open(os.DevNull)
+	null, err := devNull()
 	if err != nil {
-		return err
+		return fmt.Errorf("opening %s: %w", os.DevNull, err)
 	}
-	defer devnull.Close()
 	attr := &syscall.ProcAttr{
-		Dir:   s.workdir,
-		Env:   s.env,
-		Files: []uintptr{devnull.Fd(), os.Stdout.Fd(), os.Stderr.Fd()},
+		Dir:   dir,
+		Env:   env,
+		Files: []uintptr{uintptr(null), os.Stdout.Fd(), os.Stderr.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	started := time.Now()
 	pid, done, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if err != nil {
-		return fmt.Errorf("starting %s: %w", path, err)
+		if derr := checkWorkdir(dir); derr != nil {
+			return derr
+		}
+		return execError(path, err)
 	}
+	exited := make(chan struct{})
+	s.entrypoint = exited
 	s.log.Info("entrypoint started", "argv", argv, "pid", pid)
 	go func() {
 		st := <-done
+		close(exited)
 		code, sig := exitCode(st.ws)
 		s.log.Info("entrypoint exited", "pid", pid, "exit_code", code, "signal", sig, "after", time.Since(started).Round(time.Millisecond))
 	}()

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,10 +55,20 @@ type Config struct {
 type Server struct {
 	agentv1connect.UnimplementedAgentServiceHandler
 
+	log    *slog.Logger
+	reaper *reaper
+
+	// mu guards the defaults. Configure replaces them (never mutates the
+	// slice in place), so a snapshot taken under mu stays valid.
+	mu      sync.Mutex
 	env     []string // base environment, PATH and HOME ensured
 	workdir string   // absolute default working directory
-	log     *slog.Logger
-	reaper  *reaper
+
+	// configureMu serializes Configure calls and guards entrypoint.
+	configureMu sync.Mutex
+	// entrypoint is closed when the entrypoint started last exits; nil if
+	// none was started.
+	entrypoint <-chan struct{}
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)
@@ -98,8 +109,42 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// The link is local (a Unix socket or vsock): compressing responses only
 	// burns CPU. Compressed requests are still accepted.
-	mux.Handle(agentv1connect.NewAgentServiceHandler(s, connect.WithCompressMinBytes(math.MaxInt32)))
+	path, h := agentv1connect.NewAgentServiceHandler(s, connect.WithCompressMinBytes(math.MaxInt32))
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == agentv1connect.AgentServiceExecProcedure {
+			bw := &batchWriter{ResponseWriter: w}
+			w, r = bw, r.WithContext(context.WithValue(r.Context(), batchWriterKey{}, bw))
+		}
+		h.ServeHTTP(w, r)
+	}))
 	return mux
+}
+
+// batchWriter lets the Exec handler suppress the flush connect does after
+// every message, so that several messages leave in one HTTP/2 write (each
+// flush is a round trip through the connection's writer).
+type batchWriter struct {
+	http.ResponseWriter
+	// hold suppresses Flush. Only the handler goroutine, which is also the
+	// only one sending, touches it.
+	hold bool
+}
+
+type batchWriterKey struct{}
+
+func (w *batchWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok && !w.hold {
+		f.Flush()
+	}
+}
+
+// Unwrap is for http.ResponseController.
+func (w *batchWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// batchWriterFrom returns the request's batchWriter, or nil.
+func batchWriterFrom(ctx context.Context) *batchWriter {
+	bw, _ := ctx.Value(batchWriterKey{}).(*batchWriter)
+	return bw
 }
 
 // Serve serves AgentService on ln until ctx ends.
@@ -135,6 +180,101 @@ func (s *Server) Hello(_ context.Context, req *connect.Request[agentv1.HelloRequ
 	}), nil
 }
 
+// defaults returns the base environment and default workdir of a new exec.
+// The slice must not be modified.
+func (s *Server) defaults() (env []string, workdir string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.env, s.workdir
+}
+
+// Configure replaces the defaults of later execs and starts the entrypoint.
+// Nothing changes if any part of the request is rejected.
+func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.ConfigureRequest]) (*connect.Response[agentv1.ConfigureResponse], error) {
+	env, err := parseEnv(req.Msg.GetEnv())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("configure: %w", err))
+	}
+	wd := req.Msg.GetWorkdir()
+	if wd != "" {
+		if !filepath.IsAbs(wd) || strings.ContainsRune(wd, 0) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("configure: workdir %q is not an absolute path", wd))
+		}
+		wd = filepath.Clean(wd)
+	}
+	argv := req.Msg.GetCommand()
+	if len(argv) > 0 && argv[0] == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("configure: command[0] is empty"))
+	}
+
+	s.configureMu.Lock()
+	defer s.configureMu.Unlock()
+	if len(argv) > 0 && s.entrypoint != nil {
+		select {
+		case <-s.entrypoint:
+		default:
+			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("configure: the entrypoint started before is still running"))
+		}
+	}
+	if wd == "" {
+		_, wd = s.defaults()
+	} else if err := os.MkdirAll(wd, 0o755); err != nil {
+		return nil, fsError("configure: creating workdir", wd, err)
+	}
+	if len(argv) > 0 {
+		if err := s.startEntrypointLocked(argv, env, wd); err != nil {
+			if ce := new(connect.Error); errors.As(err, &ce) {
+				return nil, connect.NewError(ce.Code(), fmt.Errorf("configure: starting command: %s", ce.Message()))
+			}
+			code := connect.CodeInternal
+			if _, ok := errors.AsType[*startError](err); ok {
+				code = connect.CodeFailedPrecondition // not found or not executable in this box
+			}
+			return nil, connect.NewError(code, fmt.Errorf("configure: starting command: %w", err))
+		}
+	}
+	s.mu.Lock()
+	s.env, s.workdir = env, wd
+	s.mu.Unlock()
+	s.log.Info("configured", "workdir", wd, "env", len(env), "command", argv)
+	return connect.NewResponse(&agentv1.ConfigureResponse{}), nil
+}
+
+// parseEnv validates a KEY=VALUE list (a later KEY wins) and ensures PATH and
+// HOME.
+func parseEnv(kvs []string) ([]string, error) {
+	env := make([]string, 0, len(kvs)+2)
+	for _, kv := range kvs {
+		k, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("env entry %q is not KEY=VALUE", kv)
+		case k == "":
+			return nil, fmt.Errorf("env entry %q has an empty name", kv)
+		case strings.ContainsRune(kv, 0):
+			return nil, fmt.Errorf("env entry %q contains a NUL byte", kv)
+		}
+		if envHas(env, k) {
+			env = envSet(env, k, kv[len(k)+1:])
+		} else {
+			env = append(env, kv)
+		}
+	}
+	env = setDefault(env, "PATH", DefaultPath)
+	env = setDefault(env, "HOME", "/root")
+	return env, nil
+}
+
+// envHas reports whether key is set in env.
+func envHas(env []string, key string) bool {
+	for _, kv := range env {
+		if len(kv) > len(key) && kv[len(key)] == '=' && kv[:len(key)] == key {
+			return true
+		}
+	}
+	return false
+}
+
 // setDefault sets key=val in env unless key is already present.
 func setDefault(env []string, key, val string) []string {
 	if envLookup(env, key) != "" {
@@ -166,11 +306,20 @@ func envSet(env []string, key, val string) []string {
 
 // resolve makes p absolute against the default workdir and cleans it.
 func (s *Server) resolve(p string) string {
+	if filepath.IsAbs(p) {
+		return filepath.Clean(p)
+	}
+	_, wd := s.defaults()
+	return resolveIn(wd, p)
+}
+
+// resolveIn makes p absolute against dir and cleans it.
+func resolveIn(dir, p string) string {
 	if p == "" {
-		return s.workdir
+		return dir
 	}
 	if !filepath.IsAbs(p) {
-		p = filepath.Join(s.workdir, p)
+		p = filepath.Join(dir, p)
 	}
 	return filepath.Clean(p)
 }

@@ -41,7 +41,7 @@ func New(dial DialFunc) *Conn {
 		IdleConnTimeout:     90 * time.Second,
 	}
 	hc := &http.Client{Transport: tr}
-	client := agentv1connect.NewAgentServiceClient(hc, "http://agent", connect.WithGRPC())
+	client := agentv1connect.NewAgentServiceClient(hc, "http://agent")
 	return &Conn{AgentServiceClient: client, transport: tr}
 }
 

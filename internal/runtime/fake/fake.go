@@ -194,7 +194,21 @@ func (d *Driver) signal(h runtime.Handle, sig syscall.Signal) error {
 }
 
 func (d *Driver) Pause(_ context.Context, h runtime.Handle) error {
-	return d.signal(h, syscall.SIGSTOP)
+	if err := d.signal(h, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	// Signals are delivered asynchronously: return once the agent is stopped.
+	_, data, err := d.load(h)
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(5 * time.Second); procState(data.Pid) != "T"; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("box %s did not stop", h.ID)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
 }
 
 func (d *Driver) Resume(_ context.Context, h runtime.Handle) error {
