@@ -50,9 +50,13 @@ func (r result) p(q float64) time.Duration {
 	return s[int(q*float64(len(s)-1))]
 }
 
-func measure(name string, n int, f func() error) (result, error) {
+// measure times f n times; between (if given) runs untimed before each sample.
+func measure(name string, n int, f func() error, between ...func()) (result, error) {
 	r := result{name: name}
 	for range n {
+		for _, b := range between {
+			b()
+		}
 		t0 := time.Now()
 		if err := f(); err != nil {
 			return r, fmt.Errorf("%s: %w", name, err)
@@ -60,6 +64,29 @@ func measure(name string, n int, f func() error) (result, error) {
 		r.ds = append(r.ds, time.Since(t0))
 	}
 	return r, nil
+}
+
+// startDaemon runs a daemon in-process over dataDir.
+func startDaemon(dataDir, agentPath, runtimeBin string, pool int) (*sbx.Client, func(), error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- daemon.Run(ctx, daemon.Config{
+			Listen: "127.0.0.1:0", DataDir: dataDir, AgentPath: agentPath, OCIRuntime: runtimeBin, WarmPool: pool,
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Ready:  func(addr string) { ready <- addr },
+		})
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-errc }) }
+	select {
+	case addr := <-ready:
+		return sbx.NewClient(addr), stop, nil
+	case err := <-errc:
+		cancel()
+		return nil, func() {}, fmt.Errorf("daemon: %w", err)
+	}
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%7.2f ms", float64(d.Microseconds())/1000) }
@@ -108,25 +135,14 @@ func run(n int, agentPath, runtimeBin string) error {
 		return err
 	}
 
-	// sbx through its API.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- daemon.Run(ctx, daemon.Config{
-			Listen: "127.0.0.1:0", DataDir: filepath.Join(tmp, "data"), AgentPath: agentPath, OCIRuntime: runtimeBin,
-			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-			Ready:  func(addr string) { ready <- addr },
-		})
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-errc:
-		return fmt.Errorf("daemon: %w", err)
+	// sbx through its API: a daemon without a warm pool for cold creates,
+	// exec and destroy, then one with a pool for warm creates.
+	c, stopDaemon, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
+	if err != nil {
+		return err
 	}
-	c := sbx.NewClient(addr)
+	defer stopDaemon()
+	ctx := context.Background()
 	v, err := c.Version(ctx)
 	if err != nil {
 		return err
@@ -185,8 +201,28 @@ func run(n int, agentPath, runtimeBin string) error {
 	if destroyErr != nil {
 		return destroyErr
 	}
-	cancel()
-	<-errc
+	stopDaemon()
+
+	cw, stopWarm, err := startDaemon(filepath.Join(tmp, "data-warm"), agentPath, runtimeBin, 1)
+	if err != nil {
+		return err
+	}
+	defer stopWarm()
+	var warmBoxes []*sbx.Sandbox
+	warmRes, err := measure("sbx create→ready, warm pool (API)", n, func() error {
+		sb, err := cw.Create(ctx, sbx.CreateOptions{MemoryBytes: 256 << 20})
+		if err == nil {
+			warmBoxes = append(warmBoxes, sb)
+		}
+		return err
+	}, func() { time.Sleep(250 * time.Millisecond) }) // let the pool refill between samples
+	if err != nil {
+		return err
+	}
+	for _, b := range warmBoxes {
+		_ = b.Destroy(ctx)
+	}
+	stopWarm()
 
 	rt := ""
 	for _, r := range v.GetRuntimes() {
@@ -194,16 +230,18 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
 	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, execRes, destroyRes} {
+	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, execRes, destroyRes} {
 		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
 	}
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
 	ratio := func(a, b result) float64 { return float64(a.p(0.5)) / float64(b.p(0.5)) }
 	fmt.Println()
-	fmt.Printf("create→ready / runc run true   = %.2fx  (target ≤ 1.5x)\n", ratio(createRes, runcRes))
-	fmt.Printf("create→ready / unshare floor   = %.2fx\n", ratio(createRes, unshareRes))
-	fmt.Printf("exec true p50                  = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
-	fmt.Printf("destroy p50                    = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
+	fmt.Printf("cold create→ready / runc run true = %.2fx  (target ≤ 1.5x)\n", ratio(createRes, runcRes))
+	fmt.Printf("warm create→ready / runc run true = %.2fx\n", ratio(warmRes, runcRes))
+	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
+	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
+	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
+	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	return nil
 }
 

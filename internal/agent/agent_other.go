@@ -49,4 +49,6 @@ type startError struct {
 
 func (e *startError) Error() string { return e.err.Error() }
 
-func (s *Server) startEntrypointLocked([]string, []string, string) error { return errNotLinux }
+func (s *Server) startEntrypointLocked([]string, []string, string, *userInfo) error {
+	return errNotLinux
+}

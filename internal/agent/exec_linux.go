@@ -62,7 +62,8 @@ func (e *startError) Error() string { return e.err.Error() }
 // Exec runs one command. See sbx.v1.ExecInput and ExecOutput for the
 // protocol. A command that cannot be started (not found, not executable, no
 // such workdir) gets a single exited event with exit code 127 or 126 and an
-// error, and no started event.
+// error, and no started event. An unknown user is an InvalidArgument error,
+// before anything starts.
 func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
@@ -108,13 +109,21 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 
 // start forks the command described by req.
 func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
-	env, dir := s.defaults()
+	env, dir, userSpec := s.defaults()
+	if req.GetUser() != "" {
+		userSpec = req.GetUser()
+	}
+	user, err := s.lookupUser("exec", userSpec)
+	if err != nil {
+		return nil, err
+	}
 	if len(req.GetEnv()) > 0 {
 		env = slices.Clone(env)
 		for _, k := range slices.Sorted(maps.Keys(req.GetEnv())) {
 			env = envSet(env, k, req.GetEnv()[k])
 		}
 	}
+	env = userEnv(env, user)
 	if req.GetTty() && envLookup(env, "TERM") == "" {
 		env = append(slices.Clip(env), "TERM=xterm-256color")
 	}
@@ -149,6 +158,13 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 			return nil, err
 		}
 		defer slave.Close()
+		if user != nil {
+			// The user owns its terminal, as after a login (programs such as
+			// tty, script or ssh reopen it by name). Best effort: the
+			// inherited descriptors work either way.
+			slave.Chown(int(user.uid), int(user.gid))
+			slave.Chmod(0o620)
+		}
 		p.stdin, p.stdout = master, master
 		fd := slave.Fd()
 		files = []uintptr{fd, fd, fd}
@@ -181,15 +197,16 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 			files[i+1] = uintptr(w)
 		}
 	}
+	sys.Credential = user.credential()
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}
 	p.started = time.Now()
 	p.pid, p.done, err = s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if err != nil {
 		p.close()
-		if derr := checkWorkdir(dir); derr != nil {
+		if derr := checkWorkdir(dir, user); derr != nil {
 			return nil, derr
 		}
-		return nil, execError(path, err)
+		return nil, execError(path, user, err)
 	}
 	return p, nil
 }
@@ -233,10 +250,20 @@ func devNull() (int, error) {
 	return int(devNullFD.Load()), nil
 }
 
+// credential is what the child runs as: nil (the agent's own, root) for the
+// default user. Setting it makes ForkExec call setgroups, setgid and setuid
+// in the child; a non-zero uid loses every capability there.
+func (u *userInfo) credential() *syscall.Credential {
+	if u == nil {
+		return nil
+	}
+	return &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
+}
+
 // checkWorkdir explains a failed start by a missing or unusable working
-// directory; nil if dir is a directory. It only runs after a failure, so the
-// fast path does not stat the directory.
-func checkWorkdir(dir string) error {
+// directory; nil if dir is a directory the user may enter. It only runs after
+// a failure, so the fast path does not stat the directory.
+func checkWorkdir(dir string, user *userInfo) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return &startError{code: 127, err: fmt.Errorf("workdir %s: %w", dir, err)}
@@ -244,11 +271,23 @@ func checkWorkdir(dir string) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return &startError{code: 126, err: fmt.Errorf("workdir %s: not a directory", dir)}
 	}
+	if !canSearch(dir, user, statOwner) {
+		return &startError{code: 126, err: fmt.Errorf("workdir %s: permission denied for user %q", dir, user.spec)}
+	}
 	return nil
 }
 
+// statOwner returns the owner and permission bits of path.
+func statOwner(path string) (uid, gid, mode uint32, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, 0, err
+	}
+	return st.Uid, st.Gid, st.Mode & 0o7777, nil
+}
+
 // execError classifies a fork/exec failure.
-func execError(path string, err error) error {
+func execError(path string, user *userInfo, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		return &startError{code: 127, err: fmt.Errorf("%s: %w", path, err)}
@@ -256,6 +295,11 @@ func execError(path string, err error) error {
 		return &startError{code: 126, err: fmt.Errorf("%s: %w", path, err)}
 	}
 	if errors.Is(err, unix.EINVAL) { // e.g. a NUL byte in argv or env
+		if user != nil {
+			// Or setuid/setgid/setgroups with an id the sandbox's user
+			// namespace does not map.
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec %s as user %q (uid %d, gid %d): %w (is the id mapped in the sandbox?)", path, user.spec, user.uid, user.gid, err))
+		}
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec %s: %w", path, err))
 	}
 	return fmt.Errorf("starting %s: %w", path, err)

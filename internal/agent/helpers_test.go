@@ -24,18 +24,23 @@ type testAgent struct {
 	workdir string
 }
 
-func newTestAgent(t testing.TB) *testAgent {
+// newTestAgent starts a test agent; opts may adjust its Config.
+func newTestAgent(t testing.TB, opts ...func(*Config)) *testAgent {
 	t.Helper()
 	dir := t.TempDir()
 	wd := filepath.Join(dir, "work")
 	if err := os.MkdirAll(wd, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(Config{
+	cfg := Config{
 		Env:     []string{"PATH=/usr/local/bin:/usr/bin:/bin", "SBX_TEST=base"},
 		Workdir: wd,
 		Logger:  slog.New(slog.DiscardHandler),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

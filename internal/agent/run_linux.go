@@ -50,7 +50,7 @@ func Run(ctx context.Context, opts Options) error {
 			pid1 = true
 		}
 	}
-	srv, err := NewServer(Config{Logger: log, ReapAll: pid1})
+	srv, err := NewServer(Config{Env: ownEnv(), Logger: log, ReapAll: pid1})
 	if err != nil {
 		return err
 	}
@@ -61,6 +61,24 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("sbx-agent serving", "version", Version, "pid", os.Getpid(), "addr", ln.Addr().String())
 	return srv.Serve(ctx, ln)
+}
+
+// ownEnv is the agent's environment as the base of execs. HOME=/root is
+// dropped: OCI runtimes set it for the agent (root) when the sandbox's
+// environment has no HOME, and it must not stick to other users, whose HOME
+// defaults to their passwd entry's (root gets /root back by the same rule).
+func ownEnv() []string {
+	env := os.Environ()
+	if envLookup(env, "HOME") != "/root" {
+		return env
+	}
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "HOME=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 func listen(opts Options) (net.Listener, error) {
@@ -99,14 +117,19 @@ func listen(opts Options) (net.Listener, error) {
 func (s *Server) startEntrypoint(argv []string) error {
 	s.configureMu.Lock()
 	defer s.configureMu.Unlock()
-	env, dir := s.defaults()
-	return s.startEntrypointLocked(argv, env, dir)
+	env, dir, userSpec := s.defaults()
+	user, err := s.lookupUser("entrypoint", userSpec)
+	if err != nil {
+		return err
+	}
+	return s.startEntrypointLocked(argv, env, dir, user)
 }
 
 // startEntrypointLocked starts the sandbox's long-running command in the
-// background with the agent's stdout and stderr; its exit is only logged.
-// s.configureMu must be held.
-func (s *Server) startEntrypointLocked(argv, env []string, dir string) error {
+// background with the agent's stdout and stderr, as user (nil: root); its
+// exit is only logged. s.configureMu must be held.
+func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *userInfo) error {
+	env = userEnv(env, user)
 	name := argv[0]
 	if !filepath.IsAbs(name) && strings.ContainsRune(name, '/') {
 		name = filepath.Join(dir, name)
@@ -123,15 +146,15 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string) error {
 		Dir:   dir,
 		Env:   env,
 		Files: []uintptr{uintptr(null), os.Stdout.Fd(), os.Stderr.Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: user.credential()},
 	}
 	started := time.Now()
 	pid, done, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if err != nil {
-		if derr := checkWorkdir(dir); derr != nil {
+		if derr := checkWorkdir(dir, user); derr != nil {
 			return derr
 		}
-		return execError(path, err)
+		return execError(path, user, err)
 	}
 	exited := make(chan struct{})
 	s.entrypoint = exited

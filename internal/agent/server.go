@@ -4,6 +4,9 @@
 // handed to it by the runtime driver, reaps every zombie as PID 1, and runs
 // every user command as a fresh fork/exec, never inside itself.
 //
+// Commands run as root or as the sandbox's users (see user.go); the agent
+// itself, and with it every file operation, always stays root.
+//
 // Only cmd/sbx-agent imports this package. Its dependency budget (standard
 // library, x/sys/unix, creack/pty, connect, protobuf, sbx api) is enforced by
 // deps_test.go because the binary ships in every sandbox.
@@ -49,6 +52,10 @@ type Config struct {
 	// ReapAll makes the reaper wait for any child (wait4(-1)), as PID 1 must.
 	// When false only children the agent started are waited for.
 	ReapAll bool
+
+	// passwdFile and groupFile are where users are looked up; "" means
+	// /etc/passwd and /etc/group (tests point them elsewhere).
+	passwdFile, groupFile string
 }
 
 // Server implements agentv1connect.AgentServiceHandler.
@@ -58,11 +65,15 @@ type Server struct {
 	log    *slog.Logger
 	reaper *reaper
 
+	// passwdFile and groupFile are where users are looked up (fixed).
+	passwdFile, groupFile string
+
 	// mu guards the defaults. Configure replaces them (never mutates the
 	// slice in place), so a snapshot taken under mu stays valid.
 	mu      sync.Mutex
-	env     []string // base environment, PATH and HOME ensured
+	env     []string // base environment, PATH ensured (HOME is per user)
 	workdir string   // absolute default working directory
+	user    string   // default user spec, validated; "" means root
 
 	// configureMu serializes Configure calls and guards entrypoint.
 	configureMu sync.Mutex
@@ -80,7 +91,6 @@ func NewServer(cfg Config) (*Server, error) {
 		env = os.Environ()
 	}
 	env = setDefault(env, "PATH", DefaultPath)
-	env = setDefault(env, "HOME", "/root")
 	wd := cfg.Workdir
 	if wd == "" {
 		var err error
@@ -96,12 +106,21 @@ func NewServer(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{
-		env:     env,
-		workdir: wd,
-		log:     log,
-		reaper:  newReaper(cfg.ReapAll, log),
-	}, nil
+	s := &Server{
+		env:        env,
+		workdir:    wd,
+		log:        log,
+		reaper:     newReaper(cfg.ReapAll, log),
+		passwdFile: cfg.passwdFile,
+		groupFile:  cfg.groupFile,
+	}
+	if s.passwdFile == "" {
+		s.passwdFile = passwdFile
+	}
+	if s.groupFile == "" {
+		s.groupFile = groupFile
+	}
+	return s, nil
 }
 
 // Handler returns the HTTP handler serving AgentService.
@@ -180,16 +199,35 @@ func (s *Server) Hello(_ context.Context, req *connect.Request[agentv1.HelloRequ
 	}), nil
 }
 
-// defaults returns the base environment and default workdir of a new exec.
-// The slice must not be modified.
-func (s *Server) defaults() (env []string, workdir string) {
+// defaults returns the base environment, default workdir and default user
+// of a new exec. The slice must not be modified.
+func (s *Server) defaults() (env []string, workdir, user string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.env, s.workdir
+	return s.env, s.workdir, s.user
+}
+
+// lookupUser resolves a user spec in the sandbox's passwd and group files;
+// "" is the default root (nil). An unknown or malformed user is an
+// InvalidArgument error prefixed with op.
+func (s *Server) lookupUser(op, spec string) (*userInfo, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	u, err := lookupUser(spec, s.passwdFile, s.groupFile)
+	if ue, ok := errors.AsType[*userError](err); ok {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %w", op, ue))
+	}
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("%s: user %q: %w", op, spec, err))
+	}
+	return u, nil
 }
 
 // Configure replaces the defaults of later execs and starts the entrypoint.
-// Nothing changes if any part of the request is rejected.
+// The request's user (empty: root) becomes the default user of later execs
+// and runs the entrypoint. Nothing changes if any part of the request is
+// rejected.
 func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.ConfigureRequest]) (*connect.Response[agentv1.ConfigureResponse], error) {
 	env, err := parseEnv(req.Msg.GetEnv())
 	if err != nil {
@@ -206,6 +244,11 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 	if len(argv) > 0 && argv[0] == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("configure: command[0] is empty"))
 	}
+	userSpec := req.Msg.GetUser()
+	user, err := s.lookupUser("configure", userSpec)
+	if err != nil {
+		return nil, err
+	}
 
 	s.configureMu.Lock()
 	defer s.configureMu.Unlock()
@@ -217,12 +260,12 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 		}
 	}
 	if wd == "" {
-		_, wd = s.defaults()
+		_, wd, _ = s.defaults()
 	} else if err := os.MkdirAll(wd, 0o755); err != nil {
 		return nil, fsError("configure: creating workdir", wd, err)
 	}
 	if len(argv) > 0 {
-		if err := s.startEntrypointLocked(argv, env, wd); err != nil {
+		if err := s.startEntrypointLocked(argv, env, wd, user); err != nil {
 			if ce := new(connect.Error); errors.As(err, &ce) {
 				return nil, connect.NewError(ce.Code(), fmt.Errorf("configure: starting command: %s", ce.Message()))
 			}
@@ -234,14 +277,14 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 		}
 	}
 	s.mu.Lock()
-	s.env, s.workdir = env, wd
+	s.env, s.workdir, s.user = env, wd, userSpec
 	s.mu.Unlock()
-	s.log.Info("configured", "workdir", wd, "env", len(env), "command", argv)
+	s.log.Info("configured", "workdir", wd, "env", len(env), "user", userSpec, "command", argv)
 	return connect.NewResponse(&agentv1.ConfigureResponse{}), nil
 }
 
-// parseEnv validates a KEY=VALUE list (a later KEY wins) and ensures PATH and
-// HOME.
+// parseEnv validates a KEY=VALUE list (a later KEY wins) and ensures PATH.
+// HOME is defaulted per exec, from its user.
 func parseEnv(kvs []string) ([]string, error) {
 	env := make([]string, 0, len(kvs)+2)
 	for _, kv := range kvs {
@@ -261,7 +304,6 @@ func parseEnv(kvs []string) ([]string, error) {
 		}
 	}
 	env = setDefault(env, "PATH", DefaultPath)
-	env = setDefault(env, "HOME", "/root")
 	return env, nil
 }
 
@@ -309,7 +351,7 @@ func (s *Server) resolve(p string) string {
 	if filepath.IsAbs(p) {
 		return filepath.Clean(p)
 	}
-	_, wd := s.defaults()
+	_, wd, _ := s.defaults()
 	return resolveIn(wd, p)
 }
 

@@ -281,7 +281,12 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
 		spec.IdleAction = sbxv1.IdleAction_IDLE_ACTION_DESTROY
 	}
 	if spec.Workdir == "" {
-		spec.Workdir = "/root"
+		// Like docker for images ("/"); root's home for the host image, whose
+		// root filesystem is otherwise just mount points.
+		spec.Workdir = "/"
+		if spec.Image == HostImage && spec.User == "" {
+			spec.Workdir = "/root"
+		}
 	}
 }
 
