@@ -157,6 +157,28 @@ func TestImagesEndToEnd(t *testing.T) {
 		t.Error("sandbox does not report its image digest")
 	}
 
+	// Users: the image's passwd names them; files they create are theirs.
+	sbU, err := c.Create(ctx, sbx.CreateOptions{Image: ref, User: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sbU.ID)
+	status := mustRun(t, ctx, sbU, "cat /proc/self/status; echo HOME=$HOME; pwd")
+	for _, want := range []string{"Uid:\t1000\t", "Gid:\t1000\t", "CapEff:\t0000000000000000", "HOME=/home/app", "\n/srv\n"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("as user app: %q missing from\n%s", want, status)
+		}
+	}
+	if res, _ := sbU.RunOpts(ctx, sbx.ExecOptions{Shell: "cat /proc/self/status", User: "root"}); !strings.Contains(string(res.Stdout), "Uid:\t0\t") {
+		t.Errorf("per-exec user root: %s", res.Stdout)
+	}
+	if _, err := sbU.RunOpts(ctx, sbx.ExecOptions{Shell: "true", User: "nobody-here"}); !sbx.IsInvalidArgument(err) {
+		t.Errorf("unknown user: got %v, want InvalidArgument", err)
+	}
+	if err := sbU.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	// In use: cannot be removed.
 	if _, errOut, code := d.cli("", "images", "rm", ref); code == 0 || !strings.Contains(errOut, "used by a sandbox") {
 		t.Errorf("rm of an image in use: exit %d %q", code, errOut)
