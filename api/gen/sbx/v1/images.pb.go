@@ -21,6 +21,521 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Recipe is a builder recipe: a base image and steps on top of it.
+type Recipe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "debian:bookworm" (made locally from Debian's mirror), "host", or any image.
+	From          string        `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Steps         []*RecipeStep `protobuf:"bytes,2,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recipe) Reset() {
+	*x = Recipe{}
+	mi := &file_sbx_v1_images_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recipe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recipe) ProtoMessage() {}
+
+func (x *Recipe) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recipe.ProtoReflect.Descriptor instead.
+func (*Recipe) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Recipe) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *Recipe) GetSteps() []*RecipeStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+type RecipeStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Step:
+	//
+	//	*RecipeStep_AptInstall
+	//	*RecipeStep_PipInstall
+	//	*RecipeStep_NpmInstall
+	//	*RecipeStep_Run
+	//	*RecipeStep_Copy
+	//	*RecipeStep_Env
+	//	*RecipeStep_Workdir
+	//	*RecipeStep_Entrypoint
+	//	*RecipeStep_Cmd
+	//	*RecipeStep_User
+	Step          isRecipeStep_Step `protobuf_oneof:"step"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecipeStep) Reset() {
+	*x = RecipeStep{}
+	mi := &file_sbx_v1_images_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecipeStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecipeStep) ProtoMessage() {}
+
+func (x *RecipeStep) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecipeStep.ProtoReflect.Descriptor instead.
+func (*RecipeStep) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RecipeStep) GetStep() isRecipeStep_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetAptInstall() *PackageList {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_AptInstall); ok {
+			return x.AptInstall
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetPipInstall() *PackageList {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_PipInstall); ok {
+			return x.PipInstall
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetNpmInstall() *PackageList {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_NpmInstall); ok {
+			return x.NpmInstall
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetRun() string {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Run); ok {
+			return x.Run
+		}
+	}
+	return ""
+}
+
+func (x *RecipeStep) GetCopy() *CopyStep {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Copy); ok {
+			return x.Copy
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetEnv() *EnvStep {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Env); ok {
+			return x.Env
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetWorkdir() string {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Workdir); ok {
+			return x.Workdir
+		}
+	}
+	return ""
+}
+
+func (x *RecipeStep) GetEntrypoint() *StringList {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Entrypoint); ok {
+			return x.Entrypoint
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetCmd() *StringList {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Cmd); ok {
+			return x.Cmd
+		}
+	}
+	return nil
+}
+
+func (x *RecipeStep) GetUser() string {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_User); ok {
+			return x.User
+		}
+	}
+	return ""
+}
+
+type isRecipeStep_Step interface {
+	isRecipeStep_Step()
+}
+
+type RecipeStep_AptInstall struct {
+	// Debian packages, installed with apt-get.
+	AptInstall *PackageList `protobuf:"bytes,1,opt,name=apt_install,json=aptInstall,proto3,oneof"`
+}
+
+type RecipeStep_PipInstall struct {
+	PipInstall *PackageList `protobuf:"bytes,2,opt,name=pip_install,json=pipInstall,proto3,oneof"`
+}
+
+type RecipeStep_NpmInstall struct {
+	NpmInstall *PackageList `protobuf:"bytes,3,opt,name=npm_install,json=npmInstall,proto3,oneof"`
+}
+
+type RecipeStep_Run struct {
+	// A shell command line (/bin/sh -c).
+	Run string `protobuf:"bytes,4,opt,name=run,proto3,oneof"`
+}
+
+type RecipeStep_Copy struct {
+	Copy *CopyStep `protobuf:"bytes,5,opt,name=copy,proto3,oneof"`
+}
+
+type RecipeStep_Env struct {
+	// KEY=VALUE pairs added to the image's environment.
+	Env *EnvStep `protobuf:"bytes,6,opt,name=env,proto3,oneof"`
+}
+
+type RecipeStep_Workdir struct {
+	Workdir string `protobuf:"bytes,7,opt,name=workdir,proto3,oneof"`
+}
+
+type RecipeStep_Entrypoint struct {
+	Entrypoint *StringList `protobuf:"bytes,8,opt,name=entrypoint,proto3,oneof"`
+}
+
+type RecipeStep_Cmd struct {
+	Cmd *StringList `protobuf:"bytes,9,opt,name=cmd,proto3,oneof"`
+}
+
+type RecipeStep_User struct {
+	User string `protobuf:"bytes,10,opt,name=user,proto3,oneof"`
+}
+
+func (*RecipeStep_AptInstall) isRecipeStep_Step() {}
+
+func (*RecipeStep_PipInstall) isRecipeStep_Step() {}
+
+func (*RecipeStep_NpmInstall) isRecipeStep_Step() {}
+
+func (*RecipeStep_Run) isRecipeStep_Step() {}
+
+func (*RecipeStep_Copy) isRecipeStep_Step() {}
+
+func (*RecipeStep_Env) isRecipeStep_Step() {}
+
+func (*RecipeStep_Workdir) isRecipeStep_Step() {}
+
+func (*RecipeStep_Entrypoint) isRecipeStep_Step() {}
+
+func (*RecipeStep_Cmd) isRecipeStep_Step() {}
+
+func (*RecipeStep_User) isRecipeStep_Step() {}
+
+type PackageList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Packages      []string               `protobuf:"bytes,1,rep,name=packages,proto3" json:"packages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackageList) Reset() {
+	*x = PackageList{}
+	mi := &file_sbx_v1_images_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackageList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackageList) ProtoMessage() {}
+
+func (x *PackageList) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackageList.ProtoReflect.Descriptor instead.
+func (*PackageList) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PackageList) GetPackages() []string {
+	if x != nil {
+		return x.Packages
+	}
+	return nil
+}
+
+type StringList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []string               `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StringList) Reset() {
+	*x = StringList{}
+	mi := &file_sbx_v1_images_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StringList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StringList) ProtoMessage() {}
+
+func (x *StringList) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StringList.ProtoReflect.Descriptor instead.
+func (*StringList) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StringList) GetValues() []string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+type EnvStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Env           map[string]string      `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvStep) Reset() {
+	*x = EnvStep{}
+	mi := &file_sbx_v1_images_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvStep) ProtoMessage() {}
+
+func (x *EnvStep) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvStep.ProtoReflect.Descriptor instead.
+func (*EnvStep) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EnvStep) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+type CopyStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Destination directory (or file, for a single-file archive) in the image.
+	Dest string `protobuf:"bytes,1,opt,name=dest,proto3" json:"dest,omitempty"`
+	// A tar of the files to copy (the CLI and SDKs make it from local paths).
+	Tar           []byte `protobuf:"bytes,2,opt,name=tar,proto3" json:"tar,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyStep) Reset() {
+	*x = CopyStep{}
+	mi := &file_sbx_v1_images_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyStep) ProtoMessage() {}
+
+func (x *CopyStep) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyStep.ProtoReflect.Descriptor instead.
+func (*CopyStep) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CopyStep) GetDest() string {
+	if x != nil {
+		return x.Dest
+	}
+	return ""
+}
+
+func (x *CopyStep) GetTar() []byte {
+	if x != nil {
+		return x.Tar
+	}
+	return nil
+}
+
+type BuildImageRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Recipe *Recipe                `protobuf:"bytes,1,opt,name=recipe,proto3" json:"recipe,omitempty"`
+	// Reference to tag the result with.
+	Tag string `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Rebuild every step even when cached.
+	NoCache       bool `protobuf:"varint,3,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageRequest) Reset() {
+	*x = BuildImageRequest{}
+	mi := &file_sbx_v1_images_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageRequest) ProtoMessage() {}
+
+func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
+func (*BuildImageRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BuildImageRequest) GetRecipe() *Recipe {
+	if x != nil {
+		return x.Recipe
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetNoCache() bool {
+	if x != nil {
+		return x.NoCache
+	}
+	return false
+}
+
 type ImageConfig struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Env           []string               `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
@@ -35,7 +550,7 @@ type ImageConfig struct {
 
 func (x *ImageConfig) Reset() {
 	*x = ImageConfig{}
-	mi := &file_sbx_v1_images_proto_msgTypes[0]
+	mi := &file_sbx_v1_images_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +562,7 @@ func (x *ImageConfig) String() string {
 func (*ImageConfig) ProtoMessage() {}
 
 func (x *ImageConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[0]
+	mi := &file_sbx_v1_images_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +575,7 @@ func (x *ImageConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageConfig.ProtoReflect.Descriptor instead.
 func (*ImageConfig) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{0}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ImageConfig) GetEnv() []string {
@@ -122,7 +637,7 @@ type ImageInfo struct {
 
 func (x *ImageInfo) Reset() {
 	*x = ImageInfo{}
-	mi := &file_sbx_v1_images_proto_msgTypes[1]
+	mi := &file_sbx_v1_images_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -134,7 +649,7 @@ func (x *ImageInfo) String() string {
 func (*ImageInfo) ProtoMessage() {}
 
 func (x *ImageInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[1]
+	mi := &file_sbx_v1_images_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -147,7 +662,7 @@ func (x *ImageInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageInfo.ProtoReflect.Descriptor instead.
 func (*ImageInfo) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{1}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ImageInfo) GetRef() string {
@@ -200,6 +715,8 @@ type ImageProgress struct {
 	//	*ImageProgress_Status
 	//	*ImageProgress_Layer
 	//	*ImageProgress_Done
+	//	*ImageProgress_Step
+	//	*ImageProgress_Log
 	Event         isImageProgress_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -207,7 +724,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_sbx_v1_images_proto_msgTypes[2]
+	mi := &file_sbx_v1_images_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -219,7 +736,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[2]
+	mi := &file_sbx_v1_images_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -232,7 +749,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{2}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ImageProgress) GetEvent() isImageProgress_Event {
@@ -269,6 +786,24 @@ func (x *ImageProgress) GetDone() *ImageInfo {
 	return nil
 }
 
+func (x *ImageProgress) GetStep() *BuildStep {
+	if x != nil {
+		if x, ok := x.Event.(*ImageProgress_Step); ok {
+			return x.Step
+		}
+	}
+	return nil
+}
+
+func (x *ImageProgress) GetLog() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*ImageProgress_Log); ok {
+			return x.Log
+		}
+	}
+	return nil
+}
+
 type isImageProgress_Event interface {
 	isImageProgress_Event()
 }
@@ -287,11 +822,95 @@ type ImageProgress_Done struct {
 	Done *ImageInfo `protobuf:"bytes,3,opt,name=done,proto3,oneof"`
 }
 
+type ImageProgress_Step struct {
+	// A build step started, finished or was taken from the cache.
+	Step *BuildStep `protobuf:"bytes,4,opt,name=step,proto3,oneof"`
+}
+
+type ImageProgress_Log struct {
+	// Output of the running build step.
+	Log []byte `protobuf:"bytes,5,opt,name=log,proto3,oneof"`
+}
+
 func (*ImageProgress_Status) isImageProgress_Event() {}
 
 func (*ImageProgress_Layer) isImageProgress_Event() {}
 
 func (*ImageProgress_Done) isImageProgress_Event() {}
+
+func (*ImageProgress_Step) isImageProgress_Event() {}
+
+func (*ImageProgress_Log) isImageProgress_Event() {}
+
+type BuildStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Index int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Human-readable form, e.g. "RUN pip install numpy".
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// "running", "cached" or "done".
+	Phase         string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	DurationMs    int64  `protobuf:"varint,4,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_sbx_v1_images_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BuildStep) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *BuildStep) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *BuildStep) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *BuildStep) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
 
 type LayerProgress struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -306,7 +925,7 @@ type LayerProgress struct {
 
 func (x *LayerProgress) Reset() {
 	*x = LayerProgress{}
-	mi := &file_sbx_v1_images_proto_msgTypes[3]
+	mi := &file_sbx_v1_images_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +937,7 @@ func (x *LayerProgress) String() string {
 func (*LayerProgress) ProtoMessage() {}
 
 func (x *LayerProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[3]
+	mi := &file_sbx_v1_images_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +950,7 @@ func (x *LayerProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerProgress.ProtoReflect.Descriptor instead.
 func (*LayerProgress) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{3}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LayerProgress) GetDigest() string {
@@ -371,7 +990,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[4]
+	mi := &file_sbx_v1_images_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +1002,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[4]
+	mi := &file_sbx_v1_images_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +1015,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{4}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -416,7 +1035,7 @@ type ImportImageHeader struct {
 
 func (x *ImportImageHeader) Reset() {
 	*x = ImportImageHeader{}
-	mi := &file_sbx_v1_images_proto_msgTypes[5]
+	mi := &file_sbx_v1_images_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +1047,7 @@ func (x *ImportImageHeader) String() string {
 func (*ImportImageHeader) ProtoMessage() {}
 
 func (x *ImportImageHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[5]
+	mi := &file_sbx_v1_images_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +1060,7 @@ func (x *ImportImageHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageHeader.ProtoReflect.Descriptor instead.
 func (*ImportImageHeader) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{5}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ImportImageHeader) GetTag() string {
@@ -464,7 +1083,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[6]
+	mi := &file_sbx_v1_images_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +1095,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[6]
+	mi := &file_sbx_v1_images_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +1108,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{6}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ImportImageRequest) GetMsg() isImportImageRequest_Msg {
@@ -542,7 +1161,7 @@ type ImportImageResponse struct {
 
 func (x *ImportImageResponse) Reset() {
 	*x = ImportImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[7]
+	mi := &file_sbx_v1_images_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +1173,7 @@ func (x *ImportImageResponse) String() string {
 func (*ImportImageResponse) ProtoMessage() {}
 
 func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[7]
+	mi := &file_sbx_v1_images_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +1186,7 @@ func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
 func (*ImportImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{7}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImportImageResponse) GetImages() []*ImageInfo {
@@ -586,7 +1205,7 @@ type ExportImageRequest struct {
 
 func (x *ExportImageRequest) Reset() {
 	*x = ExportImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[8]
+	mi := &file_sbx_v1_images_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +1217,7 @@ func (x *ExportImageRequest) String() string {
 func (*ExportImageRequest) ProtoMessage() {}
 
 func (x *ExportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[8]
+	mi := &file_sbx_v1_images_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +1230,7 @@ func (x *ExportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportImageRequest.ProtoReflect.Descriptor instead.
 func (*ExportImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{8}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExportImageRequest) GetRef() string {
@@ -629,7 +1248,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[9]
+	mi := &file_sbx_v1_images_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +1260,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[9]
+	mi := &file_sbx_v1_images_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +1273,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{9}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{17}
 }
 
 type ListImagesResponse struct {
@@ -668,7 +1287,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[10]
+	mi := &file_sbx_v1_images_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +1299,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[10]
+	mi := &file_sbx_v1_images_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +1312,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{10}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListImagesResponse) GetImages() []*ImageInfo {
@@ -719,7 +1338,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[11]
+	mi := &file_sbx_v1_images_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +1350,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[11]
+	mi := &file_sbx_v1_images_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +1363,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{11}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetImageRequest) GetRef() string {
@@ -763,7 +1382,7 @@ type GetImageResponse struct {
 
 func (x *GetImageResponse) Reset() {
 	*x = GetImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[12]
+	mi := &file_sbx_v1_images_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +1394,7 @@ func (x *GetImageResponse) String() string {
 func (*GetImageResponse) ProtoMessage() {}
 
 func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[12]
+	mi := &file_sbx_v1_images_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +1407,7 @@ func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageResponse.ProtoReflect.Descriptor instead.
 func (*GetImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{12}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetImageResponse) GetImage() *ImageInfo {
@@ -808,7 +1427,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[13]
+	mi := &file_sbx_v1_images_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +1439,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[13]
+	mi := &file_sbx_v1_images_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +1452,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{13}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -858,7 +1477,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[14]
+	mi := &file_sbx_v1_images_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1489,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[14]
+	mi := &file_sbx_v1_images_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1502,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{14}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{22}
 }
 
 type RemoveImageRequest struct {
@@ -895,7 +1514,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[15]
+	mi := &file_sbx_v1_images_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1526,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[15]
+	mi := &file_sbx_v1_images_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1539,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{15}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveImageRequest) GetRef() string {
@@ -938,7 +1557,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	mi := &file_sbx_v1_images_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1569,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	mi := &file_sbx_v1_images_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1582,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{16}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{24}
 }
 
 type PruneImagesRequest struct {
@@ -974,7 +1593,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[17]
+	mi := &file_sbx_v1_images_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1605,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[17]
+	mi := &file_sbx_v1_images_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1618,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{17}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{25}
 }
 
 type PruneImagesResponse struct {
@@ -1011,7 +1630,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[18]
+	mi := &file_sbx_v1_images_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1642,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[18]
+	mi := &file_sbx_v1_images_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1655,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{18}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PruneImagesResponse) GetFreedBytes() int64 {
@@ -1050,7 +1669,46 @@ var File_sbx_v1_images_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_images_proto_rawDesc = "" +
 	"\n" +
-	"\x13sbx/v1/images.proto\x12\x06sbx.v1\x1a\x12sbx/v1/files.proto\"\xf3\x01\n" +
+	"\x13sbx/v1/images.proto\x12\x06sbx.v1\x1a\x12sbx/v1/files.proto\"F\n" +
+	"\x06Recipe\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12(\n" +
+	"\x05steps\x18\x02 \x03(\v2\x12.sbx.v1.RecipeStepR\x05steps\"\xad\x03\n" +
+	"\n" +
+	"RecipeStep\x126\n" +
+	"\vapt_install\x18\x01 \x01(\v2\x13.sbx.v1.PackageListH\x00R\n" +
+	"aptInstall\x126\n" +
+	"\vpip_install\x18\x02 \x01(\v2\x13.sbx.v1.PackageListH\x00R\n" +
+	"pipInstall\x126\n" +
+	"\vnpm_install\x18\x03 \x01(\v2\x13.sbx.v1.PackageListH\x00R\n" +
+	"npmInstall\x12\x12\n" +
+	"\x03run\x18\x04 \x01(\tH\x00R\x03run\x12&\n" +
+	"\x04copy\x18\x05 \x01(\v2\x10.sbx.v1.CopyStepH\x00R\x04copy\x12#\n" +
+	"\x03env\x18\x06 \x01(\v2\x0f.sbx.v1.EnvStepH\x00R\x03env\x12\x1a\n" +
+	"\aworkdir\x18\a \x01(\tH\x00R\aworkdir\x124\n" +
+	"\n" +
+	"entrypoint\x18\b \x01(\v2\x12.sbx.v1.StringListH\x00R\n" +
+	"entrypoint\x12&\n" +
+	"\x03cmd\x18\t \x01(\v2\x12.sbx.v1.StringListH\x00R\x03cmd\x12\x14\n" +
+	"\x04user\x18\n" +
+	" \x01(\tH\x00R\x04userB\x06\n" +
+	"\x04step\")\n" +
+	"\vPackageList\x12\x1a\n" +
+	"\bpackages\x18\x01 \x03(\tR\bpackages\"$\n" +
+	"\n" +
+	"StringList\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"m\n" +
+	"\aEnvStep\x12*\n" +
+	"\x03env\x18\x01 \x03(\v2\x18.sbx.v1.EnvStep.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"0\n" +
+	"\bCopyStep\x12\x12\n" +
+	"\x04dest\x18\x01 \x01(\tR\x04dest\x12\x10\n" +
+	"\x03tar\x18\x02 \x01(\fR\x03tar\"h\n" +
+	"\x11BuildImageRequest\x12&\n" +
+	"\x06recipe\x18\x01 \x01(\v2\x0e.sbx.v1.RecipeR\x06recipe\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x19\n" +
+	"\bno_cache\x18\x03 \x01(\bR\anoCache\"\xf3\x01\n" +
 	"\vImageConfig\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x12\n" +
@@ -1070,12 +1728,20 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06layers\x18\x04 \x01(\x05R\x06layers\x12\"\n" +
 	"\rcreated_at_ms\x18\x05 \x01(\x03R\vcreatedAtMs\x12+\n" +
-	"\x06config\x18\x06 \x01(\v2\x13.sbx.v1.ImageConfigR\x06config\"\x8a\x01\n" +
+	"\x06config\x18\x06 \x01(\v2\x13.sbx.v1.ImageConfigR\x06config\"\xc7\x01\n" +
 	"\rImageProgress\x12\x18\n" +
 	"\x06status\x18\x01 \x01(\tH\x00R\x06status\x12-\n" +
 	"\x05layer\x18\x02 \x01(\v2\x15.sbx.v1.LayerProgressH\x00R\x05layer\x12'\n" +
-	"\x04done\x18\x03 \x01(\v2\x11.sbx.v1.ImageInfoH\x00R\x04doneB\a\n" +
-	"\x05event\"\x83\x01\n" +
+	"\x04done\x18\x03 \x01(\v2\x11.sbx.v1.ImageInfoH\x00R\x04done\x12'\n" +
+	"\x04step\x18\x04 \x01(\v2\x11.sbx.v1.BuildStepH\x00R\x04step\x12\x12\n" +
+	"\x03log\x18\x05 \x01(\fH\x00R\x03logB\a\n" +
+	"\x05event\"z\n" +
+	"\tBuildStep\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12\x1f\n" +
+	"\vduration_ms\x18\x04 \x01(\x03R\n" +
+	"durationMs\"\x83\x01\n" +
 	"\rLayerProgress\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12#\n" +
 	"\rcurrent_bytes\x18\x02 \x01(\x03R\fcurrentBytes\x12\x1f\n" +
@@ -1112,7 +1778,7 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"\x12PruneImagesRequest\"6\n" +
 	"\x13PruneImagesResponse\x12\x1f\n" +
 	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
-	"freedBytes2\xab\x04\n" +
+	"freedBytes2\xed\x04\n" +
 	"\fImageService\x12>\n" +
 	"\tPullImage\x12\x18.sbx.v1.PullImageRequest\x1a\x15.sbx.v1.ImageProgress0\x01\x12H\n" +
 	"\vImportImage\x12\x1a.sbx.v1.ImportImageRequest\x1a\x1b.sbx.v1.ImportImageResponse(\x01\x12>\n" +
@@ -1122,7 +1788,9 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"\bGetImage\x12\x17.sbx.v1.GetImageRequest\x1a\x18.sbx.v1.GetImageResponse\x12=\n" +
 	"\bTagImage\x12\x17.sbx.v1.TagImageRequest\x1a\x18.sbx.v1.TagImageResponse\x12F\n" +
 	"\vRemoveImage\x12\x1a.sbx.v1.RemoveImageRequest\x1a\x1b.sbx.v1.RemoveImageResponse\x12F\n" +
-	"\vPruneImages\x12\x1a.sbx.v1.PruneImagesRequest\x1a\x1b.sbx.v1.PruneImagesResponseB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
+	"\vPruneImages\x12\x1a.sbx.v1.PruneImagesRequest\x1a\x1b.sbx.v1.PruneImagesResponse\x12@\n" +
+	"\n" +
+	"BuildImage\x12\x19.sbx.v1.BuildImageRequest\x1a\x15.sbx.v1.ImageProgress0\x01B,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
 
 var (
 	file_sbx_v1_images_proto_rawDescOnce sync.Once
@@ -1136,60 +1804,82 @@ func file_sbx_v1_images_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_images_proto_rawDescData
 }
 
-var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_sbx_v1_images_proto_goTypes = []any{
-	(*ImageConfig)(nil),         // 0: sbx.v1.ImageConfig
-	(*ImageInfo)(nil),           // 1: sbx.v1.ImageInfo
-	(*ImageProgress)(nil),       // 2: sbx.v1.ImageProgress
-	(*LayerProgress)(nil),       // 3: sbx.v1.LayerProgress
-	(*PullImageRequest)(nil),    // 4: sbx.v1.PullImageRequest
-	(*ImportImageHeader)(nil),   // 5: sbx.v1.ImportImageHeader
-	(*ImportImageRequest)(nil),  // 6: sbx.v1.ImportImageRequest
-	(*ImportImageResponse)(nil), // 7: sbx.v1.ImportImageResponse
-	(*ExportImageRequest)(nil),  // 8: sbx.v1.ExportImageRequest
-	(*ListImagesRequest)(nil),   // 9: sbx.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),  // 10: sbx.v1.ListImagesResponse
-	(*GetImageRequest)(nil),     // 11: sbx.v1.GetImageRequest
-	(*GetImageResponse)(nil),    // 12: sbx.v1.GetImageResponse
-	(*TagImageRequest)(nil),     // 13: sbx.v1.TagImageRequest
-	(*TagImageResponse)(nil),    // 14: sbx.v1.TagImageResponse
-	(*RemoveImageRequest)(nil),  // 15: sbx.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil), // 16: sbx.v1.RemoveImageResponse
-	(*PruneImagesRequest)(nil),  // 17: sbx.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil), // 18: sbx.v1.PruneImagesResponse
-	nil,                         // 19: sbx.v1.ImageConfig.LabelsEntry
-	(*FileChunk)(nil),           // 20: sbx.v1.FileChunk
+	(*Recipe)(nil),              // 0: sbx.v1.Recipe
+	(*RecipeStep)(nil),          // 1: sbx.v1.RecipeStep
+	(*PackageList)(nil),         // 2: sbx.v1.PackageList
+	(*StringList)(nil),          // 3: sbx.v1.StringList
+	(*EnvStep)(nil),             // 4: sbx.v1.EnvStep
+	(*CopyStep)(nil),            // 5: sbx.v1.CopyStep
+	(*BuildImageRequest)(nil),   // 6: sbx.v1.BuildImageRequest
+	(*ImageConfig)(nil),         // 7: sbx.v1.ImageConfig
+	(*ImageInfo)(nil),           // 8: sbx.v1.ImageInfo
+	(*ImageProgress)(nil),       // 9: sbx.v1.ImageProgress
+	(*BuildStep)(nil),           // 10: sbx.v1.BuildStep
+	(*LayerProgress)(nil),       // 11: sbx.v1.LayerProgress
+	(*PullImageRequest)(nil),    // 12: sbx.v1.PullImageRequest
+	(*ImportImageHeader)(nil),   // 13: sbx.v1.ImportImageHeader
+	(*ImportImageRequest)(nil),  // 14: sbx.v1.ImportImageRequest
+	(*ImportImageResponse)(nil), // 15: sbx.v1.ImportImageResponse
+	(*ExportImageRequest)(nil),  // 16: sbx.v1.ExportImageRequest
+	(*ListImagesRequest)(nil),   // 17: sbx.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),  // 18: sbx.v1.ListImagesResponse
+	(*GetImageRequest)(nil),     // 19: sbx.v1.GetImageRequest
+	(*GetImageResponse)(nil),    // 20: sbx.v1.GetImageResponse
+	(*TagImageRequest)(nil),     // 21: sbx.v1.TagImageRequest
+	(*TagImageResponse)(nil),    // 22: sbx.v1.TagImageResponse
+	(*RemoveImageRequest)(nil),  // 23: sbx.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil), // 24: sbx.v1.RemoveImageResponse
+	(*PruneImagesRequest)(nil),  // 25: sbx.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil), // 26: sbx.v1.PruneImagesResponse
+	nil,                         // 27: sbx.v1.EnvStep.EnvEntry
+	nil,                         // 28: sbx.v1.ImageConfig.LabelsEntry
+	(*FileChunk)(nil),           // 29: sbx.v1.FileChunk
 }
 var file_sbx_v1_images_proto_depIdxs = []int32{
-	19, // 0: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
-	0,  // 1: sbx.v1.ImageInfo.config:type_name -> sbx.v1.ImageConfig
-	3,  // 2: sbx.v1.ImageProgress.layer:type_name -> sbx.v1.LayerProgress
-	1,  // 3: sbx.v1.ImageProgress.done:type_name -> sbx.v1.ImageInfo
-	5,  // 4: sbx.v1.ImportImageRequest.header:type_name -> sbx.v1.ImportImageHeader
-	1,  // 5: sbx.v1.ImportImageResponse.images:type_name -> sbx.v1.ImageInfo
-	1,  // 6: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
-	1,  // 7: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
-	4,  // 8: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
-	6,  // 9: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
-	8,  // 10: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
-	9,  // 11: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
-	11, // 12: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
-	13, // 13: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
-	15, // 14: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
-	17, // 15: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
-	2,  // 16: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
-	7,  // 17: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
-	20, // 18: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
-	10, // 19: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
-	12, // 20: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
-	14, // 21: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
-	16, // 22: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
-	18, // 23: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
-	16, // [16:24] is the sub-list for method output_type
-	8,  // [8:16] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 0: sbx.v1.Recipe.steps:type_name -> sbx.v1.RecipeStep
+	2,  // 1: sbx.v1.RecipeStep.apt_install:type_name -> sbx.v1.PackageList
+	2,  // 2: sbx.v1.RecipeStep.pip_install:type_name -> sbx.v1.PackageList
+	2,  // 3: sbx.v1.RecipeStep.npm_install:type_name -> sbx.v1.PackageList
+	5,  // 4: sbx.v1.RecipeStep.copy:type_name -> sbx.v1.CopyStep
+	4,  // 5: sbx.v1.RecipeStep.env:type_name -> sbx.v1.EnvStep
+	3,  // 6: sbx.v1.RecipeStep.entrypoint:type_name -> sbx.v1.StringList
+	3,  // 7: sbx.v1.RecipeStep.cmd:type_name -> sbx.v1.StringList
+	27, // 8: sbx.v1.EnvStep.env:type_name -> sbx.v1.EnvStep.EnvEntry
+	0,  // 9: sbx.v1.BuildImageRequest.recipe:type_name -> sbx.v1.Recipe
+	28, // 10: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
+	7,  // 11: sbx.v1.ImageInfo.config:type_name -> sbx.v1.ImageConfig
+	11, // 12: sbx.v1.ImageProgress.layer:type_name -> sbx.v1.LayerProgress
+	8,  // 13: sbx.v1.ImageProgress.done:type_name -> sbx.v1.ImageInfo
+	10, // 14: sbx.v1.ImageProgress.step:type_name -> sbx.v1.BuildStep
+	13, // 15: sbx.v1.ImportImageRequest.header:type_name -> sbx.v1.ImportImageHeader
+	8,  // 16: sbx.v1.ImportImageResponse.images:type_name -> sbx.v1.ImageInfo
+	8,  // 17: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
+	8,  // 18: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
+	12, // 19: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
+	14, // 20: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
+	16, // 21: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
+	17, // 22: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
+	19, // 23: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
+	21, // 24: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
+	23, // 25: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
+	25, // 26: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
+	6,  // 27: sbx.v1.ImageService.BuildImage:input_type -> sbx.v1.BuildImageRequest
+	9,  // 28: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
+	15, // 29: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
+	29, // 30: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
+	18, // 31: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
+	20, // 32: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
+	22, // 33: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
+	24, // 34: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
+	26, // 35: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
+	9,  // 36: sbx.v1.ImageService.BuildImage:output_type -> sbx.v1.ImageProgress
+	28, // [28:37] is the sub-list for method output_type
+	19, // [19:28] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_images_proto_init() }
@@ -1198,12 +1888,26 @@ func file_sbx_v1_images_proto_init() {
 		return
 	}
 	file_sbx_v1_files_proto_init()
-	file_sbx_v1_images_proto_msgTypes[2].OneofWrappers = []any{
+	file_sbx_v1_images_proto_msgTypes[1].OneofWrappers = []any{
+		(*RecipeStep_AptInstall)(nil),
+		(*RecipeStep_PipInstall)(nil),
+		(*RecipeStep_NpmInstall)(nil),
+		(*RecipeStep_Run)(nil),
+		(*RecipeStep_Copy)(nil),
+		(*RecipeStep_Env)(nil),
+		(*RecipeStep_Workdir)(nil),
+		(*RecipeStep_Entrypoint)(nil),
+		(*RecipeStep_Cmd)(nil),
+		(*RecipeStep_User)(nil),
+	}
+	file_sbx_v1_images_proto_msgTypes[9].OneofWrappers = []any{
 		(*ImageProgress_Status)(nil),
 		(*ImageProgress_Layer)(nil),
 		(*ImageProgress_Done)(nil),
+		(*ImageProgress_Step)(nil),
+		(*ImageProgress_Log)(nil),
 	}
-	file_sbx_v1_images_proto_msgTypes[6].OneofWrappers = []any{
+	file_sbx_v1_images_proto_msgTypes[14].OneofWrappers = []any{
 		(*ImportImageRequest_Header)(nil),
 		(*ImportImageRequest_Data)(nil),
 	}
@@ -1213,7 +1917,7 @@ func file_sbx_v1_images_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_images_proto_rawDesc), len(file_sbx_v1_images_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

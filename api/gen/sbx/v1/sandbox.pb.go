@@ -134,6 +134,62 @@ func (IdleAction) EnumDescriptor() ([]byte, []int) {
 	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
+type NetworkMode int32
+
+const (
+	NetworkMode_NETWORK_MODE_UNSPECIFIED NetworkMode = 0 // public
+	// No network at all: loopback only.
+	NetworkMode_NETWORK_MODE_NONE NetworkMode = 1
+	// Internet egress; the host, the daemon, private (RFC1918), CGNAT,
+	// link-local (incl. 169.254.169.254) ranges and other sandboxes blocked.
+	NetworkMode_NETWORK_MODE_PUBLIC NetworkMode = 2
+	// Only the listed CIDRs and domains (plus DNS); everything else blocked.
+	NetworkMode_NETWORK_MODE_ALLOW NetworkMode = 3
+)
+
+// Enum value maps for NetworkMode.
+var (
+	NetworkMode_name = map[int32]string{
+		0: "NETWORK_MODE_UNSPECIFIED",
+		1: "NETWORK_MODE_NONE",
+		2: "NETWORK_MODE_PUBLIC",
+		3: "NETWORK_MODE_ALLOW",
+	}
+	NetworkMode_value = map[string]int32{
+		"NETWORK_MODE_UNSPECIFIED": 0,
+		"NETWORK_MODE_NONE":        1,
+		"NETWORK_MODE_PUBLIC":      2,
+		"NETWORK_MODE_ALLOW":       3,
+	}
+)
+
+func (x NetworkMode) Enum() *NetworkMode {
+	p := new(NetworkMode)
+	*p = x
+	return p
+}
+
+func (x NetworkMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_sbx_v1_sandbox_proto_enumTypes[2].Descriptor()
+}
+
+func (NetworkMode) Type() protoreflect.EnumType {
+	return &file_sbx_v1_sandbox_proto_enumTypes[2]
+}
+
+func (x NetworkMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetworkMode.Descriptor instead.
+func (NetworkMode) EnumDescriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -403,7 +459,9 @@ type CreateSandboxRequest struct {
 	// Runtime driver, e.g. "oci" (default).
 	Runtime string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Default user of commands (default: the image's user, else root).
-	User          string `protobuf:"bytes,13,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,13,opt,name=user,proto3" json:"user,omitempty"`
+	// Network policy (default: public).
+	Network       *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -529,6 +587,86 @@ func (x *CreateSandboxRequest) GetUser() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  NetworkMode            `protobuf:"varint,1,opt,name=mode,proto3,enum=sbx.v1.NetworkMode" json:"mode,omitempty"`
+	// With ALLOW: destination CIDRs, e.g. "203.0.113.0/24". With PUBLIC: extra
+	// CIDRs to allow even inside blocked ranges (e.g. a private registry).
+	AllowCidrs []string `protobuf:"bytes,2,rep,name=allow_cidrs,json=allowCidrs,proto3" json:"allow_cidrs,omitempty"`
+	// With ALLOW: host names, "*.github.com" wildcards allowed; enforced on
+	// HTTP Host and TLS SNI, not only on DNS answers.
+	AllowDomains []string `protobuf:"bytes,3,rep,name=allow_domains,json=allowDomains,proto3" json:"allow_domains,omitempty"`
+	// CIDRs always blocked (on top of the mode's rules).
+	DenyCidrs     []string `protobuf:"bytes,4,rep,name=deny_cidrs,json=denyCidrs,proto3" json:"deny_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NetworkPolicy) GetMode() NetworkMode {
+	if x != nil {
+		return x.Mode
+	}
+	return NetworkMode_NETWORK_MODE_UNSPECIFIED
+}
+
+func (x *NetworkPolicy) GetAllowCidrs() []string {
+	if x != nil {
+		return x.AllowCidrs
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetAllowDomains() []string {
+	if x != nil {
+		return x.AllowDomains
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetDenyCidrs() []string {
+	if x != nil {
+		return x.DenyCidrs
+	}
+	return nil
+}
+
 type CreateSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -538,7 +676,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +688,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +701,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -600,14 +738,17 @@ type Sandbox struct {
 	Stats *SandboxStats `protobuf:"bytes,19,opt,name=stats,proto3" json:"stats,omitempty"`
 	User  string        `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
 	// Digest of the image the sandbox started from.
-	ImageDigest   string `protobuf:"bytes,21,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
+	ImageDigest string         `protobuf:"bytes,21,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
+	Network     *NetworkPolicy `protobuf:"bytes,22,opt,name=network,proto3" json:"network,omitempty"`
+	// The sandbox's address on the sandbox network ("" with mode NONE).
+	IpAddress     string `protobuf:"bytes,23,opt,name=ip_address,json=ipAddress,proto3" json:"ip_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +760,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +773,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Sandbox) GetId() string {
@@ -782,6 +923,20 @@ func (x *Sandbox) GetImageDigest() string {
 	return ""
 }
 
+func (x *Sandbox) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetIpAddress() string {
+	if x != nil {
+		return x.IpAddress
+	}
+	return ""
+}
+
 type SandboxStats struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	MemoryBytes     int64                  `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
@@ -795,7 +950,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +962,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +975,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SandboxStats) GetMemoryBytes() int64 {
@@ -868,7 +1023,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1035,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1048,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSandboxRequest) GetSandbox() string {
@@ -912,7 +1067,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1079,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1092,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -957,7 +1112,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1124,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1137,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSandboxesRequest) GetSelectors() []string {
@@ -1001,7 +1156,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1168,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1181,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1045,7 +1200,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1212,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1225,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StopSandboxRequest) GetSandbox() string {
@@ -1089,7 +1244,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1256,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1269,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StopSandboxResponse) GetSandbox() *Sandbox {
@@ -1133,7 +1288,7 @@ type StartSandboxRequest struct {
 
 func (x *StartSandboxRequest) Reset() {
 	*x = StartSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1300,7 @@ func (x *StartSandboxRequest) String() string {
 func (*StartSandboxRequest) ProtoMessage() {}
 
 func (x *StartSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1313,7 @@ func (x *StartSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StartSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StartSandboxRequest) GetSandbox() string {
@@ -1177,7 +1332,7 @@ type StartSandboxResponse struct {
 
 func (x *StartSandboxResponse) Reset() {
 	*x = StartSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1344,7 @@ func (x *StartSandboxResponse) String() string {
 func (*StartSandboxResponse) ProtoMessage() {}
 
 func (x *StartSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1357,7 @@ func (x *StartSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StartSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartSandboxResponse) GetSandbox() *Sandbox {
@@ -1221,7 +1376,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1388,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1401,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DestroySandboxRequest) GetSandbox() string {
@@ -1264,7 +1419,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1431,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1444,103 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+type UpdateNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Network       *NetworkPolicy         `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkRequest) Reset() {
+	*x = UpdateNetworkRequest{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkRequest) ProtoMessage() {}
+
+func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *UpdateNetworkRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *UpdateNetworkRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type UpdateNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkResponse) Reset() {
+	*x = UpdateNetworkResponse{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkResponse) ProtoMessage() {}
+
+func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
 }
 
 var File_sbx_v1_sandbox_proto protoreflect.FileDescriptor
@@ -1315,7 +1566,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xbe\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xef\x05\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1332,7 +1583,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\vidle_action\x18\v \x01(\x0e2\x12.sbx.v1.IdleActionR\n" +
 	"idleAction\x12\x18\n" +
 	"\aruntime\x18\f \x01(\tR\aruntime\x12\x12\n" +
-	"\x04user\x18\r \x01(\tR\x04user\x1a9\n" +
+	"\x04user\x18\r \x01(\tR\x04user\x12/\n" +
+	"\anetwork\x18\x0e \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1341,9 +1593,16 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x01\n" +
+	"\rNetworkPolicy\x12'\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x13.sbx.v1.NetworkModeR\x04mode\x12\x1f\n" +
+	"\vallow_cidrs\x18\x02 \x03(\tR\n" +
+	"allowCidrs\x12#\n" +
+	"\rallow_domains\x18\x03 \x03(\tR\fallowDomains\x12\x1d\n" +
+	"\n" +
+	"deny_cidrs\x18\x04 \x03(\tR\tdenyCidrs\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xda\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xaa\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1368,7 +1627,10 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\fstate_detail\x18\x12 \x01(\tR\vstateDetail\x12*\n" +
 	"\x05stats\x18\x13 \x01(\v2\x14.sbx.v1.SandboxStatsR\x05stats\x12\x12\n" +
 	"\x04user\x18\x14 \x01(\tR\x04user\x12!\n" +
-	"\fimage_digest\x18\x15 \x01(\tR\vimageDigest\x1a9\n" +
+	"\fimage_digest\x18\x15 \x01(\tR\vimageDigest\x12/\n" +
+	"\anetwork\x18\x16 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
+	"\n" +
+	"ip_address\x18\x17 \x01(\tR\tipAddress\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1400,7 +1662,12 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"1\n" +
 	"\x15DestroySandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"\x18\n" +
-	"\x16DestroySandboxResponse*\xd4\x01\n" +
+	"\x16DestroySandboxResponse\"a\n" +
+	"\x14UpdateNetworkRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12/\n" +
+	"\anetwork\x18\x02 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\"B\n" +
+	"\x15UpdateNetworkResponse\x12)\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox*\xd4\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -1413,7 +1680,12 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"IdleAction\x12\x1b\n" +
 	"\x17IDLE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13IDLE_ACTION_DESTROY\x10\x01\x12\x14\n" +
-	"\x10IDLE_ACTION_STOP\x10\x022\xa1\t\n" +
+	"\x10IDLE_ACTION_STOP\x10\x02*s\n" +
+	"\vNetworkMode\x12\x1c\n" +
+	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
+	"\x13NETWORK_MODE_PUBLIC\x10\x02\x12\x16\n" +
+	"\x12NETWORK_MODE_ALLOW\x10\x032\xef\t\n" +
 	"\x0eSandboxService\x12:\n" +
 	"\aVersion\x12\x16.sbx.v1.VersionRequest\x1a\x17.sbx.v1.VersionResponse\x12L\n" +
 	"\rCreateSandbox\x12\x1c.sbx.v1.CreateSandboxRequest\x1a\x1d.sbx.v1.CreateSandboxResponse\x12C\n" +
@@ -1422,7 +1694,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1c.sbx.v1.ListSandboxesRequest\x1a\x1d.sbx.v1.ListSandboxesResponse\x12F\n" +
 	"\vStopSandbox\x12\x1a.sbx.v1.StopSandboxRequest\x1a\x1b.sbx.v1.StopSandboxResponse\x12I\n" +
 	"\fStartSandbox\x12\x1b.sbx.v1.StartSandboxRequest\x1a\x1c.sbx.v1.StartSandboxResponse\x12O\n" +
-	"\x0eDestroySandbox\x12\x1d.sbx.v1.DestroySandboxRequest\x1a\x1e.sbx.v1.DestroySandboxResponse\x121\n" +
+	"\x0eDestroySandbox\x12\x1d.sbx.v1.DestroySandboxRequest\x1a\x1e.sbx.v1.DestroySandboxResponse\x12L\n" +
+	"\rUpdateNetwork\x12\x1c.sbx.v1.UpdateNetworkRequest\x1a\x1d.sbx.v1.UpdateNetworkResponse\x121\n" +
 	"\x04Exec\x12\x13.sbx.v1.ExecRequest\x1a\x12.sbx.v1.ExecOutput0\x01\x12<\n" +
 	"\x0fExecInteractive\x12\x11.sbx.v1.ExecInput\x1a\x12.sbx.v1.ExecOutput(\x010\x01\x128\n" +
 	"\bReadFile\x12\x17.sbx.v1.ReadFileRequest\x1a\x11.sbx.v1.FileChunk0\x01\x12B\n" +
@@ -1447,114 +1720,125 @@ func file_sbx_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_sandbox_proto_rawDescData
 }
 
-var file_sbx_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_sbx_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),              // 0: sbx.v1.SandboxState
 	(IdleAction)(0),                // 1: sbx.v1.IdleAction
-	(*VersionRequest)(nil),         // 2: sbx.v1.VersionRequest
-	(*VersionResponse)(nil),        // 3: sbx.v1.VersionResponse
-	(*RuntimeInfo)(nil),            // 4: sbx.v1.RuntimeInfo
-	(*Resources)(nil),              // 5: sbx.v1.Resources
-	(*CreateSandboxRequest)(nil),   // 6: sbx.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),  // 7: sbx.v1.CreateSandboxResponse
-	(*Sandbox)(nil),                // 8: sbx.v1.Sandbox
-	(*SandboxStats)(nil),           // 9: sbx.v1.SandboxStats
-	(*GetSandboxRequest)(nil),      // 10: sbx.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 11: sbx.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 12: sbx.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 13: sbx.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),     // 14: sbx.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),    // 15: sbx.v1.StopSandboxResponse
-	(*StartSandboxRequest)(nil),    // 16: sbx.v1.StartSandboxRequest
-	(*StartSandboxResponse)(nil),   // 17: sbx.v1.StartSandboxResponse
-	(*DestroySandboxRequest)(nil),  // 18: sbx.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil), // 19: sbx.v1.DestroySandboxResponse
-	nil,                            // 20: sbx.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 21: sbx.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 22: sbx.v1.CreateSandboxRequest.SecretsEntry
-	nil,                            // 23: sbx.v1.Sandbox.LabelsEntry
-	nil,                            // 24: sbx.v1.Sandbox.EnvEntry
-	(*ExecRequest)(nil),            // 25: sbx.v1.ExecRequest
-	(*ExecInput)(nil),              // 26: sbx.v1.ExecInput
-	(*ReadFileRequest)(nil),        // 27: sbx.v1.ReadFileRequest
-	(*WriteFileRequest)(nil),       // 28: sbx.v1.WriteFileRequest
-	(*ListDirRequest)(nil),         // 29: sbx.v1.ListDirRequest
-	(*StatRequest)(nil),            // 30: sbx.v1.StatRequest
-	(*MakeDirRequest)(nil),         // 31: sbx.v1.MakeDirRequest
-	(*RemoveRequest)(nil),          // 32: sbx.v1.RemoveRequest
-	(*RenameRequest)(nil),          // 33: sbx.v1.RenameRequest
-	(*UploadTarRequest)(nil),       // 34: sbx.v1.UploadTarRequest
-	(*DownloadTarRequest)(nil),     // 35: sbx.v1.DownloadTarRequest
-	(*ExecOutput)(nil),             // 36: sbx.v1.ExecOutput
-	(*FileChunk)(nil),              // 37: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),      // 38: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),        // 39: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),           // 40: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),        // 41: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),         // 42: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),         // 43: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),      // 44: sbx.v1.UploadTarResponse
+	(NetworkMode)(0),               // 2: sbx.v1.NetworkMode
+	(*VersionRequest)(nil),         // 3: sbx.v1.VersionRequest
+	(*VersionResponse)(nil),        // 4: sbx.v1.VersionResponse
+	(*RuntimeInfo)(nil),            // 5: sbx.v1.RuntimeInfo
+	(*Resources)(nil),              // 6: sbx.v1.Resources
+	(*CreateSandboxRequest)(nil),   // 7: sbx.v1.CreateSandboxRequest
+	(*NetworkPolicy)(nil),          // 8: sbx.v1.NetworkPolicy
+	(*CreateSandboxResponse)(nil),  // 9: sbx.v1.CreateSandboxResponse
+	(*Sandbox)(nil),                // 10: sbx.v1.Sandbox
+	(*SandboxStats)(nil),           // 11: sbx.v1.SandboxStats
+	(*GetSandboxRequest)(nil),      // 12: sbx.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),     // 13: sbx.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),   // 14: sbx.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),  // 15: sbx.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),     // 16: sbx.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),    // 17: sbx.v1.StopSandboxResponse
+	(*StartSandboxRequest)(nil),    // 18: sbx.v1.StartSandboxRequest
+	(*StartSandboxResponse)(nil),   // 19: sbx.v1.StartSandboxResponse
+	(*DestroySandboxRequest)(nil),  // 20: sbx.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil), // 21: sbx.v1.DestroySandboxResponse
+	(*UpdateNetworkRequest)(nil),   // 22: sbx.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),  // 23: sbx.v1.UpdateNetworkResponse
+	nil,                            // 24: sbx.v1.CreateSandboxRequest.LabelsEntry
+	nil,                            // 25: sbx.v1.CreateSandboxRequest.EnvEntry
+	nil,                            // 26: sbx.v1.CreateSandboxRequest.SecretsEntry
+	nil,                            // 27: sbx.v1.Sandbox.LabelsEntry
+	nil,                            // 28: sbx.v1.Sandbox.EnvEntry
+	(*ExecRequest)(nil),            // 29: sbx.v1.ExecRequest
+	(*ExecInput)(nil),              // 30: sbx.v1.ExecInput
+	(*ReadFileRequest)(nil),        // 31: sbx.v1.ReadFileRequest
+	(*WriteFileRequest)(nil),       // 32: sbx.v1.WriteFileRequest
+	(*ListDirRequest)(nil),         // 33: sbx.v1.ListDirRequest
+	(*StatRequest)(nil),            // 34: sbx.v1.StatRequest
+	(*MakeDirRequest)(nil),         // 35: sbx.v1.MakeDirRequest
+	(*RemoveRequest)(nil),          // 36: sbx.v1.RemoveRequest
+	(*RenameRequest)(nil),          // 37: sbx.v1.RenameRequest
+	(*UploadTarRequest)(nil),       // 38: sbx.v1.UploadTarRequest
+	(*DownloadTarRequest)(nil),     // 39: sbx.v1.DownloadTarRequest
+	(*ExecOutput)(nil),             // 40: sbx.v1.ExecOutput
+	(*FileChunk)(nil),              // 41: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),      // 42: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),        // 43: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),           // 44: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),        // 45: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),         // 46: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),         // 47: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),      // 48: sbx.v1.UploadTarResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
-	4,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
-	20, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
-	21, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
-	22, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
-	5,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
+	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
+	24, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
+	25, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
+	26, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
+	6,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
 	1,  // 5: sbx.v1.CreateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
-	8,  // 6: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	23, // 7: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
-	0,  // 8: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
-	24, // 9: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
-	5,  // 10: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
-	1,  // 11: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
-	9,  // 12: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
-	8,  // 13: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	8,  // 14: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
-	8,  // 15: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	8,  // 16: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	2,  // 17: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
-	6,  // 18: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
-	10, // 19: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
-	12, // 20: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
-	14, // 21: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
-	16, // 22: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
-	18, // 23: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
-	25, // 24: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
-	26, // 25: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
-	27, // 26: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	28, // 27: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	29, // 28: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
-	30, // 29: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
-	31, // 30: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	32, // 31: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
-	33, // 32: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
-	34, // 33: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	35, // 34: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	3,  // 35: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	7,  // 36: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	11, // 37: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	13, // 38: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	15, // 39: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	17, // 40: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	19, // 41: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	36, // 42: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	36, // 43: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	37, // 44: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	38, // 45: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	39, // 46: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	40, // 47: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	41, // 48: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	42, // 49: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	43, // 50: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	44, // 51: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	37, // 52: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	35, // [35:53] is the sub-list for method output_type
-	17, // [17:35] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	8,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
+	2,  // 7: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
+	10, // 8: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	27, // 9: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
+	0,  // 10: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
+	28, // 11: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
+	6,  // 12: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
+	1,  // 13: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
+	11, // 14: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
+	8,  // 15: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
+	10, // 16: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	10, // 17: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
+	10, // 18: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	10, // 19: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	8,  // 20: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
+	10, // 21: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
+	3,  // 22: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
+	7,  // 23: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
+	12, // 24: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
+	14, // 25: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
+	16, // 26: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
+	18, // 27: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
+	20, // 28: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
+	22, // 29: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
+	29, // 30: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
+	30, // 31: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
+	31, // 32: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	32, // 33: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	33, // 34: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
+	34, // 35: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
+	35, // 36: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	36, // 37: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
+	37, // 38: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
+	38, // 39: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	39, // 40: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	4,  // 41: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	9,  // 42: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	13, // 43: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	15, // 44: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	17, // 45: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	19, // 46: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	21, // 47: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	23, // 48: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	40, // 49: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	40, // 50: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	41, // 51: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	42, // 52: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	43, // 53: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	44, // 54: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	45, // 55: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	46, // 56: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	47, // 57: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	48, // 58: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	41, // 59: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	41, // [41:60] is the sub-list for method output_type
+	22, // [22:41] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_sandbox_proto_init() }
@@ -1569,8 +1853,8 @@ func file_sbx_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_sandbox_proto_rawDesc), len(file_sbx_v1_sandbox_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   23,
+			NumEnums:      3,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -53,6 +53,8 @@ const (
 	// ImageServicePruneImagesProcedure is the fully-qualified name of the ImageService's PruneImages
 	// RPC.
 	ImageServicePruneImagesProcedure = "/sbx.v1.ImageService/PruneImages"
+	// ImageServiceBuildImageProcedure is the fully-qualified name of the ImageService's BuildImage RPC.
+	ImageServiceBuildImageProcedure = "/sbx.v1.ImageService/BuildImage"
 )
 
 // ImageServiceClient is a client for the sbx.v1.ImageService service.
@@ -71,6 +73,10 @@ type ImageServiceClient interface {
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
 	// PruneImages deletes layers no image or sandbox uses.
 	PruneImages(context.Context, *connect.Request[v1.PruneImagesRequest]) (*connect.Response[v1.PruneImagesResponse], error)
+	// BuildImage runs a recipe, one sandbox per step, each step's filesystem
+	// diff becoming a layer cached by hash(parent + step). Streams progress and
+	// step logs; the last event is `done`.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.ImageProgress], error)
 }
 
 // NewImageServiceClient constructs a client for the sbx.v1.ImageService service. By default, it
@@ -132,6 +138,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("PruneImages")),
 			connect.WithClientOptions(opts...),
 		),
+		buildImage: connect.NewClient[v1.BuildImageRequest, v1.ImageProgress](
+			httpClient,
+			baseURL+ImageServiceBuildImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -145,6 +157,7 @@ type imageServiceClient struct {
 	tagImage    *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
 	removeImage *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
 	pruneImages *connect.Client[v1.PruneImagesRequest, v1.PruneImagesResponse]
+	buildImage  *connect.Client[v1.BuildImageRequest, v1.ImageProgress]
 }
 
 // PullImage calls sbx.v1.ImageService.PullImage.
@@ -187,6 +200,11 @@ func (c *imageServiceClient) PruneImages(ctx context.Context, req *connect.Reque
 	return c.pruneImages.CallUnary(ctx, req)
 }
 
+// BuildImage calls sbx.v1.ImageService.BuildImage.
+func (c *imageServiceClient) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.ImageProgress], error) {
+	return c.buildImage.CallServerStream(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the sbx.v1.ImageService service.
 type ImageServiceHandler interface {
 	// PullImage fetches an image from a registry, streaming progress.
@@ -203,6 +221,10 @@ type ImageServiceHandler interface {
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
 	// PruneImages deletes layers no image or sandbox uses.
 	PruneImages(context.Context, *connect.Request[v1.PruneImagesRequest]) (*connect.Response[v1.PruneImagesResponse], error)
+	// BuildImage runs a recipe, one sandbox per step, each step's filesystem
+	// diff becoming a layer cached by hash(parent + step). Streams progress and
+	// step logs; the last event is `done`.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.ImageProgress]) error
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -260,6 +282,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("PruneImages")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceBuildImageHandler := connect.NewServerStreamHandler(
+		ImageServiceBuildImageProcedure,
+		svc.BuildImage,
+		connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sbx.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServicePullImageProcedure:
@@ -278,6 +306,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceRemoveImageHandler.ServeHTTP(w, r)
 		case ImageServicePruneImagesProcedure:
 			imageServicePruneImagesHandler.ServeHTTP(w, r)
+		case ImageServiceBuildImageProcedure:
+			imageServiceBuildImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -317,4 +347,8 @@ func (UnimplementedImageServiceHandler) RemoveImage(context.Context, *connect.Re
 
 func (UnimplementedImageServiceHandler) PruneImages(context.Context, *connect.Request[v1.PruneImagesRequest]) (*connect.Response[v1.PruneImagesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.ImageService.PruneImages is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.ImageProgress]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.ImageService.BuildImage is not implemented"))
 }

@@ -54,6 +54,9 @@ const (
 	// SandboxServiceDestroySandboxProcedure is the fully-qualified name of the SandboxService's
 	// DestroySandbox RPC.
 	SandboxServiceDestroySandboxProcedure = "/sbx.v1.SandboxService/DestroySandbox"
+	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
+	// UpdateNetwork RPC.
+	SandboxServiceUpdateNetworkProcedure = "/sbx.v1.SandboxService/UpdateNetwork"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/sbx.v1.SandboxService/Exec"
 	// SandboxServiceExecInteractiveProcedure is the fully-qualified name of the SandboxService's
@@ -93,6 +96,8 @@ type SandboxServiceClient interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	StartSandbox(context.Context, *connect.Request[v1.StartSandboxRequest]) (*connect.Response[v1.StartSandboxResponse], error)
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
 	// (Connect's JSON streaming), so curl and the Python SDK can use it.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.ServerStreamForClient[v1.ExecOutput], error)
@@ -164,6 +169,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceDestroySandboxProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("DestroySandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		updateNetwork: connect.NewClient[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse](
+			httpClient,
+			baseURL+SandboxServiceUpdateNetworkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
 			connect.WithClientOptions(opts...),
 		),
 		exec: connect.NewClient[v1.ExecRequest, v1.ExecOutput](
@@ -244,6 +255,7 @@ type sandboxServiceClient struct {
 	stopSandbox     *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
 	startSandbox    *connect.Client[v1.StartSandboxRequest, v1.StartSandboxResponse]
 	destroySandbox  *connect.Client[v1.DestroySandboxRequest, v1.DestroySandboxResponse]
+	updateNetwork   *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 	exec            *connect.Client[v1.ExecRequest, v1.ExecOutput]
 	execInteractive *connect.Client[v1.ExecInput, v1.ExecOutput]
 	readFile        *connect.Client[v1.ReadFileRequest, v1.FileChunk]
@@ -290,6 +302,11 @@ func (c *sandboxServiceClient) StartSandbox(ctx context.Context, req *connect.Re
 // DestroySandbox calls sbx.v1.SandboxService.DestroySandbox.
 func (c *sandboxServiceClient) DestroySandbox(ctx context.Context, req *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error) {
 	return c.destroySandbox.CallUnary(ctx, req)
+}
+
+// UpdateNetwork calls sbx.v1.SandboxService.UpdateNetwork.
+func (c *sandboxServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return c.updateNetwork.CallUnary(ctx, req)
 }
 
 // Exec calls sbx.v1.SandboxService.Exec.
@@ -358,6 +375,8 @@ type SandboxServiceHandler interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	StartSandbox(context.Context, *connect.Request[v1.StartSandboxRequest]) (*connect.Response[v1.StartSandboxResponse], error)
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
 	// (Connect's JSON streaming), so curl and the Python SDK can use it.
 	Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecOutput]) error
@@ -425,6 +444,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceDestroySandboxProcedure,
 		svc.DestroySandbox,
 		connect.WithSchema(sandboxServiceMethods.ByName("DestroySandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceUpdateNetworkHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateNetworkProcedure,
+		svc.UpdateNetwork,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceExecHandler := connect.NewServerStreamHandler(
@@ -509,6 +534,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceStartSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceDestroySandboxProcedure:
 			sandboxServiceDestroySandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateNetworkProcedure:
+			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceExecInteractiveProcedure:
@@ -566,6 +593,10 @@ func (UnimplementedSandboxServiceHandler) StartSandbox(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.DestroySandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.UpdateNetwork is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecOutput]) error {
