@@ -6,9 +6,8 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/agent.Version=$(VERSION)
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
-export SBX_ADDR
 
-.PHONY: all build deps run stop test test-unit lint check-gen bench clean
+.PHONY: all build deps run stop test test-python test-unit lint check-gen bench clean
 
 all: build
 
@@ -22,7 +21,7 @@ build:
 
 # Start the daemon in the background (log in .sbx/daemon.log) and run the quickstart.
 run: deps build
-	@./scripts/run.sh
+	@SBX_ADDR=$(SBX_ADDR) ./scripts/run.sh
 
 stop:
 	@./scripts/run.sh stop
@@ -38,6 +37,10 @@ check-gen: deps
 test: deps build lint check-gen
 	$(GO) test -race -count=1 -timeout 25m ./...
 	cd api && $(GO) test -count=1 ./...
+	env -u SBX_ADDR ./scripts/test-python-sdk.sh
+
+test-python: build
+	env -u SBX_ADDR ./scripts/test-python-sdk.sh
 
 test-unit:
 	$(GO) test -count=1 ./...

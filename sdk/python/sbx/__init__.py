@@ -1,0 +1,106 @@
+"""sbx: the Python SDK of sbx, a self-hosted sandbox platform.
+
+Standard library only. It talks to the sbx daemon with Connect's HTTP/JSON
+protocol (``$SBX_ADDR``, default ``127.0.0.1:7777``)::
+
+    import sbx
+
+    with sbx.Sandbox.create(memory="256M", timeout=600) as sb:
+        r = sb.run("python3 -c 'print(6*7)'")
+        print(r.stdout, r.exit_code)
+
+        p = sb.exec("sh", "-c", "for i in 1 2 3; do echo $i; sleep 1; done")
+        for line in p.stdout:          # lines as they are printed
+            print("got", line, end="")
+        print("exit", p.wait())
+
+        sb.files.write("/root/in.txt", "data")
+        print(sb.files.read_text("/root/in.txt"))
+
+An asyncio flavour lives in :mod:`sbx.aio`.
+"""
+
+from ._tar import UnsafeArchiveError
+from ._transport import DEFAULT_ADDR
+from .client import Client
+from .errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CanceledError,
+    CommandError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    SbxConnectionError,
+    SbxError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+    UnknownError,
+)
+from .files import Files
+from .images import Images
+from .process import CommandResult, ExitStatus, OutputStream, Process
+from .sandbox import Sandbox
+from .types import (
+    FileInfo,
+    ImageConfig,
+    ImageInfo,
+    ImageProgress,
+    LayerProgress,
+    NetworkPolicy,
+    Resources,
+    SandboxInfo,
+    SandboxStats,
+    parse_size,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_ADDR",
+    "Client",
+    "Sandbox",
+    "Process",
+    "OutputStream",
+    "CommandResult",
+    "ExitStatus",
+    "Files",
+    "Images",
+    "FileInfo",
+    "ImageConfig",
+    "ImageInfo",
+    "ImageProgress",
+    "LayerProgress",
+    "NetworkPolicy",
+    "Resources",
+    "SandboxInfo",
+    "SandboxStats",
+    "parse_size",
+    "SbxError",
+    "SbxConnectionError",
+    "CommandError",
+    "UnsafeArchiveError",
+    "AbortedError",
+    "AlreadyExistsError",
+    "CanceledError",
+    "DataLossError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutOfRangeError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "UnknownError",
+]

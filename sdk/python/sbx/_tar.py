@@ -1,0 +1,125 @@
+"""Tar helpers: packing a local directory and extracting a downloaded archive
+safely (no absolute paths, no ``..``, no links leaving the destination, no
+device nodes or FIFOs, no setuid bits, no ownership taken from the archive)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tarfile
+from typing import IO, Callable, Optional
+
+__all__ = ["pack_dir", "safe_extract", "UnsafeArchiveError"]
+
+
+class UnsafeArchiveError(ValueError):
+    """A tar entry would escape the destination or is of a forbidden kind."""
+
+
+def pack_dir(local_dir: str, out: IO[bytes]) -> int:
+    """Write a tar of the *contents* of ``local_dir`` to ``out`` (entries named
+    relative to it). Symlinks are archived as links. Returns the number of
+    entries."""
+    count = 0
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tf:
+        for root, dirs, files in os.walk(local_dir):
+            dirs.sort()
+            rel_root = os.path.relpath(root, local_dir)
+            for name in sorted(dirs) + sorted(files):
+                path = os.path.join(root, name)
+                arc = name if rel_root == "." else os.path.join(rel_root, name)
+                arc = arc.replace(os.sep, "/")
+                try:
+                    ti = tf.gettarinfo(path, arcname=arc)
+                except OSError:
+                    continue
+                if ti is None or not (ti.isreg() or ti.isdir() or ti.issym()):
+                    continue  # sockets, devices, fifos: not archived
+                ti.uid = ti.gid = 0
+                ti.uname = ti.gname = ""
+                if ti.isreg():
+                    with open(path, "rb") as f:
+                        tf.addfile(ti, f)
+                else:
+                    tf.addfile(ti)
+                count += 1
+    return count
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
+    """Validate one member against what is already on disk; return a sanitised
+    copy. Raises UnsafeArchiveError."""
+    name = member.name
+    if not name or name.startswith("/") or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchiveError(f"{name!r}: absolute path")
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise UnsafeArchiveError(f"{name!r}: contains '..'")
+    if member.isdev() or member.isfifo() or not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise UnsafeArchiveError(f"{name!r}: device nodes, FIFOs and other special files are not allowed")
+    target = os.path.realpath(os.path.join(dest_real, name))
+    if not _inside(dest_real, target):
+        raise UnsafeArchiveError(f"{name!r}: leaves the destination")
+    if member.issym():
+        link = member.linkname
+        if os.path.isabs(link):
+            raise UnsafeArchiveError(f"{name!r}: absolute symlink target {link!r}")
+        resolved = os.path.realpath(os.path.join(os.path.dirname(os.path.join(dest_real, name)), link))
+        if not _inside(dest_real, resolved):
+            raise UnsafeArchiveError(f"{name!r}: symlink target {link!r} leaves the destination")
+    elif member.islnk():
+        link = member.linkname
+        if os.path.isabs(link) or ".." in link.replace("\\", "/").split("/"):
+            raise UnsafeArchiveError(f"{name!r}: hard link target {link!r} leaves the destination")
+        resolved = os.path.realpath(os.path.join(dest_real, link))
+        if not _inside(dest_real, resolved):
+            raise UnsafeArchiveError(f"{name!r}: hard link target {link!r} leaves the destination")
+    m = copy.copy(member)
+    m.uid, m.gid = os.getuid(), os.getgid()
+    m.uname = m.gname = ""
+    # No setuid/setgid/sticky, no group/other write; the owner can always
+    # read and write (and enter directories).
+    if m.isreg() or m.islnk():
+        m.mode = (m.mode & 0o755) | 0o600
+    elif m.isdir():
+        m.mode = (m.mode & 0o755) | 0o700
+    return m
+
+
+def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[str], None]] = None) -> int:
+    """Extract a tar stream into ``dest`` (created if missing), refusing unsafe
+    entries. Uses :func:`tarfile.data_filter` where Python has it (3.12, and
+    security releases of 3.9-3.11), plus the checks above. Returns the number
+    of entries extracted.
+
+    Raises:
+        UnsafeArchiveError: on the first unsafe entry (earlier entries stay).
+    """
+    os.makedirs(dest, exist_ok=True)
+    dest_real = os.path.realpath(dest)
+    has_filter = hasattr(tarfile, "data_filter")
+    count = 0
+    # Stream mode: entries are processed in order, so links created by earlier
+    # entries are on disk when later ones are checked with realpath().
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tf:
+        for member in tf:
+            m = _check_member(member, dest_real)
+            if has_filter:
+                try:
+                    filtered = tarfile.data_filter(m, dest_real)  # type: ignore[attr-defined]
+                except tarfile.FilterError as e:  # type: ignore[attr-defined]
+                    raise UnsafeArchiveError(str(e)) from e
+                if filtered is None:
+                    continue
+                m = filtered
+                tf.extract(m, dest_real, set_attrs=True, filter="fully_trusted")  # type: ignore[call-arg]
+            else:
+                tf.extract(m, dest_real, set_attrs=True)
+            count += 1
+            if on_entry is not None:
+                on_entry(m.name)
+    return count

@@ -1,0 +1,385 @@
+"""A minimal Connect-protocol client over HTTP/1.1 using only the standard library.
+
+Unary calls are ``POST /<service>/<method>`` with ``Content-Type:
+application/json``; errors come back as a non-200 status with a JSON body
+``{"code": ..., "message": ...}``.
+
+Streaming calls use ``Content-Type: application/connect+json`` and
+*enveloped* messages: one flag byte, a 4-byte big-endian length and the JSON
+payload. Flag ``0x01`` marks a compressed payload, ``0x02`` the end-of-stream
+envelope, whose JSON payload carries an optional ``error`` and ``metadata``.
+Bidirectional streaming needs HTTP/2 and is not supported here.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import http.client
+import json
+import os
+import socket
+import struct
+import threading
+import urllib.parse
+from typing import Any, Dict, Iterable, Iterator, Optional
+
+from .errors import SbxConnectionError, SbxError, UnknownError, error_from_code
+
+__all__ = ["Transport", "ServerStream", "b64encode", "b64decode", "DEFAULT_ADDR"]
+
+#: Where the daemon listens unless told otherwise.
+DEFAULT_ADDR = "127.0.0.1:7777"
+
+_FLAG_COMPRESSED = 0x01
+_FLAG_END_STREAM = 0x02
+_MAX_MESSAGE = 256 << 20  # refuse absurd envelope lengths (corrupt stream)
+
+# Connect's mapping of HTTP status to code, for error bodies that are not JSON.
+_HTTP_TO_CODE = {
+    400: "internal",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "unimplemented",
+    408: "deadline_exceeded",
+    429: "unavailable",
+    502: "unavailable",
+    503: "unavailable",
+    504: "unavailable",
+}
+
+
+def b64encode(data: bytes) -> str:
+    """Encode bytes the way protojson does (standard alphabet, padded)."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: str) -> bytes:
+    """Decode a protojson bytes field (standard or URL-safe, padded or not)."""
+    if not text:
+        return b""
+    pad = "=" * (-len(text) % 4)
+    if "-" in text or "_" in text:
+        return base64.urlsafe_b64decode(text + pad)
+    return base64.b64decode(text + pad)
+
+
+def envelope(message: Dict[str, Any], flags: int = 0) -> bytes:
+    """Frame one JSON message as a Connect envelope."""
+    payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    return struct.pack(">BI", flags, len(payload)) + payload
+
+
+def _error_from_json(obj: Any, op: str, status: int = 0) -> SbxError:
+    if isinstance(obj, dict) and isinstance(obj.get("code"), str):
+        return error_from_code(
+            obj["code"], str(obj.get("message", "")), op=op, details=obj.get("details") or None
+        )
+    code = _HTTP_TO_CODE.get(status, "unknown")
+    return error_from_code(code, f"HTTP status {status}", op=op)
+
+
+class Transport:
+    """Connect-protocol calls to one daemon. Safe for concurrent use: every
+    call opens its own HTTP connection.
+
+    Args:
+        addr: ``"host:port"`` or an ``http://``/``https://`` URL (a path is
+            used as a prefix). ``None`` means ``$SBX_ADDR``, else
+            ``127.0.0.1:7777``.
+        timeout: default deadline in seconds of unary calls (``None``: none).
+        connect_timeout: seconds to wait for the TCP connection.
+    """
+
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        addr = addr or os.environ.get("SBX_ADDR") or DEFAULT_ADDR
+        self.addr = addr
+        url = addr if "://" in addr else "http://" + addr
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported scheme in sbx address {addr!r}")
+        if not parsed.hostname:
+            raise ValueError(f"no host in sbx address {addr!r}")
+        self._https = parsed.scheme == "https"
+        self._host = parsed.hostname
+        self._port = parsed.port or (443 if self._https else 80)
+        self._prefix = parsed.path.rstrip("/")
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+
+    # -- connections -------------------------------------------------------
+
+    def _connect(self, read_timeout: Optional[float]) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
+        if self._https:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+        try:
+            conn.connect()
+        except OSError as e:
+            conn.close()
+            raise SbxConnectionError(f"cannot reach the sbx daemon at {self.addr}: {e}") from e
+        assert conn.sock is not None
+        conn.sock.settimeout(read_timeout)
+        return conn
+
+    def _path(self, service: str, method: str) -> str:
+        return f"{self._prefix}/{service}/{method}"
+
+    @staticmethod
+    def _headers(content_type: str, timeout: Optional[float]) -> Dict[str, str]:
+        h = {
+            "Content-Type": content_type,
+            "Connect-Protocol-Version": "1",
+            "User-Agent": "sbx-python/0.1",
+        }
+        if timeout is not None:
+            h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))
+        return h
+
+    # -- unary -------------------------------------------------------------
+
+    def unary(
+        self,
+        service: str,
+        method: str,
+        request: Dict[str, Any],
+        *,
+        op: str = "",
+        timeout: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """Make a unary call and return the decoded JSON response."""
+        timeout = self.timeout if timeout is None else timeout
+        body = json.dumps(request, separators=(",", ":")).encode("utf-8")
+        conn = self._connect(None if timeout is None else timeout + 5)
+        try:
+            try:
+                conn.request(
+                    "POST",
+                    self._path(service, method),
+                    body=body,
+                    headers=self._headers("application/json", timeout),
+                )
+                resp = conn.getresponse()
+                data = resp.read()
+            except socket.timeout as e:
+                raise error_from_code("deadline_exceeded", f"no answer within {timeout}s", op=op) from e
+            except (OSError, http.client.HTTPException) as e:
+                raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+            if resp.getheader("Content-Encoding", "identity").lower() == "gzip":
+                data = gzip.decompress(data)
+            try:
+                obj = json.loads(data.decode("utf-8")) if data else {}
+            except ValueError:
+                obj = None
+            if resp.status != 200:
+                raise _error_from_json(obj, op, resp.status)
+            if not isinstance(obj, dict):
+                raise UnknownError("the daemon's answer is not a JSON object", op=op)
+            return obj
+        finally:
+            conn.close()
+
+    # -- server streaming ----------------------------------------------------
+
+    def server_stream(
+        self, service: str, method: str, request: Dict[str, Any], *, op: str = ""
+    ) -> "ServerStream":
+        """Start a server-streaming call; iterate the result for its messages."""
+        conn = self._connect(None)
+        try:
+            conn.request(
+                "POST",
+                self._path(service, method),
+                body=envelope(request),
+                headers=self._headers("application/connect+json", None),
+            )
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+        return ServerStream(conn, resp, op)
+
+    # -- client streaming ----------------------------------------------------
+
+    def client_stream(
+        self,
+        service: str,
+        method: str,
+        messages: Iterable[Dict[str, Any]],
+        *,
+        op: str = "",
+    ) -> Dict[str, Any]:
+        """Send ``messages`` as one streamed request body (chunked) and return
+        the single response message."""
+        conn = self._connect(None)
+        stream: Optional[ServerStream] = None
+        try:
+            body = (envelope(m) for m in messages)
+            send_error: Optional[BaseException] = None
+            try:
+                conn.request(
+                    "POST",
+                    self._path(service, method),
+                    body=body,
+                    headers=self._headers("application/connect+json", None),
+                    encode_chunked=True,
+                )
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # The daemon may have answered (with an error) before reading
+                # everything: try to read that answer below.
+                send_error = e
+            except (OSError, http.client.HTTPException) as e:
+                raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+            try:
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise SbxConnectionError(
+                    f"talking to the sbx daemon at {self.addr}: {send_error or e}", op=op
+                ) from e
+            stream = ServerStream(conn, resp, op)
+            result: Optional[Dict[str, Any]] = None
+            for msg in stream:
+                if result is None:
+                    result = msg
+            if result is None:
+                raise UnknownError("the daemon sent no response message", op=op)
+            return result
+        finally:
+            if stream is not None:
+                stream.close()
+            conn.close()
+
+
+class ServerStream(Iterator[Dict[str, Any]]):
+    """The messages of a streaming response, decoded from Connect envelopes.
+
+    Iterating yields each message as a dict; the end-of-stream envelope's error,
+    if any, is raised as an :class:`~sbx.SbxError`. :meth:`close` (from any
+    thread) aborts the call, which tells the daemon the client is gone.
+    """
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, op: str) -> None:
+        self._conn = conn
+        self._resp = resp
+        self._op = op
+        self._done = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self.trailers: Dict[str, Any] = {}
+        self._compressed = resp.getheader("Connect-Content-Encoding", "identity").lower() == "gzip"
+        if resp.status != 200:
+            data = b""
+            try:
+                data = resp.read()
+                obj = json.loads(data.decode("utf-8")) if data else None
+            except (ValueError, OSError, http.client.HTTPException):
+                obj = None
+            self.close()
+            self._done = True
+            self._pending_error: Optional[SbxError] = _error_from_json(obj, op, resp.status)
+        else:
+            self._pending_error = None
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self._resp.read(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    def __iter__(self) -> "ServerStream":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        if self._pending_error is not None:
+            err, self._pending_error = self._pending_error, None
+            raise err
+        if self._done:
+            raise StopIteration
+        try:
+            head = self._read_exact(5)
+            if len(head) < 5:
+                self._finish()
+                if self._closed_by_us():
+                    raise error_from_code("canceled", "the call was canceled", op=self._op)
+                raise error_from_code(
+                    "unavailable", "the stream ended without an end-of-stream message", op=self._op
+                )
+            flags, length = struct.unpack(">BI", head)
+            if length > _MAX_MESSAGE:
+                self._finish()
+                raise error_from_code("internal", f"message of {length} bytes is too large", op=self._op)
+            payload = self._read_exact(length)
+            if len(payload) < length:
+                self._finish()
+                raise error_from_code("unavailable", "the stream was cut off mid-message", op=self._op)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self._finish()
+            if self._closed_by_us():
+                raise error_from_code("canceled", "the call was canceled", op=self._op) from e
+            raise SbxConnectionError(f"reading from the sbx daemon: {e}", op=self._op) from e
+        if flags & _FLAG_COMPRESSED:
+            if not self._compressed:
+                self._finish()
+                raise error_from_code("internal", "compressed message without an encoding", op=self._op)
+            payload = gzip.decompress(payload)
+        try:
+            obj = json.loads(payload.decode("utf-8")) if payload else {}
+        except ValueError as e:
+            self._finish()
+            raise error_from_code("internal", f"invalid JSON message: {e}", op=self._op) from e
+        if flags & _FLAG_END_STREAM:
+            self._finish()
+            if isinstance(obj, dict):
+                self.trailers = obj.get("metadata") or {}
+                if obj.get("error"):
+                    raise _error_from_json(obj["error"], self._op)
+            raise StopIteration
+        if not isinstance(obj, dict):
+            raise error_from_code("internal", "message is not a JSON object", op=self._op)
+        return obj
+
+    def _closed_by_us(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def _finish(self) -> None:
+        self._done = True
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Abort the call (safe to call from another thread, and more than once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._done = True
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "ServerStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,424 @@
+"""asyncio flavour of the SDK: the same API with coroutines.
+
+The blocking client runs in worker threads (``asyncio.to_thread``), so this
+module stays thin and behaves exactly like the synchronous one::
+
+    import asyncio
+    from sbx.aio import AsyncSandbox
+
+    async def main():
+        async with await AsyncSandbox.create(memory="256M") as sb:
+            r = await sb.run("echo hi")
+            p = await sb.exec("sh", "-c", "echo a; sleep 1; echo b")
+            async for line in p.stdout:
+                print(line, end="")
+            print(await p.wait())
+
+    asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
+
+from .client import Client
+from .errors import NotFoundError
+from .files import Files
+from .images import Images
+from .process import CommandResult, ExitStatus, OutputStream, Process
+from .sandbox import Sandbox, Seconds
+from .types import FileInfo, ImageInfo, ImageProgress, SandboxInfo, SandboxStats
+
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
+
+T = TypeVar("T")
+
+
+async def _to_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a short blocking call (a unary RPC) in the default thread pool."""
+    return await asyncio.to_thread(func, *args, **kwargs)
+
+
+async def _in_own_thread(func: Callable[[], T]) -> T:
+    """Run a call that may block for long (waiting for a command) in a thread
+    of its own, so that many waiting commands do not exhaust the pool."""
+    loop = asyncio.get_running_loop()
+    fut: "asyncio.Future[T]" = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.cancelled():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            value = func()
+        except BaseException as e:  # delivered to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, False, e)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=target, name="sbx-aio", daemon=True).start()
+    return await fut
+
+
+class AsyncOutputStream:
+    """Async view of an :class:`~sbx.OutputStream`: ``async for line in
+    stream`` yields lines as they are printed. A pump thread moves chunks
+    from the process's queue to an :class:`asyncio.Queue`."""
+
+    def __init__(self, stream: OutputStream) -> None:
+        self._s = stream
+        self._q: "Optional[asyncio.Queue[Optional[bytes]]]" = None
+        self._buf = b""
+        self._eof = False
+
+    def _start_pump(self) -> "asyncio.Queue[Optional[bytes]]":
+        if self._q is None:
+            loop = asyncio.get_running_loop()
+            q: "asyncio.Queue[Optional[bytes]]" = asyncio.Queue()
+            self._q = q
+
+            def pump() -> None:
+                for chunk in self._s.iter_bytes():
+                    loop.call_soon_threadsafe(q.put_nowait, chunk)
+                loop.call_soon_threadsafe(q.put_nowait, None)
+
+            threading.Thread(target=pump, name=f"sbx-aio-{self._s.name}", daemon=True).start()
+        return self._q
+
+    async def _chunk(self) -> Optional[bytes]:
+        if self._eof:
+            return None
+        chunk = await self._start_pump().get()
+        if chunk is None:
+            self._eof = True
+        return chunk
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        while True:
+            line = await self.readline()
+            if not line:
+                return
+            yield line
+
+    async def readline_bytes(self) -> bytes:
+        """The next line as bytes; ``b""`` at the end."""
+        while True:
+            i = self._buf.find(b"\n")
+            if i >= 0:
+                line, self._buf = self._buf[: i + 1], self._buf[i + 1 :]
+                return line
+            chunk = await self._chunk()
+            if chunk is None:
+                line, self._buf = self._buf, b""
+                return line
+            self._buf += chunk
+
+    async def readline(self) -> str:
+        """The next line; ``""`` at the end."""
+        return (await self.readline_bytes()).decode("utf-8", "replace")
+
+    async def read_bytes(self) -> bytes:
+        """Everything until the stream ends, as bytes."""
+        parts = [self._buf]
+        self._buf = b""
+        while True:
+            chunk = await self._chunk()
+            if chunk is None:
+                return b"".join(parts)
+            parts.append(chunk)
+
+    async def read(self) -> str:
+        """Everything until the stream ends."""
+        return (await self.read_bytes()).decode("utf-8", "replace")
+
+
+class AsyncProcess:
+    """Async view of a :class:`~sbx.Process`."""
+
+    def __init__(self, proc: Process) -> None:
+        self.sync = proc
+        self.stdout = AsyncOutputStream(proc.stdout)
+        self.stderr = AsyncOutputStream(proc.stderr)
+
+    @property
+    def pid(self) -> int:
+        """The command's pid inside the sandbox."""
+        return self.sync.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The exit code, or ``None`` while the command runs."""
+        return self.sync.returncode
+
+    @property
+    def exit_status(self) -> Optional[ExitStatus]:
+        """How the command ended (``None`` while it runs)."""
+        return self.sync.exit_status
+
+    async def wait(self) -> int:
+        """Wait for the command to exit; returns its exit code."""
+        return await _in_own_thread(self.sync.wait)
+
+    async def result(self) -> CommandResult:
+        """Wait and collect the output not consumed yet."""
+        out = await self.stdout.read_bytes()
+        err = await self.stderr.read_bytes()
+        await self.wait()
+        st = self.sync.exit_status
+        assert st is not None
+        return CommandResult(
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            exit_code=st.exit_code,
+            timed_out=st.timed_out,
+            signal=st.signal,
+            error=st.error,
+            duration=st.duration,
+            stdout_bytes=out,
+            stderr_bytes=err,
+        )
+
+    def kill(self) -> None:
+        """Kill the command (by abandoning the call)."""
+        self.sync.kill()
+
+    async def __aenter__(self) -> "AsyncProcess":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _in_own_thread(lambda: self.sync.__exit__(None, None, None))
+
+
+class AsyncFiles:
+    """Async view of :class:`~sbx.Files`."""
+
+    def __init__(self, files: Files) -> None:
+        self.sync = files
+
+    async def read(self, path: str, offset: int = 0, length: int = 0) -> bytes:
+        """A file's content."""
+        return await _to_thread(self.sync.read, path, offset, length)
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A file's content as text."""
+        return await _to_thread(self.sync.read_text, path, encoding)
+
+    async def write(self, path: str, data: Union[bytes, str], mode: int = 0o644, *, append: bool = False) -> int:
+        """Write a file (creating parents); returns the bytes written."""
+        return await _to_thread(self.sync.write, path, data, mode, append=append)
+
+    async def list(self, path: str = ".", recursive: bool = False, max_depth: int = 0) -> List[FileInfo]:
+        """List a directory."""
+        return await _to_thread(self.sync.list, path, recursive, max_depth)
+
+    async def stat(self, path: str) -> FileInfo:
+        """Describe one path."""
+        return await _to_thread(self.sync.stat, path)
+
+    async def exists(self, path: str) -> bool:
+        """Whether a path exists."""
+        return await _to_thread(self.sync.exists, path)
+
+    async def mkdir(self, path: str, parents: bool = True, mode: int = 0) -> None:
+        """Create a directory."""
+        await _to_thread(self.sync.mkdir, path, parents, mode)
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete a path."""
+        await _to_thread(self.sync.remove, path, recursive)
+
+    async def rename(self, src: str, dst: str) -> None:
+        """Move a path."""
+        await _to_thread(self.sync.rename, src, dst)
+
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """Copy a local directory's contents into the sandbox."""
+        return await _to_thread(self.sync.upload_dir, local_dir, remote_dir)
+
+    async def download_dir(self, remote_dir: str, local_dir: str) -> int:
+        """Copy a sandbox directory's contents to a local directory (safely)."""
+        return await _to_thread(self.sync.download_dir, remote_dir, local_dir)
+
+
+class AsyncImages:
+    """Async view of :class:`~sbx.Images`."""
+
+    def __init__(self, images: Images) -> None:
+        self.sync = images
+
+    async def pull(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> ImageInfo:
+        """Pull an image (``progress`` is called from a worker thread)."""
+        return await _to_thread(self.sync.pull, ref, progress)
+
+    async def list(self) -> List[ImageInfo]:
+        """Every stored image."""
+        return await _to_thread(self.sync.list)
+
+    async def get(self, ref: str) -> ImageInfo:
+        """Describe one image."""
+        return await _to_thread(self.sync.get, ref)
+
+    async def remove(self, ref: str) -> None:
+        """Untag an image."""
+        await _to_thread(self.sync.remove, ref)
+
+    async def prune(self) -> int:
+        """Free unused layers; returns the bytes freed."""
+        return await _to_thread(self.sync.prune)
+
+
+class AsyncClient:
+    """Async view of :class:`~sbx.Client`."""
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: Optional[float] = None, client: Optional[Client] = None) -> None:
+        self.sync = client if client is not None else Client(addr, timeout=timeout)
+        self.images = AsyncImages(self.sync.images)
+
+    async def version(self) -> Dict[str, Any]:
+        """The daemon's version and runtimes."""
+        return await _to_thread(self.sync.version)
+
+    async def create(self, **kwargs: Any) -> "AsyncSandbox":
+        """Create a sandbox (arguments of :meth:`Sandbox.create`)."""
+        return await AsyncSandbox.create(client=self, **kwargs)
+
+    async def get(self, ref: str) -> "AsyncSandbox":
+        """Find a sandbox by id or name."""
+        return await AsyncSandbox.from_id(ref, client=self)
+
+    async def list(
+        self, labels: Optional[Mapping[str, Optional[str]]] = None, selectors: Optional[Sequence[str]] = None
+    ) -> List["AsyncSandbox"]:
+        """Sandboxes matching labels and selectors."""
+        return await AsyncSandbox.list(labels=labels, selectors=selectors, client=self)
+
+
+def _sync_client(client: Union[AsyncClient, Client, None]) -> Optional[Client]:
+    if isinstance(client, AsyncClient):
+        return client.sync
+    return client
+
+
+class AsyncSandbox:
+    """Async view of :class:`~sbx.Sandbox`: the same methods, as coroutines.
+    ``async with`` terminates the sandbox on exit."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sync = sandbox
+        self.files = AsyncFiles(sandbox.files)
+
+    @classmethod
+    async def create(cls, image: Optional[str] = None, *, client: Union[AsyncClient, Client, None] = None, **kwargs: Any) -> "AsyncSandbox":
+        """Create a sandbox; see :meth:`Sandbox.create` for the arguments."""
+        sb = await _to_thread(Sandbox.create, image, client=_sync_client(client), **kwargs)
+        return cls(sb)
+
+    @classmethod
+    async def from_id(cls, sandbox_id: str, *, client: Union[AsyncClient, Client, None] = None) -> "AsyncSandbox":
+        """Find a sandbox by id or name."""
+        return cls(await _to_thread(Sandbox.from_id, sandbox_id, client=_sync_client(client)))
+
+    @classmethod
+    async def from_name(cls, name: str, *, client: Union[AsyncClient, Client, None] = None) -> "AsyncSandbox":
+        """Find a sandbox by name."""
+        return await cls.from_id(name, client=client)
+
+    @classmethod
+    async def list(
+        cls,
+        labels: Optional[Mapping[str, Optional[str]]] = None,
+        selectors: Optional[Sequence[str]] = None,
+        *,
+        client: Union[AsyncClient, Client, None] = None,
+    ) -> List["AsyncSandbox"]:
+        """Sandboxes matching labels and selectors."""
+        found = await _to_thread(Sandbox.list, labels, selectors, client=_sync_client(client))
+        return [cls(s) for s in found]
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id."""
+        return self.sync.id
+
+    @property
+    def name(self) -> str:
+        """The sandbox's name."""
+        return self.sync.name
+
+    @property
+    def state(self) -> str:
+        """State at the last snapshot (see :meth:`refresh`)."""
+        return self.sync.state
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        """The sandbox's labels."""
+        return self.sync.labels
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last snapshot."""
+        return self.sync.info
+
+    async def stats(self) -> SandboxStats:
+        """Live usage (a coroutine here, unlike the sync property)."""
+        return await _to_thread(lambda: self.sync.stats)
+
+    async def refresh(self) -> "AsyncSandbox":
+        """Reload :attr:`info`."""
+        await _to_thread(self.sync.refresh)
+        return self
+
+    async def stop(self) -> None:
+        """Freeze the sandbox."""
+        await _to_thread(self.sync.stop)
+
+    async def start(self) -> None:
+        """Resume the sandbox."""
+        await _to_thread(self.sync.start)
+
+    async def terminate(self) -> None:
+        """Destroy the sandbox."""
+        await _to_thread(self.sync.terminate)
+
+    destroy = terminate
+
+    async def exec(self, *args: str, **kwargs: Any) -> AsyncProcess:
+        """Start a command (arguments of :meth:`Sandbox.exec`); iterate
+        ``async for line in proc.stdout``."""
+        return AsyncProcess(await _to_thread(self.sync.exec, *args, **kwargs))
+
+    async def run(
+        self,
+        cmd: Union[str, Sequence[str]],
+        *,
+        timeout: Optional[Seconds] = None,
+        raise_on_error: bool = False,
+        **kwargs: Any,
+    ) -> CommandResult:
+        """Run a command to completion (arguments of :meth:`Sandbox.run`)."""
+        return await _in_own_thread(
+            lambda: self.sync.run(cmd, timeout=timeout, raise_on_error=raise_on_error, **kwargs)
+        )
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.terminate()
+        except NotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<sbx.aio.AsyncSandbox {self.id} {self.state}>"

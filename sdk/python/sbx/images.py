@@ -1,0 +1,117 @@
+"""The daemon's OCI images: ``client.images``."""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Union
+
+from ._transport import Transport, b64decode, b64encode
+from .errors import error_from_code
+from .types import ImageInfo, ImageProgress
+
+__all__ = ["Images"]
+
+_SERVICE = "sbx.v1.ImageService"
+_CHUNK = 256 << 10
+
+PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
+
+
+class Images:
+    """Manage the daemon's images. Obtain it as :attr:`Client.images`.
+
+    References are normalised like docker's: ``"alpine"`` is
+    ``"index.docker.io/library/alpine:latest"``.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def pull(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> ImageInfo:
+        """Fetch ``ref`` from its registry. ``progress``, if given, is called
+        with every :class:`~sbx.ImageProgress` event as it arrives. Returns the
+        pulled image."""
+        with self._t.server_stream(_SERVICE, "PullImage", {"ref": ref}, op=f"pull {ref}") as stream:
+            for msg in stream:
+                ev = ImageProgress.from_json(msg)
+                if progress is not None:
+                    progress(ev)
+                if ev.kind == "done" and ev.done is not None:
+                    return ev.done
+        raise error_from_code("unavailable", "pull ended before the image was done", op=f"pull {ref}")
+
+    def list(self) -> List[ImageInfo]:
+        """Every stored image."""
+        resp = self._t.unary(_SERVICE, "ListImages", {}, op="list images")
+        return [ImageInfo.from_json(i) for i in resp.get("images") or []]
+
+    def disk_usage(self) -> int:
+        """Bytes all unpacked layers take on disk (shared layers counted once)."""
+        resp = self._t.unary(_SERVICE, "ListImages", {}, op="list images")
+        return int(resp.get("layersBytes") or 0)
+
+    def get(self, ref: str) -> ImageInfo:
+        """Describe one image (by reference or digest).
+
+        Raises:
+            NotFoundError: no such image.
+        """
+        resp = self._t.unary(_SERVICE, "GetImage", {"ref": ref}, op=f"get image {ref}")
+        return ImageInfo.from_json(resp.get("image") or {})
+
+    def tag(self, source: str, target: str) -> None:
+        """Give image ``source`` another reference ``target``."""
+        self._t.unary(_SERVICE, "TagImage", {"source": source, "target": target}, op=f"tag {source}")
+
+    def remove(self, ref: str) -> None:
+        """Untag an image; :meth:`prune` then frees its layers."""
+        self._t.unary(_SERVICE, "RemoveImage", {"ref": ref}, op=f"remove image {ref}")
+
+    def prune(self) -> int:
+        """Delete layers no image or sandbox uses; returns the bytes freed."""
+        resp = self._t.unary(_SERVICE, "PruneImages", {}, op="prune images")
+        return int(resp.get("freedBytes") or 0)
+
+    def import_tar(self, source: PathOrFile, tag: str = "") -> List[ImageInfo]:
+        """Import a docker-save or OCI-layout tarball (a path or a binary file).
+        ``tag`` optionally names a single-image archive. Returns the images."""
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as f:
+                return self.import_tar(f, tag)
+        fileobj = source
+
+        def messages() -> Iterator[Dict[str, Any]]:
+            header: Dict[str, Any] = {}
+            if tag:
+                header["tag"] = tag
+            yield {"header": header}
+            while True:
+                chunk = fileobj.read(_CHUNK)
+                if not chunk:
+                    return
+                yield {"data": b64encode(chunk)}
+
+        resp = self._t.client_stream(_SERVICE, "ImportImage", messages(), op="import image")
+        return [ImageInfo.from_json(i) for i in resp.get("images") or []]
+
+    def export(self, ref: str, dest: PathOrFile) -> int:
+        """Write image ``ref`` as a docker-save tarball to ``dest`` (a path or
+        a binary file). Returns the bytes written."""
+        if isinstance(dest, (str, os.PathLike)):
+            path = os.fspath(dest)
+            tmp = path + ".sbx-partial"
+            try:
+                with open(tmp, "wb") as f:
+                    n = self.export(ref, f)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return n
+        n = 0
+        with self._t.server_stream(_SERVICE, "ExportImage", {"ref": ref}, op=f"export {ref}") as stream:
+            for msg in stream:
+                data = b64decode(msg.get("data") or "")
+                dest.write(data)
+                n += len(data)
+        return n

@@ -1,0 +1,398 @@
+"""Sandboxes: create, find, run commands in, stop, resume and destroy."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from ._transport import b64encode
+from .client import Client, selectors_from_labels
+from .errors import CommandError, NotFoundError
+from .files import Files
+from .process import CommandResult, Process
+from .types import NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+
+__all__ = ["Sandbox"]
+
+_SERVICE = "sbx.v1.SandboxService"
+
+Seconds = Union[int, float, _dt.timedelta]
+
+
+def _ms(value: Optional[Seconds], what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, _dt.timedelta):
+        value = value.total_seconds()
+    if value < 0:
+        raise ValueError(f"{what} must not be negative")
+    return int(round(value * 1000))
+
+
+def _client(client: Optional[Client]) -> Client:
+    return client if client is not None else Client()
+
+
+class Sandbox:
+    """A handle on one sandbox.
+
+    Create one with :meth:`create`, or find existing ones with
+    :meth:`from_id`, :meth:`from_name` and :meth:`list`. Used as a context
+    manager, the sandbox is terminated when the block exits::
+
+        with sbx.Sandbox.create(memory="256M", timeout=600) as sb:
+            print(sb.run("python3 -c 'print(6*7)'").stdout)
+
+    :attr:`info` is a snapshot; :meth:`refresh` reloads it.
+    """
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self._client = client
+        self._info = info
+        #: Files of the sandbox (read, write, list, upload_dir...).
+        self.files = Files(client._transport, info.id)
+
+    # -- finding and creating ------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        image: Optional[str] = None,
+        *,
+        name: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        cpu: Optional[float] = None,
+        memory: Union[int, str, None] = None,
+        pids: Optional[int] = None,
+        disk: Union[int, str, None] = None,
+        timeout: Optional[Seconds] = None,
+        idle_timeout: Optional[Seconds] = None,
+        stop_when_idle: bool = False,
+        workdir: Optional[str] = None,
+        user: Optional[str] = None,
+        command: Optional[Sequence[str]] = None,
+        runtime: Optional[str] = None,
+        network: Union[str, NetworkPolicy, None] = None,
+        client: Optional[Client] = None,
+    ) -> "Sandbox":
+        """Create a sandbox and return once it is ready for commands.
+
+        Unset arguments take the daemon's defaults (512 MiB memory, 1 CPU, 512
+        PIDs, 1 GiB disk, a 5-minute lifetime, the ``host`` image).
+
+        Args:
+            image: image reference (default ``"host"``: the host's /usr, read-only).
+            name: unique name among live sandboxes (``[a-z0-9][a-z0-9_.-]{0,62}``).
+            labels: labels to find it by with :meth:`list`.
+            env: environment of every command.
+            secrets: environment variables whose values the API never returns.
+            cpu: CPU limit in CPUs (0.5 is half a CPU).
+            memory: memory limit, bytes or a size like ``"512M"``.
+            pids: maximum number of processes and threads.
+            disk: size bound of the writable layer, bytes or ``"1G"``.
+            timeout: lifetime in seconds (or a timedelta).
+            idle_timeout: destroy (or with ``stop_when_idle``, stop) the sandbox
+                after this many seconds without exec or file activity.
+            workdir: default working directory (created if missing).
+            user: default user of commands (``"name"``, ``"uid"``, ``"uid:gid"``).
+            command: a long-running process started with the sandbox.
+            runtime: runtime driver (default ``"oci"``).
+            network: ``"none"``, ``"public"`` or a :class:`~sbx.NetworkPolicy`.
+            client: the daemon to use (default: ``Client()``).
+
+        Raises:
+            AlreadyExistsError: ``name`` is taken.
+            InvalidArgumentError: a bad name, limit or option.
+        """
+        c = _client(client)
+        req: Dict[str, Any] = {}
+        if image:
+            req["image"] = image
+        if name:
+            req["name"] = name
+        if labels:
+            req["labels"] = dict(labels)
+        if env:
+            req["env"] = dict(env)
+        if secrets:
+            req["secrets"] = dict(secrets)
+        if command:
+            if isinstance(command, str):
+                raise TypeError("command must be a list of strings")
+            req["command"] = list(command)
+        if workdir:
+            req["workdir"] = workdir
+        if user:
+            req["user"] = user
+        if runtime:
+            req["runtime"] = runtime
+        res: Dict[str, str] = {}
+        if memory is not None:
+            res["memoryBytes"] = str(parse_size(memory))
+        if cpu is not None:
+            if cpu < 0:
+                raise ValueError("cpu must not be negative")
+            res["cpuMillis"] = str(int(round(cpu * 1000)))
+        if pids is not None:
+            res["pids"] = str(int(pids))
+        if disk is not None:
+            res["diskBytes"] = str(parse_size(disk))
+        if res:
+            req["resources"] = res
+        if timeout is not None:
+            req["timeoutMs"] = str(_ms(timeout, "timeout"))
+        if idle_timeout is not None:
+            req["idleTimeoutMs"] = str(_ms(idle_timeout, "idle_timeout"))
+        if stop_when_idle:
+            req["idleAction"] = "IDLE_ACTION_STOP"
+        if network is not None:
+            policy = NetworkPolicy(mode=network) if isinstance(network, str) else network
+            req["network"] = policy.to_json()
+        resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
+        return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
+
+    @classmethod
+    def from_id(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
+        """Find a sandbox by id (or name).
+
+        Raises:
+            NotFoundError: no such sandbox.
+        """
+        c = _client(client)
+        resp = c._transport.unary(_SERVICE, "GetSandbox", {"sandbox": sandbox_id}, op=f"get sandbox {sandbox_id}")
+        return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
+
+    @classmethod
+    def from_name(cls, name: str, *, client: Optional[Client] = None) -> "Sandbox":
+        """Find a sandbox by name.
+
+        Raises:
+            NotFoundError: no such sandbox.
+        """
+        return cls.from_id(name, client=client)
+
+    @classmethod
+    def list(
+        cls,
+        labels: Optional[Mapping[str, Optional[str]]] = None,
+        selectors: Optional[Sequence[str]] = None,
+        *,
+        client: Optional[Client] = None,
+    ) -> List["Sandbox"]:
+        """Sandboxes matching every label in ``labels`` (``{"k": "v"}``; a
+        ``None`` value means "has the key") and every selector (``"k=v"``,
+        ``"k!=v"``, ``"k"``, ``"!k"``). No filter lists all sandboxes."""
+        c = _client(client)
+        sel = selectors_from_labels(labels, selectors)
+        req: Dict[str, Any] = {"selectors": sel} if sel else {}
+        resp = c._transport.unary(_SERVICE, "ListSandboxes", req, op="list sandboxes")
+        return [cls(c, SandboxInfo.from_json(s)) for s in resp.get("sandboxes") or []]
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """The client this sandbox was found with."""
+        return self._client
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last snapshot of the sandbox (see :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id, e.g. ``"sb-3k9x0v2m7abq"``."""
+        return self._info.id
+
+    @property
+    def name(self) -> str:
+        """The sandbox's name (``""`` if it has none)."""
+        return self._info.name
+
+    @property
+    def state(self) -> str:
+        """State at the last snapshot: ``"running"``, ``"stopped"``,
+        ``"destroyed"``, ``"failed"``... Call :meth:`refresh` to update it."""
+        return self._info.state
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        """The sandbox's labels."""
+        return dict(self._info.labels)
+
+    @property
+    def stats(self) -> SandboxStats:
+        """Live usage (memory, CPU, PIDs, disk), fetched from the daemon on
+        each access (this also refreshes :attr:`info`)."""
+        self.refresh()
+        return self._info.stats or SandboxStats()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def refresh(self) -> "Sandbox":
+        """Reload :attr:`info` (with live stats). Returns self."""
+        resp = self._client._transport.unary(_SERVICE, "GetSandbox", {"sandbox": self.id}, op=f"get sandbox {self.id}")
+        self._info = SandboxInfo.from_json(resp.get("sandbox") or {})
+        return self
+
+    def stop(self) -> None:
+        """Freeze every process of the sandbox; memory and files are kept."""
+        resp = self._client._transport.unary(_SERVICE, "StopSandbox", {"sandbox": self.id}, op=f"stop sandbox {self.id}")
+        if resp.get("sandbox"):
+            self._info = SandboxInfo.from_json(resp["sandbox"])
+
+    def start(self) -> None:
+        """Resume a stopped sandbox."""
+        resp = self._client._transport.unary(_SERVICE, "StartSandbox", {"sandbox": self.id}, op=f"start sandbox {self.id}")
+        if resp.get("sandbox"):
+            self._info = SandboxInfo.from_json(resp["sandbox"])
+
+    def terminate(self) -> None:
+        """Destroy the sandbox: kill everything in it and free what it held.
+
+        Raises:
+            NotFoundError: it no longer exists.
+        """
+        self._client._transport.unary(_SERVICE, "DestroySandbox", {"sandbox": self.id}, op=f"destroy sandbox {self.id}")
+
+    #: Alias of :meth:`terminate`, like the Go SDK's Destroy.
+    destroy = terminate
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.terminate()
+        except NotFoundError:
+            pass
+
+    # -- commands ------------------------------------------------------------
+
+    def _exec_request(
+        self,
+        argv: Optional[List[str]],
+        shell: Optional[str],
+        env: Optional[Mapping[str, str]],
+        workdir: Optional[str],
+        timeout: Optional[Seconds],
+        stdin: Union[bytes, str, None],
+        user: Optional[str],
+    ) -> Dict[str, Any]:
+        req: Dict[str, Any] = {"sandbox": self.id}
+        if shell is not None:
+            req["shell"] = shell
+        else:
+            req["argv"] = argv
+        if env:
+            req["env"] = dict(env)
+        if workdir:
+            req["workdir"] = workdir
+        if timeout:
+            req["timeoutMs"] = str(_ms(timeout, "timeout"))
+        if stdin:
+            req["stdin"] = b64encode(stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin))
+        if user:
+            req["user"] = user
+        return req
+
+    def exec(
+        self,
+        *args: str,
+        shell: bool = False,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        timeout: Optional[Seconds] = None,
+        stdin: Union[bytes, str, None] = None,
+        user: Optional[str] = None,
+        encoding: str = "utf-8",
+    ) -> Process:
+        """Start a command and return a :class:`~sbx.Process` whose
+        ``stdout``/``stderr`` yield lines as they are printed::
+
+            p = sb.exec("python3", "-c", "print('hi')")
+            for line in p.stdout:
+                print(line, end="")
+            p.wait()
+
+        Args:
+            args: the argv (``args[0]`` is looked up in PATH); a single list
+                is accepted too. With ``shell=True``, one command line run by
+                ``/bin/sh -c``.
+            env: extra environment on top of the sandbox's.
+            workdir: working directory (default: the sandbox's).
+            timeout: kill the command's process group after this many seconds.
+            stdin: data given to the command on stdin, then EOF. (Interactive
+                stdin needs HTTP/2 and is not offered by the Python SDK.)
+            user: run as this user (``"name"``, ``"uid"``, ``"uid:gid"``).
+
+        Raises:
+            NotFoundError: the sandbox no longer exists.
+            FailedPreconditionError: the sandbox is stopped.
+        """
+        argv: List[str]
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            argv = [str(a) for a in args[0]]
+        else:
+            argv = [str(a) for a in args]
+        if not argv:
+            raise ValueError("exec needs a command")
+        shell_line: Optional[str] = None
+        if shell:
+            if len(argv) != 1:
+                raise ValueError("with shell=True, give one command line")
+            shell_line = argv[0]
+        req = self._exec_request(None if shell else argv, shell_line, env, workdir, timeout, stdin, user)
+        stream = self._client._transport.server_stream(_SERVICE, "Exec", req, op="exec")
+        return Process(stream, argv, encoding=encoding)
+
+    def run(
+        self,
+        cmd: Union[str, Sequence[str]],
+        *,
+        timeout: Optional[Seconds] = None,
+        raise_on_error: bool = False,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        stdin: Union[bytes, str, None] = None,
+        user: Optional[str] = None,
+    ) -> CommandResult:
+        """Run a command to completion and collect its output.
+
+        ``cmd`` is a shell command line (``str``, run with ``/bin/sh -c``) or an
+        argv list. A non-zero exit is not an error unless ``raise_on_error``.
+
+        Returns:
+            a :class:`~sbx.CommandResult` with ``stdout``, ``stderr``,
+            ``exit_code`` and ``timed_out``.
+
+        Raises:
+            CommandError: with ``raise_on_error``, the command exited non-zero,
+                timed out or could not start.
+        """
+        if isinstance(cmd, str):
+            proc = self.exec(cmd, shell=True, env=env, workdir=workdir, timeout=timeout, stdin=stdin, user=user)
+            shown = cmd
+        else:
+            argv = [str(a) for a in cmd]
+            proc = self.exec(*argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin, user=user)
+            shown = shlex.join(argv)
+        with proc:
+            result = proc.result()
+        if raise_on_error and not result.ok:
+            raise CommandError(result, shown)
+        return result
+
+    def __repr__(self) -> str:
+        name = f" name={self.name!r}" if self.name else ""
+        return f"<sbx.Sandbox {self.id}{name} {self.state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)

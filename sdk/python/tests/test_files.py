@@ -1,0 +1,217 @@
+"""Files: read/write round trips, metadata, directories via tar, safe extraction."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+import sbx
+
+
+def test_write_read_round_trip(shared_sandbox: sbx.Sandbox) -> None:
+    f = shared_sandbox.files
+    assert f.write("/root/rt/a/b/hello.txt", "héllo\n") == len("héllo\n".encode())
+    assert f.read("/root/rt/a/b/hello.txt") == "héllo\n".encode()
+    assert f.read_text("/root/rt/a/b/hello.txt") == "héllo\n"
+    assert shared_sandbox.run("cat /root/rt/a/b/hello.txt").stdout == "héllo\n"
+    # Written by a command, read by the SDK.
+    shared_sandbox.run("printf 'from shell' > /root/rt/shell.txt", raise_on_error=True)
+    assert f.read("/root/rt/shell.txt") == b"from shell"
+    # Append, offset and length.
+    f.write("/root/rt/log.txt", b"one\n")
+    f.write("/root/rt/log.txt", b"two\n", append=True)
+    assert f.read("/root/rt/log.txt") == b"one\ntwo\n"
+    assert f.read("/root/rt/log.txt", offset=4) == b"two\n"
+    assert f.read("/root/rt/log.txt", offset=1, length=2) == b"ne"
+    # Empty file.
+    f.write("/root/rt/empty", b"")
+    assert f.read("/root/rt/empty") == b""
+
+
+def test_large_file(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
+    data = os.urandom(5 << 20)
+    f = shared_sandbox.files
+    assert f.write("/root/big.bin", data) == len(data)
+    assert f.stat("/root/big.bin").size == len(data)
+    assert f.read("/root/big.bin") == data
+    r = shared_sandbox.run("sha256sum /root/big.bin")
+    import hashlib
+
+    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+    # From and to local files, streamed.
+    local = tmp_path / "big.bin"
+    local.write_bytes(data)
+    assert f.upload_file(str(local), "/root/big2.bin") == len(data)
+    out = tmp_path / "back.bin"
+    assert f.download_file("/root/big2.bin", str(out)) == len(data)
+    assert out.read_bytes() == data
+    f.remove("/root/big.bin")
+    f.remove("/root/big2.bin")
+
+
+def test_mode(shared_sandbox: sbx.Sandbox) -> None:
+    f = shared_sandbox.files
+    f.write("/root/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert f.stat("/root/run.sh").mode & 0o777 == 0o755
+    assert shared_sandbox.run("/root/run.sh").stdout == "ran\n"
+
+
+def test_metadata_operations(shared_sandbox: sbx.Sandbox) -> None:
+    f = shared_sandbox.files
+    f.mkdir("/root/meta/x/y")
+    assert f.stat("/root/meta/x/y").is_dir
+    with pytest.raises(sbx.SbxError):
+        f.mkdir("/root/meta/p/q", parents=False)
+    f.write("/root/meta/x/file.txt", "abc")
+    st = f.stat("/root/meta/x/file.txt")
+    assert (st.name, st.type, st.size, st.is_file) == ("file.txt", "file", 3, True)
+    assert st.path == "/root/meta/x/file.txt"
+    assert st.mtime is not None
+
+    names = sorted(e.name for e in f.list("/root/meta/x"))
+    assert names == ["file.txt", "y"]
+    deep = sorted(e.path for e in f.list("/root/meta", recursive=True))
+    assert deep == ["/root/meta/x", "/root/meta/x/file.txt", "/root/meta/x/y"]
+    assert sorted(e.path for e in f.list("/root/meta", recursive=True, max_depth=1)) == ["/root/meta/x"]
+
+    f.rename("/root/meta/x/file.txt", "/root/meta/moved.txt")
+    assert not f.exists("/root/meta/x/file.txt")
+    assert f.read_text("/root/meta/moved.txt") == "abc"
+
+    shared_sandbox.run("ln -s moved.txt /root/meta/link", raise_on_error=True)
+    link = f.stat("/root/meta/link")
+    assert link.is_symlink and link.symlink_target == "moved.txt"
+
+    with pytest.raises(sbx.SbxError):
+        f.remove("/root/meta/x")  # not empty, not recursive
+    f.remove("/root/meta", recursive=True)
+    assert not f.exists("/root/meta")
+
+
+def test_file_errors(shared_sandbox: sbx.Sandbox) -> None:
+    f = shared_sandbox.files
+    with pytest.raises(sbx.NotFoundError):
+        f.read("/root/does/not/exist")
+    with pytest.raises(sbx.NotFoundError):
+        f.stat("/root/does/not/exist")
+    with pytest.raises(sbx.NotFoundError):
+        f.list("/root/does/not/exist")
+    assert not f.exists("/root/does/not/exist")
+    with pytest.raises(TypeError):
+        f.write("/root/x", 123)  # type: ignore[arg-type]
+
+
+def _make_tree(root) -> None:
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "sub" / "data.txt").write_text("data\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho ok\n")
+    os.chmod(root / "run.sh", 0o755)
+    (root / "big.bin").write_bytes(os.urandom(300_000))
+    (root / "empty_dir").mkdir()
+    os.symlink("pkg/sub/data.txt", root / "link.txt")
+
+
+def test_upload_and_download_dir(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _make_tree(src)
+    n = shared_sandbox.files.upload_dir(str(src), "/root/proj")
+    assert n >= 4
+    r = shared_sandbox.run("cd /root/proj && ./run.sh && cat link.txt && ls -d empty_dir && find . | sort")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("ok\ndata\nempty_dir\n")
+    assert shared_sandbox.files.read("/root/proj/big.bin") == (src / "big.bin").read_bytes()
+
+    shared_sandbox.run("echo made-inside > /root/proj/pkg/new.txt", raise_on_error=True)
+    out = tmp_path / "out"
+    shared_sandbox.files.download_dir("/root/proj", str(out))
+    assert (out / "pkg" / "new.txt").read_text() == "made-inside\n"
+    assert (out / "pkg" / "sub" / "data.txt").read_text() == "data\n"
+    assert (out / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert os.access(out / "run.sh", os.X_OK)
+    assert (out / "empty_dir").is_dir()
+    assert os.readlink(out / "link.txt") == "pkg/sub/data.txt"
+
+    tar_bytes = shared_sandbox.files.download_tar("/root/proj/run.sh")
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
+        assert tf.getnames() == ["run.sh"]
+    with pytest.raises(sbx.NotFoundError):
+        shared_sandbox.files.download_dir("/root/nope", str(tmp_path / "nope"))
+
+
+def test_download_refuses_escaping_links(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
+    shared_sandbox.run("mkdir -p /root/evil && ln -sf /etc/passwd /root/evil/abs && "
+                       "ln -sf ../../../outside /root/evil/rel", raise_on_error=True)
+    with pytest.raises(sbx.UnsafeArchiveError):
+        shared_sandbox.files.download_dir("/root/evil", str(tmp_path / "evil"))
+    assert not (tmp_path / "outside").exists()
+
+
+# -- safe extraction, without a daemon ------------------------------------------
+
+
+def _tar(*members) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for ti, data in members:
+            tf.addfile(ti, io.BytesIO(data) if data is not None else None)
+    buf.seek(0)
+    return buf
+
+
+def _file(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple:
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    ti.mode = mode
+    return ti, data
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple:
+    ti = tarfile.TarInfo(name)
+    ti.type = kind
+    ti.linkname = target
+    return ti, None
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [_file("/abs.txt")],
+        [_file("../up.txt")],
+        [_file("a/../../up.txt")],
+        [_link("l", "/etc/passwd")],
+        [_link("l", "../outside")],
+        [_link("d/l", "../../outside")],
+        [_link("h", "../outside", tarfile.LNKTYPE)],
+        [_link("l", "."), _link("l2", "l/..")],
+        [_link("dir", ".."), _file("dir/escaped.txt")],
+        [(lambda ti: (setattr(ti, "type", tarfile.CHRTYPE), (ti, None))[1])(tarfile.TarInfo("dev"))],
+        [(lambda ti: (setattr(ti, "type", tarfile.FIFOTYPE), (ti, None))[1])(tarfile.TarInfo("fifo"))],
+    ],
+)
+def test_safe_extract_refuses(tmp_path, members) -> None:
+    from sbx._tar import safe_extract
+
+    dest = tmp_path / "dest"
+    with pytest.raises(sbx.UnsafeArchiveError):
+        safe_extract(_tar(*members), str(dest))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_safe_extract_accepts_normal_archives(tmp_path) -> None:
+    from sbx._tar import safe_extract
+
+    dest = tmp_path / "dest"
+    n = safe_extract(
+        _tar(_file("a/b.txt", b"hi"), _link("a/l", "b.txt"), _link("a/h", "a/b.txt", tarfile.LNKTYPE),
+             _file("setuid", b"#!", 0o4755)),
+        str(dest),
+    )
+    assert n == 4
+    assert (dest / "a" / "l").read_text() == "hi"
+    assert (dest / "a" / "h").read_text() == "hi"
+    assert os.stat(dest / "setuid").st_mode & 0o7777 == 0o755
