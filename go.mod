@@ -7,6 +7,7 @@ require (
 	github.com/google/go-containerregistry v0.22.1
 	github.com/klauspost/compress v1.19.2
 	github.com/sbxdev/sbx/api v0.0.0
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

@@ -150,7 +150,11 @@ func Run(ctx context.Context, cfg Config) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	api := server.New(mgr)
-	api.AddImages(server.NewImageServer(images, mgr.ImagesInUse, &gcLock))
+	imageSrv, err := newImageServer(ctx, images, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
+	if err != nil {
+		return err
+	}
+	api.AddImages(imageSrv)
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		Protocols:         &protos,

@@ -23,6 +23,21 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 	keepLayers := map[string]bool{}
 	keepBlobs := map[string]bool{}
 	s.mu.Lock()
+	// Untagged intermediate images of builds go first; build caches miss
+	// on them afterwards and redo (or recompose) the step.
+	tagged := map[string]bool{}
+	for _, d := range s.refs {
+		tagged[d] = true
+	}
+	for d, r := range s.records {
+		if r.Intermediate && !tagged[d] {
+			if err := os.Remove(s.recordPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				s.mu.Unlock()
+				return 0, fmt.Errorf("prune: %w", err)
+			}
+			delete(s.records, d)
+		}
+	}
 	for _, r := range s.records {
 		keepBlobs[hexOf(r.Digest)] = true
 		keepBlobs[hexOf(r.ConfigDigest)] = true

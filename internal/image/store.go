@@ -119,6 +119,9 @@ type record struct {
 	Config       ImageConfig   `json:"config"`
 	Size         int64         `json:"size"`
 	Created      time.Time     `json:"created"`
+	// Intermediate marks build steps' images: hidden from List while
+	// untagged, forgotten by Prune (see commit.go).
+	Intermediate bool `json:"intermediate,omitempty"`
 }
 
 type recordLayer struct {
@@ -365,7 +368,8 @@ func (s *Store) Get(ctx context.Context, ref string) (*Image, error) {
 	return s.imageOf(r, n), nil
 }
 
-// List returns one entry per ref, plus one per untagged image, sorted by ref.
+// List returns one entry per ref, plus one per untagged image (but for
+// untagged intermediate images of builds), sorted by ref.
 func (s *Store) List(ctx context.Context) ([]*Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -376,7 +380,7 @@ func (s *Store) List(ctx context.Context) ([]*Image, error) {
 		tagged[d] = true
 	}
 	for d, r := range s.records {
-		if !tagged[d] {
+		if !tagged[d] && !r.Intermediate {
 			out = append(out, s.imageOf(r, ""))
 		}
 	}

@@ -7,6 +7,7 @@ package runtime
 
 import (
 	"context"
+	"io"
 	"net"
 	"time"
 )
@@ -128,4 +129,16 @@ const ProbeTimeout = 10 * time.Second
 // avoid changing, when a new limit is below current usage.
 type Updater interface {
 	Update(ctx context.Context, h Handle, r Resources) error
+}
+
+// Snapshotter is implemented by drivers that can export a box's writable
+// layer. Diff writes it to w as an uncompressed OCI layer tar: regular
+// files, directories, symlinks and hardlinks within the layer, deletions as
+// ".wh.NAME" whiteouts and opaque directories as ".wh..wh..opq", owners as
+// seen inside the box. The box is frozen while the tar is written (unless it
+// already was) and thawed afterwards; it works on running and paused boxes.
+// Per-box files the driver itself writes into the layer (hostname, hosts,
+// the agent's mount point) are left out.
+type Snapshotter interface {
+	Diff(ctx context.Context, h Handle, w io.Writer) error
 }

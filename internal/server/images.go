@@ -22,6 +22,8 @@ type ImageServer struct {
 	// gc is held for writing while pruning, for reading while a create
 	// resolves an image and registers its sandbox.
 	gc *sync.RWMutex
+	// builder serves BuildImage (nil: Unimplemented).
+	builder Builder
 }
 
 var _ sbxv1connect.ImageServiceHandler = (*ImageServer)(nil)

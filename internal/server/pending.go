@@ -15,7 +15,3 @@ import (
 func (s *Server) UpdateNetwork(context.Context, *connect.Request[sbxv1.UpdateNetworkRequest]) (*connect.Response[sbxv1.UpdateNetworkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("network policies are not implemented yet: sandboxes have loopback only"))
 }
-
-func (s *ImageServer) BuildImage(context.Context, *connect.Request[sbxv1.BuildImageRequest], *connect.ServerStream[sbxv1.ImageProgress]) error {
-	return connect.NewError(connect.CodeUnimplemented, errors.New("image builds are not implemented yet"))
-}

@@ -1543,11 +1543,108 @@ func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type SnapshotSandboxRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Reference to tag the new image with (untagged if empty).
+	Tag           string `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxRequest) Reset() {
+	*x = SnapshotSandboxRequest{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxRequest) ProtoMessage() {}
+
+func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SnapshotSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+type SnapshotSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *ImageInfo             `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxResponse) Reset() {
+	*x = SnapshotSandboxResponse{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxResponse) ProtoMessage() {}
+
+func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SnapshotSandboxResponse) GetImage() *ImageInfo {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 var File_sbx_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\"\x10\n" +
+	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x13sbx/v1/images.proto\"\x10\n" +
 	"\x0eVersionRequest\"t\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -1667,7 +1764,12 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12/\n" +
 	"\anetwork\x18\x02 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\"B\n" +
 	"\x15UpdateNetworkResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox*\xd4\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"D\n" +
+	"\x16SnapshotSandboxRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\"B\n" +
+	"\x17SnapshotSandboxResponse\x12'\n" +
+	"\x05image\x18\x01 \x01(\v2\x11.sbx.v1.ImageInfoR\x05image*\xd4\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -1685,7 +1787,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
 	"\x13NETWORK_MODE_PUBLIC\x10\x02\x12\x16\n" +
-	"\x12NETWORK_MODE_ALLOW\x10\x032\xef\t\n" +
+	"\x12NETWORK_MODE_ALLOW\x10\x032\xc3\n" +
+	"\n" +
 	"\x0eSandboxService\x12:\n" +
 	"\aVersion\x12\x16.sbx.v1.VersionRequest\x1a\x17.sbx.v1.VersionResponse\x12L\n" +
 	"\rCreateSandbox\x12\x1c.sbx.v1.CreateSandboxRequest\x1a\x1d.sbx.v1.CreateSandboxResponse\x12C\n" +
@@ -1694,7 +1797,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1c.sbx.v1.ListSandboxesRequest\x1a\x1d.sbx.v1.ListSandboxesResponse\x12F\n" +
 	"\vStopSandbox\x12\x1a.sbx.v1.StopSandboxRequest\x1a\x1b.sbx.v1.StopSandboxResponse\x12I\n" +
 	"\fStartSandbox\x12\x1b.sbx.v1.StartSandboxRequest\x1a\x1c.sbx.v1.StartSandboxResponse\x12O\n" +
-	"\x0eDestroySandbox\x12\x1d.sbx.v1.DestroySandboxRequest\x1a\x1e.sbx.v1.DestroySandboxResponse\x12L\n" +
+	"\x0eDestroySandbox\x12\x1d.sbx.v1.DestroySandboxRequest\x1a\x1e.sbx.v1.DestroySandboxResponse\x12R\n" +
+	"\x0fSnapshotSandbox\x12\x1e.sbx.v1.SnapshotSandboxRequest\x1a\x1f.sbx.v1.SnapshotSandboxResponse\x12L\n" +
 	"\rUpdateNetwork\x12\x1c.sbx.v1.UpdateNetworkRequest\x1a\x1d.sbx.v1.UpdateNetworkResponse\x121\n" +
 	"\x04Exec\x12\x13.sbx.v1.ExecRequest\x1a\x12.sbx.v1.ExecOutput0\x01\x12<\n" +
 	"\x0fExecInteractive\x12\x11.sbx.v1.ExecInput\x1a\x12.sbx.v1.ExecOutput(\x010\x01\x128\n" +
@@ -1721,71 +1825,74 @@ func file_sbx_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_sbx_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_sbx_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),              // 0: sbx.v1.SandboxState
-	(IdleAction)(0),                // 1: sbx.v1.IdleAction
-	(NetworkMode)(0),               // 2: sbx.v1.NetworkMode
-	(*VersionRequest)(nil),         // 3: sbx.v1.VersionRequest
-	(*VersionResponse)(nil),        // 4: sbx.v1.VersionResponse
-	(*RuntimeInfo)(nil),            // 5: sbx.v1.RuntimeInfo
-	(*Resources)(nil),              // 6: sbx.v1.Resources
-	(*CreateSandboxRequest)(nil),   // 7: sbx.v1.CreateSandboxRequest
-	(*NetworkPolicy)(nil),          // 8: sbx.v1.NetworkPolicy
-	(*CreateSandboxResponse)(nil),  // 9: sbx.v1.CreateSandboxResponse
-	(*Sandbox)(nil),                // 10: sbx.v1.Sandbox
-	(*SandboxStats)(nil),           // 11: sbx.v1.SandboxStats
-	(*GetSandboxRequest)(nil),      // 12: sbx.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 13: sbx.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 14: sbx.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 15: sbx.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),     // 16: sbx.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),    // 17: sbx.v1.StopSandboxResponse
-	(*StartSandboxRequest)(nil),    // 18: sbx.v1.StartSandboxRequest
-	(*StartSandboxResponse)(nil),   // 19: sbx.v1.StartSandboxResponse
-	(*DestroySandboxRequest)(nil),  // 20: sbx.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil), // 21: sbx.v1.DestroySandboxResponse
-	(*UpdateNetworkRequest)(nil),   // 22: sbx.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),  // 23: sbx.v1.UpdateNetworkResponse
-	nil,                            // 24: sbx.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 25: sbx.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 26: sbx.v1.CreateSandboxRequest.SecretsEntry
-	nil,                            // 27: sbx.v1.Sandbox.LabelsEntry
-	nil,                            // 28: sbx.v1.Sandbox.EnvEntry
-	(*ExecRequest)(nil),            // 29: sbx.v1.ExecRequest
-	(*ExecInput)(nil),              // 30: sbx.v1.ExecInput
-	(*ReadFileRequest)(nil),        // 31: sbx.v1.ReadFileRequest
-	(*WriteFileRequest)(nil),       // 32: sbx.v1.WriteFileRequest
-	(*ListDirRequest)(nil),         // 33: sbx.v1.ListDirRequest
-	(*StatRequest)(nil),            // 34: sbx.v1.StatRequest
-	(*MakeDirRequest)(nil),         // 35: sbx.v1.MakeDirRequest
-	(*RemoveRequest)(nil),          // 36: sbx.v1.RemoveRequest
-	(*RenameRequest)(nil),          // 37: sbx.v1.RenameRequest
-	(*UploadTarRequest)(nil),       // 38: sbx.v1.UploadTarRequest
-	(*DownloadTarRequest)(nil),     // 39: sbx.v1.DownloadTarRequest
-	(*ExecOutput)(nil),             // 40: sbx.v1.ExecOutput
-	(*FileChunk)(nil),              // 41: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),      // 42: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),        // 43: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),           // 44: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),        // 45: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),         // 46: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),         // 47: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),      // 48: sbx.v1.UploadTarResponse
+	(SandboxState)(0),               // 0: sbx.v1.SandboxState
+	(IdleAction)(0),                 // 1: sbx.v1.IdleAction
+	(NetworkMode)(0),                // 2: sbx.v1.NetworkMode
+	(*VersionRequest)(nil),          // 3: sbx.v1.VersionRequest
+	(*VersionResponse)(nil),         // 4: sbx.v1.VersionResponse
+	(*RuntimeInfo)(nil),             // 5: sbx.v1.RuntimeInfo
+	(*Resources)(nil),               // 6: sbx.v1.Resources
+	(*CreateSandboxRequest)(nil),    // 7: sbx.v1.CreateSandboxRequest
+	(*NetworkPolicy)(nil),           // 8: sbx.v1.NetworkPolicy
+	(*CreateSandboxResponse)(nil),   // 9: sbx.v1.CreateSandboxResponse
+	(*Sandbox)(nil),                 // 10: sbx.v1.Sandbox
+	(*SandboxStats)(nil),            // 11: sbx.v1.SandboxStats
+	(*GetSandboxRequest)(nil),       // 12: sbx.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),      // 13: sbx.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),    // 14: sbx.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),   // 15: sbx.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),      // 16: sbx.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),     // 17: sbx.v1.StopSandboxResponse
+	(*StartSandboxRequest)(nil),     // 18: sbx.v1.StartSandboxRequest
+	(*StartSandboxResponse)(nil),    // 19: sbx.v1.StartSandboxResponse
+	(*DestroySandboxRequest)(nil),   // 20: sbx.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),  // 21: sbx.v1.DestroySandboxResponse
+	(*UpdateNetworkRequest)(nil),    // 22: sbx.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 23: sbx.v1.UpdateNetworkResponse
+	(*SnapshotSandboxRequest)(nil),  // 24: sbx.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil), // 25: sbx.v1.SnapshotSandboxResponse
+	nil,                             // 26: sbx.v1.CreateSandboxRequest.LabelsEntry
+	nil,                             // 27: sbx.v1.CreateSandboxRequest.EnvEntry
+	nil,                             // 28: sbx.v1.CreateSandboxRequest.SecretsEntry
+	nil,                             // 29: sbx.v1.Sandbox.LabelsEntry
+	nil,                             // 30: sbx.v1.Sandbox.EnvEntry
+	(*ImageInfo)(nil),               // 31: sbx.v1.ImageInfo
+	(*ExecRequest)(nil),             // 32: sbx.v1.ExecRequest
+	(*ExecInput)(nil),               // 33: sbx.v1.ExecInput
+	(*ReadFileRequest)(nil),         // 34: sbx.v1.ReadFileRequest
+	(*WriteFileRequest)(nil),        // 35: sbx.v1.WriteFileRequest
+	(*ListDirRequest)(nil),          // 36: sbx.v1.ListDirRequest
+	(*StatRequest)(nil),             // 37: sbx.v1.StatRequest
+	(*MakeDirRequest)(nil),          // 38: sbx.v1.MakeDirRequest
+	(*RemoveRequest)(nil),           // 39: sbx.v1.RemoveRequest
+	(*RenameRequest)(nil),           // 40: sbx.v1.RenameRequest
+	(*UploadTarRequest)(nil),        // 41: sbx.v1.UploadTarRequest
+	(*DownloadTarRequest)(nil),      // 42: sbx.v1.DownloadTarRequest
+	(*ExecOutput)(nil),              // 43: sbx.v1.ExecOutput
+	(*FileChunk)(nil),               // 44: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),       // 45: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),         // 46: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),            // 47: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),         // 48: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),          // 49: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),          // 50: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),       // 51: sbx.v1.UploadTarResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
-	24, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
-	25, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
-	26, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
+	26, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
+	27, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
+	28, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
 	6,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
 	1,  // 5: sbx.v1.CreateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
 	8,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
 	2,  // 7: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
 	10, // 8: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	27, // 9: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
+	29, // 9: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
 	0,  // 10: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
-	28, // 11: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
+	30, // 11: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
 	6,  // 12: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
 	1,  // 13: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
 	11, // 14: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
@@ -1796,49 +1903,52 @@ var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	10, // 19: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
 	8,  // 20: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
 	10, // 21: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
-	3,  // 22: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
-	7,  // 23: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
-	12, // 24: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
-	14, // 25: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
-	16, // 26: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
-	18, // 27: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
-	20, // 28: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
-	22, // 29: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
-	29, // 30: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
-	30, // 31: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
-	31, // 32: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	32, // 33: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	33, // 34: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
-	34, // 35: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
-	35, // 36: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	36, // 37: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
-	37, // 38: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
-	38, // 39: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	39, // 40: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	4,  // 41: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	9,  // 42: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	13, // 43: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	15, // 44: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	17, // 45: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	19, // 46: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	21, // 47: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	23, // 48: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
-	40, // 49: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	40, // 50: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	41, // 51: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	42, // 52: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	43, // 53: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	44, // 54: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	45, // 55: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	46, // 56: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	47, // 57: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	48, // 58: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	41, // 59: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	41, // [41:60] is the sub-list for method output_type
-	22, // [22:41] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	31, // 22: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
+	3,  // 23: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
+	7,  // 24: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
+	12, // 25: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
+	14, // 26: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
+	16, // 27: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
+	18, // 28: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
+	20, // 29: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
+	24, // 30: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
+	22, // 31: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
+	32, // 32: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
+	33, // 33: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
+	34, // 34: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	35, // 35: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	36, // 36: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
+	37, // 37: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
+	38, // 38: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	39, // 39: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
+	40, // 40: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
+	41, // 41: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	42, // 42: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	4,  // 43: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	9,  // 44: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	13, // 45: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	15, // 46: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	17, // 47: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	19, // 48: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	21, // 49: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	25, // 50: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
+	23, // 51: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	43, // 52: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	43, // 53: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	44, // 54: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	45, // 55: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	46, // 56: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	47, // 57: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	48, // 58: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	49, // 59: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	50, // 60: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	51, // 61: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	44, // 62: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	43, // [43:63] is the sub-list for method output_type
+	23, // [23:43] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_sandbox_proto_init() }
@@ -1848,13 +1958,14 @@ func file_sbx_v1_sandbox_proto_init() {
 	}
 	file_sbx_v1_process_proto_init()
 	file_sbx_v1_files_proto_init()
+	file_sbx_v1_images_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_sandbox_proto_rawDesc), len(file_sbx_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -54,6 +54,9 @@ const (
 	// SandboxServiceDestroySandboxProcedure is the fully-qualified name of the SandboxService's
 	// DestroySandbox RPC.
 	SandboxServiceDestroySandboxProcedure = "/sbx.v1.SandboxService/DestroySandbox"
+	// SandboxServiceSnapshotSandboxProcedure is the fully-qualified name of the SandboxService's
+	// SnapshotSandbox RPC.
+	SandboxServiceSnapshotSandboxProcedure = "/sbx.v1.SandboxService/SnapshotSandbox"
 	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
 	// UpdateNetwork RPC.
 	SandboxServiceUpdateNetworkProcedure = "/sbx.v1.SandboxService/UpdateNetwork"
@@ -96,6 +99,11 @@ type SandboxServiceClient interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	StartSandbox(context.Context, *connect.Request[v1.StartSandboxRequest]) (*connect.Response[v1.StartSandboxResponse], error)
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
+	// SnapshotSandbox makes an image of a running or stopped sandbox: its
+	// image's layers plus its filesystem changes as a new layer, with its env,
+	// workdir and user as the image's config. The sandbox is frozen while its
+	// changes are read and keeps running afterwards.
+	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	// UpdateNetwork changes a running sandbox's network policy.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
@@ -169,6 +177,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceDestroySandboxProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("DestroySandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		snapshotSandbox: connect.NewClient[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceSnapshotSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
 			connect.WithClientOptions(opts...),
 		),
 		updateNetwork: connect.NewClient[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse](
@@ -255,6 +269,7 @@ type sandboxServiceClient struct {
 	stopSandbox     *connect.Client[v1.StopSandboxRequest, v1.StopSandboxResponse]
 	startSandbox    *connect.Client[v1.StartSandboxRequest, v1.StartSandboxResponse]
 	destroySandbox  *connect.Client[v1.DestroySandboxRequest, v1.DestroySandboxResponse]
+	snapshotSandbox *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	updateNetwork   *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 	exec            *connect.Client[v1.ExecRequest, v1.ExecOutput]
 	execInteractive *connect.Client[v1.ExecInput, v1.ExecOutput]
@@ -302,6 +317,11 @@ func (c *sandboxServiceClient) StartSandbox(ctx context.Context, req *connect.Re
 // DestroySandbox calls sbx.v1.SandboxService.DestroySandbox.
 func (c *sandboxServiceClient) DestroySandbox(ctx context.Context, req *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error) {
 	return c.destroySandbox.CallUnary(ctx, req)
+}
+
+// SnapshotSandbox calls sbx.v1.SandboxService.SnapshotSandbox.
+func (c *sandboxServiceClient) SnapshotSandbox(ctx context.Context, req *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
+	return c.snapshotSandbox.CallUnary(ctx, req)
 }
 
 // UpdateNetwork calls sbx.v1.SandboxService.UpdateNetwork.
@@ -375,6 +395,11 @@ type SandboxServiceHandler interface {
 	StopSandbox(context.Context, *connect.Request[v1.StopSandboxRequest]) (*connect.Response[v1.StopSandboxResponse], error)
 	StartSandbox(context.Context, *connect.Request[v1.StartSandboxRequest]) (*connect.Response[v1.StartSandboxResponse], error)
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
+	// SnapshotSandbox makes an image of a running or stopped sandbox: its
+	// image's layers plus its filesystem changes as a new layer, with its env,
+	// workdir and user as the image's config. The sandbox is frozen while its
+	// changes are read and keeps running afterwards.
+	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	// UpdateNetwork changes a running sandbox's network policy.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
@@ -444,6 +469,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceDestroySandboxProcedure,
 		svc.DestroySandbox,
 		connect.WithSchema(sandboxServiceMethods.ByName("DestroySandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSnapshotSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceSnapshotSandboxProcedure,
+		svc.SnapshotSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceUpdateNetworkHandler := connect.NewUnaryHandler(
@@ -534,6 +565,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceStartSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceDestroySandboxProcedure:
 			sandboxServiceDestroySandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceSnapshotSandboxProcedure:
+			sandboxServiceSnapshotSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceUpdateNetworkProcedure:
 			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
@@ -593,6 +626,10 @@ func (UnimplementedSandboxServiceHandler) StartSandbox(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.DestroySandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.SnapshotSandbox is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {

@@ -1,0 +1,365 @@
+// Package builder runs image recipes (sbxv1.Recipe): from a base image, each
+// step either changes the image config (env, workdir, entrypoint, cmd,
+// user) or runs in a fresh sandbox (apt_install, pip_install, npm_install,
+// run, copy) whose filesystem diff becomes the step's layer. Steps are
+// cached by sha256(parent key + step): an unchanged recipe only recomposes
+// stored layers, and a changed step reruns from there on. It also makes the
+// "debian:bookworm" base with debootstrap on the host.
+//
+// It drives sandboxes only through internal/sandbox's Manager and stores
+// images only through internal/image's Store; the daemon wires it and the
+// RPC server calls it.
+package builder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/image"
+	"github.com/sbxdev/sbx/internal/sandbox"
+)
+
+// BuildLabel marks the sandboxes builds run steps in.
+const BuildLabel = "sbx.build"
+
+// Config wires a Builder.
+type Config struct {
+	Manager *sandbox.Manager
+	Store   *image.Store
+	// CacheDir holds the step cache (one small JSON file per key); the
+	// daemon puts it under the image store's dir.
+	CacheDir string
+	// Resources of build sandboxes (zero fields: the manager's defaults).
+	Resources *sbxv1.Resources
+	// StepTimeout bounds one step (default 1h).
+	StepTimeout time.Duration
+	// Mirror is the Debian mirror debootstrap uses ("" = the one the
+	// host's apt sources name, else deb.debian.org).
+	Mirror string
+	Logger *slog.Logger
+}
+
+// Builder runs recipes. Builds may run concurrently.
+type Builder struct {
+	cfg Config
+	log *slog.Logger
+	// debianMu serialises making the debian base.
+	debianMu sync.Mutex
+}
+
+// New returns a Builder.
+func New(cfg Config) (*Builder, error) {
+	if cfg.Manager == nil || cfg.Store == nil || cfg.CacheDir == "" {
+		return nil, errors.New("builder needs a manager, a store and a cache dir")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.StepTimeout == 0 {
+		cfg.StepTimeout = time.Hour
+	}
+	if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create build cache: %w", err)
+	}
+	return &Builder{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Emit receives build events in order; an error from it aborts the build.
+type Emit = func(*sbxv1.ImageProgress) error
+
+func status(s string) *sbxv1.ImageProgress {
+	return &sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Status{Status: s}}
+}
+
+func stepEvent(i int, desc, phase string, d time.Duration) *sbxv1.ImageProgress {
+	return &sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Step{Step: &sbxv1.BuildStep{
+		Index: int32(i), Description: desc, Phase: phase, DurationMs: d.Milliseconds()}}}
+}
+
+// Build runs req's recipe and tags the result with req.Tag (if set). Events
+// (statuses, step phases, step output) go to emit; the caller sends the
+// final `done` itself.
+func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
+	start := time.Now()
+	r := req.GetRecipe()
+	if err := validate(r); err != nil {
+		return nil, err
+	}
+	if req.GetTag() != "" {
+		if err := validTag(req.GetTag()); err != nil {
+			return nil, err
+		}
+	}
+	network := b.networkAvailable(ctx)
+	cur, err := b.base(ctx, r, network, emit)
+	if err != nil {
+		return nil, err
+	}
+	for i, step := range r.GetSteps() {
+		n := i + 1
+		desc := describe(step)
+		key := stepKey(cur.Digest, step)
+		if !req.GetNoCache() {
+			if img, ok := b.fromCache(ctx, cur, key, desc); ok {
+				cur = img
+				if err := emit(stepEvent(n, desc, "cached", 0)); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
+		if needsNetwork(step) && !network {
+			return nil, fmt.Errorf("step %d (%s): sandbox networking is not available yet: %w", n, kind(step), errdefs.ErrFailedPrecondition)
+		}
+		if err := emit(stepEvent(n, desc, "running", 0)); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		var next *image.Image
+		if configOnly(step) {
+			next, err = b.cfg.Store.Compose(ctx, cur.Digest, nil, image.ImageSpec{
+				Config: applyConfig(cur.Config, step), CreatedBy: desc, Intermediate: true})
+		} else {
+			next, err = b.runStep(ctx, n, step, cur, emit)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := b.remember(ctx, key, desc, cur, next); err != nil {
+			b.log.Warn("build cache: not saving step", "step", desc, "err", err)
+		}
+		cur = next
+		if err := emit(stepEvent(n, desc, "done", time.Since(t0))); err != nil {
+			return nil, err
+		}
+	}
+	if tag := req.GetTag(); tag != "" {
+		if err := b.cfg.Store.Tag(ctx, cur.Digest, tag); err != nil {
+			return nil, fmt.Errorf("tag the result: %w", err)
+		}
+		if cur, err = b.cfg.Store.Get(ctx, tag); err != nil {
+			return nil, err
+		}
+	}
+	b.log.Info("image built", "tag", req.GetTag(), "digest", cur.Digest, "steps", len(r.GetSteps()), "took", time.Since(start).Round(time.Millisecond))
+	return cur, nil
+}
+
+func validTag(tag string) error {
+	// The store checks it for real when tagging; this only fails early.
+	if tag == "" || len(tag) > 255 {
+		return fmt.Errorf("tag %q: %w", tag, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// networkAvailable reports whether the default runtime gives sandboxes a
+// network (the "network" capability).
+func (b *Builder) networkAvailable(ctx context.Context) bool {
+	for _, rt := range b.cfg.Manager.Runtimes(ctx) {
+		if rt.GetIsDefault() {
+			return slices.Contains(rt.GetCapabilities(), "network")
+		}
+	}
+	return false
+}
+
+// base resolves the recipe's `from`, making debian:bookworm if needed.
+func (b *Builder) base(ctx context.Context, r *sbxv1.Recipe, network bool, emit Emit) (*image.Image, error) {
+	from := r.GetFrom()
+	if from == sandbox.HostImage {
+		return nil, fmt.Errorf("from: host: building on the built-in host image is not supported yet "+
+			"(its /usr is the host's, not a layer); use debian:bookworm or another image: %w", errdefs.ErrInvalidArgument)
+	}
+	img, err := b.cfg.Store.Get(ctx, from)
+	if err == nil {
+		return img, nil
+	}
+	if !errdefs.IsNotFound(err) || !isDebianBookworm(from) {
+		return nil, fmt.Errorf("from: %w (pull or import it first)", err)
+	}
+	// Nothing of the recipe can be cached without its base: fail now rather
+	// than after debootstrap if a step will need the network.
+	for i, s := range r.GetSteps() {
+		if needsNetwork(s) && !network {
+			return nil, fmt.Errorf("step %d (%s): sandbox networking is not available yet: %w", i+1, kind(s), errdefs.ErrFailedPrecondition)
+		}
+	}
+	return b.ensureDebian(ctx, emit)
+}
+
+// cacheEntry is what a step's cache file holds: enough to recompose the
+// step's image on its parent without running anything.
+type cacheEntry struct {
+	Step    string            `json:"step"`
+	Layers  []image.LayerDesc `json:"layers,omitempty"`
+	Config  image.ImageConfig `json:"config"`
+	Created time.Time         `json:"created"`
+}
+
+func (b *Builder) cachePath(key string) string { return filepath.Join(b.cfg.CacheDir, key+".json") }
+
+// fromCache recomposes a cached step's image; false means a miss (no
+// entry, or its layer was pruned).
+func (b *Builder) fromCache(ctx context.Context, cur *image.Image, key, desc string) (*image.Image, bool) {
+	var e cacheEntry
+	if err := readJSON(b.cachePath(key), &e); err != nil {
+		return nil, false
+	}
+	img, err := b.cfg.Store.Compose(ctx, cur.Digest, e.Layers, image.ImageSpec{
+		Config: e.Config, CreatedBy: desc, Created: e.Created, Intermediate: true})
+	if err != nil {
+		b.log.Info("build cache: entry unusable, rerunning the step", "step", desc, "err", err)
+		return nil, false
+	}
+	return img, true
+}
+
+// remember saves the step that turned parent into img under key.
+func (b *Builder) remember(ctx context.Context, key, desc string, parent, img *image.Image) error {
+	layers, err := b.cfg.Store.LayersOf(ctx, img.Digest)
+	if err != nil {
+		return err
+	}
+	e := cacheEntry{Step: desc, Layers: layers[len(parent.Layers):], Config: img.Config, Created: img.Created}
+	return writeJSON(b.cachePath(key), e)
+}
+
+// runStep runs a step in a sandbox created from cur and commits its diff.
+func (b *Builder) runStep(ctx context.Context, n int, step *sbxv1.RecipeStep, cur *image.Image, emit Emit) (*image.Image, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StepTimeout)
+	defer cancel()
+	sb, err := b.cfg.Manager.Create(ctx, &sbxv1.CreateSandboxRequest{
+		Image:     cur.Digest,
+		Labels:    map[string]string{BuildLabel: "1"},
+		TimeoutMs: b.cfg.StepTimeout.Milliseconds() + time.Minute.Milliseconds(),
+		Resources: b.cfg.Resources,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("step %d (%s): create sandbox: %w", n, kind(step), err)
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer dcancel()
+		if err := b.cfg.Manager.Destroy(dctx, sb.GetId()); err != nil && !errdefs.IsNotFound(err) {
+			b.log.Warn("build: destroying step sandbox", "sandbox", sb.GetId(), "err", err)
+		}
+	}()
+	if c := step.GetCopy(); c != nil {
+		if err := b.upload(ctx, sb.GetId(), c); err != nil {
+			return nil, fmt.Errorf("step %d (copy): %w", n, err)
+		}
+	} else {
+		user := "" // the image's
+		if needsNetwork(step) {
+			user = "0" // package managers install system-wide
+		}
+		code, err := b.exec(ctx, sb.GetId(), command(step), user, emit)
+		if err != nil {
+			return nil, fmt.Errorf("step %d (%s): %w", n, describe(step), err)
+		}
+		if code != 0 {
+			return nil, fmt.Errorf("step %d (%s) failed with exit code %d: %w", n, describe(step), code, errdefs.ErrFailedPrecondition)
+		}
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := b.cfg.Manager.Diff(ctx, sb.GetId(), pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	img, err := b.cfg.Store.CommitSpec(ctx, cur.Digest, pr, image.ImageSpec{
+		Config: cur.Config, CreatedBy: describe(step), Intermediate: true})
+	pr.CloseWithError(errors.New("commit ended"))
+	if derr := <-done; derr != nil {
+		return nil, fmt.Errorf("step %d (%s): read the sandbox's changes: %w", n, kind(step), derr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("step %d (%s): store the layer: %w", n, kind(step), err)
+	}
+	return img, nil
+}
+
+// exec runs a shell command in a sandbox, streaming its output as log
+// events, and returns its exit code.
+func (b *Builder) exec(ctx context.Context, id, shell, user string, emit Emit) (int, error) {
+	conn, release, err := b.cfg.Manager.Agent(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := conn.Exec(ctx)
+	defer st.CloseResponse() //nolint:errcheck
+	start := &sbxv1.ExecRequest{Sandbox: id, Shell: shell, User: user}
+	if err := st.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, io.EOF) {
+		return 0, fmt.Errorf("start command: %w", err)
+	}
+	_ = st.CloseRequest()
+	for {
+		msg, err := st.Receive()
+		if err != nil {
+			return 0, fmt.Errorf("command output: %w", err)
+		}
+		var out []byte
+		switch e := msg.GetEvent().(type) {
+		case *sbxv1.ExecOutput_Stdout:
+			out = e.Stdout
+		case *sbxv1.ExecOutput_Stderr:
+			out = e.Stderr
+		case *sbxv1.ExecOutput_Exited:
+			if e.Exited.GetError() != "" {
+				return 0, fmt.Errorf("command did not start: %s", e.Exited.GetError())
+			}
+			return int(e.Exited.GetExitCode()), nil
+		}
+		if len(out) > 0 {
+			if err := emit(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Log{Log: out}}); err != nil {
+				return 0, err
+			}
+		}
+	}
+}
+
+// upload extracts a copy step's tar into its destination in the sandbox.
+func (b *Builder) upload(ctx context.Context, id string, c *sbxv1.CopyStep) error {
+	conn, release, err := b.cfg.Manager.Agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	st := conn.UploadTar(ctx)
+	msgs := []*sbxv1.UploadTarRequest{{Msg: &sbxv1.UploadTarRequest_Header{Header: &sbxv1.UploadTarHeader{Sandbox: id, Path: c.GetDest()}}}}
+	for data := c.GetTar(); len(data) > 0; {
+		n := min(len(data), 256<<10)
+		msgs = append(msgs, &sbxv1.UploadTarRequest{Msg: &sbxv1.UploadTarRequest_Data{Data: data[:n]}})
+		data = data[n:]
+	}
+	for _, m := range msgs {
+		if err := st.Send(m); err != nil {
+			break // the agent ended the stream; CloseAndReceive says why
+		}
+	}
+	if _, err := st.CloseAndReceive(); err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return fmt.Errorf("upload to %s: %s", c.GetDest(), ce.Message())
+		}
+		return fmt.Errorf("upload to %s: %w", c.GetDest(), err)
+	}
+	return nil
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package builder
+
+func unmountUnder(string) error { return nil }

@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+// Recipes in YAML look like this (each step is a map with one key):
+//
+//	from: debian:bookworm
+//	steps:
+//	  - apt_install: [python3, python3-pip]     # or "python3 python3-pip"
+//	  - pip_install: [requests]
+//	  - npm_install: [typescript]
+//	  - run: make install
+//	  - copy: {src: ./app, dest: /app}          # src relative to the recipe file
+//	  - env: {APP_ENV: prod}
+//	  - workdir: /app
+//	  - entrypoint: [python3]
+//	  - cmd: [main.py]
+//	  - user: app
+//
+// A copy's src directory is copied with its contents into dest; a single
+// file lands in the directory dest. Symlinks are copied as symlinks; files
+// are owned by root in the image.
+
+type yamlRecipe struct {
+	From  string                 `yaml:"from"`
+	Steps []map[string]yaml.Node `yaml:"steps"`
+}
+
+// maxCopyBytes bounds what copy steps of one recipe may send.
+const maxCopyBytes = 1 << 30
+
+// parseRecipe reads a YAML recipe; dir is where copy sources are resolved.
+func parseRecipe(data []byte, dir string) (*sbxv1.Recipe, error) {
+	var y yamlRecipe
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&y); err != nil {
+		return nil, fmt.Errorf("recipe: %w", err)
+	}
+	if y.From == "" {
+		return nil, fmt.Errorf("recipe: `from` is missing")
+	}
+	r := &sbxv1.Recipe{From: y.From}
+	var copied int64
+	for i, m := range y.Steps {
+		if len(m) != 1 {
+			return nil, fmt.Errorf("recipe step %d: want exactly one of apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd, user; got %d keys", i+1, len(m))
+		}
+		for k, n := range m {
+			s, err := parseStep(k, &n, dir, &copied)
+			if err != nil {
+				return nil, fmt.Errorf("recipe step %d (%s): %w", i+1, k, err)
+			}
+			r.Steps = append(r.Steps, s)
+		}
+	}
+	return r, nil
+}
+
+func parseStep(kind string, n *yaml.Node, dir string, copied *int64) (*sbxv1.RecipeStep, error) {
+	str := func() (string, error) {
+		var s string
+		if err := n.Decode(&s); err != nil || s == "" {
+			return "", fmt.Errorf("want a non-empty string (line %d)", n.Line)
+		}
+		return s, nil
+	}
+	list := func() ([]string, error) {
+		var l []string
+		if n.Kind == yaml.ScalarNode {
+			var s string
+			if err := n.Decode(&s); err != nil {
+				return nil, err
+			}
+			l = strings.Fields(s)
+		} else if err := n.Decode(&l); err != nil {
+			return nil, fmt.Errorf("want a list of strings (line %d)", n.Line)
+		}
+		if len(l) == 0 {
+			return nil, fmt.Errorf("empty list (line %d)", n.Line)
+		}
+		return l, nil
+	}
+	switch kind {
+	case "apt_install", "pip_install", "npm_install":
+		pkgs, err := list()
+		if err != nil {
+			return nil, err
+		}
+		pl := &sbxv1.PackageList{Packages: pkgs}
+		switch kind {
+		case "apt_install":
+			return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_AptInstall{AptInstall: pl}}, nil
+		case "pip_install":
+			return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_PipInstall{PipInstall: pl}}, nil
+		}
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_NpmInstall{NpmInstall: pl}}, nil
+	case "run":
+		s, err := str()
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Run{Run: s}}, err
+	case "workdir":
+		s, err := str()
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Workdir{Workdir: s}}, err
+	case "user":
+		s, err := str()
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_User{User: s}}, err
+	case "entrypoint", "cmd":
+		var l []string
+		if err := n.Decode(&l); err != nil {
+			return nil, fmt.Errorf("want a list of strings (line %d)", n.Line)
+		}
+		if kind == "cmd" {
+			return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Cmd{Cmd: &sbxv1.StringList{Values: l}}}, nil
+		}
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Entrypoint{Entrypoint: &sbxv1.StringList{Values: l}}}, nil
+	case "env":
+		var m map[string]string
+		if err := n.Decode(&m); err != nil || len(m) == 0 {
+			return nil, fmt.Errorf("want a map of NAME: value (line %d)", n.Line)
+		}
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Env{Env: &sbxv1.EnvStep{Env: m}}}, nil
+	case "copy":
+		var c struct {
+			Src  string `yaml:"src"`
+			Dest string `yaml:"dest"`
+		}
+		if err := n.Decode(&c); err != nil || c.Src == "" || c.Dest == "" {
+			return nil, fmt.Errorf("want {src: LOCAL_PATH, dest: /ABSOLUTE/DIR} (line %d)", n.Line)
+		}
+		src := c.Src
+		if !filepath.IsAbs(src) {
+			src = filepath.Join(dir, src)
+		}
+		data, err := tarPath(src)
+		if err != nil {
+			return nil, err
+		}
+		if *copied += int64(len(data)); *copied > maxCopyBytes {
+			return nil, fmt.Errorf("copy steps send more than %d bytes", maxCopyBytes)
+		}
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Copy{Copy: &sbxv1.CopyStep{Dest: c.Dest, Tar: data}}}, nil
+	}
+	return nil, fmt.Errorf("unknown step (want apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd or user)")
+}
+
+// tarPath tars a local file (as its base name) or a directory's contents,
+// in a stable order, without following symlinks.
+func tarPath(src string) ([]byte, error) {
+	fi, err := os.Lstat(src)
+	if err != nil {
+		return nil, fmt.Errorf("copy: %w", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(p, name string, fi fs.FileInfo) error {
+		var link string
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return nil // sockets and such: left out
+		}
+		hdr.Name, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = name, 0, 0, "", ""
+		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{} // only content and mtime count
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		if !fi.IsDir() && !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0 {
+			return nil
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+				return err
+			}
+		}
+		if buf.Len() > maxCopyBytes {
+			return fmt.Errorf("more than %d bytes", maxCopyBytes)
+		}
+		return nil
+	}
+	if !fi.IsDir() {
+		err = add(src, filepath.Base(src), fi)
+	} else {
+		err = walkSorted(src, "", add)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func walkSorted(dir, prefix string, add func(p, name string, fi fs.FileInfo) error) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	for _, e := range ents {
+		p, name := filepath.Join(dir, e.Name()), prefix+e.Name()
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if err := add(p, name, fi); err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			if err := walkSorted(p, name+"/", add); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

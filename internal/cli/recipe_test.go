@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+func TestParseRecipe(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "app", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "app", "main.py"), []byte("print(1)\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "app", "sub", "x"), []byte("x"), 0o600)
+	os.Symlink("/etc/passwd", filepath.Join(dir, "app", "link"))
+	y := `
+from: debian:bookworm
+steps:
+  - apt_install: [python3, python3-pip]
+  - pip_install: "numpy pandas"
+  - run: echo hi
+  - copy: {src: ./app, dest: /app}
+  - env: {A: "1", B: two}
+  - workdir: /app
+  - entrypoint: [python3]
+  - cmd: [main.py]
+  - user: app
+`
+	r, err := parseRecipe([]byte(y), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarData := r.GetSteps()[3].GetCopy().GetTar()
+	want := &sbxv1.Recipe{From: "debian:bookworm", Steps: []*sbxv1.RecipeStep{
+		{Step: &sbxv1.RecipeStep_AptInstall{AptInstall: &sbxv1.PackageList{Packages: []string{"python3", "python3-pip"}}}},
+		{Step: &sbxv1.RecipeStep_PipInstall{PipInstall: &sbxv1.PackageList{Packages: []string{"numpy", "pandas"}}}},
+		{Step: &sbxv1.RecipeStep_Run{Run: "echo hi"}},
+		{Step: &sbxv1.RecipeStep_Copy{Copy: &sbxv1.CopyStep{Dest: "/app", Tar: tarData}}},
+		{Step: &sbxv1.RecipeStep_Env{Env: &sbxv1.EnvStep{Env: map[string]string{"A": "1", "B": "two"}}}},
+		{Step: &sbxv1.RecipeStep_Workdir{Workdir: "/app"}},
+		{Step: &sbxv1.RecipeStep_Entrypoint{Entrypoint: &sbxv1.StringList{Values: []string{"python3"}}}},
+		{Step: &sbxv1.RecipeStep_Cmd{Cmd: &sbxv1.StringList{Values: []string{"main.py"}}}},
+		{Step: &sbxv1.RecipeStep_User{User: "app"}},
+	}}
+	if diff := cmp.Diff(want, r, protocmp.Transform()); diff != "" {
+		t.Errorf("recipe (-want +got):\n%s", diff)
+	}
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(tarData))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name+":"+h.Linkname)
+		if h.Uid != 0 || h.Gid != 0 {
+			t.Errorf("%s owned by %d:%d; want 0:0", h.Name, h.Uid, h.Gid)
+		}
+	}
+	if diff := cmp.Diff([]string{"link:/etc/passwd", "main.py:", "sub/:", "sub/x:"}, names); diff != "" {
+		t.Errorf("copy tar (-want +got):\n%s", diff)
+	}
+	again, err := parseRecipe([]byte(y), dir)
+	if err != nil || !bytes.Equal(again.GetSteps()[3].GetCopy().GetTar(), tarData) {
+		t.Error("the copy tar of an unchanged dir is not byte for byte the same")
+	}
+}
+
+func TestParseRecipeErrors(t *testing.T) {
+	for _, y := range []string{
+		"steps: []",
+		"from: x\nstepz: []",
+		"from: x\nsteps:\n  - frobnicate: 1",
+		"from: x\nsteps:\n  - run: a\n    workdir: /b",
+		"from: x\nsteps:\n  - copy: {src: ./missing, dest: /app}",
+		"from: x\nsteps:\n  - env: [a]",
+		"from: x\nsteps:\n  - apt_install: []",
+	} {
+		if _, err := parseRecipe([]byte(y), t.TempDir()); err == nil {
+			t.Errorf("parseRecipe(%q) succeeded", strings.ReplaceAll(y, "\n", `\n`))
+		}
+	}
+}

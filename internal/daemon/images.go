@@ -1,0 +1,55 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/builder"
+	"github.com/sbxdev/sbx/internal/image"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/sandbox"
+	"github.com/sbxdev/sbx/internal/server"
+)
+
+var _ sandbox.ImageCommitter = imageResolver{}
+
+// Commit makes an image of a sandbox's changes on top of its image: the
+// base's entrypoint, cmd and labels, the sandbox's env, workdir and user.
+func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader, cfg sandbox.SnapshotConfig, tag string) (string, error) {
+	b, err := r.store.Get(ctx, base)
+	if err != nil {
+		return "", fmt.Errorf("base image: %w", err)
+	}
+	c := b.Config
+	c.Env, c.WorkingDir, c.User = cfg.Env, cfg.Workdir, cfg.User
+	img, err := r.store.Commit(ctx, b.Digest, layer, c, tag)
+	if err != nil {
+		return "", err
+	}
+	return img.Digest, nil
+}
+
+// newImageServer serves the image store, with builds.
+func newImageServer(ctx context.Context, images *image.Store, mgr *sandbox.Manager, gc *sync.RWMutex, cacheDir string,
+	defaults runtime.Resources, log *slog.Logger) (*server.ImageServer, error) {
+	srv := server.NewImageServer(images, mgr.ImagesInUse, gc)
+	lim := hostLimits()
+	res := &sbxv1.Resources{
+		MemoryBytes: max(defaults.MemoryBytes, min(4<<30, lim.MaxMemoryBytes/2)),
+		CpuMillis:   lim.MaxCPUMillis,
+		Pids:        max(defaults.Pids, 4096),
+		DiskBytes:   max(defaults.DiskBytes, 4<<30),
+	}
+	b, err := builder.New(builder.Config{
+		Manager: mgr, Store: images, CacheDir: cacheDir, Resources: res, Logger: log.With("component", "builder"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	srv.SetBuilder(b)
+	return srv, nil
+}

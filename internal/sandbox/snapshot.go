@@ -1,0 +1,109 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// ImageCommitter is implemented by an Images that can make images of
+// sandbox filesystems (the daemon's adapter of internal/image does).
+type ImageCommitter interface {
+	// Commit stores layer (an uncompressed layer tar) on top of the image
+	// with digest base and returns the new image's digest, tagged tag
+	// unless it is empty. Entrypoint, cmd and labels come from base.
+	Commit(ctx context.Context, base string, layer io.Reader, cfg SnapshotConfig, tag string) (digest string, err error)
+}
+
+// SnapshotConfig is what a sandbox passes on to an image made of it.
+type SnapshotConfig struct {
+	Env     []string // KEY=VALUE, sorted; secrets are never included
+	Workdir string
+	User    string
+}
+
+// Diff writes the filesystem changes of a running or stopped sandbox (its
+// writable layer) to w as an uncompressed OCI layer tar. It is serialised
+// with the sandbox's other lifecycle operations; the box is frozen while
+// its layer is read.
+func (m *Manager) Diff(ctx context.Context, ref string, w io.Writer) error {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return err
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	return m.diffLocked(ctx, b, w)
+}
+
+// diffLocked is Diff with b.opMu held.
+func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
+	switch st := b.state(); st {
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING, sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+	default:
+		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	snap, ok := b.driver.(runtime.Snapshotter)
+	if !ok {
+		return fmt.Errorf("runtime %q cannot snapshot sandboxes: %w", b.driver.Name(), errdefs.ErrFailedPrecondition)
+	}
+	b.busy.Add(1)
+	defer b.busy.Add(-1)
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	return snap.Diff(ctx, h, w)
+}
+
+// Snapshot makes an image of a running or stopped sandbox: its image's
+// layers plus its changes as a new layer, with the sandbox's env (without
+// secrets), workdir and user as the image config, tagged tag. It returns the
+// new image's digest. Sandboxes of the built-in host image cannot be
+// snapshotted yet (the driver cannot stack layers on the host image).
+func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return "", err
+	}
+	committer, ok := m.cfg.Images.(ImageCommitter)
+	if !ok {
+		return "", fmt.Errorf("snapshot: this daemon has no image store that can commit: %w", errdefs.ErrFailedPrecondition)
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	b.mu.Lock()
+	base := b.rec.ImageDigest
+	b.mu.Unlock()
+	if b.spec.Image == HostImage || base == "" {
+		return "", fmt.Errorf("snapshot of sandbox %s: it runs the built-in host image, which cannot be snapshotted yet "+
+			"(its /usr is the host's, not a layer); create the sandbox from an image instead: %w", b.id, errdefs.ErrFailedPrecondition)
+	}
+	cfg := SnapshotConfig{Workdir: b.spec.Workdir, User: b.spec.User}
+	for _, k := range slices.Sorted(maps.Keys(b.spec.Env)) {
+		cfg.Env = append(cfg.Env, k+"="+b.spec.Env[k])
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := m.diffLocked(ctx, b, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	digest, err := committer.Commit(ctx, base, pr, cfg, tag)
+	pr.CloseWithError(errors.New("snapshot: commit ended"))
+	if derr := <-done; derr != nil {
+		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, derr)
+	}
+	if err != nil {
+		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, err)
+	}
+	m.log.Info("sandbox snapshotted", "sandbox", b.id, "image", digest, "tag", tag)
+	return digest, nil
+}

@@ -1,0 +1,30 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+// SnapshotSandbox makes an image of a sandbox's filesystem.
+func (s *Server) SnapshotSandbox(ctx context.Context, req *connect.Request[sbxv1.SnapshotSandboxRequest]) (*connect.Response[sbxv1.SnapshotSandboxResponse], error) {
+	if s.images == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("snapshot: this daemon has no image store"))
+	}
+	digest, err := s.mgr.Snapshot(ctx, req.Msg.GetSandbox(), req.Msg.GetTag())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	ref := digest
+	if t := req.Msg.GetTag(); t != "" {
+		ref = t
+	}
+	img, err := s.images.store.Get(ctx, ref)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.SnapshotSandboxResponse{Image: ImageInfo(img)}), nil
+}
