@@ -180,7 +180,7 @@ func (d *Driver) Info(ctx context.Context) runtime.Info {
 		Name:         "oci",
 		Healthy:      d.healthy,
 		Detail:       d.detail,
-		Capabilities: []string{"pause", "stats", "disk-limit", "recover"},
+		Capabilities: []string{"pause", "stats", "disk-limit", "recover", "update"},
 	}
 }
 

@@ -38,3 +38,6 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 }
 func (d *Driver) Dial(context.Context, runtime.Handle) (net.Conn, error) { return nil, errUnsupported }
 func (d *Driver) Cleanup(context.Context, map[string]bool) error         { return errUnsupported }
+func (d *Driver) Update(context.Context, runtime.Handle, runtime.Resources) error {
+	return errUnsupported
+}

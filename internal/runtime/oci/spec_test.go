@@ -111,6 +111,24 @@ func TestSeccompProfile(t *testing.T) {
 	}
 }
 
+func TestNativeSyscalls(t *testing.T) {
+	all := setOf(allowedSyscalls...)
+	for n := range notOnAMD64 {
+		if !all[n] {
+			t.Errorf("notOnAMD64 lists %s, which is not in allowedSyscalls", n)
+		}
+	}
+	// x86_64 syscalls (some newer than the host's libseccomp) stay listed.
+	for _, n := range []string{"read", "futex", "futex_wait", "futex_waitv", "mseal", "fchmodat2", "cachestat", "map_shadow_stack", "setxattrat", "getdents64", "sendfile", "fadvise64"} {
+		if !all[n] {
+			t.Fatalf("%s not in allowedSyscalls", n)
+		}
+		if notOnAMD64[n] {
+			t.Errorf("%s exists on x86_64 but is dropped for amd64", n)
+		}
+	}
+}
+
 func TestParseMountinfo(t *testing.T) {
 	for _, tc := range []struct {
 		line string

@@ -43,6 +43,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		{"RecoverDestroyed", "", testRecoverDestroyed},
 		{"Cleanup", "", testCleanup},
 		{"CreateFailsCleanly", "", testCreateFailsCleanly},
+		{"Update", "update", testUpdate},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -347,5 +348,65 @@ func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ func(*testing.T) r
 	Create(t, d, spec)
 	if _, err := d.Stats(ctx, runtime.Handle{ID: bad[1].ID}); err == nil && HasCapability(d, "stats") {
 		t.Errorf("Stats of a never-created box succeeded")
+	}
+}
+
+// testUpdate changes the limits of a running and of a paused box. Drivers
+// with "disk-limit" must also bound the writable layer at the new size and
+// refuse to shrink it below what is in use.
+func testUpdate(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+	u, ok := d.(runtime.Updater)
+	if !ok {
+		t.Fatalf("driver %s advertises \"update\" but does not implement runtime.Updater", d.Name())
+	}
+	ctx := ctxT(t)
+	spec := NewSpec("update")
+	h := Create(t, d, spec)
+	if err := u.Update(ctx, h, runtime.Resources{}); err != nil {
+		t.Fatalf("Update with nothing to change: %v", err)
+	}
+	grown := runtime.Resources{MemoryBytes: 2 * spec.Resources.MemoryBytes, CPUMillis: 500, Pids: 256, DiskBytes: 2 * spec.Resources.DiskBytes}
+	if err := u.Update(ctx, h, grown); err != nil {
+		t.Fatalf("Update(%+v): %v", grown, err)
+	}
+	if res := MustExec(t, d, h, "echo", "updated"); res.Stdout != "updated\n" {
+		t.Errorf("echo after Update: %+v", res)
+	}
+	if HasCapability(d, "disk-limit") {
+		// More than the old bound fits now.
+		over := spec.Resources.DiskBytes>>20 + 8
+		res := MustExec(t, d, h, "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", fmt.Sprintf("count=%d", over))
+		if res.ExitCode != 0 {
+			t.Errorf("writing %d MiB after growing the disk to %d MiB: %+v", over, grown.DiskBytes>>20, res)
+		}
+		err := u.Update(ctx, h, runtime.Resources{DiskBytes: 4 << 20})
+		if err == nil || !strings.Contains(err.Error(), "disk") {
+			t.Errorf("Update(disk 4 MiB) with %d MiB in use: got %v, want an error about the disk limit", over, err)
+		}
+		if err := Hello(ctx, d, h); err != nil {
+			t.Errorf("Hello after a refused Update: %v", err)
+		}
+		MustExec(t, d, h, "rm", "/tmp/fill")
+		if err := u.Update(ctx, h, runtime.Resources{DiskBytes: 8 << 20}); err != nil {
+			t.Fatalf("Update(disk 8 MiB) of an emptied box: %v", err)
+		}
+		res = MustExec(t, d, h, "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=16")
+		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+			t.Errorf("writing 16 MiB into an 8 MiB disk: %+v, want ENOSPC", res)
+		}
+	}
+	if HasCapability(d, "pause") {
+		if err := d.Pause(ctx, h); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		if err := u.Update(ctx, h, spec.Resources); err != nil {
+			t.Errorf("Update of a paused box: %v", err)
+		}
+		if err := d.Resume(ctx, h); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		if err := Hello(ctx, d, h); err != nil {
+			t.Errorf("Hello after updating a paused box: %v", err)
+		}
 	}
 }
