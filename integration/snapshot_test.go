@@ -176,16 +176,27 @@ func TestSnapshot(t *testing.T) {
 	if out, errOut, code := d.cli("", "snapshot", sb2.ID, "-t", "local/snap:2"); code != 0 || !strings.Contains(out, "local/snap:2 sha256:") {
 		t.Errorf("sbx snapshot: exit %d, %q, %q", code, out, errOut)
 	}
-	// The host image cannot be snapshotted (yet): a clear error.
-	host, err := c.Create(ctx, sbx.CreateOptions{})
+	// A host-image sandbox snapshots to an image that stacks on the host
+	// image again: its changes plus the host's /usr.
+	host, err := c.Create(ctx, sbx.CreateOptions{Env: map[string]string{"MARK": "m1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.remember(host.ID)
-	if _, err := host.Snapshot(ctx, "local/host:1"); err == nil || !strings.Contains(err.Error(), "host image") {
-		t.Errorf("snapshot of a host sandbox: %v; want a clear refusal", err)
+	mustRun(t, ctx, host, "mkdir -p /opt/app && echo from-host-sandbox > /opt/app/data && rm /etc/nsswitch.conf")
+	if _, err := host.Snapshot(ctx, "local/host:1"); err != nil {
+		t.Fatalf("snapshot of a host sandbox: %v", err)
 	}
-	for _, s := range []*sbx.Sandbox{sb, sb2, orig, host} {
+	fromHost, err := c.Create(ctx, sbx.CreateOptions{Image: "local/host:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(fromHost.ID)
+	got = mustRun(t, ctx, fromHost, `cat /opt/app/data; test -e /etc/nsswitch.conf && echo nss; echo $MARK; python3 -c 'print("py ok")'`)
+	if want := "from-host-sandbox\nm1\npy ok\n"; got != want {
+		t.Errorf("sandbox from a host snapshot: got %q, want %q", got, want)
+	}
+	for _, s := range []*sbx.Sandbox{sb, sb2, orig, host, fromHost} {
 		if err := s.Destroy(ctx); err != nil {
 			t.Fatal(err)
 		}

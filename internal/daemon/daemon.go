@@ -241,6 +241,6 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 	c := img.Config
 	return &sandbox.ResolvedImage{
 		Ref: img.Ref, Digest: img.Digest, Layers: img.Layers, Env: c.Env, Workdir: c.WorkingDir,
-		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
+		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, OnHost: c.Labels[sandbox.OnHostLabel] == sandbox.HostImage,
 	}, r.gc.RUnlock, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"sync"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -20,13 +21,23 @@ var _ sandbox.ImageCommitter = imageResolver{}
 // Commit makes an image of a sandbox's changes on top of its image: the
 // base's entrypoint, cmd and labels, the sandbox's env, workdir and user.
 func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader, cfg sandbox.SnapshotConfig, tag string) (string, error) {
-	b, err := r.store.Get(ctx, base)
-	if err != nil {
-		return "", fmt.Errorf("base image: %w", err)
+	var c image.ImageConfig
+	if base != "" {
+		b, err := r.store.Get(ctx, base)
+		if err != nil {
+			return "", fmt.Errorf("base image: %w", err)
+		}
+		c, base = b.Config, b.Digest
 	}
-	c := b.Config
 	c.Env, c.WorkingDir, c.User = cfg.Env, cfg.Workdir, cfg.User
-	img, err := r.store.Commit(ctx, b.Digest, layer, c, tag)
+	if len(cfg.Labels) > 0 {
+		c.Labels = maps.Clone(c.Labels)
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		maps.Copy(c.Labels, cfg.Labels)
+	}
+	img, err := r.store.Commit(ctx, base, layer, c, tag)
 	if err != nil {
 		return "", err
 	}

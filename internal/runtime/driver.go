@@ -77,6 +77,9 @@ type Image struct {
 	// writable layer. Empty for the built-in "host" image, which the driver
 	// assembles itself.
 	Layers []string
+	// OnHost stacks Layers on top of the built-in host image (its skeleton
+	// and the host's read-only /usr): images snapshotted from host sandboxes.
+	OnHost bool
 }
 
 // Resources are hard limits. Zero means "no limit" for the driver; the

@@ -34,7 +34,13 @@ type ResolvedImage struct {
 	User       string
 	Entrypoint []string
 	Cmd        []string
+	// OnHost: the layers stack on the built-in host image (a snapshot of a
+	// host sandbox).
+	OnHost bool
 }
+
+// OnHostLabel marks images whose layers stack on the built-in host image.
+const OnHostLabel = "dev.sbx.base"
 
 // HostImage is the built-in image: the host's /usr, read-only.
 const HostImage = "host"

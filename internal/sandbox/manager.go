@@ -304,7 +304,7 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 	r := spec.GetResources()
 	image := runtime.Image{Name: spec.Image}
 	if img != nil {
-		image.Layers = img.Layers
+		image.Layers, image.OnHost = img.Layers, img.OnHost
 	}
 	command := spec.Command
 	if spec.User != "" && img != nil {

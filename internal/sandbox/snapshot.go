@@ -27,6 +27,8 @@ type SnapshotConfig struct {
 	Env     []string // KEY=VALUE, sorted; secrets are never included
 	Workdir string
 	User    string
+	// Labels are added to the image's labels (OnHostLabel for host sandboxes).
+	Labels map[string]string
 }
 
 // Diff writes the filesystem changes of a running or stopped sandbox (its
@@ -65,8 +67,8 @@ func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
 // Snapshot makes an image of a running or stopped sandbox: its image's
 // layers plus its changes as a new layer, with the sandbox's env (without
 // secrets), workdir and user as the image config, tagged tag. It returns the
-// new image's digest. Sandboxes of the built-in host image cannot be
-// snapshotted yet (the driver cannot stack layers on the host image).
+// new image's digest. A snapshot of a host-image sandbox holds only the
+// changes and is marked to stack on the host image again.
 func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error) {
 	b, err := m.lookup(ref)
 	if err != nil {
@@ -81,11 +83,13 @@ func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error)
 	b.mu.Lock()
 	base := b.rec.ImageDigest
 	b.mu.Unlock()
-	if b.spec.Image == HostImage || base == "" {
-		return "", fmt.Errorf("snapshot of sandbox %s: it runs the built-in host image, which cannot be snapshotted yet "+
-			"(its /usr is the host's, not a layer); create the sandbox from an image instead: %w", b.id, errdefs.ErrFailedPrecondition)
-	}
 	cfg := SnapshotConfig{Workdir: b.spec.Workdir, User: b.spec.User}
+	if b.spec.Image == HostImage {
+		// The new image is the changes alone, marked to stack on the host image
+		// (whose /usr is the host's, read-only, and so never in a layer).
+		base = ""
+		cfg.Labels = map[string]string{OnHostLabel: HostImage}
+	}
 	for _, k := range slices.Sorted(maps.Keys(b.spec.Env)) {
 		cfg.Env = append(cfg.Env, k+"="+b.spec.Env[k])
 	}

@@ -315,6 +315,10 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
 		}
 	}
+	if img.OnHost {
+		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		return append([]string{dir}, img.Layers...), true, err
+	}
 	return img.Layers, false, nil
 }
 
