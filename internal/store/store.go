@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -92,6 +93,18 @@ func migrate(ctx context.Context, db *sql.DB) error {
 // Open opens (creating if needed) the database in dir.
 func Open(ctx context.Context, dir string) (*Store, error) {
 	path := filepath.Join(dir, "sbx.db")
+	// The database holds secrets: only root may read it. SQLite gives its
+	// -wal and -shm files the main file's permissions.
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create state db %s: %w", path, err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("restrict state db %s: %w", p, err)
+		}
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

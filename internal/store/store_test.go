@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -50,6 +52,12 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 	}
 	want.LastActiveAtMs = 99
 	s.Close()
+
+	for _, f := range []string{"sbx.db", "sbx.db-wal"} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err == nil && fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode = %v, want 0600: it holds secrets", f, fi.Mode().Perm())
+		}
+	}
 
 	// A reopened store (a restarted daemon) sees the same data.
 	s, err = Open(ctx, dir)
