@@ -5,7 +5,9 @@
 //     trivial bundle (the OCI runtime's own cost) and vs `unshare` of all
 //     namespaces (the kernel floor);
 //   - `exec true` round trip through the API vs fork+exec of /bin/true here;
-//   - destroy, one at a time and many at once.
+//   - destroy, one at a time and many at once;
+//   - what networking adds to create→ready (public from the namespace pool
+//     vs none).
 //
 // It starts its own daemon in-process over a temporary data dir. Needs root.
 // Run it with `make bench`.
@@ -67,17 +69,19 @@ func measure(name string, n int, f func() error, between ...func()) (result, err
 }
 
 // startDaemon runs a daemon in-process over dataDir.
-func startDaemon(dataDir, agentPath, runtimeBin string, pool int) (*sbx.Client, func(), error) {
+func startDaemon(dataDir, agentPath, runtimeBin string, pool int, opts ...func(*daemon.Config)) (*sbx.Client, func(), error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
-	go func() {
-		errc <- daemon.Run(ctx, daemon.Config{
-			Listen: "127.0.0.1:0", DataDir: dataDir, AgentPath: agentPath, OCIRuntime: runtimeBin, WarmPool: pool,
-			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-			Ready:  func(addr string) { ready <- addr },
-		})
-	}()
+	cfg := daemon.Config{
+		Listen: "127.0.0.1:0", DataDir: dataDir, AgentPath: agentPath, OCIRuntime: runtimeBin, WarmPool: pool,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Ready:  func(addr string) { ready <- addr },
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	go func() { errc <- daemon.Run(ctx, cfg) }()
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-errc }) }
 	select {
@@ -224,13 +228,18 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	stopWarm()
 
+	noneRes, publicRes, err := benchNetwork(ctx, filepath.Join(tmp, "data-net"), agentPath, runtimeBin, n)
+	if err != nil {
+		return err
+	}
+
 	rt := ""
 	for _, r := range v.GetRuntimes() {
 		rt = r.GetHealthDetail()
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
 	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, execRes, destroyRes} {
+	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, noneRes, publicRes, execRes, destroyRes} {
 		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
 	}
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
@@ -242,6 +251,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
+	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
 	return nil
 }
 

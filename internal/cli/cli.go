@@ -63,7 +63,8 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newServe(a), newCreate(a), newExec(a), newRun(a), newLs(a), newInspect(a),
 		newRm(a), newStop(a), newStart(a), newCp(a), newVersion(a), newPull(a), newImages(a),
-		newSnapshot(a), newBuild(a),
+		newSnapshot(a), newBuild(a), newNetwork(a),
+		newRunCode(a), newContext(a),
 	)
 	return root
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -23,6 +24,27 @@ type createFlags struct {
 	timeout, idleTimeout               time.Duration
 	stopWhenIdle                       bool
 	runtime, user                      string
+	net                                netFlags
+}
+
+// netFlags are the network policy flags of create, run and network.
+type netFlags struct {
+	mode                           string
+	allowCIDRs, allowDomains, deny []string
+}
+
+func (n *netFlags) add(f *pflag.FlagSet, modeFlag string) {
+	f.StringVar(&n.mode, modeFlag, "", "network mode: none, public (default) or allow")
+	f.StringArrayVar(&n.allowCIDRs, "allow-cidr", nil, "reachable CIDR (mode allow), or a hole in the blocked ranges (public); repeatable")
+	f.StringArrayVar(&n.allowDomains, "allow-domain", nil, `reachable domain, "*.example.com" wildcards allowed (mode allow); repeatable`)
+	f.StringArrayVar(&n.deny, "deny-cidr", nil, "CIDR blocked in every mode; repeatable")
+}
+
+func (n *netFlags) policy() *sbx.NetworkPolicy {
+	if n.mode == "" && len(n.allowCIDRs)+len(n.allowDomains)+len(n.deny) == 0 {
+		return nil
+	}
+	return &sbx.NetworkPolicy{Mode: n.mode, AllowCIDRs: n.allowCIDRs, AllowDomains: n.allowDomains, DenyCIDRs: n.deny}
 }
 
 func (c *createFlags) add(cmd *cobra.Command) {
@@ -42,6 +64,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.BoolVar(&c.stopWhenIdle, "stop-when-idle", false, "stop instead of destroy at the idle timeout")
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
+	c.net.add(f, "network")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -69,6 +92,7 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
+		Network: c.net.policy(),
 	}, nil
 }
 
@@ -193,6 +217,31 @@ func labelText(m map[string]string) string {
 func ago(ms int64) string {
 	d := time.Since(time.UnixMilli(ms)).Round(time.Second)
 	return d.String() + " ago"
+}
+
+func newNetwork(a *app) *cobra.Command {
+	var nf netFlags
+	cmd := &cobra.Command{
+		Use:   "network ID|NAME --mode none|public|allow [--allow-cidr C] [--allow-domain D] [--deny-cidr C]",
+		Short: "Replace a running sandbox's network policy",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if nf.mode == "" {
+				return fmt.Errorf("--mode is required")
+			}
+			sb, err := a.client().Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if err := sb.UpdateNetwork(cmd.Context(), *nf.policy()); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s\t%s\t%s\n", sb.ID, strings.ToLower(strings.TrimPrefix(sb.Info.GetNetwork().GetMode().String(), "NETWORK_MODE_")), sb.Info.GetIpAddress())
+			return nil
+		},
+	}
+	nf.add(cmd.Flags(), "mode")
+	return cmd
 }
 
 func newInspect(a *app) *cobra.Command {

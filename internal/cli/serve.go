@@ -33,11 +33,17 @@ func newServe(a *app) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", sbx.DefaultAddr, "API address host:port")
-	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/sbx", "state directory")
+	f.StringVar(&cfg.DataDir, "data-dir", daemon.DefaultDataDir, "state directory")
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant (0: off)")
+	f.BoolVar(&cfg.Network, "network", true, "give sandboxes networking (bridge, firewall, DNS forwarder); off: loopback only")
+	f.StringVar(&cfg.NetBridge, "net-bridge", "sbx0", "bridge sandboxes attach to")
+	f.StringVar(&cfg.NetSubnet, "net-subnet", "10.213.0.0/16", "IPv4 subnet of the bridge (the first address is the gateway)")
+	f.StringVar(&cfg.NetTable, "net-table", "sbx", "nftables table (family inet) sbx owns")
+	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver host:port sandboxes' DNS is forwarded to (repeatable; default: the host's /etc/resolv.conf)")
+	f.IntVar(&cfg.NetPool, "net-pool", 4, "network namespaces kept ready for fast creates (0: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

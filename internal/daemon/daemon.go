@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +20,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/codeexec"
 	"github.com/sbxdev/sbx/internal/image"
+	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/oci"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -43,7 +46,18 @@ type Config struct {
 	Defaults runtime.Resources
 	// WarmPool is how many pre-started boxes to keep ready for fast creates.
 	WarmPool int
-	Logger   *slog.Logger
+	// Network turns sandbox networking on (bridge, firewall, DNS
+	// forwarder); off, sandboxes have loopback only.
+	Network bool
+	// NetBridge, NetSubnet and NetTable name the bridge, its subnet and the
+	// nftables table ("" = sbx0, 10.213.0.0/16, sbx).
+	NetBridge, NetSubnet, NetTable string
+	// DNSUpstreams are the resolvers sandboxes' DNS is forwarded to
+	// (host:port; none = the host's /etc/resolv.conf).
+	DNSUpstreams []string
+	// NetPool is how many network namespaces to keep ready.
+	NetPool int
+	Logger  *slog.Logger
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -92,11 +106,35 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 
+	// Listen early: the firewall needs the API port.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+
+	var netMgr *network.Manager
+	if cfg.Network {
+		netMgr, err = network.New(ctx, network.Config{
+			StateDir: filepath.Join(dataDir, "network"), Bridge: cfg.NetBridge, Subnet: cfg.NetSubnet,
+			Table: cfg.NetTable, DNSUpstreams: cfg.DNSUpstreams, PoolSize: cfg.NetPool,
+			BlockedPorts: []uint16{uint16(ln.Addr().(*net.TCPAddr).Port)}, Logger: log,
+		})
+		if err != nil {
+			return fmt.Errorf("sandbox networking: %w", err)
+		}
+		defer netMgr.Close()
+	}
+
 	drv, err := oci.New(oci.Config{
 		StateDir:    filepath.Join(dataDir, "oci"),
 		RuntimePath: cfg.OCIRuntime,
 		AgentPath:   agentPath,
-		Logger:      log.With("runtime", "oci"),
+		Network:     cfg.Network,
+		// Per data dir, so that daemons sharing a host (tests, several
+		// tenants) never clean up each other's boxes.
+		CgroupParent: instanceName("sbx", dataDir),
+		Logger:       log.With("runtime", "oci"),
 	})
 	if err != nil {
 		return fmt.Errorf("oci runtime: %w", err)
@@ -122,7 +160,12 @@ func Run(ctx context.Context, cfg Config) error {
 	fill(&defaults.Pids, DefaultResources.Pids)
 	fill(&defaults.DiskBytes, DefaultResources.DiskBytes)
 
+	var sbNet sandbox.Network // stays a nil interface when off
+	if netMgr != nil {
+		sbNet = netMgr
+	}
 	mgr, err := sandbox.New(sandbox.Config{
+		Network:        sbNet,
 		Store:          st,
 		Drivers:        map[string]runtime.Driver{drv.Name(): drv},
 		DefaultRuntime: drv.Name(),
@@ -139,13 +182,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	if netMgr != nil {
+		netMgr.Start()
+	}
 	mgr.Run()
 	defer mgr.Close()
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
@@ -155,6 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	api.AddImages(imageSrv)
+	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		Protocols:         &protos,
@@ -244,3 +287,16 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, OnHost: c.Labels[sandbox.OnHostLabel] == sandbox.HostImage,
 	}, r.gc.RUnlock, nil
 }
+
+// instanceName names a host-wide resource of the daemon owning dataDir:
+// prefix alone for the default data dir, prefix-<hash> for any other.
+func instanceName(prefix, dataDir string) string {
+	if dataDir == DefaultDataDir {
+		return prefix
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	return fmt.Sprintf("%s-%x", prefix, sum[:4])
+}
+
+// DefaultDataDir is where `sbx serve` keeps its state unless told otherwise.
+const DefaultDataDir = "/var/lib/sbx"

@@ -67,6 +67,13 @@ type Spec struct {
 	// Hostname of the box (default: ID).
 	Hostname  string
 	Resources Resources
+	// NetNS is the path of a network namespace (owned by the host's user
+	// namespace, so the box cannot reconfigure it) for the box to join; ""
+	// gives the box a namespace of its own with loopback only.
+	NetNS string
+	// DNS lists nameservers written to the box's /etc/resolv.conf (none: the
+	// image's file is left alone).
+	DNS []string
 }
 
 // Image says what the box's root filesystem is made of.

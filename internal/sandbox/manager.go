@@ -24,6 +24,7 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 )
@@ -47,6 +48,8 @@ type Config struct {
 	// WarmPool is how many started boxes (default runtime, host image,
 	// default limits) are kept ready for creates to take over (0: none).
 	WarmPool int
+	// Network attaches sandboxes to the network (nil: loopback only).
+	Network Network
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -96,6 +99,7 @@ type box struct {
 	rec    *store.Record
 	handle runtime.Handle
 	conn   *agentconn.Conn
+	net    network.Attachment
 }
 
 func (b *box) state() sbxv1.SandboxState {
@@ -186,9 +190,13 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, fmt.Errorf("runtime %q is unhealthy: %s: %w", spec.Runtime, info.Detail, errdefs.ErrUnavailable)
 	}
 	m.applyDefaults(spec)
+	pol, err := m.requestedPolicy(spec)
+	if err != nil {
+		return nil, err
+	}
 
 	if w := m.takeWarm(spec, drv); w != nil {
-		sb, err := m.claimWarm(ctx, w, spec, drv)
+		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil || isUserError(err) {
 			return sb, err
 		}
@@ -221,6 +229,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		if derr := drv.Destroy(cctx, b.handle); derr != nil {
 			m.log.Error("rolling back failed create", "sandbox", b.id, "err", derr)
 		}
+		m.detachNetwork(cctx, b.id)
 		if derr := m.cfg.Store.Delete(cctx, b.id); derr != nil {
 			m.log.Error("deleting record of failed create", "sandbox", b.id, "err", derr)
 		}
@@ -228,7 +237,21 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	h, err := drv.Create(ctx, runtimeSpec(b.id, spec, img))
+	rs := runtimeSpec(b.id, spec, img)
+	b.mu.Lock()
+	b.net = network.Attachment{Policy: pol}
+	b.mu.Unlock()
+	if m.cfg.Network != nil {
+		att, err := m.cfg.Network.Attach(ctx, b.id, pol)
+		if err != nil {
+			return fail(fmt.Errorf("attach sandbox network: %w", err))
+		}
+		b.mu.Lock()
+		b.net = att
+		b.mu.Unlock()
+		rs.NetNS, rs.DNS = att.NetNS, att.DNS
+	}
+	h, err := drv.Create(ctx, rs)
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
@@ -413,6 +436,13 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
 				MemoryBytes: s.MemoryBytes, MemoryPeakBytes: s.MemoryPeakBytes, CpuUsageNs: s.CPUUsageNs,
 				Pids: s.Pids, DiskUsedBytes: s.DiskUsedBytes,
 			}
+			if m.cfg.Network != nil {
+				if ns, err := m.cfg.Network.Stats(b.id); err == nil {
+					stats.NetRxBytes, stats.NetTxBytes = ns.RxBytes, ns.TxBytes
+					stats.NetRxPackets, stats.NetTxPackets = ns.RxPackets, ns.TxPackets
+					stats.NetConnections = ns.Connections
+				}
+			}
 		}
 	}
 	return m.toProto(b, stats), nil
@@ -532,6 +562,7 @@ func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
 		_ = m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_FAILED, "destroy failed: "+err.Error())
 		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
 	}
+	m.detachNetwork(ctx, b.id)
 	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
 		return err
 	}
@@ -572,7 +603,7 @@ func (m *Manager) touch(b *box) {
 
 func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 	b.mu.Lock()
-	rec := *b.rec
+	rec, att := *b.rec, b.net
 	b.mu.Unlock()
 	s := b.spec
 	out := &sbxv1.Sandbox{
@@ -581,6 +612,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		Resources: s.Resources, TimeoutMs: s.TimeoutMs, IdleTimeoutMs: s.IdleTimeoutMs,
 		IdleAction: s.IdleAction, User: s.User, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
 		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
+		Network: policyProto(att.Policy), IpAddress: ipString(att.IP),
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	return proto.Clone(out).(*sbxv1.Sandbox)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 )
@@ -23,6 +25,7 @@ type warmBox struct {
 	handle runtime.Handle
 	conn   *agentconn.Conn
 	res    runtime.Resources
+	net    network.Attachment // public; the claim sets the sandbox's policy
 }
 
 // poolSpec is what a warm box is started with.
@@ -75,17 +78,36 @@ func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*runtime.ProbeTimeout)
 	defer cancel()
 	id := newID()
-	h, err := drv.Create(ctx, m.poolSpec(id))
+	spec := m.poolSpec(id)
+	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
+	if m.cfg.Network != nil {
+		var err error
+		if att, err = m.cfg.Network.Attach(ctx, id, network.Policy{Mode: network.ModePublic}); err != nil {
+			return nil, err
+		}
+		spec.NetNS, spec.DNS = att.NetNS, att.DNS
+	}
+	h, err := drv.Create(ctx, spec)
 	if err != nil {
+		m.detachNetwork(ctx, id)
 		return nil, err
 	}
-	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, h) })
-	if _, err := conn.WaitReady(ctx); err != nil {
-		conn.Close()
-		_ = drv.Destroy(context.Background(), h)
+	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
+	w.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, h) })
+	if _, err := w.conn.WaitReady(ctx); err != nil {
+		m.destroyWarm(context.Background(), w, drv)
 		return nil, err
 	}
-	return &warmBox{id: id, handle: h, conn: conn, res: m.cfg.Defaults}, nil
+	return w, nil
+}
+
+// destroyWarm destroys a warm box and releases its network.
+func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Driver) {
+	w.conn.Close()
+	if err := drv.Destroy(ctx, w.handle); err != nil {
+		m.log.Warn("warm pool: destroying a box", "err", err)
+	}
+	m.detachNetwork(ctx, w.id)
 }
 
 // takeWarm returns a warm box suitable for spec, or nil.
@@ -120,15 +142,15 @@ func toResources(r *sbxv1.Resources) runtime.Resources {
 // claimWarm turns warm box w into the sandbox described by spec. On error
 // the box is destroyed and nothing is recorded; the caller falls back to a
 // cold create.
-func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*sbxv1.Sandbox, error) {
+func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver, pol network.Policy) (*sbxv1.Sandbox, error) {
 	b, rec, err := m.newBox(w.id, spec, drv)
 	if err != nil {
-		w.conn.Close()
-		_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
 	b.handle = w.handle
 	b.conn = w.conn
+	b.net = w.net
 	if rec.Handle, err = marshalHandle(w.handle); err != nil {
 		return nil, err
 	}
@@ -139,25 +161,32 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		select {
 		case m.pool <- w:
 		default:
-			w.conn.Close()
-			_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+			m.destroyWarm(context.WithoutCancel(ctx), w, drv)
 		}
 		return nil, err
 	}
 	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		m.forget(b.id, "")
-		w.conn.Close()
-		_ = drv.Destroy(context.WithoutCancel(ctx), w.handle)
+		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		w.conn.Close()
-		_ = drv.Destroy(cctx, w.handle)
+		m.destroyWarm(cctx, w, drv)
 		_ = m.cfg.Store.Delete(cctx, b.id)
 		m.forget(b.id, "")
 		return nil, err
+	}
+	if m.cfg.Network != nil && !samePolicy(pol, w.net.Policy) {
+		// Rules are per box: setting them is all a claim needs.
+		att, err := m.cfg.Network.Update(ctx, w.id, pol)
+		if err != nil {
+			return fail(fmt.Errorf("set network policy of warm box: %w", err))
+		}
+		b.mu.Lock()
+		b.net = att
+		b.mu.Unlock()
 	}
 	if want := toResources(spec.Resources); want != w.res {
 		up, ok := drv.(runtime.Updater)
@@ -178,6 +207,11 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	return m.toProto(b, nil), nil
 }
 
+func samePolicy(a, b network.Policy) bool {
+	return a.Mode == b.Mode && slices.Equal(a.AllowCIDRs, b.AllowCIDRs) &&
+		slices.Equal(a.AllowDomains, b.AllowDomains) && slices.Equal(a.DenyCIDRs, b.DenyCIDRs)
+}
+
 // drainPool destroys every idle warm box.
 func (m *Manager) drainPool() {
 	if m.pool == nil {
@@ -187,10 +221,7 @@ func (m *Manager) drainPool() {
 	for {
 		select {
 		case w := <-m.pool:
-			w.conn.Close()
-			if err := drv.Destroy(context.Background(), w.handle); err != nil {
-				m.log.Warn("warm pool: destroying a box", "err", err)
-			}
+			m.destroyWarm(context.Background(), w, drv)
 		default:
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 )
@@ -39,6 +40,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	for name := range m.cfg.Drivers {
 		keep[name] = map[string]bool{}
 	}
+	keepNet := map[string]bool{}
 	for _, rec := range recs {
 		if m.recoverOne(ctx, rec) {
 			var h runtime.Handle
@@ -46,6 +48,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 			if keep[h.Driver] != nil {
 				keep[h.Driver][rec.ID] = true
 			}
+			keepNet[rec.ID] = true
+		}
+	}
+	if m.cfg.Network != nil {
+		if err := m.cfg.Network.Cleanup(ctx, keepNet); err != nil {
+			m.log.Error("cleaning up network leftovers", "err", err)
 		}
 	}
 	for name, drv := range m.cfg.Drivers {
@@ -83,6 +91,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		if err := drv.Destroy(ctx, h); err != nil {
 			log.Error("destroying leftover sandbox", "err", err)
 		}
+		m.detachNetwork(ctx, rec.ID)
 		_ = m.cfg.Store.Delete(ctx, rec.ID)
 		m.forget(rec.ID, why)
 		log.Info("sandbox removed during recovery", "reason", why)
@@ -102,7 +111,17 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		}
 		return drop("could not re-attach after daemon restart: " + err.Error())
 	}
-	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh}
+	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
+	if m.cfg.Network != nil {
+		if att, err = m.cfg.Network.Recover(ctx, rec.ID); err != nil {
+			if !errdefs.IsNotFound(err) {
+				return drop("could not re-attach its network: " + err.Error())
+			}
+			// Created while networking was off: it has loopback only.
+			att = network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
+		}
+	}
+	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att}
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
 	b.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, nh) })
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {

@@ -110,6 +110,9 @@ func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
 	if req.GetIdleAction() < sbxv1.IdleAction_IDLE_ACTION_UNSPECIFIED || req.GetIdleAction() > sbxv1.IdleAction_IDLE_ACTION_STOP {
 		return invalid("idle action %d: unknown", req.GetIdleAction())
 	}
+	if _, err := policyOf(req.GetNetwork()); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -27,6 +27,7 @@ var (
 type Server struct {
 	mgr    *sandbox.Manager
 	images *ImageServer
+	code   *CodeServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -44,6 +45,10 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(path, h)
 	if s.images != nil {
 		path, h := sbxv1connect.NewImageServiceHandler(s.images)
+		mux.Handle(path, h)
+	}
+	if s.code != nil {
+		path, h := sbxv1connect.NewCodeServiceHandler(s.code)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

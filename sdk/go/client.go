@@ -33,6 +33,7 @@ const DefaultAddr = "127.0.0.1:7777"
 type Client struct {
 	api     sbxv1connect.SandboxServiceClient
 	images  sbxv1connect.ImageServiceClient
+	code    sbxv1connect.CodeServiceClient
 	baseURL string
 }
 
@@ -61,6 +62,7 @@ func NewClient(addr string) *Client {
 	return &Client{
 		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
 		images:  sbxv1connect.NewImageServiceClient(hc, base, connect.WithGRPC()),
+		code:    sbxv1connect.NewCodeServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
 	}
 }
@@ -100,6 +102,8 @@ type CreateOptions struct {
 	Runtime      string
 	// User runs commands as this user by default ("name", "uid", "uid:gid").
 	User string
+	// Network is the network policy (nil: public).
+	Network *NetworkPolicy
 }
 
 // Request converts the options to the API request.
@@ -115,6 +119,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	if o.StopWhenIdle {
 		req.IdleAction = sbxv1.IdleAction_IDLE_ACTION_STOP
+	}
+	if o.Network != nil {
+		req.Network = o.Network.Proto()
 	}
 	return req
 }

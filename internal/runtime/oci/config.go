@@ -54,6 +54,10 @@ type Config struct {
 	// told to keep, so drivers over different state dirs on one host (tests
 	// next to a daemon) need different parents.
 	CgroupParent string
+	// Network says the caller gives boxes network namespaces with a veth
+	// (runtime.Spec.NetNS): the driver then advertises the "network"
+	// capability. Without it boxes have loopback only.
+	Network bool
 	// Logger receives driver logs; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -37,6 +37,7 @@ type Driver struct {
 	healthy   bool
 	swapLimit bool // the host can limit memory+swap
 	noFile    uint64
+	caps      []string
 	log       *slog.Logger
 }
 
@@ -66,6 +67,10 @@ func New(cfg Config) (*Driver, error) {
 		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		log:       log.With("driver", "oci"),
+		caps:      []string{"pause", "stats", "disk-limit", "recover", "update"},
+	}
+	if cfg.Network {
+		d.caps = append(d.caps, "network")
 	}
 	for _, dir := range []string{d.stateDir, d.boxesDir} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
@@ -180,7 +185,7 @@ func (d *Driver) Info(ctx context.Context) runtime.Info {
 		Name:         "oci",
 		Healthy:      d.healthy,
 		Detail:       d.detail,
-		Capabilities: []string{"pause", "stats", "disk-limit", "recover", "update"},
+		Capabilities: d.caps,
 	}
 }
 
@@ -264,6 +269,17 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := d.prepareRootfs(rootfs, spec); err != nil {
 		return h, err
 	}
+	sysfs := ""
+	if spec.NetNS != "" {
+		sysfs = sysfsDir(box)
+		if err := os.Mkdir(sysfs, 0o555); err != nil {
+			return h, fmt.Errorf("create sysfs dir: %w", err)
+		}
+		if err := mountSysfsIn(spec.NetNS, sysfs); err != nil {
+			return h, err
+		}
+		undo.add(func() error { return unmount(sysfs) })
+	}
 
 	hostname := spec.Hostname
 	if hostname == "" {
@@ -272,7 +288,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
-		SwapLimit: d.swapLimit,
+		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -323,7 +339,8 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 }
 
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
-// /etc/hosts and the working directory.
+// /etc/hosts, /etc/resolv.conf (when spec.DNS is set) and the working
+// directory.
 func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 	hostname := spec.Hostname
 	if hostname == "" {
@@ -335,6 +352,16 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 	files := map[string]string{
 		"etc/hostname": hostname + "\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+	if len(spec.DNS) > 0 {
+		var rc strings.Builder
+		for _, ns := range spec.DNS {
+			if net.ParseIP(ns) == nil {
+				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
+			}
+			rc.WriteString("nameserver " + ns + "\n")
+		}
+		files["etc/resolv.conf"] = rc.String()
 	}
 	for name, content := range files {
 		err := writeFileInRoot(rootfs, name, []byte(content), idMapBase, idMapBase)

@@ -12,7 +12,7 @@ import (
 
 // hostImageVersion names the skeleton layout; bump it when the layout changes
 // so existing state dirs get a fresh skeleton.
-const hostImageVersion = "host-v1"
+const hostImageVersion = "host-v2"
 
 // hostEtcAllowlist is everything copied from the host's /etc into the host
 // image (globs allowed). Nothing else is: no shadow, ssh, sudoers,
@@ -21,7 +21,7 @@ const hostImageVersion = "host-v1"
 var hostEtcAllowlist = []string{
 	"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
 	"ca-certificates.conf", "localtime", "timezone", "mime.types", "protocols", "services",
-	"python3*", "bash.bashrc", "profile", "inputrc", "debian_version", "os-release",
+	"python3*", "bash.bashrc", "profile", "inputrc", "debian_version", "os-release", "fonts", "matplotlibrc",
 }
 
 // Generated /etc files of the host image.

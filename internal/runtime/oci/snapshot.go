@@ -31,6 +31,8 @@ var diffExcluded = map[string]bool{
 	strings.TrimPrefix(path.Dir(agentInBox), "/"): true,
 	"etc/hostname": true,
 	"etc/hosts":    true,
+	// Written when the box has a network; an image's own stays in its layer.
+	"etc/resolv.conf": true,
 }
 
 // diffEmptied are directories whose entry is kept but whose contents are

@@ -43,6 +43,11 @@ type specParams struct {
 	HostImage    bool   // bind the host's /usr read-only
 	AgentPath    string // host path of the agent binary
 	NoFile       uint64 // RLIMIT_NOFILE soft and hard
+	// NetNS is a network namespace to join ("" = a new one).
+	NetNS string
+	// SysfsSource, if set, is bind-mounted read-only at /sys instead of a
+	// new sysfs (which a box cannot mount in a netns it does not own).
+	SysfsSource string
 	// SwapLimit sets memory+swap to the memory limit; false on v1 hosts
 	// without swap accounting, where the runtime would fail to set it.
 	SwapLimit bool
@@ -91,7 +96,7 @@ func buildSpec(p specParams) *specs.Spec {
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: p.NetNS}, {Type: specs.UserNamespace},
 				{Type: specs.CgroupNamespace},
 			},
 			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
@@ -111,7 +116,11 @@ func boxMounts(p specParams) []specs.Mount {
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	if p.SysfsSource != "" {
+		m = append(m, specs.Mount{Destination: "/sys", Type: "bind", Source: p.SysfsSource, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
+	} else {
+		m = append(m, specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	}
 	if p.HostImage {
 		m = append(m, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})

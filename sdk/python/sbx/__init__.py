@@ -23,6 +23,7 @@ An asyncio flavour lives in :mod:`sbx.aio`.
 from ._tar import UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
+from .code import Artifact, CodeContext, CodeResult, PolicyFinding
 from .errors import (
     AbortedError,
     AlreadyExistsError,
@@ -73,6 +74,10 @@ __all__ = [
     "ExitStatus",
     "Files",
     "Images",
+    "Artifact",
+    "CodeContext",
+    "CodeResult",
+    "PolicyFinding",
     "FileInfo",
     "ImageConfig",
     "ImageInfo",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._transport import b64encode
+from . import code as _code
 from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
@@ -386,6 +387,81 @@ class Sandbox:
         if raise_on_error and not result.ok:
             raise CommandError(result, shown)
         return result
+
+    # -- code --------------------------------------------------------------
+
+    def run_code(
+        self,
+        language: str,
+        code: str,
+        *,
+        libraries: Sequence[str] = (),
+        timeout: Optional[Seconds] = None,
+        context: Optional["_code.CodeContext"] = None,
+        env: Optional[Mapping[str, str]] = None,
+        policy: Optional[Sequence[str]] = None,
+        policy_rules: Optional[Sequence[Mapping[str, Any]]] = None,
+        enforce: bool = False,
+        threshold: Optional[str] = None,
+        index_url: Optional[str] = None,
+        find_links: Sequence[str] = (),
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+    ) -> "_code.CodeResult":
+        """Run a program (python, javascript, typescript, bash, go, java,
+        cpp, ruby, r) and return a :class:`~sbx.CodeResult` with its output,
+        exit code and artifacts (matplotlib figures and files written under
+        ``$SBX_OUTPUT_DIR``).
+
+        Args:
+            libraries: installed first with the language's installer (pip, npm...).
+            context: run in this :class:`~sbx.CodeContext` instead (keeps state).
+            policy: policy presets to check the code against ("default",
+                "no-network", "no-subprocess", "no-filesystem"); findings are
+                in ``result.findings``.
+            enforce: refuse code with findings at or above ``threshold``
+                (default "high") with :class:`~sbx.PermissionDeniedError`.
+            index_url, find_links: where installers look (``find_links`` are
+                directories in the sandbox, for pip ``--no-index``).
+            on_stdout, on_stderr: called with output as it arrives.
+
+        Raises:
+            FailedPreconditionError: the image lacks the language's toolchain.
+            PermissionDeniedError: an enforcing policy refused the code.
+        """
+        req: Dict[str, Any] = {"sandbox": self.id, "language": language, "code": code}
+        if context is not None:
+            req["context"] = context.id
+        if libraries:
+            req["libraries"] = list(libraries)
+        if timeout is not None:
+            req["timeoutMs"] = _ms(timeout, "timeout")
+        if env:
+            req["env"] = dict(env)
+        pol = _code.policy_request(policy, enforce, threshold, policy_rules)
+        if pol:
+            req["policy"] = pol
+        if index_url or find_links:
+            req["librarySource"] = {"indexUrl": index_url or "", "findLinks": list(find_links)}
+        return _code.run(self._client, req, on_stdout, on_stderr)
+
+    def create_context(
+        self, language: str = "python", *, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None
+    ) -> "_code.CodeContext":
+        """Start a stateful context (python or javascript): variables, imports
+        and the working directory survive between runs, like a notebook kernel."""
+        req: Dict[str, Any] = {"sandbox": self.id, "language": language}
+        if cwd:
+            req["cwd"] = cwd
+        if env:
+            req["env"] = dict(env)
+        resp = self._client._transport.unary(_code.SERVICE, "CreateContext", req, op="create context")
+        return _code.CodeContext(self._client, resp.get("context", {}))
+
+    def list_contexts(self) -> List["_code.CodeContext"]:
+        """The sandbox's live contexts."""
+        resp = self._client._transport.unary(_code.SERVICE, "ListContexts", {"sandbox": self.id}, op="list contexts")
+        return [_code.CodeContext(self._client, c) for c in resp.get("contexts", [])]
 
     def __repr__(self) -> str:
         name = f" name={self.name!r}" if self.name else ""

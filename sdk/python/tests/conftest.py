@@ -82,7 +82,8 @@ def daemon_addr() -> Iterator[str]:
     log_path = os.path.join(data_dir, "daemon.log")
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [SBX_BIN, "serve", "--listen", addr, "--data-dir", os.path.join(data_dir, "data"), "--warm-pool", "0"],
+        [SBX_BIN, "serve", "--listen", addr, "--data-dir", os.path.join(data_dir, "data"), "--warm-pool", "0",
+         "--network=false"],  # tests leave the host's bridges and firewall alone
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -944,8 +944,15 @@ type SandboxStats struct {
 	CpuUsageNs      int64                  `protobuf:"varint,3,opt,name=cpu_usage_ns,json=cpuUsageNs,proto3" json:"cpu_usage_ns,omitempty"`
 	Pids            int64                  `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
 	DiskUsedBytes   int64                  `protobuf:"varint,5,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Network traffic as seen by the sandbox (0 with network mode NONE).
+	NetRxBytes   int64 `protobuf:"varint,6,opt,name=net_rx_bytes,json=netRxBytes,proto3" json:"net_rx_bytes,omitempty"`
+	NetTxBytes   int64 `protobuf:"varint,7,opt,name=net_tx_bytes,json=netTxBytes,proto3" json:"net_tx_bytes,omitempty"`
+	NetRxPackets int64 `protobuf:"varint,8,opt,name=net_rx_packets,json=netRxPackets,proto3" json:"net_rx_packets,omitempty"`
+	NetTxPackets int64 `protobuf:"varint,9,opt,name=net_tx_packets,json=netTxPackets,proto3" json:"net_tx_packets,omitempty"`
+	// Connections the sandbox has open (tracked by the host's conntrack).
+	NetConnections int64 `protobuf:"varint,10,opt,name=net_connections,json=netConnections,proto3" json:"net_connections,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SandboxStats) Reset() {
@@ -1009,6 +1016,41 @@ func (x *SandboxStats) GetPids() int64 {
 func (x *SandboxStats) GetDiskUsedBytes() int64 {
 	if x != nil {
 		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetNetRxBytes() int64 {
+	if x != nil {
+		return x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetNetTxBytes() int64 {
+	if x != nil {
+		return x.NetTxBytes
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetNetRxPackets() int64 {
+	if x != nil {
+		return x.NetRxPackets
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetNetTxPackets() int64 {
+	if x != nil {
+		return x.NetTxPackets
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetNetConnections() int64 {
+	if x != nil {
+		return x.NetConnections
 	}
 	return 0
 }
@@ -1733,14 +1775,22 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x02\n" +
 	"\fSandboxStats\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
 	"\x11memory_peak_bytes\x18\x02 \x01(\x03R\x0fmemoryPeakBytes\x12 \n" +
 	"\fcpu_usage_ns\x18\x03 \x01(\x03R\n" +
 	"cpuUsageNs\x12\x12\n" +
 	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12&\n" +
-	"\x0fdisk_used_bytes\x18\x05 \x01(\x03R\rdiskUsedBytes\"-\n" +
+	"\x0fdisk_used_bytes\x18\x05 \x01(\x03R\rdiskUsedBytes\x12 \n" +
+	"\fnet_rx_bytes\x18\x06 \x01(\x03R\n" +
+	"netRxBytes\x12 \n" +
+	"\fnet_tx_bytes\x18\a \x01(\x03R\n" +
+	"netTxBytes\x12$\n" +
+	"\x0enet_rx_packets\x18\b \x01(\x03R\fnetRxPackets\x12$\n" +
+	"\x0enet_tx_packets\x18\t \x01(\x03R\fnetTxPackets\x12'\n" +
+	"\x0fnet_connections\x18\n" +
+	" \x01(\x03R\x0enetConnections\"-\n" +
 	"\x11GetSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"?\n" +
 	"\x12GetSandboxResponse\x12)\n" +

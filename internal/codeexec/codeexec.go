@@ -1,0 +1,377 @@
+// Package codeexec runs code in sandboxes through their agents; it knows
+// languages (which toolchain, how to compile and run, which installer),
+// kernels (stateful contexts), artifacts (plots and files the code writes
+// under $SBX_OUTPUT_DIR) and the code policy checked before running. It
+// needs no agent changes: it uses the agent's file API and exec streams.
+// Only internal/server and internal/daemon import it.
+package codeexec
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// Directories inside the sandbox. Each run gets RunDir/<id> for its code
+// and OutputsDir/<id> (exported as $SBX_OUTPUT_DIR) for its artifacts; both
+// are removed once the result is sent.
+const (
+	RunDir     = "/tmp/sbx-code"
+	OutputsDir = "/tmp/outputs"
+)
+
+// Limits on what is returned as artifacts.
+const (
+	maxArtifacts     = 64
+	maxArtifactBytes = 64 << 20 // all artifacts of one run together
+	// Python code up to this size is passed as an argument, not written to a file.
+	maxInlineCode = 64 << 10
+)
+
+//go:embed kernels/runner.py
+var pythonRunner string
+
+// Agents hands out agent clients of running sandboxes (sandbox.Manager).
+type Agents interface {
+	Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error)
+}
+
+// Sink receives a run's events: output chunks, then the result.
+type Sink func(*sbxv1.RunCodeEvent) error
+
+// Service runs code. It is safe for concurrent use.
+type Service struct {
+	agents Agents
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// contexts by id.
+	contexts map[string]*kernel
+}
+
+// New returns a Service over agents.
+func New(agents Agents, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{agents: agents, log: log, contexts: map[string]*kernel{}}
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// RunCode runs req, sending output and then the result to sink.
+func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink Sink) error {
+	start := time.Now()
+	if req.GetTimeoutMs() < 0 {
+		return fmt.Errorf("run code: negative timeout: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, l := range req.GetLibraries() {
+		if l == "" || strings.HasPrefix(l, "-") {
+			return fmt.Errorf("run code: bad library name %q: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	var k *kernel
+	langName := req.GetLanguage()
+	if req.GetContext() != "" {
+		var err error
+		if k, err = s.kernel(req.GetContext()); err != nil {
+			return err
+		}
+		langName = k.lang.name
+	}
+	lang, err := lookupLanguage(langName)
+	if err != nil {
+		return err
+	}
+	findings, err := checkPolicy(lang.name, req.GetCode(), req.GetPolicy())
+	if err != nil {
+		return err
+	}
+	sandboxRef := req.GetSandbox()
+	if k != nil {
+		sandboxRef = k.sandbox
+	}
+	conn, release, err := s.agents.Agent(ctx, sandboxRef)
+	if err != nil {
+		return err
+	}
+	defer release()
+	res := &sbxv1.RunCodeResult{Findings: findings, Context: req.GetContext()}
+	if len(req.GetLibraries()) > 0 {
+		installed, err := s.install(ctx, conn, lang, req)
+		if err != nil {
+			res.Error, res.ExitCode = err.Error(), 1
+			res.DurationMs = time.Since(start).Milliseconds()
+			return sink(&sbxv1.RunCodeEvent{Event: &sbxv1.RunCodeEvent_Result{Result: res}})
+		}
+		res.Installed = installed
+	}
+	id := newID()
+	out := OutputsDir + "/" + id
+	look := true
+	if k != nil {
+		look, err = k.run(ctx, req, out, res, sink)
+	} else {
+		err = s.oneShot(ctx, conn, lang, req, id, out, res, sink)
+	}
+	if err != nil {
+		return err
+	}
+	if look {
+		var found bool
+		res.Artifacts, found = collectArtifacts(ctx, conn, out)
+		if found || k == nil && (lang.name != "python" || len(req.GetCode()) > maxInlineCode) {
+			s.cleanup(sandboxRef, RunDir+"/"+id, out)
+		}
+	}
+	res.DurationMs = time.Since(start).Milliseconds()
+	return sink(&sbxv1.RunCodeEvent{Event: &sbxv1.RunCodeEvent_Result{Result: res}})
+}
+
+// oneShot writes the code into the sandbox and runs it (compiling first if
+// the language needs it), streaming its output.
+func (s *Service) oneShot(ctx context.Context, conn *agentconn.Conn, lang *language, req *sbxv1.RunCodeRequest,
+	id, out string, res *sbxv1.RunCodeResult, sink Sink) error {
+	dir := RunDir + "/" + id
+	file := lang.sourceFile(req.GetCode())
+	env := map[string]string{"SBX_OUTPUT_DIR": out, "MPLBACKEND": "Agg", "SBX_SOURCE": file, "SBX_MAIN": strings.TrimSuffix(file, ".java")}
+	for k, v := range req.GetEnv() {
+		env[k] = v
+	}
+	stdout := sinkWriter(sink, false)
+	stderr := sinkWriter(sink, true)
+	deadline := time.Duration(req.GetTimeoutMs()) * time.Millisecond
+	started := time.Now()
+	remaining := func() int64 {
+		if deadline == 0 {
+			return 0
+		}
+		return max(1, (deadline - time.Since(started)).Milliseconds())
+	}
+	if lang.name == "python" {
+		// Fast path: no shell, no probe (a missing python3 shows as a start
+		// error) and, for code that fits in an argument, no file to write.
+		argv := []string{"python3", "-c", pythonRunner, dir + "/" + file}
+		if len(req.GetCode()) <= maxInlineCode && !strings.ContainsRune(req.GetCode(), 0) {
+			argv = append(argv, req.GetCode())
+		} else if err := writeFile(ctx, conn, dir+"/"+file, []byte(req.GetCode())); err != nil {
+			return err
+		}
+		ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Argv: argv, Env: env, TimeoutMs: remaining()}, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		if ex.GetError() != "" && ex.GetExitCode() == 127 {
+			return errUnavailable(lang)
+		}
+		fillExit(res, ex, "")
+		return nil
+	}
+	if err := writeFile(ctx, conn, dir+"/"+file, []byte(req.GetCode())); err != nil {
+		return err
+	}
+	if err := s.probe(ctx, conn, lang); err != nil {
+		return err
+	}
+	if lang.compile != "" {
+		ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Shell: lang.compile, Env: env, Workdir: dir, TimeoutMs: remaining()}, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		if ex.GetExitCode() != 0 || ex.GetError() != "" {
+			fillExit(res, ex, "compilation failed")
+			return nil
+		}
+	}
+	run := `mkdir -p "$SBX_OUTPUT_DIR"; ` + lang.run
+	ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Shell: run, Env: env, Workdir: dir, TimeoutMs: remaining()}, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	fillExit(res, ex, "")
+	return nil
+}
+
+func fillExit(res *sbxv1.RunCodeResult, ex *sbxv1.ExecExited, failed string) {
+	res.ExitCode, res.TimedOut = ex.GetExitCode(), ex.GetTimedOut()
+	switch {
+	case ex.GetTimedOut():
+		res.Error = "timed out"
+	case ex.GetError() != "":
+		res.Error = ex.GetError()
+	case failed != "":
+		res.Error = fmt.Sprintf("%s (exit code %d)", failed, ex.GetExitCode())
+	case ex.GetSignal() != 0:
+		res.Error = fmt.Sprintf("killed by signal %d", ex.GetSignal())
+	case ex.GetExitCode() != 0:
+		res.Error = fmt.Sprintf("exit code %d", ex.GetExitCode())
+	}
+}
+
+// probe fails with errUnavailable when none of lang's tools is in PATH.
+func (s *Service) probe(ctx context.Context, conn *agentconn.Conn, lang *language) error {
+	var cmd []string
+	for _, t := range lang.tools {
+		cmd = append(cmd, "command -v "+shQuote(t)+" >/dev/null 2>&1")
+	}
+	ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Shell: strings.Join(cmd, " || "), TimeoutMs: 10000}, io.Discard, io.Discard)
+	if err != nil {
+		return err
+	}
+	if ex.GetExitCode() != 0 {
+		return errUnavailable(lang)
+	}
+	return nil
+}
+
+// install runs lang's installer for req's libraries and returns what it installed.
+func (s *Service) install(ctx context.Context, conn *agentconn.Conn, lang *language, req *sbxv1.RunCodeRequest) ([]string, error) {
+	if lang.install == nil {
+		return nil, fmt.Errorf("language %s has no library installer: %w", lang.name, errdefs.ErrInvalidArgument)
+	}
+	if err := s.probe(ctx, conn, lang); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	ex, err := execute(ctx, conn, &sbxv1.ExecRequest{
+		Shell: lang.install(req.GetLibraries(), req.GetLibrarySource()), Env: req.GetEnv(), TimeoutMs: 10 * 60 * 1000,
+	}, &buf, &buf)
+	if err != nil {
+		return nil, err
+	}
+	if ex.GetExitCode() != 0 || ex.GetError() != "" {
+		return nil, fmt.Errorf("installing %s failed (exit code %d): %s", strings.Join(req.GetLibraries(), ", "), ex.GetExitCode(), tailString(buf.String(), 2000))
+	}
+	return installedFrom(lang, req.GetLibraries(), buf.String()), nil
+}
+
+func tailString(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// cleanup removes a run's directories in the background.
+func (s *Service) cleanup(sandbox string, dirs ...string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, release, err := s.agents.Agent(ctx, sandbox)
+		if err != nil {
+			return
+		}
+		defer release()
+		for _, d := range dirs {
+			_, _ = conn.Remove(ctx, connect.NewRequest(&sbxv1.RemoveRequest{Path: d, Recursive: true}))
+		}
+	}()
+}
+
+// sinkWriter turns writes into stdout or stderr events.
+func sinkWriter(sink Sink, stderr bool) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		b := bytes.Clone(p)
+		ev := &sbxv1.RunCodeEvent{Event: &sbxv1.RunCodeEvent_Stdout{Stdout: b}}
+		if stderr {
+			ev = &sbxv1.RunCodeEvent{Event: &sbxv1.RunCodeEvent_Stderr{Stderr: b}}
+		}
+		if err := sink(ev); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// execute runs req through the agent, copying its output to stdout and stderr.
+func execute(ctx context.Context, conn *agentconn.Conn, req *sbxv1.ExecRequest, stdout, stderr io.Writer) (*sbxv1.ExecExited, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := conn.Exec(ctx)
+	defer st.CloseResponse() //nolint:errcheck
+	if err := st.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: req}}); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("exec: sending start: %w", err)
+	}
+	_ = st.CloseRequest()
+	for {
+		msg, err := st.Receive()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("exec: stream ended without an exit status: %w", errdefs.ErrUnavailable)
+			}
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *sbxv1.ExecOutput_Stdout:
+			if _, err := stdout.Write(ev.Stdout); err != nil {
+				return nil, err
+			}
+		case *sbxv1.ExecOutput_Stderr:
+			if _, err := stderr.Write(ev.Stderr); err != nil {
+				return nil, err
+			}
+		case *sbxv1.ExecOutput_Exited:
+			return ev.Exited, nil
+		}
+	}
+}
+
+// writeFile writes data to path in the sandbox, creating parent directories.
+func writeFile(ctx context.Context, conn *agentconn.Conn, path string, data []byte) error {
+	st := conn.WriteFile(ctx)
+	if err := st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{Path: path, MakeParents: true}}}); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	for len(data) > 0 {
+		n := min(len(data), 1<<20)
+		if err := st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Data{Data: data[:n]}}); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		data = data[n:]
+	}
+	if _, err := st.CloseAndReceive(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// readFile reads a whole file from the sandbox.
+func readFile(ctx context.Context, conn *agentconn.Conn, path string) ([]byte, error) {
+	st, err := conn.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Path: path}))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	var buf bytes.Buffer
+	for st.Receive() {
+		buf.Write(st.Msg().GetData())
+	}
+	return buf.Bytes(), st.Err()
+}

@@ -1,0 +1,329 @@
+package codeexec
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+//go:embed kernels/kernel.py
+var pythonKernel string
+
+//go:embed kernels/kernel.js
+var jsKernel string
+
+var kernelScripts = map[string]string{"kernel.py": pythonKernel, "kernel.js": jsKernel}
+
+// kernel is one context: a long-lived interpreter in the sandbox, started
+// through an agent exec stream the daemon keeps open. Requests are JSON
+// lines on its stdin; user output flows on its stdout/stderr, and each
+// request ends with token+reply JSON on stdout and token+id on stderr.
+type kernel struct {
+	id, sandbox string
+	lang        *language
+	created     time.Time
+	token       []byte
+	cancel      context.CancelFunc
+	stream      *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	// events carries the stream's output; closed when the stream ends.
+	events chan *sbxv1.ExecOutput
+	runs   atomic.Int64
+	dead   atomic.Bool
+
+	// mu serializes runs.
+	mu    sync.Mutex
+	reqID int64
+}
+
+type kernelReply struct {
+	ID int64 `json:"id"`
+	OK bool  `json:"ok"`
+	// Artifacts is set when the outputs dir is not empty (the kernel removes it when it is).
+	Artifacts bool   `json:"artifacts"`
+	Error     string `json:"error"`
+	Value     *struct {
+		Text string `json:"text"`
+		PNG  []byte `json:"png"` // base64 in JSON
+		HTML string `json:"html"`
+	} `json:"value"`
+}
+
+// CreateContext starts a kernel for req.Language in req.Sandbox.
+func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextRequest) (*sbxv1.CodeContext, error) {
+	lang, err := lookupLanguage(req.GetLanguage())
+	if err != nil {
+		return nil, err
+	}
+	if lang.kernel == "" {
+		return nil, fmt.Errorf("language %s has no stateful contexts (python and javascript do): %w", lang.name, errdefs.ErrInvalidArgument)
+	}
+	conn, release, err := s.agents.Agent(ctx, req.GetSandbox())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	id := "ctx-" + newID()
+	script := RunDir + "/kernels/" + lang.kernel
+	if err := writeFile(ctx, conn, script, []byte(kernelScripts[lang.kernel])); err != nil {
+		return nil, err
+	}
+	k := &kernel{
+		id: id, sandbox: req.GetSandbox(), lang: lang, created: time.Now(),
+		token: []byte("\x1esbx-" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
+	}
+	env := map[string]string{"SBX_KERNEL": script, "SBX_KERNEL_TOKEN": string(k.token), "MPLBACKEND": "Agg"}
+	for key, v := range req.GetEnv() {
+		env[key] = v
+	}
+	// The kernel outlives this request: its stream hangs off a context of its own.
+	kctx, cancel := context.WithCancel(context.Background())
+	k.cancel = cancel
+	k.stream = conn.Exec(kctx)
+	start := &sbxv1.ExecRequest{Shell: lang.kernelCmd, Env: env, Workdir: req.GetCwd(), StdinOpen: true}
+	if err := k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("create context: starting kernel: %w", err)
+	}
+	go k.read(s)
+	// A first, empty run proves the kernel is up (and warms it).
+	res := &sbxv1.RunCodeResult{}
+	if _, err := k.run(ctx, &sbxv1.RunCodeRequest{TimeoutMs: 60000}, "", res, func(*sbxv1.RunCodeEvent) error { return nil }); err != nil || res.Error != "" {
+		k.close()
+		if err == nil && k.dead.Load() {
+			if err := s.probe(ctx, conn, lang); err != nil {
+				return nil, err
+			}
+			err = fmt.Errorf("create context: kernel failed to start: %s: %w", res.Error, errdefs.ErrUnavailable)
+		}
+		return nil, err
+	}
+	k.runs.Store(0)
+	s.mu.Lock()
+	s.contexts[id] = k
+	s.mu.Unlock()
+	s.log.Info("code context created", "context", id, "sandbox", k.sandbox, "language", lang.name)
+	return k.info(), nil
+}
+
+func (k *kernel) info() *sbxv1.CodeContext {
+	return &sbxv1.CodeContext{Id: k.id, Sandbox: k.sandbox, Language: k.lang.name, CreatedMs: k.created.UnixMilli(), Runs: k.runs.Load()}
+}
+
+// read moves the stream's events to k.events until it ends, then forgets k.
+func (k *kernel) read(s *Service) {
+	defer func() {
+		k.dead.Store(true)
+		close(k.events)
+		s.mu.Lock()
+		if s.contexts[k.id] == k {
+			delete(s.contexts, k.id)
+		}
+		s.mu.Unlock()
+		k.cancel()
+	}()
+	for {
+		msg, err := k.stream.Receive()
+		if err != nil {
+			return
+		}
+		k.events <- msg
+		if msg.GetExited() != nil {
+			return
+		}
+	}
+}
+
+func (k *kernel) close() {
+	k.dead.Store(true)
+	k.cancel()
+}
+
+func (s *Service) kernel(id string) (*kernel, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.contexts[id]
+	if !ok {
+		return nil, fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
+	}
+	return k, nil
+}
+
+// ListContexts lists live contexts, of one sandbox if sandbox is set.
+func (s *Service) ListContexts(sandbox string) []*sbxv1.CodeContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*sbxv1.CodeContext
+	for _, k := range s.contexts {
+		if sandbox == "" || k.sandbox == sandbox {
+			out = append(out, k.info())
+		}
+	}
+	return out
+}
+
+// CloseContext stops a context's kernel.
+func (s *Service) CloseContext(id string) error {
+	s.mu.Lock()
+	k, ok := s.contexts[id]
+	delete(s.contexts, id)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
+	}
+	k.close()
+	return nil
+}
+
+// run executes req.Code in the kernel, streaming output to sink and filling res.
+func (k *kernel) run(ctx context.Context, req *sbxv1.RunCodeRequest, out string, res *sbxv1.RunCodeResult, sink Sink) (artifacts bool, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.dead.Load() {
+		return false, fmt.Errorf("context %s has ended: %w", k.id, errdefs.ErrFailedPrecondition)
+	}
+	k.runs.Add(1)
+	// Drop output left over from earlier runs (background threads, a run the client abandoned).
+	for drained := false; !drained; {
+		select {
+		case _, ok := <-k.events:
+			drained = !ok
+		default:
+			drained = true
+		}
+	}
+	k.reqID++
+	id := k.reqID
+	line, _ := json.Marshal(map[string]any{"id": id, "code": req.GetCode(), "out": out})
+	if err := k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Stdin{Stdin: append(line, '\n')}}); err != nil {
+		k.close()
+		return false, fmt.Errorf("context %s: sending code: %w", k.id, errdefs.ErrUnavailable)
+	}
+	var timeout <-chan time.Time
+	if req.GetTimeoutMs() > 0 {
+		t := time.NewTimer(time.Duration(req.GetTimeoutMs()) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var hardKill <-chan time.Time
+	interrupt := func() {
+		_ = k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Signal{Signal: 2}})
+	}
+	stdout, stderr := &splitter{token: k.token}, &splitter{token: k.token}
+	var reply *kernelReply
+	stderrDone := false
+	want := strconv.FormatInt(id, 10)
+	for reply == nil || !stderrDone {
+		select {
+		case msg, ok := <-k.events:
+			if !ok || msg.GetExited() != nil {
+				k.close()
+				res.ExitCode, res.Error = 1, "the context's kernel exited"
+				if ex := msg.GetExited(); ex != nil {
+					res.Error = fmt.Sprintf("the context's kernel exited (exit code %d); the context is gone", ex.GetExitCode())
+				}
+				return true, nil
+			}
+			switch ev := msg.GetEvent().(type) {
+			case *sbxv1.ExecOutput_Stdout:
+				user, msgs := stdout.feed(ev.Stdout)
+				if err := sendChunk(sink, user, false); err != nil {
+					return false, err
+				}
+				for _, m := range msgs {
+					var r kernelReply
+					if json.Unmarshal([]byte(m), &r) == nil && r.ID == id {
+						reply = &r
+					}
+				}
+			case *sbxv1.ExecOutput_Stderr:
+				user, msgs := stderr.feed(ev.Stderr)
+				if err := sendChunk(sink, user, true); err != nil {
+					return false, err
+				}
+				for _, m := range msgs {
+					stderrDone = stderrDone || m == want
+				}
+			}
+		case <-timeout:
+			res.TimedOut = true
+			interrupt()
+			hardKill = time.After(5 * time.Second)
+		case <-hardKill:
+			k.close()
+			res.ExitCode, res.Error = 1, "timed out; the kernel did not stop when interrupted, so the context was closed"
+			return true, nil
+		case <-ctx.Done():
+			interrupt()
+			return false, ctx.Err()
+		}
+	}
+	if !reply.OK {
+		res.ExitCode, res.Error = 1, reply.Error
+		if res.TimedOut {
+			res.Error = "timed out (" + reply.Error + ")"
+		}
+	}
+	if v := reply.Value; v != nil {
+		res.Value = &sbxv1.CodeValue{Text: v.Text, Png: v.PNG, Html: v.HTML}
+	}
+	return reply.Artifacts, nil
+}
+
+func sendChunk(sink Sink, b []byte, stderr bool) error {
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := sinkWriter(sink, stderr).Write(b)
+	return err
+}
+
+// splitter separates user output from token-prefixed protocol lines.
+type splitter struct {
+	token []byte
+	buf   []byte
+}
+
+// feed adds p and returns the user bytes now known not to be protocol, and
+// the payloads of complete protocol lines.
+func (s *splitter) feed(p []byte) (user []byte, msgs []string) {
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.Index(s.buf, s.token)
+		if i < 0 {
+			keep := partialSuffix(s.buf, s.token)
+			user = append(user, s.buf[:len(s.buf)-keep]...)
+			s.buf = append([]byte(nil), s.buf[len(s.buf)-keep:]...)
+			return user, msgs
+		}
+		user = append(user, s.buf[:i]...)
+		rest := s.buf[i+len(s.token):]
+		j := bytes.IndexByte(rest, '\n')
+		if j < 0 {
+			s.buf = append([]byte(nil), s.buf[i:]...)
+			return user, msgs
+		}
+		msgs = append(msgs, string(rest[:j]))
+		s.buf = rest[j+1:]
+	}
+}
+
+// partialSuffix is the length of the longest proper prefix of token that b ends with.
+func partialSuffix(b, token []byte) int {
+	for k := min(len(token)-1, len(b)); k > 0; k-- {
+		if bytes.HasSuffix(b, token[:k]) {
+			return k
+		}
+	}
+	return 0
+}

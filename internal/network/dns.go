@@ -1,0 +1,345 @@
+package network
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DNS forwarder: sandboxes' only resolver. It listens on the bridge address
+// (UDP and TCP port 53), looks the asking box up by source address, refuses
+// names its policy does not allow (ModeAllow), forwards the rest verbatim to
+// the host's resolvers and, in ModeAllow, adds the A records of each answer
+// to the box's firewall set before passing the answer on — so a name's
+// addresses are reachable by the time the box learns them.
+
+// dnsClient is what the forwarder needs to know about boxes.
+type dnsClient struct {
+	// policy returns the policy and slot name of the box at src.
+	policy func(src netip.Addr) (Policy, string, bool)
+	// allow makes addrs reachable for the slot (ModeAllow answers).
+	allow func(slot string, addrs []netip.Addr) error
+}
+
+type dnsForwarder struct {
+	upstreams []string // host:port
+	client    dnsClient
+	log       *slog.Logger
+	timeout   time.Duration
+
+	udp *net.UDPConn
+	tcp *net.TCPListener
+	wg  sync.WaitGroup
+	sem chan struct{} // bounds queries in flight
+}
+
+// DNS header constants.
+const (
+	dnsRcodeServFail = 2
+	dnsRcodeRefused  = 5
+	dnsTypeA         = 1
+	dnsMaxUDP        = 4096
+)
+
+// startDNS listens on addr (UDP and TCP) and serves until close.
+func startDNS(addr string, upstreams []string, c dnsClient, log *slog.Logger) (*dnsForwarder, error) {
+	f := &dnsForwarder{upstreams: upstreams, client: c, log: log, timeout: 3 * time.Second, sem: make(chan struct{}, 256)}
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if f.udp, err = net.ListenUDP("udp", ua); err != nil {
+		return nil, err
+	}
+	port := f.udp.LocalAddr().(*net.UDPAddr).Port // the same port when ua asked for any
+	if f.tcp, err = net.ListenTCP("tcp", &net.TCPAddr{IP: ua.IP, Port: port}); err != nil {
+		f.udp.Close()
+		return nil, err
+	}
+	f.wg.Add(2)
+	go f.serveUDP()
+	go f.serveTCP()
+	return f, nil
+}
+
+// addr returns the UDP address served (for tests using port 0).
+func (f *dnsForwarder) addr() string { return f.udp.LocalAddr().String() }
+
+func (f *dnsForwarder) close() {
+	f.udp.Close()
+	f.tcp.Close()
+	f.wg.Wait()
+}
+
+func (f *dnsForwarder) serveUDP() {
+	defer f.wg.Done()
+	for {
+		buf := make([]byte, dnsMaxUDP)
+		n, src, err := f.udp.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case f.sem <- struct{}{}:
+		default:
+			continue // overloaded: drop, the client retries
+		}
+		f.wg.Add(1)
+		go func() {
+			defer func() { <-f.sem; f.wg.Done() }()
+			if resp := f.handle(src.Addr().Unmap(), buf[:n], "udp"); resp != nil {
+				_, _ = f.udp.WriteToUDPAddrPort(resp, src)
+			}
+		}()
+	}
+}
+
+func (f *dnsForwarder) serveTCP() {
+	defer f.wg.Done()
+	for {
+		c, err := f.tcp.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer c.Close()
+			src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+			r := bufio.NewReader(c)
+			for {
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				msg, err := readTCPMsg(r)
+				if err != nil {
+					return
+				}
+				resp := f.handle(src, msg, "tcp")
+				if resp == nil || writeTCPMsg(c, resp) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func readTCPMsg(r io.Reader) ([]byte, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return nil, err
+	}
+	msg := make([]byte, binary.BigEndian.Uint16(l[:]))
+	_, err := io.ReadFull(r, msg)
+	return msg, err
+}
+
+func writeTCPMsg(w io.Writer, msg []byte) error {
+	b := make([]byte, 2+len(msg))
+	binary.BigEndian.PutUint16(b, uint16(len(msg)))
+	copy(b[2:], msg)
+	_, err := w.Write(b)
+	return err
+}
+
+// handle answers one query; nil means no answer at all (garbage).
+func (f *dnsForwarder) handle(src netip.Addr, q []byte, proto string) []byte {
+	name, ok := questionName(q)
+	if !ok {
+		return nil
+	}
+	pol, slot, known := f.client.policy(src)
+	if !known || pol.Mode == ModeNone {
+		return errorReply(q, dnsRcodeRefused)
+	}
+	if pol.Mode == ModeAllow && !MatchDomain(pol.AllowDomains, name) {
+		f.log.Debug("dns: refused", "src", src, "name", name)
+		return errorReply(q, dnsRcodeRefused)
+	}
+	resp, err := f.forward(q, proto)
+	if err != nil {
+		f.log.Debug("dns: upstream failed", "name", name, "err", err)
+		return errorReply(q, dnsRcodeServFail)
+	}
+	if pol.Mode == ModeAllow {
+		if addrs := answerAddrs(resp); len(addrs) > 0 {
+			if err := f.client.allow(slot, addrs); err != nil {
+				f.log.Warn("dns: allowing answer addresses", "name", name, "err", err)
+				return errorReply(q, dnsRcodeServFail)
+			}
+		}
+	}
+	return resp
+}
+
+// forward sends q to each upstream in turn until one answers.
+func (f *dnsForwarder) forward(q []byte, proto string) ([]byte, error) {
+	err := errors.New("no upstream resolvers")
+	for _, up := range f.upstreams {
+		var resp []byte
+		if resp, err = exchange(up, q, proto, f.timeout); err == nil {
+			return resp, nil
+		}
+	}
+	return nil, err
+}
+
+func exchange(server string, q []byte, proto string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, proto, server)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if proto == "tcp" {
+		if err := writeTCPMsg(c, q); err != nil {
+			return nil, err
+		}
+		return readTCPMsg(c)
+	}
+	if _, err := c.Write(q); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, dnsMaxUDP)
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, err
+		}
+		if n >= 2 && buf[0] == q[0] && buf[1] == q[1] { // matching id
+			return buf[:n], nil
+		}
+	}
+}
+
+// questionName returns the first question's name of a query.
+func questionName(msg []byte) (string, bool) {
+	if len(msg) < 12 || msg[2]&0x80 != 0 || binary.BigEndian.Uint16(msg[4:]) != 1 {
+		return "", false // short, a response, or not exactly one question
+	}
+	name, _, ok := readName(msg, 12)
+	return name, ok
+}
+
+// readName reads a (possibly compressed) name at off and returns it and the
+// offset just past it in the message.
+func readName(msg []byte, off int) (string, int, bool) {
+	var labels []string
+	end := -1
+	for jumps := 0; ; {
+		if off >= len(msg) {
+			return "", 0, false
+		}
+		l := int(msg[off])
+		switch {
+		case l == 0:
+			if end < 0 {
+				end = off + 1
+			}
+			return strings.Join(labels, "."), end, true
+		case l&0xC0 == 0xC0:
+			if off+1 >= len(msg) || jumps > 16 {
+				return "", 0, false
+			}
+			if end < 0 {
+				end = off + 2
+			}
+			off = int(binary.BigEndian.Uint16(msg[off:]) & 0x3FFF)
+			jumps++
+		case l&0xC0 != 0:
+			return "", 0, false
+		default:
+			if off+1+l > len(msg) {
+				return "", 0, false
+			}
+			labels = append(labels, string(msg[off+1:off+1+l]))
+			off += 1 + l
+		}
+	}
+}
+
+// answerAddrs returns the IPv4 addresses of a response's answer section.
+func answerAddrs(msg []byte) []netip.Addr {
+	if len(msg) < 12 {
+		return nil
+	}
+	qd, an := int(binary.BigEndian.Uint16(msg[4:])), int(binary.BigEndian.Uint16(msg[6:]))
+	off := 12
+	for range qd {
+		_, next, ok := readName(msg, off)
+		if !ok || next+4 > len(msg) {
+			return nil
+		}
+		off = next + 4
+	}
+	var out []netip.Addr
+	for range an {
+		_, next, ok := readName(msg, off)
+		if !ok || next+10 > len(msg) {
+			return out
+		}
+		typ := binary.BigEndian.Uint16(msg[next:])
+		rdlen := int(binary.BigEndian.Uint16(msg[next+8:]))
+		rd := next + 10
+		if rd+rdlen > len(msg) {
+			return out
+		}
+		if typ == dnsTypeA && rdlen == 4 {
+			out = append(out, netip.AddrFrom4([4]byte(msg[rd:rd+4])))
+		}
+		off = rd + rdlen
+	}
+	return out
+}
+
+// errorReply turns query q into an empty response with rcode.
+func errorReply(q []byte, rcode byte) []byte {
+	end := 12
+	if _, next, ok := readName(q, 12); ok && next+4 <= len(q) {
+		end = next + 4
+	}
+	r := append([]byte(nil), q[:end]...)
+	r[2] = 0x80 | q[2]&0x79 // QR, keep opcode and RD
+	r[3] = 0x80 | rcode     // RA
+	binary.BigEndian.PutUint16(r[6:], 0)
+	binary.BigEndian.PutUint16(r[8:], 0)
+	binary.BigEndian.PutUint16(r[10:], 0)
+	if end == 12 {
+		binary.BigEndian.PutUint16(r[4:], 0)
+	}
+	return r
+}
+
+// hostResolvers returns the nameservers of resolv.conf as host:53.
+func hostResolvers(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a.WithZone(""), 53).String())
+			}
+		}
+	}
+	return out
+}

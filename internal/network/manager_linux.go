@@ -1,0 +1,556 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// Manager attaches sandboxes to the network. All methods are safe for
+// concurrent use; calls for one sandbox must be serialised by the caller.
+type Manager struct {
+	cfg         Config
+	log         *slog.Logger
+	subnet      netip.Prefix
+	gw          netip.Addr
+	bridgeIndex int
+	fw          *firewall
+	dns         *dnsForwarder
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	ipam *ipam
+	// pool holds ready slots (namespace, veth, address; no rules, no owner).
+	pool []*slot
+	// detaching marks slots whose host resources are being removed.
+	detaching map[string]bool
+
+	poolWake chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup // pool filler and background deletions
+}
+
+// New sets up the bridge, forwarding, the firewall table (rebuilt from the
+// persisted state, so surviving sandboxes keep their rules) and the DNS
+// forwarder. Call Cleanup once the caller knows which sandboxes live on,
+// then Start.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	subnet, err := netip.ParsePrefix(cfg.Subnet)
+	if err != nil {
+		return nil, fmt.Errorf("network subnet %q: %w", cfg.Subnet, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "ns"), 0o711); err != nil {
+		return nil, fmt.Errorf("create network state dir: %w", err)
+	}
+	st, err := loadIPAM(filepath.Join(cfg.StateDir, "state.json"), subnet)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg, log: cfg.Logger, subnet: st.subnet, gw: st.gw, ipam: st,
+		detaching: map[string]bool{}, poolWake: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	if m.bridgeIndex, err = ensureBridge(cfg.Bridge, m.gw, subnet.Bits()); err != nil {
+		return nil, err
+	}
+	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw, blockedPorts: cfg.BlockedPorts}
+	if m.fw, err = newFirewall(cfg.Table, params); err != nil {
+		return nil, err
+	}
+	if err := m.fw.rebuild(m.ownedSlots()); err != nil {
+		m.fw.close()
+		return nil, err
+	}
+	upstreams := cfg.DNSUpstreams
+	if len(upstreams) == 0 {
+		upstreams = hostResolvers("/etc/resolv.conf")
+	}
+	m.dns, err = startDNS(netip.AddrPortFrom(m.gw, 53).String(), upstreams,
+		dnsClient{policy: m.dnsPolicy, allow: m.fw.allowAddrs}, m.log.With("component", "dns"))
+	if err != nil {
+		m.fw.close()
+		return nil, fmt.Errorf("start DNS forwarder on %s: %w", m.gw, err)
+	}
+	m.log.Info("network ready", "bridge", cfg.Bridge, "subnet", m.subnet, "table", cfg.Table, "dns_upstreams", upstreams)
+	return m, nil
+}
+
+func (m *Manager) ownedSlots() []*slot {
+	var out []*slot
+	for _, sl := range m.ipam.slots {
+		if sl.Owner != "" {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+
+// Start fills the pool in the background.
+func (m *Manager) Start() {
+	if m.cfg.PoolSize <= 0 {
+		return
+	}
+	m.wg.Add(1)
+	go m.fillPool()
+	m.wakePool()
+}
+
+// Close stops the pool and the DNS forwarder and removes pooled slots.
+// Attached sandboxes keep their networking: a restarted daemon recovers it.
+func (m *Manager) Close() {
+	m.closeLoops()
+	m.fw.close()
+}
+
+func (m *Manager) closeLoops() {
+	m.stopOnce.Do(func() {
+		close(m.stop)
+		m.wg.Wait()
+		m.mu.Lock()
+		pool := m.pool
+		m.pool = nil
+		m.mu.Unlock()
+		for _, sl := range pool {
+			m.destroySlot(sl)
+		}
+		m.dns.close()
+	})
+}
+
+// Gateway is the bridge address (the boxes' router and resolver).
+func (m *Manager) Gateway() netip.Addr { return m.gw }
+
+func (m *Manager) attachment(sl *slot) Attachment {
+	a := Attachment{NetNS: nsPath(m.cfg.StateDir, sl.Name), IP: sl.IP, Policy: sl.Policy}
+	if sl.IP.IsValid() {
+		a.DNS = []string{m.gw.String()}
+	}
+	return a
+}
+
+// Attach gives sandbox id a network namespace configured for p: from the
+// pool when it has one ready and p needs a veth, else made now.
+func (m *Manager) Attach(ctx context.Context, id string, p Policy) (Attachment, error) {
+	if p.Mode != ModeNone {
+		if sl := m.takePooled(); sl != nil {
+			m.mu.Lock()
+			sl.Owner, sl.Policy = id, p
+			err := m.ipam.save()
+			m.mu.Unlock()
+			if err == nil {
+				err = m.fw.addBox(sl)
+			}
+			if err != nil {
+				m.destroySlot(sl)
+				return Attachment{}, err
+			}
+			return m.attachment(sl), nil
+		}
+	}
+	m.mu.Lock()
+	if m.ipam.byOwner(id) != nil {
+		m.mu.Unlock()
+		return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	sl := m.ipam.newSlot(id, p)
+	err := error(nil)
+	if p.Mode != ModeNone {
+		err = m.ipam.assign(sl)
+	}
+	if err == nil {
+		err = m.ipam.save()
+	}
+	if err != nil {
+		m.ipam.remove(sl)
+		m.mu.Unlock()
+		return Attachment{}, err
+	}
+	m.mu.Unlock()
+	if err := m.configure(sl); err != nil {
+		m.destroySlot(sl)
+		return Attachment{}, err
+	}
+	if sl.IP.IsValid() {
+		if err := m.fw.addBox(sl); err != nil {
+			m.destroySlot(sl)
+			return Attachment{}, err
+		}
+	}
+	return m.attachment(sl), nil
+}
+
+// configure makes a slot's namespace and, if it has an address, its veth.
+func (m *Manager) configure(sl *slot) error {
+	if err := createNetNS(nsPath(m.cfg.StateDir, sl.Name)); err != nil {
+		return err
+	}
+	if sl.IP.IsValid() {
+		return addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, sl.IP, m.gw, m.subnet.Bits())
+	}
+	return nil
+}
+
+// Recover returns the attachment of a sandbox that survived a daemon
+// restart (its rules were restored by New).
+func (m *Manager) Recover(ctx context.Context, id string) (Attachment, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sl := m.ipam.byOwner(id)
+	if sl == nil || m.detaching[sl.Name] {
+		return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
+	}
+	if _, err := os.Stat(nsPath(m.cfg.StateDir, sl.Name)); err != nil {
+		return Attachment{}, fmt.Errorf("network namespace of %s: %w", id, errdefs.ErrNotFound)
+	}
+	return m.attachment(sl), nil
+}
+
+// Update switches a sandbox to policy p. Rules change in one transaction;
+// switching to none removes the veth, switching from none adds one.
+func (m *Manager) Update(ctx context.Context, id string, p Policy) (Attachment, error) {
+	m.mu.Lock()
+	sl := m.ipam.byOwner(id)
+	if sl == nil || m.detaching[sl.Name] {
+		m.mu.Unlock()
+		return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
+	}
+	hadIP, old := sl.IP.IsValid(), sl.Policy
+	m.mu.Unlock()
+	switch {
+	case hadIP && p.Mode != ModeNone:
+		m.mu.Lock()
+		sl.Policy = p
+		err := m.ipam.save()
+		m.mu.Unlock()
+		if err == nil {
+			err = m.fw.setPolicy(sl)
+		}
+		if err != nil {
+			m.mu.Lock()
+			sl.Policy = old
+			_ = m.ipam.save()
+			m.mu.Unlock()
+			return Attachment{}, err
+		}
+	case hadIP: // → none: cut at once, unplug in the background
+		if err := m.fw.removeBox(sl.Name, sl.IP); err != nil {
+			return Attachment{}, err
+		}
+		m.mu.Lock()
+		ip, veth := m.ipam.unassignLater(sl)
+		sl.Policy = p
+		err := m.ipam.save()
+		m.mu.Unlock()
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			if err := deleteLink(veth); err != nil {
+				m.log.Warn("removing veth; Cleanup retries", "veth", veth, "err", err)
+				return // keep the address reserved
+			}
+			m.mu.Lock()
+			m.ipam.release(ip)
+			m.mu.Unlock()
+		}()
+		if err != nil {
+			return Attachment{}, err
+		}
+	case p.Mode == ModeNone:
+		m.mu.Lock()
+		sl.Policy = p
+		err := m.ipam.save()
+		m.mu.Unlock()
+		if err != nil {
+			return Attachment{}, err
+		}
+	default: // none → connected
+		m.mu.Lock()
+		err := m.ipam.assign(sl)
+		if err == nil {
+			sl.Policy = p
+			err = m.ipam.save()
+		}
+		m.mu.Unlock()
+		if err == nil {
+			if err = addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, sl.IP, m.gw, m.subnet.Bits()); err == nil {
+				if err = m.fw.addBox(sl); err != nil {
+					_ = deleteLink(sl.Veth)
+				}
+			}
+		}
+		if err != nil {
+			m.mu.Lock()
+			m.ipam.unassign(sl)
+			sl.Policy = old
+			_ = m.ipam.save()
+			m.mu.Unlock()
+			return Attachment{}, err
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.attachment(sl), nil
+}
+
+// Detach cuts a sandbox off at once and removes its veth, namespace and
+// address in the background (deleting a veth takes tens of ms). Idempotent.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	m.mu.Lock()
+	sl := m.ipam.byOwner(id)
+	if sl == nil || m.detaching[sl.Name] {
+		m.mu.Unlock()
+		return nil
+	}
+	m.detaching[sl.Name] = true
+	ip := sl.IP
+	m.mu.Unlock()
+	var err error
+	if ip.IsValid() {
+		if err = m.fw.removeBox(sl.Name, ip); err != nil {
+			err = fmt.Errorf("remove rules of %s: %w", id, err)
+		}
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.destroySlot(sl)
+	}()
+	return err
+}
+
+// destroySlot removes a slot's host resources, then its state entry.
+func (m *Manager) destroySlot(sl *slot) {
+	var errs []error
+	if sl.Veth != "" {
+		errs = append(errs, deleteLink(sl.Veth))
+	}
+	errs = append(errs, removeNetNS(nsPath(m.cfg.StateDir, sl.Name)))
+	if err := errors.Join(errs...); err != nil {
+		m.log.Warn("removing network slot; Cleanup retries", "slot", sl.Name, "owner", sl.Owner, "err", err)
+		m.mu.Lock()
+		delete(m.detaching, sl.Name)
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.detaching, sl.Name)
+	m.ipam.remove(sl)
+	if err := m.ipam.save(); err != nil {
+		m.log.Warn("saving network state", "err", err)
+	}
+}
+
+// Cleanup removes every slot whose owner is not in keep (crash leftovers,
+// pooled slots of a previous run), namespace files and sbx veths on the
+// bridge that no slot accounts for, and any rule of the table that does not
+// belong to a kept slot.
+func (m *Manager) Cleanup(ctx context.Context, keep map[string]bool) error {
+	m.mu.Lock()
+	var gone []*slot
+	for _, sl := range m.ipam.slots {
+		if (sl.Owner == "" || !keep[sl.Owner]) && !m.detaching[sl.Name] && !m.pooled(sl) {
+			gone = append(gone, sl)
+		}
+	}
+	m.mu.Unlock()
+	for _, sl := range gone {
+		m.log.Info("removing leftover network slot", "slot", sl.Name, "owner", sl.Owner)
+		m.destroySlot(sl)
+	}
+	m.mu.Lock()
+	known, veths := map[string]bool{}, map[string]bool{}
+	for _, sl := range m.ipam.slots {
+		known[sl.Name] = true
+		veths[sl.Veth] = true
+	}
+	kept := m.ownedSlots()
+	m.mu.Unlock()
+	var errs []error
+	if ents, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "ns")); err == nil {
+		for _, e := range ents {
+			if !known[e.Name()] {
+				errs = append(errs, removeNetNS(nsPath(m.cfg.StateDir, e.Name())))
+			}
+		}
+	}
+	if ports, err := bridgePorts(m.bridgeIndex); err == nil {
+		for _, p := range ports {
+			if strings.HasPrefix(p, "sbx") && !veths[p] {
+				m.log.Info("removing leftover veth", "veth", p)
+				errs = append(errs, deleteLink(p))
+			}
+		}
+	}
+	errs = append(errs, m.fw.rebuild(kept))
+	return errors.Join(errs...)
+}
+
+// pooled reports whether sl is in the pool. Needs mu.
+func (m *Manager) pooled(sl *slot) bool {
+	for _, p := range m.pool {
+		if p == sl {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats returns a sandbox's traffic counters.
+func (m *Manager) Stats(id string) (Stats, error) {
+	m.mu.Lock()
+	sl := m.ipam.byOwner(id)
+	var veth string
+	var ip netip.Addr
+	if sl != nil {
+		veth, ip = sl.Veth, sl.IP
+	}
+	m.mu.Unlock()
+	if sl == nil {
+		return Stats{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
+	}
+	if veth == "" {
+		return Stats{}, nil
+	}
+	var s Stats
+	var err error
+	// The host end's receive is the box's transmit.
+	s.TxBytes, s.RxBytes, s.TxPackets, s.RxPackets, err = linkCounters(veth)
+	if err != nil {
+		return Stats{}, fmt.Errorf("counters of %s: %w", id, err)
+	}
+	if flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET); err == nil {
+		for _, f := range flows {
+			if f.Forward.SrcIP.Equal(ip.AsSlice()) {
+				s.Connections++
+			}
+		}
+	}
+	return s, nil
+}
+
+// dnsPolicy tells the DNS forwarder who asks.
+func (m *Manager) dnsPolicy(src netip.Addr) (Policy, string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sl := m.ipam.slots[m.ipam.used[src]]
+	if sl == nil || sl.Owner == "" || m.detaching[sl.Name] {
+		return Policy{}, "", false
+	}
+	return sl.Policy, sl.Name, true
+}
+
+func (m *Manager) takePooled() *slot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.pool) == 0 {
+		return nil
+	}
+	sl := m.pool[0]
+	m.pool = m.pool[1:]
+	m.wakePool()
+	return sl
+}
+
+func (m *Manager) wakePool() {
+	select {
+	case m.poolWake <- struct{}{}:
+	default:
+	}
+}
+
+// fillPool keeps PoolSize public-ready slots until Close.
+func (m *Manager) fillPool() {
+	defer m.wg.Done()
+	backoff := time.Second
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.poolWake:
+		}
+		for {
+			m.mu.Lock()
+			full := len(m.pool) >= m.cfg.PoolSize
+			m.mu.Unlock()
+			if full {
+				break
+			}
+			sl, err := m.newPooled()
+			if err != nil {
+				m.log.Warn("network pool: preparing a namespace failed", "err", err, "retry_in", backoff)
+				select {
+				case <-m.stop:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = time.Second
+			m.mu.Lock()
+			m.pool = append(m.pool, sl)
+			m.mu.Unlock()
+			select {
+			case <-m.stop:
+				return
+			default:
+			}
+		}
+	}
+}
+
+func (m *Manager) newPooled() (*slot, error) {
+	m.mu.Lock()
+	sl := m.ipam.newSlot("", Policy{Mode: ModePublic})
+	err := m.ipam.assign(sl)
+	if err == nil {
+		err = m.ipam.save()
+	}
+	if err != nil {
+		m.ipam.remove(sl)
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.mu.Unlock()
+	if err := m.configure(sl); err != nil {
+		m.destroySlot(sl)
+		return nil, err
+	}
+	return sl, nil
+}
+
+// Remove destroys every slot, the firewall table and the bridge: for tests
+// and for uninstalling. Sandboxes still attached lose their network.
+func (m *Manager) Remove() error {
+	m.closeLoops()
+	defer m.fw.close()
+	m.mu.Lock()
+	slots := make([]*slot, 0, len(m.ipam.slots))
+	for _, sl := range m.ipam.slots {
+		slots = append(slots, sl)
+	}
+	m.mu.Unlock()
+	for _, sl := range slots {
+		m.destroySlot(sl)
+	}
+	errs := []error{m.fw.remove()}
+	errs = append(errs, deleteLink(m.cfg.Bridge))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,250 @@
+package network
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	goruntime "runtime"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+// testConfig returns a config with a bridge, subnet and table of the test's
+// own, so tests never touch a real daemon's.
+func testConfig(t *testing.T, upstream string) Config {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	tag := hex.EncodeToString(b)
+	return Config{
+		StateDir: t.TempDir(), Bridge: "sbxt" + tag, Subnet: fmt.Sprintf("10.214.%d.0/24", b[0]),
+		Table: "sbxt" + tag, DNSUpstreams: []string{upstream}, BlockedPorts: []uint16{7070}, Logger: slog.Default(),
+	}
+}
+
+// inNetNS runs fn on a thread inside the namespace at path; sockets it
+// opens stay in that namespace.
+func inNetNS(t *testing.T, path string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Error(err)
+			return
+		}
+		fn()
+		if netns.Set(orig) == nil {
+			goruntime.UnlockOSThread()
+		}
+	}()
+	<-done
+}
+
+func queryA(c net.Conn, name string) (byte, []netip.Addr, error) {
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write(buildQuery(7, name)); err != nil {
+		return 0, nil, err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		return 0, nil, err
+	}
+	return buf[3] & 0x0F, answerAddrs(buf[:n]), nil
+}
+
+func chainsOf(t *testing.T, table string) map[string]bool {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, ch := range chains {
+		if ch.Table.Name == table {
+			out[ch.Name] = true
+		}
+	}
+	return out
+}
+
+func linkExists(name string) bool {
+	_, err := netlink.LinkByName(name)
+	return err == nil
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 100 {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("timed out waiting for %s", what)
+}
+
+func TestManagerLifecycle(t *testing.T) {
+	testutil.RequiresRoot(t)
+	ctx := context.Background()
+	upstream := startTestDNS(t, map[string][]netip.Addr{"a.allowed.test": {netip.MustParseAddr("198.51.100.10")}})
+	cfg := testConfig(t, upstream)
+	cfg.PoolSize = 1
+	m, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := false
+	t.Cleanup(func() {
+		if !removed {
+			_ = m.Remove()
+		}
+	})
+	if err := m.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+
+	att, err := m.Attach(ctx, "sb-one", Policy{Mode: ModePublic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !att.IP.IsValid() || len(att.DNS) != 1 || att.DNS[0] != m.Gateway().String() {
+		t.Fatalf("attachment %+v: want an address and the gateway as DNS", att)
+	}
+	sl := m.ipam.byOwner("sb-one")
+	if !linkExists(sl.Veth) {
+		t.Fatalf("veth %s missing", sl.Veth)
+	}
+	if ch := chainsOf(t, cfg.Table); !ch["i_"+sl.Name] || !ch["f_"+sl.Name] || !ch["forward"] {
+		t.Fatalf("chains %v: want the box's and the base chains", ch)
+	}
+	if l, _ := netlink.LinkByName(sl.Veth); l.Attrs().Protinfo != nil && !l.Attrs().Protinfo.Isolated {
+		t.Errorf("bridge port %s is not isolated", sl.Veth)
+	}
+	// From inside: the forwarder answers, public mode resolves anything.
+	inNetNS(t, att.NetNS, func() {
+		c, err := net.Dial("udp", net.JoinHostPort(m.Gateway().String(), "53"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		rc, addrs, err := queryA(c, "a.allowed.test")
+		if err != nil || rc != 0 || len(addrs) != 1 {
+			t.Errorf("query from box: rcode %d addrs %v err %v", rc, addrs, err)
+		}
+		if _, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6"); err != nil {
+			t.Error(err)
+		}
+	})
+
+	// ALLOW: the forwarder refuses other names.
+	if _, err := m.Update(ctx, "sb-one", Policy{Mode: ModeAllow, AllowDomains: []string{"*.other.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	inNetNS(t, att.NetNS, func() {
+		c, err := net.Dial("udp", net.JoinHostPort(m.Gateway().String(), "53"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		if rc, _, err := queryA(c, "a.allowed.test"); err != nil || rc != dnsRcodeRefused {
+			t.Errorf("allow mode query: rcode %d err %v, want REFUSED", rc, err)
+		}
+	})
+
+	// NONE unplugs the veth; back to PUBLIC plugs a new one.
+	if att, err = m.Update(ctx, "sb-one", Policy{Mode: ModeNone}); err != nil || att.IP.IsValid() {
+		t.Fatalf("update to none: %+v, %v", att, err)
+	}
+	if linkExists(sl.Veth) || chainsOf(t, cfg.Table)["f_"+sl.Name] {
+		t.Errorf("veth or chains left after switching to none")
+	}
+	if att, err = m.Update(ctx, "sb-one", Policy{Mode: ModePublic}); err != nil || !att.IP.IsValid() {
+		t.Fatalf("update to public: %+v, %v", att, err)
+	}
+	if !linkExists(sl.Veth) {
+		t.Errorf("no veth after switching back to public")
+	}
+
+	// A none box from scratch, and stats.
+	if att, err := m.Attach(ctx, "sb-two", Policy{Mode: ModeNone}); err != nil || att.IP.IsValid() {
+		t.Fatalf("attach none: %+v %v", att, err)
+	}
+	if _, err := m.Stats("sb-one"); err != nil {
+		t.Error(err)
+	}
+
+	// Detach removes everything (in the background).
+	if err := m.Detach(ctx, "sb-one"); err != nil {
+		t.Fatal(err)
+	}
+	veth, ns := sl.Veth, att.NetNS
+	eventually(t, "detach", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		_, err := os.Stat(ns)
+		return !linkExists(veth) && errors.Is(err, os.ErrNotExist) && m.ipam.byOwner("sb-one") == nil
+	})
+
+	// A "crash": a new manager over the same state cleans up what nobody keeps.
+	m.closeLoops()
+	m.fw.close()
+	m2, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = m2
+	if _, err := m.Recover(ctx, "sb-two"); err != nil {
+		t.Fatalf("recover sb-two: %v", err)
+	}
+	if err := m.Cleanup(ctx, map[string]bool{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(m.ipam.slots); n != 0 {
+		t.Errorf("%d slots left after cleanup", n)
+	}
+	if ents, _ := os.ReadDir(cfg.StateDir + "/ns"); len(ents) != 0 {
+		t.Errorf("namespace files left: %v", ents)
+	}
+	removed = true
+	if err := m.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if linkExists(cfg.Bridge) {
+		t.Errorf("bridge %s left", cfg.Bridge)
+	}
+	if len(chainsOf(t, cfg.Table)) != 0 {
+		t.Errorf("table %s left", cfg.Table)
+	}
+}

@@ -1,0 +1,120 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/network"
+)
+
+// Network attaches sandboxes to the host's network; *network.Manager
+// implements it. With Config.Network nil sandboxes have loopback only.
+// Calls for one sandbox are serialised by the manager (opMu).
+type Network interface {
+	Attach(ctx context.Context, id string, p network.Policy) (network.Attachment, error)
+	Update(ctx context.Context, id string, p network.Policy) (network.Attachment, error)
+	Recover(ctx context.Context, id string) (network.Attachment, error)
+	Detach(ctx context.Context, id string) error
+	Cleanup(ctx context.Context, keep map[string]bool) error
+	Stats(id string) (network.Stats, error)
+}
+
+// policyOf validates an API network policy.
+func policyOf(p *sbxv1.NetworkPolicy) (network.Policy, error) {
+	mode := ""
+	switch p.GetMode() {
+	case sbxv1.NetworkMode_NETWORK_MODE_UNSPECIFIED, sbxv1.NetworkMode_NETWORK_MODE_PUBLIC:
+		mode = string(network.ModePublic)
+	case sbxv1.NetworkMode_NETWORK_MODE_NONE:
+		mode = string(network.ModeNone)
+	case sbxv1.NetworkMode_NETWORK_MODE_ALLOW:
+		mode = string(network.ModeAllow)
+	default:
+		return network.Policy{}, invalid("network mode %v", p.GetMode())
+	}
+	return network.ParsePolicy(mode, p.GetAllowCidrs(), p.GetAllowDomains(), p.GetDenyCidrs())
+}
+
+// policyProto is the API form of a policy.
+func policyProto(p network.Policy) *sbxv1.NetworkPolicy {
+	out := &sbxv1.NetworkPolicy{Mode: sbxv1.NetworkMode_NETWORK_MODE_NONE, AllowDomains: p.AllowDomains}
+	switch p.Mode {
+	case network.ModePublic:
+		out.Mode = sbxv1.NetworkMode_NETWORK_MODE_PUBLIC
+	case network.ModeAllow:
+		out.Mode = sbxv1.NetworkMode_NETWORK_MODE_ALLOW
+	}
+	for _, c := range p.AllowCIDRs {
+		out.AllowCidrs = append(out.AllowCidrs, c.String())
+	}
+	for _, c := range p.DenyCIDRs {
+		out.DenyCidrs = append(out.DenyCidrs, c.String())
+	}
+	return out
+}
+
+// requestedPolicy is the policy a create asks for; without a network
+// manager only loopback exists, and asking for more is an error.
+func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest) (network.Policy, error) {
+	pol, err := policyOf(spec.GetNetwork())
+	if err != nil {
+		return pol, err
+	}
+	if m.cfg.Network == nil {
+		if mode := spec.GetNetwork().GetMode(); mode != sbxv1.NetworkMode_NETWORK_MODE_UNSPECIFIED && mode != sbxv1.NetworkMode_NETWORK_MODE_NONE {
+			return pol, fmt.Errorf("networking is off in this daemon (sandboxes have loopback only): %w", errdefs.ErrFailedPrecondition)
+		}
+		return network.Policy{Mode: network.ModeNone}, nil
+	}
+	return pol, nil
+}
+
+// UpdateNetwork replaces a running or stopped sandbox's network policy.
+func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.NetworkPolicy) (*sbxv1.Sandbox, error) {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	pol, err := policyOf(p)
+	if err != nil {
+		return nil, err
+	}
+	if m.cfg.Network == nil {
+		return nil, fmt.Errorf("networking is off in this daemon: %w", errdefs.ErrFailedPrecondition)
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if st := b.state(); st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	att, err := m.cfg.Network.Update(ctx, b.id, pol)
+	if err != nil {
+		return nil, fmt.Errorf("update network of %s: %w", b.id, err)
+	}
+	b.mu.Lock()
+	b.net = att
+	b.mu.Unlock()
+	m.log.Info("sandbox network updated", "sandbox", b.id, "mode", pol.Mode)
+	return m.toProto(b, nil), nil
+}
+
+// detachNetwork releases a sandbox's network, logging failures (Cleanup at
+// the next start retries).
+func (m *Manager) detachNetwork(ctx context.Context, id string) {
+	if m.cfg.Network == nil {
+		return
+	}
+	if err := m.cfg.Network.Detach(ctx, id); err != nil {
+		m.log.Warn("releasing sandbox network", "sandbox", id, "err", err)
+	}
+}
+
+func ipString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}

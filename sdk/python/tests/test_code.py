@@ -1,0 +1,79 @@
+"""run_code: one-shot runs, artifacts, contexts and code policy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import sbx
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def _host_has_matplotlib() -> bool:
+    return subprocess.run(["/usr/bin/python3", "-c", "import matplotlib"], capture_output=True).returncode == 0
+
+
+def test_run_code_python(shared_sandbox: sbx.Sandbox) -> None:
+    seen: list = []
+    res = shared_sandbox.run_code("python", "import sys\nprint('hi')\nprint('err', file=sys.stderr)\nsys.exit(2)",
+                                  on_stdout=seen.append)
+    assert res.stdout == "hi\n"
+    assert res.stderr == "err\n"
+    assert res.exit_code == 2
+    assert not res.ok
+    assert "".join(seen) == "hi\n"
+
+
+def test_run_code_artifact_file(shared_sandbox: sbx.Sandbox, tmp_path: str) -> None:
+    res = shared_sandbox.run_code("bash", 'echo "a,b" > "$SBX_OUTPUT_DIR/t.csv"')
+    assert res.ok, res
+    assert [(a.name, a.format, a.mime, a.content) for a in res.artifacts] == [("t.csv", "csv", "text/csv", b"a,b\n")]
+    path = res.artifacts[0].save(str(tmp_path))
+    with open(path, "rb") as f:
+        assert f.read() == b"a,b\n"
+
+
+def test_run_code_context(shared_sandbox: sbx.Sandbox) -> None:
+    with shared_sandbox.create_context("python") as ctx:
+        assert ctx.run("import os\nx = 6\nos.chdir('/tmp')").ok
+        res = ctx.run("x * 7")
+        assert res.text == "42"
+        assert ctx.run("os.getcwd()").text == "'/tmp'"
+        bad = ctx.run("y")
+        assert bad.error == "NameError: name 'y' is not defined"
+        assert [c.id for c in shared_sandbox.list_contexts()] == [ctx.id]
+    assert shared_sandbox.list_contexts() == []
+
+
+def test_run_code_policy(shared_sandbox: sbx.Sandbox) -> None:
+    code = "# import subprocess\nimport subprocess\nprint('ran')"
+    res = shared_sandbox.run_code("python", code, policy=["default"])
+    assert res.stdout == "ran\n"
+    assert [(f.rule, f.severity, f.line) for f in res.findings] == [("py-subprocess", "high", 2)]
+    with pytest.raises(sbx.PermissionDeniedError, match="py-subprocess"):
+        shared_sandbox.run_code("python", code, policy=["default"], enforce=True)
+
+
+@pytest.mark.skipif(shutil.which("ruby") is not None, reason="the host has ruby")
+def test_run_code_missing_language(shared_sandbox: sbx.Sandbox) -> None:
+    with pytest.raises(sbx.FailedPreconditionError, match="not available in this image"):
+        shared_sandbox.run_code("ruby", "puts 1")
+
+
+@pytest.mark.skipif(not _host_has_matplotlib(), reason="host python3 has no matplotlib")
+def test_plot_example(daemon_addr: str, tmp_path: str) -> None:
+    env = dict(os.environ, SBX_ADDR=daemon_addr, PYTHONPATH=os.path.dirname(EXAMPLES))
+    p = subprocess.run([sys.executable, os.path.join(EXAMPLES, "plot.py"), str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert os.path.getsize(os.path.join(str(tmp_path), "figure-1.png")) > 1000
+    assert "plotted 100 points" in out
+    assert "figure-1.png (image/png" in out
+    assert "points.csv (text/csv" in out
+    assert "median: 3.5" in out
