@@ -139,6 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("oci runtime: %w", err)
 	}
+	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
 	info := drv.Info(ctx)
 	log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail)
 

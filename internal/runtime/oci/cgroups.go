@@ -231,3 +231,11 @@ func readKey(path, key string) int64 {
 	}
 	return 0
 }
+
+// removeParent removes the parent cgroup from every hierarchy where it is
+// empty; a parent that still holds boxes stays (they outlive the daemon).
+func (l cgroupLayout) removeParent() {
+	for _, p := range l.dirs("") {
+		_ = os.Remove(p) // rmdir of a cgroup; EBUSY while boxes remain
+	}
+}
