@@ -2,7 +2,7 @@
 // export of tarballs, the layer store and its garbage collection. It turns an
 // image reference into the list of unpacked layer directories that
 // runtime.Image.Layers wants (lowest first, stacked read-only by overlayfs).
-// It imports nothing from sbx above errdefs; the daemon wires it in.
+// It imports nothing from sbx but leaf packages (errdefs, atomicfile); the daemon wires it in.
 //
 // On-disk layout under Config.Dir (one Store per directory, enforced with a
 // lock file):
@@ -23,9 +23,9 @@ package image
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sbxdev/sbx/internal/atomicfile"
 	"log/slog"
 	"maps"
 	"os"
@@ -466,47 +466,13 @@ func (s *Store) lockLayer(key string) func() {
 }
 
 // readJSON decodes the JSON file p into v.
-func readJSON(p string, v any) error {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
-}
+func readJSON(p string, v any) error { return atomicfile.ReadJSON(p, v) }
 
 // writeJSON atomically replaces p with v encoded as JSON.
-func writeJSON(p string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(p, b)
-}
+func writeJSON(p string, v any) error { return atomicfile.WriteJSON(p, v) }
 
-// writeFileAtomic writes b to a temp file next to p, syncs it and renames it
-// over p.
-func writeFileAtomic(p string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-"+filepath.Base(p)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // no-op once renamed
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p)
-}
+// writeFileAtomic atomically replaces p with b (mode 0644).
+func writeFileAtomic(p string, b []byte) error { return atomicfile.WriteFile(p, b, 0o644) }
 
 // validDigest checks a "sha256:<64 hex>" digest (anything else could name a
 // path outside the store).
