@@ -162,6 +162,10 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
+	hostRes, imageRes, err := benchImage(ctx, c, tmp, n/2)
+	if err != nil {
+		return err
+	}
 	sb := boxes[0]
 	if _, err := sb.Run(ctx, "true"); err != nil { // warm the connection
 		return err
@@ -239,7 +243,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
 	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, noneRes, publicRes, execRes, destroyRes} {
+	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, execRes, destroyRes} {
 		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
 	}
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
@@ -249,6 +253,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("warm create→ready / runc run true = %.2fx\n", ratio(warmRes, runcRes))
 	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
+	fmt.Printf("5-layer image / host image create = %.2fx  (target ≤ 1.5x)\n", ratio(imageRes, hostRes))
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
