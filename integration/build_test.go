@@ -241,3 +241,44 @@ func TestBuildPythonRecipe(t *testing.T) {
 		t.Errorf("python in the built image: %q", got)
 	}
 }
+
+// TestBuildAptRecipe builds on debian:bookworm (debootstrap) with an
+// apt_install step that reaches Debian's mirror through the sandbox network
+// — a package registry, the only outside traffic tests make. It runs when
+// SBX_TEST_NETWORK_BUILD=1 (CI sets it): about a minute and a download.
+func TestBuildAptRecipe(t *testing.T) {
+	if os.Getenv("SBX_TEST_NETWORK_BUILD") != "1" {
+		t.Skip("set SBX_TEST_NETWORK_BUILD=1 to build with apt from Debian's mirror (debootstrap + download)")
+	}
+	d := startDaemon(t, "--network=true", "--net-bridge", "sbxbld0", "--net-subnet", "10.216.0.0/16", "--net-table", "sbxbld", "--net-pool", "0")
+	if !hasNetwork(t, d) {
+		t.Fatal("the daemon started with --network=true does not report the network capability")
+	}
+	ctx := ctxT(t, 15*time.Minute)
+	r := &sbxv1.Recipe{From: "debian:bookworm", Steps: []*sbxv1.RecipeStep{
+		{Step: &sbxv1.RecipeStep_AptInstall{AptInstall: &sbxv1.PackageList{Packages: []string{"jq"}}}},
+		{Step: &sbxv1.RecipeStep_Env{Env: &sbxv1.EnvStep{Env: map[string]string{"BUILT": "yes"}}}},
+	}}
+	t0 := time.Now()
+	if _, err := d.client().Images().Build(ctx, r, "local/jq:1", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("debian base + apt install jq: %v", time.Since(t0).Round(time.Second))
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{Image: "local/jq:1", Network: &sbx.NetworkPolicy{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	if got := mustRun(t, ctx, sb, `echo '{"a": [1, 2]}' | jq -c '.a | add'; echo $BUILT`); got != "3\nyes\n" {
+		t.Errorf("jq in the built image: %q", got)
+	}
+	// Unchanged recipe: every step cached.
+	t0 = time.Now()
+	if _, err := d.client().Images().Build(ctx, r, "local/jq:1", false, nil); err != nil || time.Since(t0) > time.Second {
+		t.Errorf("cached rebuild: %v in %v", err, time.Since(t0))
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.assertNoLeaks()
+}

@@ -25,6 +25,7 @@ type createFlags struct {
 	stopWhenIdle                       bool
 	runtime, user                      string
 	net                                netFlags
+	volumes                            []string
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -65,6 +66,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
 	c.net.add(f, "network")
+	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -88,11 +90,15 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
+	vols, err := parseVolumeMounts(c.volumes)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		Network: c.net.policy(),
+		Network: c.net.policy(), Volumes: vols,
 	}, nil
 }
 

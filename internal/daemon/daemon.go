@@ -28,6 +28,7 @@ import (
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/volume"
 )
 
 // Config is everything `sbx serve` can be told.
@@ -165,7 +166,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if netMgr != nil {
 		sbNet = netMgr
 	}
+	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), log)
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.New(sandbox.Config{
+		Volumes:        vols,
 		Network:        sbNet,
 		Store:          st,
 		Drivers:        map[string]runtime.Driver{drv.Name(): drv},
@@ -183,6 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	vols.SetUsers(mgr.VolumeUsers)
 	if netMgr != nil {
 		netMgr.Start()
 	}
@@ -199,8 +206,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	api.AddImages(imageSrv)
 	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
+	api.AddSessions(server.NewSessionServer(codeexec.NewSessions(mgr, log)))
 	srv := &http.Server{
-		Handler:           api.Handler(),
+		Handler:           server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

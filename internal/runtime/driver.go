@@ -7,8 +7,11 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"path"
+	"strings"
 	"time"
 )
 
@@ -74,6 +77,38 @@ type Spec struct {
 	// DNS lists nameservers written to the box's /etc/resolv.conf (none: the
 	// image's file is left alone).
 	DNS []string
+	// Mounts are host directories bind-mounted into the box (nosuid, nodev),
+	// in order. See ValidateMountPath for the destinations allowed.
+	Mounts []Mount
+}
+
+// Mount bind-mounts a host directory into a box.
+type Mount struct {
+	// Source is an absolute host path.
+	Source string
+	// Destination is an absolute path inside the box.
+	Destination string
+	ReadOnly    bool
+}
+
+// ValidateMountPath checks a mount destination: absolute, clean, and not /
+// or inside /proc, /sys, /dev or /.sbx.
+func ValidateMountPath(p string) error {
+	if !path.IsAbs(p) {
+		return fmt.Errorf("mount path %q: must be absolute", p)
+	}
+	if path.Clean(p) != p {
+		return fmt.Errorf("mount path %q: must be clean (%q)", p, path.Clean(p))
+	}
+	if p == "/" {
+		return fmt.Errorf("mount path %q: cannot mount over the root", p)
+	}
+	for _, r := range []string{"/proc", "/sys", "/dev", "/.sbx"} {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return fmt.Errorf("mount path %q: %s is reserved", p, r)
+		}
+	}
+	return nil
 }
 
 // Image says what the box's root filesystem is made of.

@@ -50,6 +50,8 @@ type Config struct {
 	WarmPool int
 	// Network attaches sandboxes to the network (nil: loopback only).
 	Network Network
+	// Volumes resolves named volumes (nil: requests with volumes fail).
+	Volumes Volumes
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -194,6 +196,10 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err != nil {
 		return nil, err
 	}
+	mounts, err := m.resolveVolumes(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
 
 	if w := m.takeWarm(spec, drv); w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
@@ -238,6 +244,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 
 	rs := runtimeSpec(b.id, spec, img)
+	rs.Mounts = mounts
 	b.mu.Lock()
 	b.net = network.Attachment{Policy: pol}
 	b.mu.Unlock()
@@ -613,6 +620,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		IdleAction: s.IdleAction, User: s.User, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
 		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
 		Network: policyProto(att.Policy), IpAddress: ipString(att.IP),
+		Volumes: s.Volumes,
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	return proto.Clone(out).(*sbxv1.Sandbox)

@@ -28,6 +28,7 @@ type Server struct {
 	mgr    *sandbox.Manager
 	images *ImageServer
 	code   *CodeServer
+	sess   *SessionServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -49,6 +50,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.code != nil {
 		path, h := sbxv1connect.NewCodeServiceHandler(s.code)
+		mux.Handle(path, h)
+	}
+	if s.sess != nil {
+		path, h := sbxv1connect.NewSessionServiceHandler(s.sess)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -34,6 +34,8 @@ type Client struct {
 	api     sbxv1connect.SandboxServiceClient
 	images  sbxv1connect.ImageServiceClient
 	code    sbxv1connect.CodeServiceClient
+	volumes sbxv1connect.VolumeServiceClient
+	session sbxv1connect.SessionServiceClient
 	baseURL string
 }
 
@@ -63,6 +65,8 @@ func NewClient(addr string) *Client {
 		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
 		images:  sbxv1connect.NewImageServiceClient(hc, base, connect.WithGRPC()),
 		code:    sbxv1connect.NewCodeServiceClient(hc, base, connect.WithGRPC()),
+		volumes: sbxv1connect.NewVolumeServiceClient(hc, base, connect.WithGRPC()),
+		session: sbxv1connect.NewSessionServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
 	}
 }
@@ -104,6 +108,8 @@ type CreateOptions struct {
 	User string
 	// Network is the network policy (nil: public).
 	Network *NetworkPolicy
+	// Volumes are named volumes to mount.
+	Volumes []VolumeMount
 }
 
 // Request converts the options to the API request.
@@ -122,6 +128,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	if o.Network != nil {
 		req.Network = o.Network.Proto()
+	}
+	for _, v := range o.Volumes {
+		req.Volumes = append(req.Volumes, v.Proto())
 	}
 	return req
 }

@@ -215,6 +215,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
+	for _, m := range spec.Mounts {
+		if err := runtime.ValidateMountPath(m.Destination); err != nil {
+			return h, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		if !filepath.IsAbs(m.Source) {
+			return h, fmt.Errorf("mount source %q: must be absolute: %w", m.Source, errdefs.ErrInvalidArgument)
+		}
+	}
 	lowers, hostImage, err := d.lowers(spec.Image)
 	if err != nil {
 		return h, err
@@ -288,7 +296,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
-		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
+		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: spec.Mounts,
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {

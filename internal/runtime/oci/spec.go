@@ -51,6 +51,8 @@ type specParams struct {
 	// SwapLimit sets memory+swap to the memory limit; false on v1 hosts
 	// without swap accounting, where the runtime would fail to set it.
 	SwapLimit bool
+	// Mounts are extra bind mounts (volumes).
+	Mounts []runtime.Mount
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -126,6 +128,13 @@ func boxMounts(p specParams) []specs.Mount {
 		m = append(m, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	m = append(m, specs.Mount{Destination: agentInBox, Type: "bind", Source: p.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	for _, vm := range p.Mounts {
+		opts := []string{"bind", "nosuid", "nodev", "rw"}
+		if vm.ReadOnly {
+			opts[3] = "ro"
+		}
+		m = append(m, specs.Mount{Destination: vm.Destination, Type: "bind", Source: vm.Source, Options: opts})
+	}
 	return m
 }
 

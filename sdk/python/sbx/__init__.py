@@ -49,6 +49,7 @@ from .files import Files
 from .images import Images
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox
+from .session import Session, SessionResult
 from .types import (
     FileInfo,
     ImageConfig,
@@ -78,6 +79,8 @@ __all__ = [
     "CodeContext",
     "CodeResult",
     "PolicyFinding",
+    "Session",
+    "SessionResult",
     "FileInfo",
     "ImageConfig",
     "ImageInfo",

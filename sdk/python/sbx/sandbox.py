@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._transport import b64encode
 from . import code as _code
+from . import session as _session
 from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
@@ -462,6 +463,23 @@ class Sandbox:
         """The sandbox's live contexts."""
         resp = self._client._transport.unary(_code.SERVICE, "ListContexts", {"sandbox": self.id}, op="list contexts")
         return [_code.CodeContext(self._client, c) for c in resp.get("contexts", [])]
+
+    def session(
+        self, *, shell: str = "/bin/bash", env: Optional[Mapping[str, str]] = None, workdir: Optional[str] = None
+    ) -> "_session.Session":
+        """Start a stateful shell session: cwd, exported variables, activated
+        venvs and background jobs persist between ``session.exec`` calls."""
+        req: Dict[str, Any] = {"sandbox": self.id, "shell": shell}
+        if env:
+            req["env"] = dict(env)
+        if workdir:
+            req["workdir"] = workdir
+        resp = self._client._transport.unary(_session.SERVICE, "CreateSession", req, op="create session")
+        return _session.Session(self._client, resp.get("session", {}))
+
+    def list_sessions(self) -> List["_session.Session"]:
+        """The sandbox's live shell sessions."""
+        return _session.list_sessions(self._client, self.id)
 
     def __repr__(self) -> str:
         name = f" name={self.name!r}" if self.name else ""

@@ -461,7 +461,9 @@ type CreateSandboxRequest struct {
 	// Default user of commands (default: the image's user, else root).
 	User string `protobuf:"bytes,13,opt,name=user,proto3" json:"user,omitempty"`
 	// Network policy (default: public).
-	Network       *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
+	// Named volumes to mount (see VolumeService).
+	Volumes       []*VolumeMount `protobuf:"bytes,15,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +592,13 @@ func (x *CreateSandboxRequest) GetUser() string {
 func (x *CreateSandboxRequest) GetNetwork() *NetworkPolicy {
 	if x != nil {
 		return x.Network
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
 	}
 	return nil
 }
@@ -741,7 +750,8 @@ type Sandbox struct {
 	ImageDigest string         `protobuf:"bytes,21,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
 	Network     *NetworkPolicy `protobuf:"bytes,22,opt,name=network,proto3" json:"network,omitempty"`
 	// The sandbox's address on the sandbox network ("" with mode NONE).
-	IpAddress     string `protobuf:"bytes,23,opt,name=ip_address,json=ipAddress,proto3" json:"ip_address,omitempty"`
+	IpAddress     string         `protobuf:"bytes,23,opt,name=ip_address,json=ipAddress,proto3" json:"ip_address,omitempty"`
+	Volumes       []*VolumeMount `protobuf:"bytes,24,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +945,13 @@ func (x *Sandbox) GetIpAddress() string {
 		return x.IpAddress
 	}
 	return ""
+}
+
+func (x *Sandbox) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
 }
 
 type SandboxStats struct {
@@ -1686,7 +1703,7 @@ var File_sbx_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x13sbx/v1/images.proto\"\x10\n" +
+	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x13sbx/v1/images.proto\x1a\x14sbx/v1/volumes.proto\"\x10\n" +
 	"\x0eVersionRequest\"t\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -1705,7 +1722,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xef\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x9e\x06\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1723,7 +1740,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"idleAction\x12\x18\n" +
 	"\aruntime\x18\f \x01(\tR\aruntime\x12\x12\n" +
 	"\x04user\x18\r \x01(\tR\x04user\x12/\n" +
-	"\anetwork\x18\x0e \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	"\anetwork\x18\x0e \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x12-\n" +
+	"\avolumes\x18\x0f \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1741,7 +1759,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"deny_cidrs\x18\x04 \x03(\tR\tdenyCidrs\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xaa\a\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xd9\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1769,7 +1787,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\fimage_digest\x18\x15 \x01(\tR\vimageDigest\x12/\n" +
 	"\anetwork\x18\x16 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
 	"\n" +
-	"ip_address\x18\x17 \x01(\tR\tipAddress\x1a9\n" +
+	"ip_address\x18\x17 \x01(\tR\tipAddress\x12-\n" +
+	"\avolumes\x18\x18 \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1908,27 +1927,28 @@ var file_sbx_v1_sandbox_proto_goTypes = []any{
 	nil,                             // 28: sbx.v1.CreateSandboxRequest.SecretsEntry
 	nil,                             // 29: sbx.v1.Sandbox.LabelsEntry
 	nil,                             // 30: sbx.v1.Sandbox.EnvEntry
-	(*ImageInfo)(nil),               // 31: sbx.v1.ImageInfo
-	(*ExecRequest)(nil),             // 32: sbx.v1.ExecRequest
-	(*ExecInput)(nil),               // 33: sbx.v1.ExecInput
-	(*ReadFileRequest)(nil),         // 34: sbx.v1.ReadFileRequest
-	(*WriteFileRequest)(nil),        // 35: sbx.v1.WriteFileRequest
-	(*ListDirRequest)(nil),          // 36: sbx.v1.ListDirRequest
-	(*StatRequest)(nil),             // 37: sbx.v1.StatRequest
-	(*MakeDirRequest)(nil),          // 38: sbx.v1.MakeDirRequest
-	(*RemoveRequest)(nil),           // 39: sbx.v1.RemoveRequest
-	(*RenameRequest)(nil),           // 40: sbx.v1.RenameRequest
-	(*UploadTarRequest)(nil),        // 41: sbx.v1.UploadTarRequest
-	(*DownloadTarRequest)(nil),      // 42: sbx.v1.DownloadTarRequest
-	(*ExecOutput)(nil),              // 43: sbx.v1.ExecOutput
-	(*FileChunk)(nil),               // 44: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),       // 45: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),         // 46: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),            // 47: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),         // 48: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),          // 49: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),          // 50: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),       // 51: sbx.v1.UploadTarResponse
+	(*VolumeMount)(nil),             // 31: sbx.v1.VolumeMount
+	(*ImageInfo)(nil),               // 32: sbx.v1.ImageInfo
+	(*ExecRequest)(nil),             // 33: sbx.v1.ExecRequest
+	(*ExecInput)(nil),               // 34: sbx.v1.ExecInput
+	(*ReadFileRequest)(nil),         // 35: sbx.v1.ReadFileRequest
+	(*WriteFileRequest)(nil),        // 36: sbx.v1.WriteFileRequest
+	(*ListDirRequest)(nil),          // 37: sbx.v1.ListDirRequest
+	(*StatRequest)(nil),             // 38: sbx.v1.StatRequest
+	(*MakeDirRequest)(nil),          // 39: sbx.v1.MakeDirRequest
+	(*RemoveRequest)(nil),           // 40: sbx.v1.RemoveRequest
+	(*RenameRequest)(nil),           // 41: sbx.v1.RenameRequest
+	(*UploadTarRequest)(nil),        // 42: sbx.v1.UploadTarRequest
+	(*DownloadTarRequest)(nil),      // 43: sbx.v1.DownloadTarRequest
+	(*ExecOutput)(nil),              // 44: sbx.v1.ExecOutput
+	(*FileChunk)(nil),               // 45: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),       // 46: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),         // 47: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),            // 48: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),         // 49: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),          // 50: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),          // 51: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),       // 52: sbx.v1.UploadTarResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
@@ -1938,67 +1958,69 @@ var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	6,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
 	1,  // 5: sbx.v1.CreateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
 	8,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
-	2,  // 7: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
-	10, // 8: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	29, // 9: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
-	0,  // 10: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
-	30, // 11: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
-	6,  // 12: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
-	1,  // 13: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
-	11, // 14: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
-	8,  // 15: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
-	10, // 16: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	10, // 17: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
-	10, // 18: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	10, // 19: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	8,  // 20: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
-	10, // 21: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
-	31, // 22: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
-	3,  // 23: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
-	7,  // 24: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
-	12, // 25: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
-	14, // 26: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
-	16, // 27: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
-	18, // 28: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
-	20, // 29: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
-	24, // 30: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
-	22, // 31: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
-	32, // 32: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
-	33, // 33: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
-	34, // 34: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	35, // 35: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	36, // 36: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
-	37, // 37: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
-	38, // 38: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	39, // 39: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
-	40, // 40: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
-	41, // 41: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	42, // 42: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	4,  // 43: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	9,  // 44: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	13, // 45: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	15, // 46: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	17, // 47: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	19, // 48: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	21, // 49: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	25, // 50: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
-	23, // 51: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
-	43, // 52: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	43, // 53: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	44, // 54: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	45, // 55: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	46, // 56: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	47, // 57: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	48, // 58: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	49, // 59: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	50, // 60: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	51, // 61: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	44, // 62: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	43, // [43:63] is the sub-list for method output_type
-	23, // [23:43] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	31, // 7: sbx.v1.CreateSandboxRequest.volumes:type_name -> sbx.v1.VolumeMount
+	2,  // 8: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
+	10, // 9: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	29, // 10: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
+	0,  // 11: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
+	30, // 12: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
+	6,  // 13: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
+	1,  // 14: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
+	11, // 15: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
+	8,  // 16: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
+	31, // 17: sbx.v1.Sandbox.volumes:type_name -> sbx.v1.VolumeMount
+	10, // 18: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	10, // 19: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
+	10, // 20: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	10, // 21: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	8,  // 22: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
+	10, // 23: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
+	32, // 24: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
+	3,  // 25: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
+	7,  // 26: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
+	12, // 27: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
+	14, // 28: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
+	16, // 29: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
+	18, // 30: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
+	20, // 31: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
+	24, // 32: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
+	22, // 33: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
+	33, // 34: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
+	34, // 35: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
+	35, // 36: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	36, // 37: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	37, // 38: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
+	38, // 39: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
+	39, // 40: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	40, // 41: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
+	41, // 42: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
+	42, // 43: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	43, // 44: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	4,  // 45: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	9,  // 46: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	13, // 47: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	15, // 48: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	17, // 49: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	19, // 50: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	21, // 51: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	25, // 52: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
+	23, // 53: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	44, // 54: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	44, // 55: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	45, // 56: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	46, // 57: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	47, // 58: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	48, // 59: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	49, // 60: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	50, // 61: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	51, // 62: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	52, // 63: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	45, // 64: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	45, // [45:65] is the sub-list for method output_type
+	25, // [25:45] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_sandbox_proto_init() }
@@ -2009,6 +2031,7 @@ func file_sbx_v1_sandbox_proto_init() {
 	file_sbx_v1_process_proto_init()
 	file_sbx_v1_files_proto_init()
 	file_sbx_v1_images_proto_init()
+	file_sbx_v1_volumes_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

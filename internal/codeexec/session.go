@@ -1,0 +1,343 @@
+package codeexec
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// Sessions keeps stateful shells in sandboxes, the way Service keeps
+// kernels: each shell is started through an agent exec stream the daemon
+// keeps open (stdin open, in a process group of its own). Commands are
+// written to the shell's stdin and each is followed by an end marker
+// carrying its exit status, on stdout and on stderr, so both streams are
+// delimited per command. It is safe for concurrent use.
+type Sessions struct {
+	agents Agents
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*session
+}
+
+// NewSessions returns a Sessions over agents.
+func NewSessions(agents Agents, log *slog.Logger) *Sessions {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Sessions{agents: agents, log: log, sessions: map[string]*session{}}
+}
+
+// SessionSink receives a command's events: output chunks, then the result.
+type SessionSink func(*sbxv1.SessionExecEvent) error
+
+// Grace periods after a timeout: SIGINT first, then SIGTERM (the shell
+// ignores both, its commands and background jobs do not), then SIGKILL of
+// the whole process group, which ends the session.
+var (
+	sessionTermAfter = 3 * time.Second
+	sessionKillAfter = 3 * time.Second
+)
+
+type session struct {
+	id, sandbox, shell string
+	created            time.Time
+	token              []byte
+	cancel             context.CancelFunc
+	stream             *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	events             chan *sbxv1.ExecOutput
+	execs              atomic.Int64
+	dead               atomic.Bool
+
+	// mu serializes commands.
+	mu  sync.Mutex
+	seq int64
+}
+
+// shellArgv is the command line that starts shell non-interactively.
+func shellArgv(shell string) []string {
+	switch path.Base(shell) {
+	case "bash":
+		return []string{shell, "--noprofile", "--norc"}
+	case "zsh":
+		return []string{shell, "-f"}
+	}
+	return []string{shell}
+}
+
+// Create starts a shell in req.Sandbox.
+func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) (*sbxv1.Session, error) {
+	shell := req.GetShell()
+	if shell == "" {
+		shell = "/bin/bash"
+	}
+	if strings.ContainsAny(shell, " \t\n") {
+		return nil, fmt.Errorf("create session: shell must be a program path, not %q: %w", shell, errdefs.ErrInvalidArgument)
+	}
+	conn, release, err := s.agents.Agent(ctx, req.GetSandbox())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ss := &session{
+		id: "sess-" + newID(), sandbox: req.GetSandbox(), shell: shell, created: time.Now(),
+		token: []byte("\x1eSBX" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
+	}
+	// The shell outlives this request: its stream hangs off a context of its own.
+	sctx, cancel := context.WithCancel(context.Background())
+	ss.cancel = cancel
+	ss.stream = conn.Exec(sctx)
+	start := &sbxv1.ExecRequest{Argv: shellArgv(shell), Env: req.GetEnv(), Workdir: req.GetWorkdir(), StdinOpen: true}
+	if err := ss.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("create session: starting shell: %w", err)
+	}
+	go ss.read(s)
+	// The shell survives SIGINT and SIGTERM (sent to its process group on a
+	// timeout); the commands it runs get the default dispositions back.
+	if err := ss.send("trap : INT TERM\n"); err != nil {
+		ss.close()
+		return nil, err
+	}
+	// A first, empty command proves the shell is up.
+	res := &sbxv1.SessionExecResult{}
+	if err := ss.exec(ctx, &sbxv1.SessionExecRequest{Command: ":", TimeoutMs: 30000}, res, func(*sbxv1.SessionExecEvent) error { return nil }); err != nil || res.Error != "" || res.ExitCode != 0 {
+		ss.close()
+		if err == nil {
+			err = fmt.Errorf("create session: shell %s failed to start: %s: %w", shell, res.Error, errdefs.ErrFailedPrecondition)
+		}
+		return nil, err
+	}
+	ss.execs.Store(0)
+	s.mu.Lock()
+	s.sessions[ss.id] = ss
+	s.mu.Unlock()
+	s.log.Info("shell session created", "session", ss.id, "sandbox", ss.sandbox, "shell", shell)
+	return ss.info(), nil
+}
+
+func (ss *session) info() *sbxv1.Session {
+	return &sbxv1.Session{Id: ss.id, Sandbox: ss.sandbox, Shell: ss.shell, CreatedMs: ss.created.UnixMilli(), Execs: ss.execs.Load()}
+}
+
+func (ss *session) send(text string) error {
+	if err := ss.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Stdin{Stdin: []byte(text)}}); err != nil {
+		ss.close()
+		return fmt.Errorf("session %s: sending command: %w", ss.id, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (ss *session) signal(sig int32) {
+	_ = ss.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Signal{Signal: sig}})
+}
+
+// read moves the stream's events to ss.events until it ends, then forgets ss.
+func (ss *session) read(s *Sessions) {
+	defer func() {
+		ss.dead.Store(true)
+		close(ss.events)
+		s.mu.Lock()
+		if s.sessions[ss.id] == ss {
+			delete(s.sessions, ss.id)
+		}
+		s.mu.Unlock()
+		ss.cancel()
+	}()
+	for {
+		msg, err := ss.stream.Receive()
+		if err != nil {
+			return
+		}
+		ss.events <- msg
+		if msg.GetExited() != nil {
+			return
+		}
+	}
+}
+
+// close kills the shell's whole process group (background jobs included)
+// and drops the stream.
+func (ss *session) close() {
+	if !ss.dead.Swap(true) {
+		ss.signal(9)
+	}
+	ss.cancel()
+}
+
+func (s *Sessions) get(id string) (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss, ok := s.sessions[id]
+	if !ok {
+		return nil, fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
+	}
+	return ss, nil
+}
+
+// List lists live sessions, of one sandbox if sandbox is set.
+func (s *Sessions) List(sandbox string) []*sbxv1.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*sbxv1.Session
+	for _, ss := range s.sessions {
+		if sandbox == "" || ss.sandbox == sandbox {
+			out = append(out, ss.info())
+		}
+	}
+	return out
+}
+
+// Close kills a session's shell and everything it started.
+func (s *Sessions) Close(id string) error {
+	s.mu.Lock()
+	ss, ok := s.sessions[id]
+	delete(s.sessions, id)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
+	}
+	ss.close()
+	return nil
+}
+
+// Exec runs req.Command in its session, sending output and then the result to sink.
+func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink SessionSink) error {
+	if req.GetTimeoutMs() < 0 {
+		return fmt.Errorf("session exec: negative timeout: %w", errdefs.ErrInvalidArgument)
+	}
+	if strings.ContainsRune(req.GetCommand(), 0) {
+		return fmt.Errorf("session exec: command contains a NUL byte: %w", errdefs.ErrInvalidArgument)
+	}
+	ss, err := s.get(req.GetSession())
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	res := &sbxv1.SessionExecResult{}
+	if err := ss.exec(ctx, req, res, sink); err != nil {
+		return err
+	}
+	res.DurationMs = time.Since(start).Milliseconds()
+	return sink(&sbxv1.SessionExecEvent{Event: &sbxv1.SessionExecEvent_Result{Result: res}})
+}
+
+func sessionChunk(sink SessionSink, b []byte, stderr bool) error {
+	if len(b) == 0 {
+		return nil
+	}
+	ev := &sbxv1.SessionExecEvent{Event: &sbxv1.SessionExecEvent_Stdout{Stdout: b}}
+	if stderr {
+		ev = &sbxv1.SessionExecEvent{Event: &sbxv1.SessionExecEvent_Stderr{Stderr: b}}
+	}
+	return sink(ev)
+}
+
+// exec writes one command, wrapped with its end markers, and demultiplexes
+// its output until both markers have come.
+func (ss *session) exec(ctx context.Context, req *sbxv1.SessionExecRequest, res *sbxv1.SessionExecResult, sink SessionSink) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.dead.Load() {
+		return fmt.Errorf("session %s has ended: %w", ss.id, errdefs.ErrFailedPrecondition)
+	}
+	ss.execs.Add(1)
+	// Drop output left over from earlier commands (background jobs, a command the client abandoned).
+	for drained := false; !drained; {
+		select {
+		case _, ok := <-ss.events:
+			drained = !ok
+		default:
+			drained = true
+		}
+	}
+	ss.seq++
+	seq := strconv.FormatInt(ss.seq, 10)
+	// The command runs through eval in the shell itself (so cd, export,
+	// source and background jobs persist), with stdin from /dev/null (so it
+	// cannot read the commands that follow); a syntax error in it cannot
+	// swallow the marker lines.
+	marker := shQuote(string(ss.token) + seq + ":%d\n")
+	script := "__sbx_cmd=" + shQuote(req.GetCommand()) + "\n" +
+		"eval \"$__sbx_cmd\" </dev/null\n" +
+		"__sbx_rc=$?; printf " + marker + " \"$__sbx_rc\"; printf " + marker + " \"$__sbx_rc\" >&2\n"
+	if err := ss.send(script); err != nil {
+		return err
+	}
+	var timeout, term, kill <-chan time.Time
+	if req.GetTimeoutMs() > 0 {
+		t := time.NewTimer(time.Duration(req.GetTimeoutMs()) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	stdout, stderr := &splitter{token: ss.token}, &splitter{token: ss.token}
+	outDone, errDone := false, false
+	// mine reports whether a marker payload ("seq:status") ends this command.
+	mine := func(m string) bool {
+		n, status, ok := strings.Cut(m, ":")
+		if !ok || n != seq {
+			return false
+		}
+		code, _ := strconv.Atoi(status)
+		res.ExitCode = int32(code)
+		return true
+	}
+	for !outDone || !errDone {
+		select {
+		case msg, ok := <-ss.events:
+			if !ok || msg.GetExited() != nil {
+				ss.close()
+				res.ExitCode, res.Error = 1, "the session's shell exited; the session is gone"
+				if ex := msg.GetExited(); ex != nil {
+					res.ExitCode = ex.GetExitCode()
+					res.Error = fmt.Sprintf("the session's shell exited (exit code %d); the session is gone", ex.GetExitCode())
+				}
+				return nil
+			}
+			switch ev := msg.GetEvent().(type) {
+			case *sbxv1.ExecOutput_Stdout:
+				user, msgs := stdout.feed(ev.Stdout)
+				if err := sessionChunk(sink, user, false); err != nil {
+					return err
+				}
+				for _, m := range msgs {
+					outDone = mine(m) || outDone
+				}
+			case *sbxv1.ExecOutput_Stderr:
+				user, msgs := stderr.feed(ev.Stderr)
+				if err := sessionChunk(sink, user, true); err != nil {
+					return err
+				}
+				for _, m := range msgs {
+					errDone = mine(m) || errDone
+				}
+			}
+		case <-timeout:
+			res.TimedOut = true
+			ss.signal(2)
+			term = time.After(sessionTermAfter)
+		case <-term:
+			ss.signal(15)
+			kill = time.After(sessionKillAfter)
+		case <-kill:
+			ss.close()
+			res.ExitCode, res.Error = 137, "timed out; the command did not stop when interrupted or terminated, so the session was closed"
+			return nil
+		case <-ctx.Done():
+			ss.signal(2)
+			return ctx.Err()
+		}
+	}
+	return nil
+}

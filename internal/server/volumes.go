@@ -1,0 +1,66 @@
+package server
+
+import (
+	"context"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/volume"
+)
+
+// VolumeServer implements sbxv1connect.VolumeServiceHandler.
+type VolumeServer struct {
+	vols *volume.Manager
+}
+
+var _ sbxv1connect.VolumeServiceHandler = (*VolumeServer)(nil)
+
+// NewVolumeServer returns a VolumeServer over vols.
+func NewVolumeServer(vols *volume.Manager) *VolumeServer { return &VolumeServer{vols: vols} }
+
+// CreateVolume makes a volume.
+func (s *VolumeServer) CreateVolume(ctx context.Context, req *connect.Request[sbxv1.CreateVolumeRequest]) (*connect.Response[sbxv1.CreateVolumeResponse], error) {
+	v, err := s.vols.Create(ctx, req.Msg.GetName(), req.Msg.GetSizeBytes())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.CreateVolumeResponse{Volume: v}), nil
+}
+
+// ListVolumes describes every volume.
+func (s *VolumeServer) ListVolumes(ctx context.Context, _ *connect.Request[sbxv1.ListVolumesRequest]) (*connect.Response[sbxv1.ListVolumesResponse], error) {
+	vs, err := s.vols.List(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.ListVolumesResponse{Volumes: vs}), nil
+}
+
+// GetVolume describes one volume.
+func (s *VolumeServer) GetVolume(ctx context.Context, req *connect.Request[sbxv1.GetVolumeRequest]) (*connect.Response[sbxv1.GetVolumeResponse], error) {
+	v, err := s.vols.Get(ctx, req.Msg.GetName())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.GetVolumeResponse{Volume: v}), nil
+}
+
+// RemoveVolume deletes a volume not in use.
+func (s *VolumeServer) RemoveVolume(ctx context.Context, req *connect.Request[sbxv1.RemoveVolumeRequest]) (*connect.Response[sbxv1.RemoveVolumeResponse], error) {
+	if err := s.vols.Remove(ctx, req.Msg.GetName()); err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&sbxv1.RemoveVolumeResponse{}), nil
+}
+
+// WithVolumes serves the volume service next to h.
+func WithVolumes(h http.Handler, s *VolumeServer) http.Handler {
+	mux := http.NewServeMux()
+	path, vh := sbxv1connect.NewVolumeServiceHandler(s)
+	mux.Handle(path, vh)
+	mux.Handle("/", h)
+	return mux
+}
