@@ -140,7 +140,7 @@ func TestManagerLifecycle(t *testing.T) {
 	if !att.IP.IsValid() || len(att.DNS) != 1 || att.DNS[0] != m.Gateway().String() {
 		t.Fatalf("attachment %+v: want an address and the gateway as DNS", att)
 	}
-	sl := m.ipam.byOwner("sb-one")
+	sl := slotOf(m, "sb-one")
 	if !linkExists(sl.Veth) {
 		t.Fatalf("veth %s missing", sl.Veth)
 	}
@@ -231,7 +231,7 @@ func TestManagerLifecycle(t *testing.T) {
 	if err := m.Cleanup(ctx, map[string]bool{}); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(m.ipam.slots); n != 0 {
+	if n := slotCount(m); n != 0 {
 		t.Errorf("%d slots left after cleanup", n)
 	}
 	if ents, _ := os.ReadDir(cfg.StateDir + "/ns"); len(ents) != 0 {
@@ -247,4 +247,17 @@ func TestManagerLifecycle(t *testing.T) {
 	if len(chainsOf(t, cfg.Table)) != 0 {
 		t.Errorf("table %s left", cfg.Table)
 	}
+}
+
+// slotOf reads the IPAM under the manager's lock (its pool filler writes it).
+func slotOf(m *Manager, owner string) *slot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ipam.byOwner(owner)
+}
+
+func slotCount(m *Manager) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.ipam.slots)
 }
