@@ -250,6 +250,8 @@ func TestBuildAptRecipe(t *testing.T) {
 	if os.Getenv("SBX_TEST_NETWORK_BUILD") != "1" {
 		t.Skip("set SBX_TEST_NETWORK_BUILD=1 to build with apt from Debian's mirror (debootstrap + download)")
 	}
+	// Registered first so it runs after the daemon has stopped.
+	t.Cleanup(func() { removeNetworking("sbxbld0", "sbxbld") })
 	d := startDaemon(t, "--network=true", "--net-bridge", "sbxbld0", "--net-subnet", "10.216.0.0/16", "--net-table", "sbxbld", "--net-pool", "0")
 	if !hasNetwork(t, d) {
 		t.Fatal("the daemon started with --network=true does not report the network capability")
