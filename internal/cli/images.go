@@ -160,19 +160,8 @@ func newImages(a *app) *cobra.Command {
 		Short: "Remove images (their layers go at the next prune)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			failed := 0
-			for _, ref := range args {
-				if err := a.client().Images().Remove(cmd.Context(), ref); err != nil {
-					fmt.Fprintln(a.stderr, "sbx:", err)
-					failed++
-					continue
-				}
-				fmt.Fprintln(a.stdout, ref)
-			}
-			if failed > 0 {
-				return &ExitError{Code: 1}
-			}
-			return nil
+			images := a.client().Images()
+			return a.eachRef(args, func(ref string) error { return images.Remove(cmd.Context(), ref) })
 		},
 	}
 	prune := &cobra.Command{

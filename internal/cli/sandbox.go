@@ -279,16 +279,12 @@ func newInspect(a *app) *cobra.Command {
 	return cmd
 }
 
-// forEach runs op on every named sandbox, reporting each failure.
-func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) error) error {
-	c := a.client()
+// eachRef runs op on every ref, printing each one that succeeded and each
+// failure; it fails with exit code 1 when any did.
+func (a *app) eachRef(refs []string, op func(ref string) error) error {
 	failed := 0
 	for _, ref := range refs {
-		sb, err := c.Get(ctx, ref)
-		if err == nil {
-			err = op(sb)
-		}
-		if err != nil {
+		if err := op(ref); err != nil {
 			fmt.Fprintln(a.stderr, "sbx:", err)
 			failed++
 			continue
@@ -299,6 +295,18 @@ func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) 
 		return &ExitError{Code: 1}
 	}
 	return nil
+}
+
+// forEach runs op on every named sandbox, reporting each failure.
+func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) error) error {
+	c := a.client()
+	return a.eachRef(refs, func(ref string) error {
+		sb, err := c.Get(ctx, ref)
+		if err != nil {
+			return err
+		}
+		return op(sb)
+	})
 }
 
 func newRm(a *app) *cobra.Command {
