@@ -27,6 +27,278 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DialInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*DialInput_Start
+	//	*DialInput_Data
+	//	*DialInput_CloseWrite
+	Event         isDialInput_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialInput) Reset() {
+	*x = DialInput{}
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialInput) ProtoMessage() {}
+
+func (x *DialInput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialInput.ProtoReflect.Descriptor instead.
+func (*DialInput) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DialInput) GetEvent() isDialInput_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *DialInput) GetStart() *DialStart {
+	if x != nil {
+		if x, ok := x.Event.(*DialInput_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *DialInput) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*DialInput_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *DialInput) GetCloseWrite() bool {
+	if x != nil {
+		if x, ok := x.Event.(*DialInput_CloseWrite); ok {
+			return x.CloseWrite
+		}
+	}
+	return false
+}
+
+type isDialInput_Event interface {
+	isDialInput_Event()
+}
+
+type DialInput_Start struct {
+	// First message.
+	Start *DialStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type DialInput_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type DialInput_CloseWrite struct {
+	// The daemon's side will send no more data (half-close).
+	CloseWrite bool `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3,oneof"`
+}
+
+func (*DialInput_Start) isDialInput_Event() {}
+
+func (*DialInput_Data) isDialInput_Event() {}
+
+func (*DialInput_CloseWrite) isDialInput_Event() {}
+
+type DialStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Default "127.0.0.1".
+	Host          string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Port          uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialStart) Reset() {
+	*x = DialStart{}
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialStart) ProtoMessage() {}
+
+func (x *DialStart) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialStart.ProtoReflect.Descriptor instead.
+func (*DialStart) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DialStart) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *DialStart) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type DialOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*DialOutput_Connected
+	//	*DialOutput_Data
+	Event         isDialOutput_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialOutput) Reset() {
+	*x = DialOutput{}
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialOutput) ProtoMessage() {}
+
+func (x *DialOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialOutput.ProtoReflect.Descriptor instead.
+func (*DialOutput) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DialOutput) GetEvent() isDialOutput_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *DialOutput) GetConnected() *DialConnected {
+	if x != nil {
+		if x, ok := x.Event.(*DialOutput_Connected); ok {
+			return x.Connected
+		}
+	}
+	return nil
+}
+
+func (x *DialOutput) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*DialOutput_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isDialOutput_Event interface {
+	isDialOutput_Event()
+}
+
+type DialOutput_Connected struct {
+	// Sent once the connection is established.
+	Connected *DialConnected `protobuf:"bytes,1,opt,name=connected,proto3,oneof"`
+}
+
+type DialOutput_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*DialOutput_Connected) isDialOutput_Event() {}
+
+func (*DialOutput_Data) isDialOutput_Event() {}
+
+type DialConnected struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialConnected) Reset() {
+	*x = DialConnected{}
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialConnected) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialConnected) ProtoMessage() {}
+
+func (x *DialConnected) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialConnected.ProtoReflect.Descriptor instead.
+func (*DialConnected) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
 type HelloRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Highest protocol version the daemon speaks.
@@ -37,7 +309,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +321,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +334,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HelloRequest) GetProtocolVersion() uint32 {
@@ -84,7 +356,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -96,7 +368,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -109,7 +381,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HelloResponse) GetProtocolVersion() uint32 {
@@ -142,14 +414,17 @@ type ConfigureRequest struct {
 	// Optional long-running command to start now, like sbx-agent's `-- CMD`.
 	Command []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
 	// Default user of execs ("name", "uid", "uid:gid"); empty: root.
-	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	// Directories to guard with permission rules (a FUSE layer the agent
+	// mounts over each path before any user process starts).
+	PathPolicies  []*v1.PathPolicy `protobuf:"bytes,5,rep,name=path_policies,json=pathPolicies,proto3" json:"path_policies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +436,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +449,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ConfigureRequest) GetEnv() []string {
@@ -205,6 +480,13 @@ func (x *ConfigureRequest) GetUser() string {
 	return ""
 }
 
+func (x *ConfigureRequest) GetPathPolicies() []*v1.PathPolicy {
+	if x != nil {
+		return x.PathPolicies
+	}
+	return nil
+}
+
 type ConfigureResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -213,7 +495,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +507,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,26 +520,42 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\"9\n" +
+	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x18sbx/v1/permissions.proto\"z\n" +
+	"\tDialInput\x12+\n" +
+	"\x05start\x18\x01 \x01(\v2\x13.agent.v1.DialStartH\x00R\x05start\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
+	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
+	"closeWriteB\a\n" +
+	"\x05event\"3\n" +
+	"\tDialStart\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"d\n" +
+	"\n" +
+	"DialOutput\x127\n" +
+	"\tconnected\x18\x01 \x01(\v2\x17.agent.v1.DialConnectedH\x00R\tconnected\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\a\n" +
+	"\x05event\"\x0f\n" +
+	"\rDialConnected\"9\n" +
 	"\fHelloRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"q\n" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x05R\x03pid\"l\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\"\xa5\x01\n" +
 	"\x10ConfigureRequest\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x18\n" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
-	"\x04user\x18\x04 \x01(\tR\x04user\"\x13\n" +
-	"\x11ConfigureResponse2\xe0\x05\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\x127\n" +
+	"\rpath_policies\x18\x05 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\"\x13\n" +
+	"\x11ConfigureResponse2\x97\x06\n" +
 	"\fAgentService\x128\n" +
 	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +
 	"\tConfigure\x12\x1a.agent.v1.ConfigureRequest\x1a\x1b.agent.v1.ConfigureResponse\x121\n" +
@@ -270,7 +568,8 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Remove\x12\x15.sbx.v1.RemoveRequest\x1a\x16.sbx.v1.RemoveResponse\x127\n" +
 	"\x06Rename\x12\x15.sbx.v1.RenameRequest\x1a\x16.sbx.v1.RenameResponse\x12B\n" +
 	"\tUploadTar\x12\x18.sbx.v1.UploadTarRequest\x1a\x19.sbx.v1.UploadTarResponse(\x01\x12>\n" +
-	"\vDownloadTar\x12\x1a.sbx.v1.DownloadTarRequest\x1a\x11.sbx.v1.FileChunk0\x01B0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
+	"\vDownloadTar\x12\x1a.sbx.v1.DownloadTarRequest\x1a\x11.sbx.v1.FileChunk0\x01\x125\n" +
+	"\x04Dial\x12\x13.agent.v1.DialInput\x1a\x14.agent.v1.DialOutput(\x010\x01B0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -284,62 +583,72 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_agent_v1_agent_proto_goTypes = []any{
-	(*HelloRequest)(nil),          // 0: agent.v1.HelloRequest
-	(*HelloResponse)(nil),         // 1: agent.v1.HelloResponse
-	(*ConfigureRequest)(nil),      // 2: agent.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),     // 3: agent.v1.ConfigureResponse
-	(*v1.ExecInput)(nil),          // 4: sbx.v1.ExecInput
-	(*v1.ReadFileRequest)(nil),    // 5: sbx.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),   // 6: sbx.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),     // 7: sbx.v1.ListDirRequest
-	(*v1.StatRequest)(nil),        // 8: sbx.v1.StatRequest
-	(*v1.MakeDirRequest)(nil),     // 9: sbx.v1.MakeDirRequest
-	(*v1.RemoveRequest)(nil),      // 10: sbx.v1.RemoveRequest
-	(*v1.RenameRequest)(nil),      // 11: sbx.v1.RenameRequest
-	(*v1.UploadTarRequest)(nil),   // 12: sbx.v1.UploadTarRequest
-	(*v1.DownloadTarRequest)(nil), // 13: sbx.v1.DownloadTarRequest
-	(*v1.ExecOutput)(nil),         // 14: sbx.v1.ExecOutput
-	(*v1.FileChunk)(nil),          // 15: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),  // 16: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),    // 17: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),       // 18: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),    // 19: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),     // 20: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),     // 21: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),  // 22: sbx.v1.UploadTarResponse
+	(*DialInput)(nil),             // 0: agent.v1.DialInput
+	(*DialStart)(nil),             // 1: agent.v1.DialStart
+	(*DialOutput)(nil),            // 2: agent.v1.DialOutput
+	(*DialConnected)(nil),         // 3: agent.v1.DialConnected
+	(*HelloRequest)(nil),          // 4: agent.v1.HelloRequest
+	(*HelloResponse)(nil),         // 5: agent.v1.HelloResponse
+	(*ConfigureRequest)(nil),      // 6: agent.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),     // 7: agent.v1.ConfigureResponse
+	(*v1.PathPolicy)(nil),         // 8: sbx.v1.PathPolicy
+	(*v1.ExecInput)(nil),          // 9: sbx.v1.ExecInput
+	(*v1.ReadFileRequest)(nil),    // 10: sbx.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),   // 11: sbx.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),     // 12: sbx.v1.ListDirRequest
+	(*v1.StatRequest)(nil),        // 13: sbx.v1.StatRequest
+	(*v1.MakeDirRequest)(nil),     // 14: sbx.v1.MakeDirRequest
+	(*v1.RemoveRequest)(nil),      // 15: sbx.v1.RemoveRequest
+	(*v1.RenameRequest)(nil),      // 16: sbx.v1.RenameRequest
+	(*v1.UploadTarRequest)(nil),   // 17: sbx.v1.UploadTarRequest
+	(*v1.DownloadTarRequest)(nil), // 18: sbx.v1.DownloadTarRequest
+	(*v1.ExecOutput)(nil),         // 19: sbx.v1.ExecOutput
+	(*v1.FileChunk)(nil),          // 20: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),  // 21: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),    // 22: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),       // 23: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),    // 24: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),     // 25: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),     // 26: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),  // 27: sbx.v1.UploadTarResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
-	0,  // 0: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
-	2,  // 1: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
-	4,  // 2: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
-	5,  // 3: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	6,  // 4: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	7,  // 5: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
-	8,  // 6: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
-	9,  // 7: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	10, // 8: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
-	11, // 9: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
-	12, // 10: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	13, // 11: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	1,  // 12: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	3,  // 13: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
-	14, // 14: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	15, // 15: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	16, // 16: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	17, // 17: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	18, // 18: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	19, // 19: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	20, // 20: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	21, // 21: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	22, // 22: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	15, // 23: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	12, // [12:24] is the sub-list for method output_type
-	0,  // [0:12] is the sub-list for method input_type
-	0,  // [0:0] is the sub-list for extension type_name
-	0,  // [0:0] is the sub-list for extension extendee
-	0,  // [0:0] is the sub-list for field type_name
+	1,  // 0: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
+	3,  // 1: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
+	8,  // 2: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	4,  // 3: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
+	6,  // 4: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
+	9,  // 5: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
+	10, // 6: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	11, // 7: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	12, // 8: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
+	13, // 9: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
+	14, // 10: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	15, // 11: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
+	16, // 12: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
+	17, // 13: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	18, // 14: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	0,  // 15: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
+	5,  // 16: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	7,  // 17: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	19, // 18: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	20, // 19: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	21, // 20: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	22, // 21: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	23, // 22: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	24, // 23: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	25, // 24: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	26, // 25: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	27, // 26: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	20, // 27: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	2,  // 28: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
+	16, // [16:29] is the sub-list for method output_type
+	3,  // [3:16] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -347,13 +656,22 @@ func file_agent_v1_agent_proto_init() {
 	if File_agent_v1_agent_proto != nil {
 		return
 	}
+	file_agent_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
+		(*DialInput_Start)(nil),
+		(*DialInput_Data)(nil),
+		(*DialInput_CloseWrite)(nil),
+	}
+	file_agent_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+		(*DialOutput_Connected)(nil),
+		(*DialOutput_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -463,7 +463,15 @@ type CreateSandboxRequest struct {
 	// Network policy (default: public).
 	Network *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
 	// Named volumes to mount (see VolumeService).
-	Volumes       []*VolumeMount `protobuf:"bytes,15,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	Volumes []*VolumeMount `protobuf:"bytes,15,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// Codebases to mount, each in its own copy-on-write layer.
+	Codebases []*CodebaseMount `protobuf:"bytes,16,rep,name=codebases,proto3" json:"codebases,omitempty"`
+	// Permission rules for directories of the sandbox (see PathPolicy).
+	PathPolicies []*PathPolicy `protobuf:"bytes,17,rep,name=path_policies,json=pathPolicies,proto3" json:"path_policies,omitempty"`
+	// Secrets kept out of the sandbox: it sees only a placeholder in env
+	// `name`; the egress proxy puts the real value in place of the placeholder
+	// in requests to the listed domains only.
+	DomainSecrets []*DomainSecret `protobuf:"bytes,18,rep,name=domain_secrets,json=domainSecrets,proto3" json:"domain_secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -603,6 +611,89 @@ func (x *CreateSandboxRequest) GetVolumes() []*VolumeMount {
 	return nil
 }
 
+func (x *CreateSandboxRequest) GetCodebases() []*CodebaseMount {
+	if x != nil {
+		return x.Codebases
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetPathPolicies() []*PathPolicy {
+	if x != nil {
+		return x.PathPolicies
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetDomainSecrets() []*DomainSecret {
+	if x != nil {
+		return x.DomainSecrets
+	}
+	return nil
+}
+
+type DomainSecret struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Environment variable name the placeholder is put in.
+	Name  string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Host names ("api.openai.com", "*.github.com") the real value may go to.
+	Domains       []string `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DomainSecret) Reset() {
+	*x = DomainSecret{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DomainSecret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DomainSecret) ProtoMessage() {}
+
+func (x *DomainSecret) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DomainSecret.ProtoReflect.Descriptor instead.
+func (*DomainSecret) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DomainSecret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DomainSecret) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *DomainSecret) GetDomains() []string {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
 type NetworkPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Mode  NetworkMode            `protobuf:"varint,1,opt,name=mode,proto3,enum=sbx.v1.NetworkMode" json:"mode,omitempty"`
@@ -620,7 +711,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +723,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[5]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +736,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NetworkPolicy) GetMode() NetworkMode {
@@ -685,7 +776,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +788,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[6]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +801,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -750,15 +841,19 @@ type Sandbox struct {
 	ImageDigest string         `protobuf:"bytes,21,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
 	Network     *NetworkPolicy `protobuf:"bytes,22,opt,name=network,proto3" json:"network,omitempty"`
 	// The sandbox's address on the sandbox network ("" with mode NONE).
-	IpAddress     string         `protobuf:"bytes,23,opt,name=ip_address,json=ipAddress,proto3" json:"ip_address,omitempty"`
-	Volumes       []*VolumeMount `protobuf:"bytes,24,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	IpAddress    string           `protobuf:"bytes,23,opt,name=ip_address,json=ipAddress,proto3" json:"ip_address,omitempty"`
+	Volumes      []*VolumeMount   `protobuf:"bytes,24,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	Codebases    []*CodebaseMount `protobuf:"bytes,25,rep,name=codebases,proto3" json:"codebases,omitempty"`
+	PathPolicies []*PathPolicy    `protobuf:"bytes,26,rep,name=path_policies,json=pathPolicies,proto3" json:"path_policies,omitempty"`
+	// Domain secrets: names and domains only (values are never returned).
+	DomainSecrets []*DomainSecret `protobuf:"bytes,27,rep,name=domain_secrets,json=domainSecrets,proto3" json:"domain_secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +865,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[7]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +878,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Sandbox) GetId() string {
@@ -954,6 +1049,27 @@ func (x *Sandbox) GetVolumes() []*VolumeMount {
 	return nil
 }
 
+func (x *Sandbox) GetCodebases() []*CodebaseMount {
+	if x != nil {
+		return x.Codebases
+	}
+	return nil
+}
+
+func (x *Sandbox) GetPathPolicies() []*PathPolicy {
+	if x != nil {
+		return x.PathPolicies
+	}
+	return nil
+}
+
+func (x *Sandbox) GetDomainSecrets() []*DomainSecret {
+	if x != nil {
+		return x.DomainSecrets
+	}
+	return nil
+}
+
 type SandboxStats struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	MemoryBytes     int64                  `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
@@ -974,7 +1090,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1102,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[8]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1115,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SandboxStats) GetMemoryBytes() int64 {
@@ -1082,7 +1198,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1210,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[9]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1223,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetSandboxRequest) GetSandbox() string {
@@ -1126,7 +1242,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1254,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[10]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1267,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1171,7 +1287,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1299,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[11]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1312,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSandboxesRequest) GetSelectors() []string {
@@ -1215,7 +1331,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1343,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[12]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1356,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1259,7 +1375,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1387,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[13]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1400,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StopSandboxRequest) GetSandbox() string {
@@ -1303,7 +1419,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1431,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[14]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1444,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StopSandboxResponse) GetSandbox() *Sandbox {
@@ -1347,7 +1463,7 @@ type StartSandboxRequest struct {
 
 func (x *StartSandboxRequest) Reset() {
 	*x = StartSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1475,7 @@ func (x *StartSandboxRequest) String() string {
 func (*StartSandboxRequest) ProtoMessage() {}
 
 func (x *StartSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[15]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1488,7 @@ func (x *StartSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StartSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartSandboxRequest) GetSandbox() string {
@@ -1391,7 +1507,7 @@ type StartSandboxResponse struct {
 
 func (x *StartSandboxResponse) Reset() {
 	*x = StartSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1519,7 @@ func (x *StartSandboxResponse) String() string {
 func (*StartSandboxResponse) ProtoMessage() {}
 
 func (x *StartSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[16]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1532,7 @@ func (x *StartSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StartSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartSandboxResponse) GetSandbox() *Sandbox {
@@ -1435,7 +1551,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1563,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[17]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1576,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DestroySandboxRequest) GetSandbox() string {
@@ -1478,7 +1594,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1606,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[18]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1619,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 type UpdateNetworkRequest struct {
@@ -1516,7 +1632,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1644,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[19]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1657,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UpdateNetworkRequest) GetSandbox() string {
@@ -1567,7 +1683,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1695,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[20]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1708,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -1613,7 +1729,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1741,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[21]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1754,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotSandboxRequest) GetSandbox() string {
@@ -1664,7 +1780,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1792,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1805,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotSandboxResponse) GetImage() *ImageInfo {
@@ -1703,7 +1819,7 @@ var File_sbx_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x13sbx/v1/images.proto\x1a\x14sbx/v1/volumes.proto\"\x10\n" +
+	"\x14sbx/v1/sandbox.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x13sbx/v1/images.proto\x1a\x14sbx/v1/volumes.proto\x1a\x18sbx/v1/permissions.proto\"\x10\n" +
 	"\x0eVersionRequest\"t\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -1722,7 +1838,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x9e\x06\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xc9\a\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1741,7 +1857,10 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\aruntime\x18\f \x01(\tR\aruntime\x12\x12\n" +
 	"\x04user\x18\r \x01(\tR\x04user\x12/\n" +
 	"\anetwork\x18\x0e \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x12-\n" +
-	"\avolumes\x18\x0f \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x1a9\n" +
+	"\avolumes\x18\x0f \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x123\n" +
+	"\tcodebases\x18\x10 \x03(\v2\x15.sbx.v1.CodebaseMountR\tcodebases\x127\n" +
+	"\rpath_policies\x18\x11 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
+	"\x0edomain_secrets\x18\x12 \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1750,7 +1869,11 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"R\n" +
+	"\fDomainSecret\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x18\n" +
+	"\adomains\x18\x03 \x03(\tR\adomains\"\x9d\x01\n" +
 	"\rNetworkPolicy\x12'\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x13.sbx.v1.NetworkModeR\x04mode\x12\x1f\n" +
 	"\vallow_cidrs\x18\x02 \x03(\tR\n" +
@@ -1759,7 +1882,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"deny_cidrs\x18\x04 \x03(\tR\tdenyCidrs\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xd9\a\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\x84\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1788,7 +1911,10 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\x16 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\x12\x1d\n" +
 	"\n" +
 	"ip_address\x18\x17 \x01(\tR\tipAddress\x12-\n" +
-	"\avolumes\x18\x18 \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x1a9\n" +
+	"\avolumes\x18\x18 \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x123\n" +
+	"\tcodebases\x18\x19 \x03(\v2\x15.sbx.v1.CodebaseMountR\tcodebases\x127\n" +
+	"\rpath_policies\x18\x1a \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
+	"\x0edomain_secrets\x18\x1b \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1894,7 +2020,7 @@ func file_sbx_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_sbx_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: sbx.v1.SandboxState
 	(IdleAction)(0),                 // 1: sbx.v1.IdleAction
@@ -1904,123 +2030,132 @@ var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(*RuntimeInfo)(nil),             // 5: sbx.v1.RuntimeInfo
 	(*Resources)(nil),               // 6: sbx.v1.Resources
 	(*CreateSandboxRequest)(nil),    // 7: sbx.v1.CreateSandboxRequest
-	(*NetworkPolicy)(nil),           // 8: sbx.v1.NetworkPolicy
-	(*CreateSandboxResponse)(nil),   // 9: sbx.v1.CreateSandboxResponse
-	(*Sandbox)(nil),                 // 10: sbx.v1.Sandbox
-	(*SandboxStats)(nil),            // 11: sbx.v1.SandboxStats
-	(*GetSandboxRequest)(nil),       // 12: sbx.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),      // 13: sbx.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),    // 14: sbx.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),   // 15: sbx.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),      // 16: sbx.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),     // 17: sbx.v1.StopSandboxResponse
-	(*StartSandboxRequest)(nil),     // 18: sbx.v1.StartSandboxRequest
-	(*StartSandboxResponse)(nil),    // 19: sbx.v1.StartSandboxResponse
-	(*DestroySandboxRequest)(nil),   // 20: sbx.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),  // 21: sbx.v1.DestroySandboxResponse
-	(*UpdateNetworkRequest)(nil),    // 22: sbx.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),   // 23: sbx.v1.UpdateNetworkResponse
-	(*SnapshotSandboxRequest)(nil),  // 24: sbx.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil), // 25: sbx.v1.SnapshotSandboxResponse
-	nil,                             // 26: sbx.v1.CreateSandboxRequest.LabelsEntry
-	nil,                             // 27: sbx.v1.CreateSandboxRequest.EnvEntry
-	nil,                             // 28: sbx.v1.CreateSandboxRequest.SecretsEntry
-	nil,                             // 29: sbx.v1.Sandbox.LabelsEntry
-	nil,                             // 30: sbx.v1.Sandbox.EnvEntry
-	(*VolumeMount)(nil),             // 31: sbx.v1.VolumeMount
-	(*ImageInfo)(nil),               // 32: sbx.v1.ImageInfo
-	(*ExecRequest)(nil),             // 33: sbx.v1.ExecRequest
-	(*ExecInput)(nil),               // 34: sbx.v1.ExecInput
-	(*ReadFileRequest)(nil),         // 35: sbx.v1.ReadFileRequest
-	(*WriteFileRequest)(nil),        // 36: sbx.v1.WriteFileRequest
-	(*ListDirRequest)(nil),          // 37: sbx.v1.ListDirRequest
-	(*StatRequest)(nil),             // 38: sbx.v1.StatRequest
-	(*MakeDirRequest)(nil),          // 39: sbx.v1.MakeDirRequest
-	(*RemoveRequest)(nil),           // 40: sbx.v1.RemoveRequest
-	(*RenameRequest)(nil),           // 41: sbx.v1.RenameRequest
-	(*UploadTarRequest)(nil),        // 42: sbx.v1.UploadTarRequest
-	(*DownloadTarRequest)(nil),      // 43: sbx.v1.DownloadTarRequest
-	(*ExecOutput)(nil),              // 44: sbx.v1.ExecOutput
-	(*FileChunk)(nil),               // 45: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),       // 46: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),         // 47: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),            // 48: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),         // 49: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),          // 50: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),          // 51: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),       // 52: sbx.v1.UploadTarResponse
+	(*DomainSecret)(nil),            // 8: sbx.v1.DomainSecret
+	(*NetworkPolicy)(nil),           // 9: sbx.v1.NetworkPolicy
+	(*CreateSandboxResponse)(nil),   // 10: sbx.v1.CreateSandboxResponse
+	(*Sandbox)(nil),                 // 11: sbx.v1.Sandbox
+	(*SandboxStats)(nil),            // 12: sbx.v1.SandboxStats
+	(*GetSandboxRequest)(nil),       // 13: sbx.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),      // 14: sbx.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),    // 15: sbx.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),   // 16: sbx.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),      // 17: sbx.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),     // 18: sbx.v1.StopSandboxResponse
+	(*StartSandboxRequest)(nil),     // 19: sbx.v1.StartSandboxRequest
+	(*StartSandboxResponse)(nil),    // 20: sbx.v1.StartSandboxResponse
+	(*DestroySandboxRequest)(nil),   // 21: sbx.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),  // 22: sbx.v1.DestroySandboxResponse
+	(*UpdateNetworkRequest)(nil),    // 23: sbx.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 24: sbx.v1.UpdateNetworkResponse
+	(*SnapshotSandboxRequest)(nil),  // 25: sbx.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil), // 26: sbx.v1.SnapshotSandboxResponse
+	nil,                             // 27: sbx.v1.CreateSandboxRequest.LabelsEntry
+	nil,                             // 28: sbx.v1.CreateSandboxRequest.EnvEntry
+	nil,                             // 29: sbx.v1.CreateSandboxRequest.SecretsEntry
+	nil,                             // 30: sbx.v1.Sandbox.LabelsEntry
+	nil,                             // 31: sbx.v1.Sandbox.EnvEntry
+	(*VolumeMount)(nil),             // 32: sbx.v1.VolumeMount
+	(*CodebaseMount)(nil),           // 33: sbx.v1.CodebaseMount
+	(*PathPolicy)(nil),              // 34: sbx.v1.PathPolicy
+	(*ImageInfo)(nil),               // 35: sbx.v1.ImageInfo
+	(*ExecRequest)(nil),             // 36: sbx.v1.ExecRequest
+	(*ExecInput)(nil),               // 37: sbx.v1.ExecInput
+	(*ReadFileRequest)(nil),         // 38: sbx.v1.ReadFileRequest
+	(*WriteFileRequest)(nil),        // 39: sbx.v1.WriteFileRequest
+	(*ListDirRequest)(nil),          // 40: sbx.v1.ListDirRequest
+	(*StatRequest)(nil),             // 41: sbx.v1.StatRequest
+	(*MakeDirRequest)(nil),          // 42: sbx.v1.MakeDirRequest
+	(*RemoveRequest)(nil),           // 43: sbx.v1.RemoveRequest
+	(*RenameRequest)(nil),           // 44: sbx.v1.RenameRequest
+	(*UploadTarRequest)(nil),        // 45: sbx.v1.UploadTarRequest
+	(*DownloadTarRequest)(nil),      // 46: sbx.v1.DownloadTarRequest
+	(*ExecOutput)(nil),              // 47: sbx.v1.ExecOutput
+	(*FileChunk)(nil),               // 48: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),       // 49: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),         // 50: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),            // 51: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),         // 52: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),          // 53: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),          // 54: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),       // 55: sbx.v1.UploadTarResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
-	26, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
-	27, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
-	28, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
+	27, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
+	28, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
+	29, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
 	6,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
 	1,  // 5: sbx.v1.CreateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
-	8,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
-	31, // 7: sbx.v1.CreateSandboxRequest.volumes:type_name -> sbx.v1.VolumeMount
-	2,  // 8: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
-	10, // 9: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	29, // 10: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
-	0,  // 11: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
-	30, // 12: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
-	6,  // 13: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
-	1,  // 14: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
-	11, // 15: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
-	8,  // 16: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
-	31, // 17: sbx.v1.Sandbox.volumes:type_name -> sbx.v1.VolumeMount
-	10, // 18: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	10, // 19: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
-	10, // 20: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	10, // 21: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	8,  // 22: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
-	10, // 23: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
-	32, // 24: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
-	3,  // 25: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
-	7,  // 26: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
-	12, // 27: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
-	14, // 28: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
-	16, // 29: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
-	18, // 30: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
-	20, // 31: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
-	24, // 32: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
-	22, // 33: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
-	33, // 34: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
-	34, // 35: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
-	35, // 36: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	36, // 37: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	37, // 38: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
-	38, // 39: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
-	39, // 40: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	40, // 41: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
-	41, // 42: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
-	42, // 43: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	43, // 44: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	4,  // 45: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	9,  // 46: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	13, // 47: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	15, // 48: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	17, // 49: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	19, // 50: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	21, // 51: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	25, // 52: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
-	23, // 53: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
-	44, // 54: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	44, // 55: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	45, // 56: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	46, // 57: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	47, // 58: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	48, // 59: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	49, // 60: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	50, // 61: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	51, // 62: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	52, // 63: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	45, // 64: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	45, // [45:65] is the sub-list for method output_type
-	25, // [25:45] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	9,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
+	32, // 7: sbx.v1.CreateSandboxRequest.volumes:type_name -> sbx.v1.VolumeMount
+	33, // 8: sbx.v1.CreateSandboxRequest.codebases:type_name -> sbx.v1.CodebaseMount
+	34, // 9: sbx.v1.CreateSandboxRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	8,  // 10: sbx.v1.CreateSandboxRequest.domain_secrets:type_name -> sbx.v1.DomainSecret
+	2,  // 11: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
+	11, // 12: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	30, // 13: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
+	0,  // 14: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
+	31, // 15: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
+	6,  // 16: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
+	1,  // 17: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
+	12, // 18: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
+	9,  // 19: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
+	32, // 20: sbx.v1.Sandbox.volumes:type_name -> sbx.v1.VolumeMount
+	33, // 21: sbx.v1.Sandbox.codebases:type_name -> sbx.v1.CodebaseMount
+	34, // 22: sbx.v1.Sandbox.path_policies:type_name -> sbx.v1.PathPolicy
+	8,  // 23: sbx.v1.Sandbox.domain_secrets:type_name -> sbx.v1.DomainSecret
+	11, // 24: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	11, // 25: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
+	11, // 26: sbx.v1.StopSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	11, // 27: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	9,  // 28: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
+	11, // 29: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
+	35, // 30: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
+	3,  // 31: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
+	7,  // 32: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
+	13, // 33: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
+	15, // 34: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
+	17, // 35: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
+	19, // 36: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
+	21, // 37: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
+	25, // 38: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
+	23, // 39: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
+	36, // 40: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
+	37, // 41: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
+	38, // 42: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	39, // 43: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	40, // 44: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
+	41, // 45: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
+	42, // 46: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	43, // 47: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
+	44, // 48: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
+	45, // 49: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	46, // 50: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	4,  // 51: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	10, // 52: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	14, // 53: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	16, // 54: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	18, // 55: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	20, // 56: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	22, // 57: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	26, // 58: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
+	24, // 59: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	47, // 60: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	47, // 61: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	48, // 62: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	49, // 63: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	50, // 64: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	51, // 65: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	52, // 66: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	53, // 67: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	54, // 68: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	55, // 69: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	48, // 70: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_sandbox_proto_init() }
@@ -2032,13 +2167,14 @@ func file_sbx_v1_sandbox_proto_init() {
 	file_sbx_v1_files_proto_init()
 	file_sbx_v1_images_proto_init()
 	file_sbx_v1_volumes_proto_init()
+	file_sbx_v1_permissions_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_sandbox_proto_rawDesc), len(file_sbx_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,8 @@ const (
 	// AgentServiceDownloadTarProcedure is the fully-qualified name of the AgentService's DownloadTar
 	// RPC.
 	AgentServiceDownloadTarProcedure = "/agent.v1.AgentService/DownloadTar"
+	// AgentServiceDialProcedure is the fully-qualified name of the AgentService's Dial RPC.
+	AgentServiceDialProcedure = "/agent.v1.AgentService/Dial"
 )
 
 // AgentServiceClient is a client for the agent.v1.AgentService service.
@@ -84,6 +86,11 @@ type AgentServiceClient interface {
 	Rename(context.Context, *connect.Request[v11.RenameRequest]) (*connect.Response[v11.RenameResponse], error)
 	UploadTar(context.Context) *connect.ClientStreamForClient[v11.UploadTarRequest, v11.UploadTarResponse]
 	DownloadTar(context.Context, *connect.Request[v11.DownloadTarRequest]) (*connect.ServerStreamForClient[v11.FileChunk], error)
+	// Dial opens a TCP connection from inside the sandbox (its network
+	// namespace) to host:port and relays bytes both ways: the daemon's port
+	// proxy uses it, so ports listening on the sandbox's loopback work too and
+	// no network mode is needed.
+	Dial(context.Context) *connect.BidiStreamForClient[v1.DialInput, v1.DialOutput]
 }
 
 // NewAgentServiceClient constructs a client for the agent.v1.AgentService service. By default, it
@@ -169,6 +176,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("DownloadTar")),
 			connect.WithClientOptions(opts...),
 		),
+		dial: connect.NewClient[v1.DialInput, v1.DialOutput](
+			httpClient,
+			baseURL+AgentServiceDialProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Dial")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -186,6 +199,7 @@ type agentServiceClient struct {
 	rename      *connect.Client[v11.RenameRequest, v11.RenameResponse]
 	uploadTar   *connect.Client[v11.UploadTarRequest, v11.UploadTarResponse]
 	downloadTar *connect.Client[v11.DownloadTarRequest, v11.FileChunk]
+	dial        *connect.Client[v1.DialInput, v1.DialOutput]
 }
 
 // Hello calls agent.v1.AgentService.Hello.
@@ -248,6 +262,11 @@ func (c *agentServiceClient) DownloadTar(ctx context.Context, req *connect.Reque
 	return c.downloadTar.CallServerStream(ctx, req)
 }
 
+// Dial calls agent.v1.AgentService.Dial.
+func (c *agentServiceClient) Dial(ctx context.Context) *connect.BidiStreamForClient[v1.DialInput, v1.DialOutput] {
+	return c.dial.CallBidiStream(ctx)
+}
+
 // AgentServiceHandler is an implementation of the agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
@@ -267,6 +286,11 @@ type AgentServiceHandler interface {
 	Rename(context.Context, *connect.Request[v11.RenameRequest]) (*connect.Response[v11.RenameResponse], error)
 	UploadTar(context.Context, *connect.ClientStream[v11.UploadTarRequest]) (*connect.Response[v11.UploadTarResponse], error)
 	DownloadTar(context.Context, *connect.Request[v11.DownloadTarRequest], *connect.ServerStream[v11.FileChunk]) error
+	// Dial opens a TCP connection from inside the sandbox (its network
+	// namespace) to host:port and relays bytes both ways: the daemon's port
+	// proxy uses it, so ports listening on the sandbox's loopback work too and
+	// no network mode is needed.
+	Dial(context.Context, *connect.BidiStream[v1.DialInput, v1.DialOutput]) error
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -348,6 +372,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("DownloadTar")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceDialHandler := connect.NewBidiStreamHandler(
+		AgentServiceDialProcedure,
+		svc.Dial,
+		connect.WithSchema(agentServiceMethods.ByName("Dial")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHelloProcedure:
@@ -374,6 +404,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceUploadTarHandler.ServeHTTP(w, r)
 		case AgentServiceDownloadTarProcedure:
 			agentServiceDownloadTarHandler.ServeHTTP(w, r)
+		case AgentServiceDialProcedure:
+			agentServiceDialHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -429,4 +461,8 @@ func (UnimplementedAgentServiceHandler) UploadTar(context.Context, *connect.Clie
 
 func (UnimplementedAgentServiceHandler) DownloadTar(context.Context, *connect.Request[v11.DownloadTarRequest], *connect.ServerStream[v11.FileChunk]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.DownloadTar is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Dial(context.Context, *connect.BidiStream[v1.DialInput, v1.DialOutput]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Dial is not implemented"))
 }
