@@ -50,6 +50,7 @@ from .images import Images
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox
 from .session import Session, SessionResult
+from .volumes import Volume, VolumeMount, Volumes
 from .types import (
     FileInfo,
     ImageConfig,
@@ -81,6 +82,9 @@ __all__ = [
     "PolicyFinding",
     "Session",
     "SessionResult",
+    "Volume",
+    "VolumeMount",
+    "Volumes",
     "FileInfo",
     "ImageConfig",
     "ImageInfo",

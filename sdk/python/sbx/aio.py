@@ -29,7 +29,8 @@ from .files import Files
 from .images import Images
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
-from .types import FileInfo, ImageInfo, ImageProgress, SandboxInfo, SandboxStats
+from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
+from .volumes import Volume, Volumes
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
 
@@ -277,12 +278,36 @@ class AsyncImages:
         return await _to_thread(self.sync.prune)
 
 
+class AsyncVolumes:
+    """Async view of :class:`~sbx.Volumes`."""
+
+    def __init__(self, volumes: Volumes) -> None:
+        self.sync = volumes
+
+    async def create(self, name: str, size: Optional[Size] = None) -> Volume:
+        """Create a volume with a size quota."""
+        return await _to_thread(self.sync.create, name, size)
+
+    async def list(self) -> List[Volume]:
+        """Every volume."""
+        return await _to_thread(self.sync.list)
+
+    async def get(self, name: str) -> Volume:
+        """Describe one volume."""
+        return await _to_thread(self.sync.get, name)
+
+    async def remove(self, name: str) -> None:
+        """Delete a volume and its data."""
+        await _to_thread(self.sync.remove, name)
+
+
 class AsyncClient:
     """Async view of :class:`~sbx.Client`."""
 
     def __init__(self, addr: Optional[str] = None, *, timeout: Optional[float] = None, client: Optional[Client] = None) -> None:
         self.sync = client if client is not None else Client(addr, timeout=timeout)
         self.images = AsyncImages(self.sync.images)
+        self.volumes = AsyncVolumes(self.sync.volumes)
 
     async def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes."""
@@ -392,6 +417,14 @@ class AsyncSandbox:
         await _to_thread(self.sync.terminate)
 
     destroy = terminate
+
+    async def snapshot(self, tag: str = "") -> ImageInfo:
+        """Save the sandbox's filesystem as a new image."""
+        return await _to_thread(self.sync.snapshot, tag)
+
+    async def update_network(self, network: Union[str, NetworkPolicy]) -> None:
+        """Change the network policy of the running sandbox."""
+        await _to_thread(self.sync.update_network, network)
 
     async def exec(self, *args: str, **kwargs: Any) -> AsyncProcess:
         """Start a command (arguments of :meth:`Sandbox.exec`); iterate

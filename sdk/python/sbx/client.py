@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ._transport import DEFAULT_ADDR, Transport
 from .images import Images
+from .volumes import Volumes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sandbox import Sandbox
@@ -45,6 +46,8 @@ class Client:
         self._transport = Transport(addr, timeout=timeout)
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
+        #: Named persistent volumes (create, list, get, remove).
+        self.volumes = Volumes(self._transport)
 
     @property
     def addr(self) -> str:

@@ -13,7 +13,8 @@ from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
 from .process import CommandResult, Process
-from .types import NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+from .types import ImageInfo, NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+from .volumes import VolumeMountLike, volume_mounts_to_json
 
 __all__ = ["Sandbox"]
 
@@ -78,6 +79,7 @@ class Sandbox:
         command: Optional[Sequence[str]] = None,
         runtime: Optional[str] = None,
         network: Union[str, NetworkPolicy, None] = None,
+        volumes: Optional[Sequence[VolumeMountLike]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -103,6 +105,8 @@ class Sandbox:
             command: a long-running process started with the sandbox.
             runtime: runtime driver (default ``"oci"``).
             network: ``"none"``, ``"public"`` or a :class:`~sbx.NetworkPolicy`.
+            volumes: named volumes to mount: :class:`~sbx.VolumeMount` or
+                ``"NAME:/path[:ro]"`` strings (see :attr:`Client.volumes`).
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -153,6 +157,8 @@ class Sandbox:
         if network is not None:
             policy = NetworkPolicy(mode=network) if isinstance(network, str) else network
             req["network"] = policy.to_json()
+        if volumes:
+            req["volumes"] = volume_mounts_to_json(volumes)
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
@@ -263,6 +269,25 @@ class Sandbox:
 
     #: Alias of :meth:`terminate`, like the Go SDK's Destroy.
     destroy = terminate
+
+    def snapshot(self, tag: str = "") -> ImageInfo:
+        """Save the sandbox's filesystem (image plus its writable layer) as a
+        new image, tagged ``tag`` if given; create sandboxes from it later
+        with ``Sandbox.create(image=tag)``. Returns the image."""
+        req: Dict[str, Any] = {"sandbox": self.id}
+        if tag:
+            req["tag"] = tag
+        resp = self._client._transport.unary(_SERVICE, "SnapshotSandbox", req, op=f"snapshot sandbox {self.id}")
+        return ImageInfo.from_json(resp.get("image") or {})
+
+    def update_network(self, network: Union[str, NetworkPolicy]) -> None:
+        """Change the network policy of the running sandbox (``"none"``,
+        ``"public"`` or a :class:`~sbx.NetworkPolicy`)."""
+        policy = NetworkPolicy(mode=network) if isinstance(network, str) else network
+        req = {"sandbox": self.id, "network": policy.to_json()}
+        resp = self._client._transport.unary(_SERVICE, "UpdateNetwork", req, op=f"update network of {self.id}")
+        if resp.get("sandbox"):
+            self._info = SandboxInfo.from_json(resp["sandbox"])
 
     def __enter__(self) -> "Sandbox":
         return self

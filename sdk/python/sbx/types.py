@@ -192,6 +192,8 @@ class SandboxInfo:
     stats: Optional[SandboxStats] = None
     network: Optional[NetworkPolicy] = None
     ip_address: str = ""
+    #: Volume mounts as the daemon's JSON ({"volume", "path", "readOnly"}).
+    volumes: List[Dict[str, Any]] = field(default_factory=list)
     #: The raw JSON the daemon sent.
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -221,6 +223,7 @@ class SandboxInfo:
             stats=SandboxStats.from_json(obj["stats"]) if obj.get("stats") is not None else None,
             network=NetworkPolicy.from_json(obj["network"]) if obj.get("network") is not None else None,
             ip_address=str(obj.get("ipAddress", "")),
+            volumes=[dict(v) for v in obj.get("volumes") or []],
             raw=dict(obj),
         )
 
