@@ -92,6 +92,16 @@ func TestShellSession(t *testing.T) {
 			t.Errorf("the background job did not survive the interrupt")
 		}
 	})
+	t.Run("timeout-abandons-rest-of-compound-command", func(t *testing.T) {
+		res := run(`cd /tmp; export SESS_PART=1; sleep 100; echo after-sleep; touch /tmp/sess-after`, time.Second)
+		if !res.TimedOut || res.ExitCode != 130 || strings.Contains(string(res.Stdout), "after-sleep") {
+			t.Errorf("got timed out %v exit %d stdout %q, want the rest of the command abandoned", res.TimedOut, res.ExitCode, res.Stdout)
+		}
+		if res := run(`test -e /tmp/sess-after && echo ran; echo $SESS_PART; pwd`, 0); string(res.Stdout) != "1\n/tmp\n" {
+			t.Errorf("after the timeout: got %q, want the state before the sleep kept and nothing after it run", res.Stdout)
+		}
+		run(`cd /tmp/sess-dir`, 0)
+	})
 	t.Run("list", func(t *testing.T) {
 		list, err := sb.Sessions(ctx)
 		if err != nil || len(list) != 1 || list[0].ID != ss.ID || list[0].Shell != "/bin/bash" {

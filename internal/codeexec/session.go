@@ -65,6 +65,12 @@ type session struct {
 	seq int64
 }
 
+// sessionPrelude is sent to a new session's shell before any command. A
+// command runs in a shell function, so `declare`/`typeset` without -g make
+// variables local to that command; `export` and plain assignments persist.
+const sessionPrelude = "trap '[ -n \"$__sbx_in\" ] && return 130' INT TERM\n" +
+	"__sbx_run() { __sbx_in=1; eval \"$__sbx_cmd\"; }\n"
+
 // shellArgv is the command line that starts shell non-interactively.
 func shellArgv(shell string) []string {
 	switch path.Base(shell) {
@@ -105,8 +111,12 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	}
 	go ss.read(s)
 	// The shell survives SIGINT and SIGTERM (sent to its process group on a
-	// timeout); the commands it runs get the default dispositions back.
-	if err := ss.send("trap : INT TERM\n"); err != nil {
+	// timeout); the commands it runs get the default dispositions back. Each
+	// command runs inside __sbx_run, so the trap's `return` abandons the rest
+	// of a compound command ("sleep 9; echo after") instead of going on with
+	// it. Outside __sbx_run the trap does nothing (a top-level return would
+	// end dash).
+	if err := ss.send(sessionPrelude); err != nil {
 		ss.close()
 		return nil, err
 	}
@@ -270,8 +280,8 @@ func (ss *session) exec(ctx context.Context, req *sbxv1.SessionExecRequest, res 
 	// swallow the marker lines.
 	marker := shQuote(string(ss.token) + seq + ":%d\n")
 	script := "__sbx_cmd=" + shQuote(req.GetCommand()) + "\n" +
-		"eval \"$__sbx_cmd\" </dev/null\n" +
-		"__sbx_rc=$?; printf " + marker + " \"$__sbx_rc\"; printf " + marker + " \"$__sbx_rc\" >&2\n"
+		"__sbx_run </dev/null; __sbx_rc=$?; __sbx_in=\n" +
+		"printf " + marker + " \"$__sbx_rc\"; printf " + marker + " \"$__sbx_rc\" >&2\n"
 	if err := ss.send(script); err != nil {
 		return err
 	}
