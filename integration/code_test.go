@@ -123,10 +123,39 @@ func TestRunCodeOneShot(t *testing.T) {
 			t.Errorf("got error %q stderr %q, want a compile error", res.Error, res.Stderr)
 		}
 	})
+	// More languages, each when the host (and so the host image) has its toolchain;
+	// scripts/install-deps.sh installs them.
+	for _, tc := range []struct{ lang, tool, code, want string }{
+		{"java", "javac", "public class Main { public static void main(String[] a) { System.out.println(\"java \" + (6*7)); } }\n", "java 42\n"},
+		{"ruby", "ruby", "puts [1, 2, 3].sum * 7\n", "42\n"},
+		{"typescript", "tsc", "const n: number = 6 * 7;\nconsole.log(`ts ${n}`);\n", "ts 42\n"},
+		{"r", "Rscript", "cat(sum(1:3) * 7, \"\\n\")\n", "42 \n"},
+	} {
+		t.Run(tc.lang, func(t *testing.T) {
+			if !hostHas("sh", "-c", "PATH=/usr/bin:/bin command -v "+tc.tool) {
+				t.Skipf("no %s in the host's /usr/bin (scripts/install-deps.sh installs it)", tc.tool)
+			}
+			res, err := sb.RunCode(ctx, tc.lang, tc.code, sbx.RunCodeOptions{Timeout: 2 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(res.Stdout) != tc.want || res.ExitCode != 0 {
+				t.Errorf("got stdout %q exit %d error %q stderr %q, want %q", res.Stdout, res.ExitCode, res.Error, res.Stderr, tc.want)
+			}
+		})
+	}
 	t.Run("missing-language", func(t *testing.T) {
-		lang := "ruby"
-		if hostHas("sh", "-c", "command -v ruby") {
-			lang = "r"
+		// Some language's toolchain is missing in the sandbox (the host image
+		// has /usr/bin but not, say, /usr/local/go/bin on its PATH).
+		lang := ""
+		for _, l := range []struct{ name, tool string }{{"go", "go"}, {"ruby", "ruby"}, {"r", "Rscript"}, {"java", "javac"}} {
+			if r, err := sb.RunShell(ctx, "command -v "+l.tool); err == nil && r.Code != 0 {
+				lang = l.name
+				break
+			}
+		}
+		if lang == "" {
+			t.Skip("every language's toolchain is present in the sandbox")
 		}
 		_, err := sb.RunCode(ctx, lang, "puts 1", sbx.RunCodeOptions{})
 		if err == nil || !strings.Contains(err.Error(), "not available in this image") {

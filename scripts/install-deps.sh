@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip; do
+# ruby, node-typescript and r-base-core let the tests run code in those languages (run_code).
+for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip \
+  git ruby node-typescript r-base-core default-jdk-headless g++; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -2,8 +2,8 @@ package network
 
 import (
 	"errors"
-	"hash/fnv"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/netip"
 	"os"

@@ -12,7 +12,7 @@ import (
 
 // hostImageVersion names the skeleton layout; bump it when the layout changes
 // so existing state dirs get a fresh skeleton.
-const hostImageVersion = "host-v2"
+const hostImageVersion = "host-v3"
 
 // hostEtcAllowlist is everything copied from the host's /etc into the host
 // image (globs allowed). Nothing else is: no shadow, ssh, sudoers,
@@ -22,6 +22,8 @@ var hostEtcAllowlist = []string{
 	"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
 	"ca-certificates.conf", "localtime", "timezone", "mime.types", "protocols", "services",
 	"python3*", "bash.bashrc", "profile", "inputrc", "debian_version", "os-release", "fonts", "matplotlibrc",
+	// Toolchain configuration the host's /usr links into (/usr/lib/R/etc, the JDK's conf/).
+	"R", "java-*-openjdk", "gitconfig",
 }
 
 // Generated /etc files of the host image.
