@@ -48,6 +48,7 @@ from .errors import (
 from .files import Files
 from .images import Images
 from .process import CommandResult, ExitStatus, OutputStream, Process
+from .recipe import Recipe
 from .sandbox import Sandbox
 from .session import Session, SessionResult
 from .volumes import Volume, VolumeMount, Volumes
@@ -76,6 +77,7 @@ __all__ = [
     "ExitStatus",
     "Files",
     "Images",
+    "Recipe",
     "Artifact",
     "CodeContext",
     "CodeResult",

@@ -277,6 +277,11 @@ class AsyncImages:
         """Free unused layers; returns the bytes freed."""
         return await _to_thread(self.sync.prune)
 
+    async def build(self, recipe: Any, tag: str = "", *, no_cache: bool = False,
+                    progress: Optional[Callable[[ImageProgress], None]] = None) -> ImageInfo:
+        """Build a recipe (``progress`` is called from a worker thread)."""
+        return await _to_thread(lambda: self.sync.build(recipe, tag, no_cache=no_cache, progress=progress))
+
 
 class AsyncVolumes:
     """Async view of :class:`~sbx.Volumes`."""

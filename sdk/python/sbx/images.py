@@ -7,6 +7,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Union
 
 from ._transport import Transport, b64decode, b64encode
 from .errors import error_from_code
+from .recipe import Recipe
 from .types import ImageInfo, ImageProgress
 
 __all__ = ["Images"]
@@ -115,3 +116,36 @@ class Images:
                 dest.write(data)
                 n += len(data)
         return n
+
+    def build(
+        self,
+        recipe: Union[Recipe, Dict[str, Any]],
+        tag: str = "",
+        *,
+        no_cache: bool = False,
+        progress: Optional[Callable[[ImageProgress], None]] = None,
+    ) -> ImageInfo:
+        """Build ``recipe`` (a :class:`~sbx.Recipe` or its JSON form), one
+        sandbox per step, each step cached; tag the result ``tag``.
+        ``progress`` gets every event: ``"step"`` (running/cached/done),
+        ``"log"`` (the step's output) and ``"status"``. Returns the image.
+
+        Raises:
+            InvalidArgumentError: a bad recipe.
+            FailedPreconditionError: a step failed (the message names it and
+                ends with its output).
+        """
+        body = recipe.to_json() if isinstance(recipe, Recipe) else Recipe.from_dict(recipe).to_json()
+        req: Dict[str, Any] = {"recipe": body}
+        if tag:
+            req["tag"] = tag
+        if no_cache:
+            req["noCache"] = True
+        with self._t.server_stream(_SERVICE, "BuildImage", req, op=f"build {tag or 'image'}") as stream:
+            for msg in stream:
+                ev = ImageProgress.from_json(msg)
+                if progress is not None:
+                    progress(ev)
+                if ev.kind == "done" and ev.done is not None:
+                    return ev.done
+        raise error_from_code("unavailable", "build ended before the image was done", op="build")
