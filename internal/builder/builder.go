@@ -102,6 +102,10 @@ func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit 
 			return nil, err
 		}
 	}
+	// Intermediate images of this build survive a prune until it ends.
+	lease := b.cfg.Store.NewLease()
+	defer lease.Release()
+	ctx = image.WithLease(ctx, lease)
 	network := b.networkAvailable(ctx)
 	cur, err := b.base(ctx, r, network, emit)
 	if err != nil {

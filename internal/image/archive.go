@@ -45,8 +45,12 @@ func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if _, err := io.Copy(f, r); err != nil {
+	n, err := io.Copy(f, io.LimitReader(r, s.cfg.MaxArchiveBytes+1))
+	if err != nil {
 		return nil, fmt.Errorf("import: read archive: %w", err)
+	}
+	if n > s.cfg.MaxArchiveBytes {
+		return nil, fmt.Errorf("import: archive is larger than the limit of %d bytes: %w", s.cfg.MaxArchiveBytes, errdefs.ErrInvalidArgument)
 	}
 	ar, err := indexArchive(f)
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -19,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/testutil"
 )
 
 func TestExportImportRoundTrip(t *testing.T) {
@@ -231,4 +234,30 @@ func TestRemovePrune(t *testing.T) {
 	if _, err := s.Pull(ctx, reg+"/sbx/a:v1", nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestImportTooLarge: an archive over MaxArchiveBytes is refused without
+// being spooled further, and nothing is left in the store's tmp dir.
+func TestImportTooLarge(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := t.TempDir()
+	s, err := Open(context.Background(), Config{Dir: dir, UIDShift: testShift, MaxArchiveBytes: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = s.Import(context.Background(), io.LimitReader(zeroReader{}, 8<<20), nil)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "larger than the limit") {
+		t.Errorf("got %v, want an InvalidArgument naming the limit", err)
+	}
+	if ents, _ := os.ReadDir(s.tmpDir()); len(ents) != 0 {
+		t.Errorf("tmp dir holds %d entries after a refused import", len(ents))
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -292,6 +292,9 @@ func (s *Store) composeLocked(ctx context.Context, base *record, layers []LayerD
 	dgst := digestOf(raw)
 	s.mu.Lock()
 	existing := s.records[dgst]
+	if existing != nil {
+		s.leaseLocked(ctx, dgst)
+	}
 	s.mu.Unlock()
 	if existing != nil {
 		if err := s.addImage(existing, refs); err != nil {
@@ -318,6 +321,9 @@ func (s *Store) composeLocked(ctx context.Context, base *record, layers []LayerD
 	if err := s.addImage(rec, refs); err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	s.leaseLocked(ctx, rec.Digest)
+	s.mu.Unlock()
 	return s.imageOf(rec, firstOr(refs, "")), nil
 }
 

@@ -97,6 +97,24 @@ func TestCommit(t *testing.T) {
 	if err := s.Remove(ctx, empty.Digest); err != nil {
 		t.Fatal(err)
 	}
+	// A lease (a build in progress) keeps an intermediate image and its layers.
+	lease := s.NewLease()
+	if _, err := s.Get(WithLease(ctx, lease), c1.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prune(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, c1.Digest); err != nil {
+		t.Errorf("leased intermediate image after prune: %v; want it kept", err)
+	}
+	for _, l := range top.Layers[1:] {
+		if _, err := os.Stat(l); err != nil {
+			t.Errorf("leased image's layer after prune: %v", err)
+		}
+	}
+	lease.Release()
+	lease.Release() // idempotent
 	if _, err := s.Prune(ctx, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 // Prune deletes what no stored image references: layer dirs (unless listed
 // in inUse, the absolute layer dirs of live sandboxes, as Image.Layers gives
 // them) and blobs. It waits for running pulls, imports and exports, and
-// blocks new ones while it runs. The caller must make sure no sandbox is
-// being created from a layer not in inUse meanwhile. It returns the bytes
-// freed (file sizes).
+// blocks new ones while it runs. Images held by a Lease are kept. The
+// caller must make sure no sandbox is being created from a layer not in
+// inUse meanwhile. It returns the bytes freed (file sizes).
 func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, err error) {
 	s.gc.Lock()
 	defer s.gc.Unlock()
@@ -30,7 +30,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		tagged[d] = true
 	}
 	for d, r := range s.records {
-		if r.Intermediate && !tagged[d] {
+		if r.Intermediate && !tagged[d] && !s.leasedLocked(d) {
 			if err := os.Remove(s.recordPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				s.mu.Unlock()
 				return 0, fmt.Errorf("prune: %w", err)

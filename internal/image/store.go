@@ -56,10 +56,16 @@ type Config struct {
 	IDRange uint32
 	// MaxLayerBytes bounds the uncompressed size of one layer (default 8 GiB).
 	MaxLayerBytes int64
+	// MaxArchiveBytes bounds an imported archive, which is spooled to disk
+	// before it is read (default 32 GiB).
+	MaxArchiveBytes int64
 }
 
 // DefaultMaxLayerBytes is Config.MaxLayerBytes's default.
 const DefaultMaxLayerBytes = 8 << 30
+
+// DefaultMaxArchiveBytes is Config.MaxArchiveBytes's default.
+const DefaultMaxArchiveBytes = 32 << 30
 
 // Image is a stored image, ready to run.
 type Image struct {
@@ -108,6 +114,7 @@ type Store struct {
 	mu      sync.Mutex
 	refs    map[string]string  // normalised ref → manifest digest
 	records map[string]*record // manifest digest → record
+	leases  map[*Lease]map[string]bool
 }
 
 // record is what images/<hex>.json holds.
@@ -152,6 +159,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.MaxLayerBytes <= 0 {
 		cfg.MaxLayerBytes = DefaultMaxLayerBytes
+	}
+	if cfg.MaxArchiveBytes <= 0 {
+		cfg.MaxArchiveBytes = DefaultMaxArchiveBytes
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, layerLocks: map[string]*keyLock{}, refs: map[string]string{}, records: map[string]*record{}}
 	if err := os.MkdirAll(cfg.Dir, 0o711); err != nil {
@@ -365,6 +375,7 @@ func (s *Store) Get(ctx context.Context, ref string) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.leaseLocked(ctx, r.Digest)
 	return s.imageOf(r, n), nil
 }
 
