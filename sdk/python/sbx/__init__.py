@@ -51,6 +51,7 @@ from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox
 from .session import Session, SessionResult
 from .types import (
+    DomainSecret,
     FileInfo,
     ImageConfig,
     ImageInfo,
@@ -87,6 +88,7 @@ __all__ = [
     "ImageProgress",
     "LayerProgress",
     "NetworkPolicy",
+    "DomainSecret",
     "Resources",
     "SandboxInfo",
     "SandboxStats",
