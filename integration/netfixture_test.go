@@ -46,9 +46,20 @@ const (
 
 // testZone is what the test DNS server answers.
 var testZone = map[string]string{
-	"public.test":    inetPublic,
-	"a.allowed.test": inetAllowed,
-	"blocked.test":   inetBlocked,
+	"public.test":       inetPublic,
+	"a.allowed.test":    inetAllowed,
+	"blocked.test":      inetBlocked,
+	"api.secret.test":   inetPublic,
+	"other.test":        inetBlocked,
+	"meta.allowed.test": inetMetadata,
+}
+
+// echoHandler says which server answered and what it was sent (the
+// headers and query the egress proxy may have rewritten).
+func echoHandler(addr string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s\nhost=%s\nauth=%s\nquery=%s\n", addr, r.Host, r.Header.Get("Authorization"), r.URL.RawQuery)
+	})
 }
 
 func run(t *testing.T, args ...string) {
@@ -99,9 +110,7 @@ func newTestInternet(t *testing.T) *testInternet {
 	nsPath := "/run/netns/" + in.ns
 	for _, a := range served {
 		ln := listenIn(t, nsPath, "tcp", a+":80").(net.Listener)
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "hello from %s\n", a)
-		})}
+		srv := &http.Server{Handler: echoHandler(a)}
 		go func() { _ = srv.Serve(ln) }()
 		t.Cleanup(func() { srv.Close() })
 	}

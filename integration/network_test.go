@@ -25,7 +25,7 @@ type netDaemon struct {
 	inet                   *testInternet
 }
 
-func startNetDaemon(t *testing.T) *netDaemon {
+func startNetDaemon(t *testing.T, extraArgs ...string) *netDaemon {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	inet := newTestInternet(t)
@@ -35,8 +35,8 @@ func startNetDaemon(t *testing.T) *netDaemon {
 	nd := &netDaemon{bridge: "sbxe" + tag, table: "sbxe" + tag, inet: inet,
 		gateway: fmt.Sprintf("10.215.%d.1", b[0])}
 	t.Cleanup(func() { removeNetworking(nd.bridge, nd.table) }) // runs after the daemon stops
-	nd.daemon = startDaemon(t, "--network=true", "--net-bridge", nd.bridge, "--net-table", nd.table,
-		"--net-subnet", fmt.Sprintf("10.215.%d.0/24", b[0]), "--dns-upstream", inet.dns, "--net-pool", "2")
+	nd.daemon = startDaemon(t, append([]string{"--network=true", "--net-bridge", nd.bridge, "--net-table", nd.table,
+		"--net-subnet", fmt.Sprintf("10.215.%d.0/24", b[0]), "--dns-upstream", inet.dns, "--net-pool", "2"}, extraArgs...)...)
 	return nd
 }
 

@@ -232,7 +232,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	stopWarm()
 
-	noneRes, publicRes, err := benchNetwork(ctx, filepath.Join(tmp, "data-net"), agentPath, runtimeBin, n)
+	noneRes, publicRes, allowRes, err := benchNetwork(ctx, filepath.Join(tmp, "data-net"), agentPath, runtimeBin, n)
 	if err != nil {
 		return err
 	}
@@ -243,7 +243,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
 	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, execRes, destroyRes} {
+	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, destroyRes} {
 		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
 	}
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
@@ -257,6 +257,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
+	fmt.Printf("networking adds (allow - none)    = %s  (p50; target ≤ 2 ms; egress proxy redirection on)\n", ms(allowRes.p(0.5)-noneRes.p(0.5)))
 	return nil
 }
 

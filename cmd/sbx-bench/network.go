@@ -19,9 +19,10 @@ const (
 	benchTable  = "sbxbench"
 )
 
-// benchNetwork measures cold create→ready with network mode none and with
-// public (from the namespace pool) on a daemon with networking on.
-func benchNetwork(ctx context.Context, dataDir, agentPath, runtimeBin string, n int) (none, public result, err error) {
+// benchNetwork measures cold create→ready with network mode none, with
+// public (from the namespace pool) and with an allow policy (egress proxy
+// redirection on) on a daemon with networking on.
+func benchNetwork(ctx context.Context, dataDir, agentPath, runtimeBin string, n int) (none, public, allow result, err error) {
 	const pool = 4
 	withNet := func(c *daemon.Config) {
 		c.Network, c.NetBridge, c.NetSubnet, c.NetTable, c.NetPool = true, benchBridge, benchSubnet, benchTable, pool
@@ -29,14 +30,18 @@ func benchNetwork(ctx context.Context, dataDir, agentPath, runtimeBin string, n 
 	}
 	c, stop, err := startDaemon(dataDir, agentPath, runtimeBin, 0, withNet)
 	if err != nil {
-		return none, public, err
+		return none, public, allow, err
 	}
 	defer removeBenchNetwork(dataDir)
 	defer stop()
 	var boxes []*sbx.Sandbox
 	create := func(mode string) func() error {
 		return func() error {
-			sb, err := c.Create(ctx, sbx.CreateOptions{Network: &sbx.NetworkPolicy{Mode: mode}})
+			p := &sbx.NetworkPolicy{Mode: mode}
+			if mode == "allow" {
+				p.AllowDomains = []string{"example.com", "*.github.com"}
+			}
+			sb, err := c.Create(ctx, sbx.CreateOptions{Network: p})
 			if err == nil {
 				boxes = append(boxes, sb)
 			}
@@ -51,14 +56,18 @@ func benchNetwork(ctx context.Context, dataDir, agentPath, runtimeBin string, n 
 	}
 	settle := func() { time.Sleep(100 * time.Millisecond) } // the pool refills, veths go away
 	if none, err = measure("sbx create→ready, network none", n, create("none"), settle); err != nil {
-		return none, public, err
+		return none, public, allow, err
 	}
 	destroyAll()
 	if public, err = measure("sbx create→ready, network public", n, create("public"), settle); err != nil {
-		return none, public, err
+		return none, public, allow, err
 	}
 	destroyAll()
-	return none, public, nil
+	if allow, err = measure("sbx create→ready, network allow", n, create("allow"), settle); err != nil {
+		return none, public, allow, err
+	}
+	destroyAll()
+	return none, public, allow, nil
 }
 
 // removeBenchNetwork deletes the bench's bridge, table and namespaces.

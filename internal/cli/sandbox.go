@@ -26,6 +26,7 @@ type createFlags struct {
 	runtime, user                      string
 	net                                netFlags
 	volumes                            []string
+	secretFor                          []string // NAME[=VALUE]@domain,...
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -55,6 +56,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.StringArrayVarP(&c.labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&c.env, "env", "e", nil, "environment KEY=VALUE or KEY (repeatable)")
 	f.StringArrayVar(&c.secrets, "secret", nil, "secret KEY=VALUE, injected as env but never shown (repeatable)")
+	f.StringArrayVar(&c.secretFor, "secret-for", nil, "domain secret NAME=VALUE@host,*.host (or NAME@hosts: the value of $NAME here): the sandbox sees a placeholder, the egress proxy sends VALUE to those hosts only (repeatable)")
 	f.StringVarP(&c.workdir, "workdir", "w", "", "working directory")
 	f.StringVarP(&c.memory, "memory", "m", "", "memory limit, e.g. 512M")
 	f.Float64Var(&c.cpus, "cpus", 0, "CPU limit, e.g. 0.5")
@@ -94,11 +96,15 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
+	domainSecrets, err := parseSecretFor(c.secretFor)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		Network: c.net.policy(), Volumes: vols,
+		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets,
 	}, nil
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -16,6 +17,7 @@ import (
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
 	var logLevel string
+	var egressPorts []uint
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the sbx daemon",
@@ -24,6 +26,12 @@ func newServe(a *app) *cobra.Command {
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return err
+			}
+			for _, p := range egressPorts {
+				if p == 0 || p > 65535 {
+					return fmt.Errorf("--egress-ports: %d is not a TCP port", p)
+				}
+				cfg.EgressPorts = append(cfg.EgressPorts, uint16(p))
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -44,6 +52,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.NetTable, "net-table", "sbx", "nftables table (family inet) sbx owns")
 	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver host:port sandboxes' DNS is forwarded to (repeatable; default: the host's /etc/resolv.conf)")
 	f.IntVar(&cfg.NetPool, "net-pool", 4, "network namespaces kept ready for fast creates (0: off)")
+	f.UintSliceVar(&egressPorts, "egress-ports", []uint{80, 443}, "TCP ports sent through the egress proxy (host-name checks in allow mode, domain secrets)")
+	f.StringSliceVar(&cfg.EgressRoots, "egress-ca", nil, "PEM file of extra CAs the egress proxy trusts when it re-originates intercepted TLS (repeatable; the host's roots are always trusted)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

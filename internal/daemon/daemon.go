@@ -58,7 +58,11 @@ type Config struct {
 	DNSUpstreams []string
 	// NetPool is how many network namespaces to keep ready.
 	NetPool int
-	Logger  *slog.Logger
+	// EgressPorts are the TCP ports sent through the egress proxy (default
+	// 80, 443); EgressRoots extra CA files it trusts upstream.
+	EgressPorts []uint16
+	EgressRoots []string
+	Logger      *slog.Logger
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -120,6 +124,7 @@ func Run(ctx context.Context, cfg Config) error {
 			StateDir: filepath.Join(dataDir, "network"), Bridge: cfg.NetBridge, Subnet: cfg.NetSubnet,
 			Table: cfg.NetTable, DNSUpstreams: cfg.DNSUpstreams, PoolSize: cfg.NetPool,
 			BlockedPorts: []uint16{uint16(ln.Addr().(*net.TCPAddr).Port)}, Logger: log,
+			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots,
 		})
 		if err != nil {
 			return fmt.Errorf("sandbox networking: %w", err)

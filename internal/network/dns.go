@@ -343,3 +343,14 @@ func hostResolvers(path string) []string {
 	}
 	return out
 }
+
+// buildQuery makes a recursive query for name's A records.
+func buildQuery(id uint16, name string) []byte {
+	q := binary.BigEndian.AppendUint16(nil, id)
+	q = append(q, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0) // RD, one question
+	for _, l := range strings.Split(strings.TrimSuffix(name, "."), ".") {
+		q = append(q, byte(len(l)))
+		q = append(q, l...)
+	}
+	return append(q, 0, 0, dnsTypeA, 0, 1)
+}

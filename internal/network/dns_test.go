@@ -11,17 +11,6 @@ import (
 	"time"
 )
 
-// buildQuery makes an A query for name.
-func buildQuery(id uint16, name string) []byte {
-	q := binary.BigEndian.AppendUint16(nil, id)
-	q = append(q, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0) // RD, one question
-	for _, l := range strings.Split(strings.TrimSuffix(name, "."), ".") {
-		q = append(q, byte(len(l)))
-		q = append(q, l...)
-	}
-	return append(q, 0, 0, dnsTypeA, 0, 1)
-}
-
 // answer makes the response of a tiny authoritative server: A records for
 // known names, NXDOMAIN for the rest.
 func answer(q []byte, zone map[string][]netip.Addr) []byte {

@@ -2,6 +2,8 @@ package network
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +30,9 @@ type Manager struct {
 	bridgeIndex int
 	fw          *firewall
 	dns         *dnsForwarder
+	egress      *egressProxy
+	ca          *egressCA
+	bundleDir   string // CA bundle for boxes with secrets
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -69,12 +74,30 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if m.bridgeIndex, err = ensureBridge(cfg.Bridge, m.gw, subnet.Bits()); err != nil {
 		return nil, err
 	}
-	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw, blockedPorts: cfg.BlockedPorts}
+	if m.ca, err = loadCA(cfg.EgressDir); err != nil {
+		return nil, err
+	}
+	if m.bundleDir, err = m.ca.writeBundle(cfg.EgressDir); err != nil {
+		return nil, err
+	}
+	roots, err := newEgressRoots(cfg.EgressRoots)
+	if err != nil {
+		return nil, err
+	}
+	m.egress = &egressProxy{subnet: m.subnet, blockedPorts: cfg.BlockedPorts, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
+		log: m.log.With("component", "egress")}
+	if err := startEgress(netip.AddrPortFrom(m.gw, 0).String(), m.egress); err != nil {
+		return nil, err
+	}
+	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw, blockedPorts: cfg.BlockedPorts,
+		egressPorts: cfg.EgressPorts, proxyPort: m.egress.port}
 	if m.fw, err = newFirewall(cfg.Table, params); err != nil {
+		m.egress.close()
 		return nil, err
 	}
 	if err := m.fw.rebuild(m.ownedSlots()); err != nil {
 		m.fw.close()
+		m.egress.close()
 		return nil, err
 	}
 	upstreams := cfg.DNSUpstreams
@@ -85,6 +108,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		dnsClient{policy: m.dnsPolicy, allow: m.fw.allowAddrs}, m.log.With("component", "dns"))
 	if err != nil {
 		m.fw.close()
+		m.egress.close()
 		return nil, fmt.Errorf("start DNS forwarder on %s: %w", m.gw, err)
 	}
 	m.log.Info("network ready", "bridge", cfg.Bridge, "subnet", m.subnet, "table", cfg.Table, "dns_upstreams", upstreams)
@@ -130,6 +154,7 @@ func (m *Manager) closeLoops() {
 			m.destroySlot(sl)
 		}
 		m.dns.close()
+		m.egress.close()
 	})
 }
 
@@ -207,8 +232,9 @@ func (m *Manager) configure(sl *slot) error {
 }
 
 // Recover returns the attachment of a sandbox that survived a daemon
-// restart (its rules were restored by New).
-func (m *Manager) Recover(ctx context.Context, id string) (Attachment, error) {
+// restart (its rules were restored by New). secrets are its domain
+// secrets, values included (state.json does not keep values).
+func (m *Manager) Recover(ctx context.Context, id string, secrets []Secret) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sl := m.ipam.byOwner(id)
@@ -218,7 +244,60 @@ func (m *Manager) Recover(ctx context.Context, id string) (Attachment, error) {
 	if _, err := os.Stat(nsPath(m.cfg.StateDir, sl.Name)); err != nil {
 		return Attachment{}, fmt.Errorf("network namespace of %s: %w", id, errdefs.ErrNotFound)
 	}
+	wasProxied := sl.Policy.proxied()
+	sl.Policy.Secrets = secrets
+	if sl.IP.IsValid() && sl.Policy.proxied() != wasProxied {
+		// The rules (built from state.json) decide on "has secrets": make
+		// them agree with the caller's spec.
+		m.log.Warn("domain secrets of a recovered sandbox differ from the network state; fixing its rules", "sandbox", id)
+		if err := m.fw.setPolicy(sl); err != nil {
+			return Attachment{}, err
+		}
+		if err := m.ipam.save(); err != nil {
+			return Attachment{}, err
+		}
+	}
 	return m.attachment(sl), nil
+}
+
+// Placeholder is the value sandbox id sees in env var name instead of a
+// domain secret (stable across daemon restarts).
+func (m *Manager) Placeholder(id, name string) string { return m.ca.placeholder(id, name) }
+
+// CABundleDir is a host directory holding ca-bundle.crt: the host's CA
+// bundle plus the egress CA, for boxes whose TLS the proxy intercepts.
+func (m *Manager) CABundleDir() string { return m.bundleDir }
+
+// EgressCA returns the egress CA certificate (PEM).
+func (m *Manager) EgressCA() []byte { return m.ca.certPEM }
+
+// egressBox tells the egress proxy whose box src is.
+func (m *Manager) egressBox(src netip.Addr) (egressBox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sl := m.ipam.slots[m.ipam.used[src]]
+	if sl == nil || sl.Owner == "" || m.detaching[sl.Name] {
+		return egressBox{}, false
+	}
+	return egressBox{owner: sl.Owner, policy: sl.Policy}, true
+}
+
+// resolveA asks the upstream resolvers (not the box's view) for host's
+// IPv4 addresses.
+func (m *Manager) resolveA(ctx context.Context, host string) ([]netip.Addr, error) {
+	var id [2]byte
+	_, _ = rand.Read(id[:])
+	resp, err := m.dns.forward(buildQuery(binary.BigEndian.Uint16(id[:]), host), "udp")
+	if err != nil {
+		return nil, err
+	}
+	if len(resp) < 12 || resp[0] != id[0] || resp[1] != id[1] {
+		return nil, errors.New("bad DNS answer")
+	}
+	if rc := resp[3] & 0x0F; rc != 0 {
+		return nil, fmt.Errorf("DNS rcode %d", rc)
+	}
+	return answerAddrs(resp), nil
 }
 
 // Update switches a sandbox to policy p. Rules change in one transaction;

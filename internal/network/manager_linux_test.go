@@ -225,7 +225,7 @@ func TestManagerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = m2
-	if _, err := m.Recover(ctx, "sb-two"); err != nil {
+	if _, err := m.Recover(ctx, "sb-two", nil); err != nil {
 		t.Fatalf("recover sb-two: %v", err)
 	}
 	if err := m.Cleanup(ctx, map[string]bool{}); err != nil {

@@ -26,8 +26,10 @@ func (m *Manager) Attach(context.Context, string, Policy) (Attachment, error) {
 func (m *Manager) Update(context.Context, string, Policy) (Attachment, error) {
 	return Attachment{}, errUnsupported
 }
-func (m *Manager) Recover(context.Context, string) (Attachment, error) {
+func (m *Manager) Recover(context.Context, string, []Secret) (Attachment, error) {
 	return Attachment{}, errUnsupported
 }
+func (m *Manager) Placeholder(id, name string) string             { return "" }
+func (m *Manager) CABundleDir() string                            { return "" }
 func (m *Manager) Detach(context.Context, string) error           { return errUnsupported }
 func (m *Manager) Cleanup(context.Context, map[string]bool) error { return errUnsupported }

@@ -69,7 +69,32 @@ type Policy struct {
 	AllowDomains []string `json:"allow_domains,omitempty"`
 	// DenyCIDRs are blocked in every mode, before anything is allowed.
 	DenyCIDRs []netip.Prefix `json:"deny_cidrs,omitempty"`
+	// Secrets are substituted by the egress proxy in requests to their
+	// domains. Their values are never written to state.json: after a
+	// daemon restart Recover is given them again.
+	Secrets []Secret `json:"secrets,omitempty"`
 }
+
+// Secret is a value kept out of a sandbox: the box sees Placeholder (in
+// its env), and the egress proxy puts Value in its place in HTTP requests
+// (headers and URL query) to hosts matching Domains only.
+type Secret struct {
+	Name        string   `json:"name"`
+	Placeholder string   `json:"placeholder"`
+	Value       string   `json:"-"`
+	Domains     []string `json:"domains"`
+}
+
+// proxied reports whether a box's TCP to the egress ports goes through the
+// egress proxy: always in ModeAllow (host names are checked), in
+// ModePublic when it has secrets to substitute.
+func (p Policy) proxied() bool {
+	return p.Mode == ModeAllow || p.Mode == ModePublic && len(p.Secrets) > 0
+}
+
+// NormalizeDomain validates a host name or "*.suffix" pattern and returns
+// it lower-cased without a trailing dot; errors wrap ErrInvalidArgument.
+func NormalizeDomain(s string) (string, error) { return normalizePattern(s) }
 
 // ParsePolicy validates a policy given as strings (mode "" means public).
 // Errors wrap errdefs.ErrInvalidArgument and name the bad entry.
@@ -250,7 +275,18 @@ type Config struct {
 	// BlockedPorts are host TCP ports boxes can never reach even when
 	// allow_cidrs cover a host address (the daemon's API).
 	BlockedPorts []uint16
-	Logger       *slog.Logger
+	// EgressPorts are the TCP destination ports sent through the egress
+	// proxy (HTTP Host / TLS SNI checks, secret substitution); default 80
+	// and 443.
+	EgressPorts []uint16
+	// EgressDir holds the egress proxy's CA (ca.pem, ca-key.pem 0600), the
+	// placeholder key and the CA bundle mounted into boxes with secrets
+	// (default StateDir/egress).
+	EgressDir string
+	// EgressRoots are extra PEM files of CAs the proxy trusts, besides the
+	// host's, when it re-originates intercepted TLS (tests, private CAs).
+	EgressRoots []string
+	Logger      *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -273,6 +309,12 @@ func (c *Config) setDefaults() error {
 		if _, _, err := net.SplitHostPort(u); err != nil {
 			c.DNSUpstreams[i] = net.JoinHostPort(u, "53")
 		}
+	}
+	if len(c.EgressPorts) == 0 {
+		c.EgressPorts = []uint16{80, 443}
+	}
+	if c.EgressDir == "" {
+		c.EgressDir = filepath.Join(c.StateDir, "egress")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

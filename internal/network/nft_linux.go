@@ -21,6 +21,8 @@ type firewall struct {
 	conn  *nftables.Conn
 	table *nftables.Table
 	maps  map[string]*nftables.Set // in_map, fwd_map
+	// egress is the set of boxes whose egress ports go to the proxy.
+	egress *nftables.Set
 }
 
 func newFirewall(name string, p ruleParams) (*firewall, error) {
@@ -67,6 +69,8 @@ func (f *firewall) rebuild(slots []*slot) error {
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept}),
 		chainPostNAT: c.AddChain(&nftables.Chain{Name: chainPostNAT, Table: f.table, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}),
+		chainPreNAT: c.AddChain(&nftables.Chain{Name: chainPreNAT, Table: f.table, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}),
 	}
 	for _, name := range []string{chainFromBox, chainToBox, chainBlocked} {
 		chains[name] = c.AddChain(&nftables.Chain{Name: name, Table: f.table})
@@ -79,6 +83,11 @@ func (f *firewall) rebuild(slots []*slot) error {
 			return fmt.Errorf("nftables: add map %s: %w", name, err)
 		}
 		f.maps[name] = s
+	}
+	f.egress = &nftables.Set{Table: f.table, Name: setEgress, KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(f.egress, nil); err != nil {
+		f.resetLocked()
+		return fmt.Errorf("nftables: add set %s: %w", setEgress, err)
 	}
 	// Box chains must exist before the base rules' maps can point at them.
 	for _, sl := range slots {
@@ -139,6 +148,25 @@ func (f *firewall) addBoxLocked(sl *slot) error {
 			return fmt.Errorf("nftables: add map element: %w", err)
 		}
 	}
+	return f.setEgressLocked(sl.IP, sl.Policy.proxied())
+}
+
+// setEgressLocked puts ip in or out of the egress set. Adding an element
+// that exists is no error and deleting one that does not is, so a removal
+// adds first: the batch is one transaction.
+func (f *firewall) setEgressLocked(ip netip.Addr, on bool) error {
+	if f.params.proxyPort == 0 {
+		return nil
+	}
+	el := []nftables.SetElement{{Key: ip.AsSlice()}}
+	if err := f.conn.SetAddElements(f.egress, el); err != nil {
+		return fmt.Errorf("nftables: add egress element: %w", err)
+	}
+	if !on {
+		if err := f.conn.SetDeleteElements(f.egress, el); err != nil {
+			return fmt.Errorf("nftables: delete egress element: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -165,6 +193,10 @@ func (f *firewall) setPolicy(sl *slot) error {
 	f.conn.FlushChain(fwd)
 	f.conn.FlushSet(dns)
 	f.addBoxRulesLocked(sl, in, fwd, dns)
+	if err := f.setEgressLocked(sl.IP, sl.Policy.proxied()); err != nil {
+		f.resetLocked()
+		return err
+	}
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("nftables: swap rules of %s: %w", sl.Owner, err)
 	}
@@ -182,6 +214,10 @@ func (f *firewall) removeBox(name string, ip netip.Addr) error {
 			f.resetLocked()
 			return err
 		}
+	}
+	if err := f.setEgressLocked(ip, false); err != nil {
+		f.resetLocked()
+		return err
 	}
 	for _, ch := range []string{prefixInChain + name, prefixFwChain + name} {
 		chain := &nftables.Chain{Name: ch, Table: f.table}
@@ -261,6 +297,12 @@ func (f *firewall) exprs(r rule, sets map[string]*nftables.Set) []expr.Any {
 	if r.daddr.IsValid() {
 		addr(16, r.daddr)
 	}
+	if r.saddrSet != "" {
+		nfproto(unix.NFPROTO_IPV4)
+		s := f.egress // the only set matched by source
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID})
+	}
 	if r.daddrSet != "" {
 		nfproto(unix.NFPROTO_IPV4)
 		s := sets[r.daddrSet]
@@ -286,6 +328,10 @@ func (f *firewall) exprs(r rule, sets map[string]*nftables.Set) []expr.Any {
 	}
 	if r.masquerade {
 		e = append(e, &expr.Masq{})
+	}
+	if r.redirect != 0 {
+		e = append(e, &expr.Immediate{Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.redirect)},
+			&expr.Redir{RegisterProtoMin: 1})
 	}
 	switch v := r.verdict; {
 	case v == "accept":

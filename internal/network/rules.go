@@ -17,11 +17,13 @@ type rule struct {
 	saddr       netip.Prefix
 	daddr       netip.Prefix
 	daddrSet    string // daddr is in this set
+	saddrSet    string // saddr is in this set
 	l4proto     string // "tcp" or "udp"
 	dport       uint16
 	ctEstRel    bool   // ct state established,related
 	saddrVmap   string // verdict map lookup of saddr
 	masquerade  bool
+	redirect    uint16 // redirect to this port on the incoming interface's address
 	verdict     string
 }
 
@@ -53,6 +55,9 @@ func (r rule) String() string {
 	if r.daddr.IsValid() {
 		add("ip daddr", r.daddr.String())
 	}
+	if r.saddrSet != "" {
+		add("ip saddr @" + r.saddrSet)
+	}
 	if r.daddrSet != "" {
 		add("ip daddr @" + r.daddrSet)
 	}
@@ -68,6 +73,9 @@ func (r rule) String() string {
 	if r.masquerade {
 		add("masquerade")
 	}
+	if r.redirect != 0 {
+		add("redirect to :" + fmt.Sprint(r.redirect))
+	}
 	if r.verdict != "" {
 		add(r.verdict)
 	}
@@ -82,6 +90,8 @@ const (
 	chainToBox    = "to_box"
 	chainBlocked  = "blocked"
 	chainPostNAT  = "postrouting"
+	chainPreNAT   = "prerouting"
+	setEgress     = "egress" // boxes whose egress ports go to the proxy
 	mapInput      = "in_map"
 	mapForward    = "fwd_map"
 	prefixInChain = "i_"
@@ -95,6 +105,8 @@ type ruleParams struct {
 	subnet       netip.Prefix
 	gateway      netip.Addr
 	blockedPorts []uint16 // host TCP ports never reachable (the API)
+	egressPorts  []uint16 // TCP ports redirected to the egress proxy
+	proxyPort    uint16   // the egress proxy's port on the gateway (0: none)
 }
 
 // baseRules returns the rules of the shared chains.
@@ -102,6 +114,12 @@ func baseRules(p ruleParams) map[string][]rule {
 	blocked := make([]rule, 0, len(blockedRanges))
 	for _, b := range blockedRanges {
 		blocked = append(blocked, rule{daddr: b, verdict: "drop"})
+	}
+	var redirects []rule
+	if p.proxyPort != 0 {
+		for _, port := range p.egressPorts {
+			redirects = append(redirects, rule{iif: p.bridge, saddrSet: setEgress, l4proto: "tcp", dport: port, redirect: p.proxyPort})
+		}
 	}
 	return map[string][]rule{
 		chainInput: {
@@ -128,6 +146,7 @@ func baseRules(p ruleParams) map[string][]rule {
 		chainPostNAT: {
 			{saddr: p.subnet, notOif: p.bridge, masquerade: true},
 		},
+		chainPreNAT: redirects,
 	}
 }
 
@@ -139,6 +158,10 @@ func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
 	in = []rule{
 		{daddr: gw, l4proto: "udp", dport: 53, verdict: "accept"},
 		{daddr: gw, l4proto: "tcp", dport: 53, verdict: "accept"},
+	}
+	if p.proxyPort != 0 && pol.proxied() {
+		// Connections the prerouting chain redirected to the egress proxy.
+		in = append(in, rule{daddr: gw, l4proto: "tcp", dport: p.proxyPort, verdict: "accept"})
 	}
 	for _, port := range p.blockedPorts {
 		in = append(in, rule{l4proto: "tcp", dport: port, verdict: "drop"})
@@ -160,11 +183,16 @@ func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
 		rule{daddr: p.subnet, verdict: "drop"},
 		rule{daddr: netip.MustParsePrefix("127.0.0.0/8"), verdict: "drop"})
 	fwd = append(fwd, allow...)
+	if p.proxyPort != 0 && pol.proxied() {
+		// HTTP/3 (QUIC) would bypass the proxy's host checks and secret
+		// substitution: clients fall back to TCP.
+		fwd = append(fwd, rule{l4proto: "udp", dport: 443, verdict: "drop"})
+	}
 	switch pol.Mode {
 	case ModePublic:
 		fwd = append(fwd, rule{verdict: "jump " + chainBlocked}, rule{verdict: "accept"})
-	default: // allow
-		fwd = append(fwd, rule{daddrSet: dnsSet, verdict: "accept"}, rule{verdict: "drop"})
+	default: // allow: what allowed names resolve to, but never blocked ranges
+		fwd = append(fwd, rule{verdict: "jump " + chainBlocked}, rule{daddrSet: dnsSet, verdict: "accept"}, rule{verdict: "drop"})
 	}
 	return in, fwd
 }

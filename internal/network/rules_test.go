@@ -14,6 +14,8 @@ func TestBoxRules(t *testing.T) {
 		"ip daddr 10.213.0.1/32 tcp dport 53 accept",
 		"tcp dport 7070 drop",
 	}
+	pp := p
+	pp.proxyPort, pp.egressPorts = 3128, []uint16{80, 443}
 	never := []string{"ip daddr 10.213.0.0/16 drop", "ip daddr 127.0.0.0/8 drop"}
 	cat := func(parts ...[]string) []string {
 		var out []string
@@ -24,6 +26,7 @@ func TestBoxRules(t *testing.T) {
 	}
 	tests := []struct {
 		name            string
+		params          *ruleParams
 		pol             Policy
 		wantIn, wantFwd []string
 	}{
@@ -44,12 +47,37 @@ func TestBoxRules(t *testing.T) {
 			name:    "allow",
 			pol:     Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{pfx("198.51.100.10/32")}, AllowDomains: []string{"*.allowed.test"}},
 			wantIn:  cat(dnsIn, []string{"ip daddr 198.51.100.10/32 accept", "drop"}),
-			wantFwd: cat(never, []string{"ip daddr 198.51.100.10/32 accept", "ip daddr @dns_n1 accept", "drop"}),
+			wantFwd: cat(never, []string{"ip daddr 198.51.100.10/32 accept", "jump blocked", "ip daddr @dns_n1 accept", "drop"}),
+		},
+		{
+			name:    "allow, proxied",
+			params:  &pp,
+			pol:     Policy{Mode: ModeAllow, AllowDomains: []string{"*.allowed.test"}},
+			wantIn:  cat(dnsIn[:2], []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept"}, dnsIn[2:], []string{"drop"}),
+			wantFwd: cat(never, []string{"udp dport 443 drop", "jump blocked", "ip daddr @dns_n1 accept", "drop"}),
+		},
+		{
+			name:    "public with secrets, proxied",
+			params:  &pp,
+			pol:     Policy{Mode: ModePublic, Secrets: []Secret{{Name: "K", Domains: []string{"api.test"}}}},
+			wantIn:  cat(dnsIn[:2], []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept"}, dnsIn[2:], []string{"drop"}),
+			wantFwd: cat(never, []string{"udp dport 443 drop", "jump blocked", "accept"}),
+		},
+		{
+			name:    "public without secrets, proxy on",
+			params:  &pp,
+			pol:     Policy{Mode: ModePublic},
+			wantIn:  cat(dnsIn, []string{"drop"}),
+			wantFwd: cat(never, []string{"jump blocked", "accept"}),
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, fwd := boxRules(p, tt.pol, "dns_n1")
+			params := p
+			if tt.params != nil {
+				params = *tt.params
+			}
+			in, fwd := boxRules(params, tt.pol, "dns_n1")
 			if d := cmp.Diff(tt.wantIn, renderRules(in)); d != "" {
 				t.Errorf("input chain (-want +got):\n%s", d)
 			}
@@ -61,7 +89,8 @@ func TestBoxRules(t *testing.T) {
 }
 
 func TestBaseRules(t *testing.T) {
-	p := ruleParams{bridge: "sbx0", subnet: pfx("10.213.0.0/16"), gateway: netip.MustParseAddr("10.213.0.1")}
+	p := ruleParams{bridge: "sbx0", subnet: pfx("10.213.0.0/16"), gateway: netip.MustParseAddr("10.213.0.1"),
+		egressPorts: []uint16{80, 443}, proxyPort: 3128}
 	got := map[string][]string{}
 	for chain, rs := range baseRules(p) {
 		got[chain] = renderRules(rs)
@@ -73,6 +102,8 @@ func TestBaseRules(t *testing.T) {
 		"from_box":    {"meta nfproto ipv6 drop", "ip saddr vmap @fwd_map", "drop"},
 		"to_box":      {"ct state established,related accept", "drop"},
 		"postrouting": {"oifname != sbx0 ip saddr 10.213.0.0/16 masquerade"},
+		"prerouting": {"iifname sbx0 ip saddr @egress tcp dport 80 redirect to :3128",
+			"iifname sbx0 ip saddr @egress tcp dport 443 redirect to :3128"},
 		"blocked": {"ip daddr 0.0.0.0/8 drop", "ip daddr 10.0.0.0/8 drop", "ip daddr 100.64.0.0/10 drop",
 			"ip daddr 127.0.0.0/8 drop", "ip daddr 169.254.0.0/16 drop", "ip daddr 172.16.0.0/12 drop",
 			"ip daddr 192.0.0.0/24 drop", "ip daddr 192.168.0.0/16 drop", "ip daddr 198.18.0.0/15 drop",

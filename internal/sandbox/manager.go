@@ -245,6 +245,10 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 
 	rs := runtimeSpec(b.id, spec, img)
 	rs.Mounts = mounts
+	pol = m.withSecrets(b.id, spec, pol)
+	if err := m.addDomainSecrets(&rs, spec, pol.Secrets); err != nil {
+		return fail(err)
+	}
 	b.mu.Lock()
 	b.net = network.Attachment{Policy: pol}
 	b.mu.Unlock()
@@ -623,6 +627,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		Volumes: s.Volumes,
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
+	out.DomainSecrets = domainSecretsProto(s)
 	return proto.Clone(out).(*sbxv1.Sandbox)
 }
 

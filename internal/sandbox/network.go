@@ -16,10 +16,18 @@ import (
 type Network interface {
 	Attach(ctx context.Context, id string, p network.Policy) (network.Attachment, error)
 	Update(ctx context.Context, id string, p network.Policy) (network.Attachment, error)
-	Recover(ctx context.Context, id string) (network.Attachment, error)
+	// Recover re-attaches a sandbox after a daemon restart; secrets are its
+	// domain secrets with values (the network's state keeps none).
+	Recover(ctx context.Context, id string, secrets []network.Secret) (network.Attachment, error)
 	Detach(ctx context.Context, id string) error
 	Cleanup(ctx context.Context, keep map[string]bool) error
 	Stats(id string) (network.Stats, error)
+	// Placeholder is what sandbox id sees in env var name instead of a
+	// domain secret's value.
+	Placeholder(id, name string) string
+	// CABundleDir is a host directory with ca-bundle.crt (host roots plus
+	// the egress CA) for boxes with domain secrets.
+	CABundleDir() string
 }
 
 // policyOf validates an API network policy.
@@ -64,6 +72,9 @@ func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest) (network.Pol
 		return pol, err
 	}
 	if m.cfg.Network == nil {
+		if len(spec.GetDomainSecrets()) > 0 {
+			return pol, fmt.Errorf("domain secrets need the egress proxy, and networking is off in this daemon: %w", errdefs.ErrFailedPrecondition)
+		}
 		if mode := spec.GetNetwork().GetMode(); mode != sbxv1.NetworkMode_NETWORK_MODE_UNSPECIFIED && mode != sbxv1.NetworkMode_NETWORK_MODE_NONE {
 			return pol, fmt.Errorf("networking is off in this daemon (sandboxes have loopback only): %w", errdefs.ErrFailedPrecondition)
 		}
@@ -90,7 +101,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	if st := b.state(); st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
 	}
-	att, err := m.cfg.Network.Update(ctx, b.id, pol)
+	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec, pol))
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", b.id, err)
 	}

@@ -113,7 +113,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	}
 	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
 	if m.cfg.Network != nil {
-		if att, err = m.cfg.Network.Recover(ctx, rec.ID); err != nil {
+		if att, err = m.cfg.Network.Recover(ctx, rec.ID, m.domainSecrets(rec.ID, spec)); err != nil {
 			if !errdefs.IsNotFound(err) {
 				return drop("could not re-attach its network: " + err.Error())
 			}

@@ -113,7 +113,7 @@ func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
 	if _, err := policyOf(req.GetNetwork()); err != nil {
 		return err
 	}
-	return nil
+	return validateDomainSecrets(req)
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }

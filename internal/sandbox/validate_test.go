@@ -38,6 +38,17 @@ func TestValidateCreate(t *testing.T) {
 		{"disk too small", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{DiskBytes: 10}}, "disk 10B"},
 		{"timeout too long", &sbxv1.CreateSandboxRequest{TimeoutMs: 1 << 40}, "timeout"},
 		{"negative idle", &sbxv1.CreateSandboxRequest{IdleTimeoutMs: -1}, "idle timeout"},
+		{"domain secret", dsReq(&sbxv1.DomainSecret{Name: "API_KEY", Value: "v", Domains: []string{"api.example.com", "*.example.org"}}), ""},
+		{"domain secret without name", dsReq(&sbxv1.DomainSecret{Value: "v", Domains: []string{"a.test"}}), "domain_secrets[0]: no name"},
+		{"domain secret with a bad name", dsReq(&sbxv1.DomainSecret{Name: "A-B", Value: "v", Domains: []string{"a.test"}}), `domain secret name "A-B"`},
+		{"domain secret without domains", dsReq(&sbxv1.DomainSecret{Name: "K", Value: "v"}), `domain secret "K": no domains`},
+		{"domain secret with a bad domain", dsReq(&sbxv1.DomainSecret{Name: "K", Value: "v", Domains: []string{"*.com"}}), `domain "*.com"`},
+		{"domain secret without value", dsReq(&sbxv1.DomainSecret{Name: "K", Domains: []string{"a.test"}}), "empty value"},
+		{"domain secret with a line break", dsReq(&sbxv1.DomainSecret{Name: "K", Value: "a\nb", Domains: []string{"a.test"}}), "line break"},
+		{"domain secret twice", dsReq(&sbxv1.DomainSecret{Name: "K", Value: "v", Domains: []string{"a.test"}}, &sbxv1.DomainSecret{Name: "K", Value: "w", Domains: []string{"b.test"}}), "given twice"},
+		{"domain secret clashing with env", &sbxv1.CreateSandboxRequest{Env: map[string]string{"K": "1"}, DomainSecrets: []*sbxv1.DomainSecret{{Name: "K", Value: "v", Domains: []string{"a.test"}}}}, "both as env and as a domain secret"},
+		{"domain secret clashing with a secret", &sbxv1.CreateSandboxRequest{Secrets: map[string]string{"K": "1"}, DomainSecrets: []*sbxv1.DomainSecret{{Name: "K", Value: "v", Domains: []string{"a.test"}}}}, "both as a secret and as a domain secret"},
+		{"domain secret named like the CA bundle", dsReq(&sbxv1.DomainSecret{Name: "SSL_CERT_FILE", Value: "v", Domains: []string{"a.test"}}), "reserved"},
 		{"all good", &sbxv1.CreateSandboxRequest{Name: "ok", Resources: &sbxv1.Resources{MemoryBytes: 64 << 20, CpuMillis: 500, Pids: 64, DiskBytes: 64 << 20}, TimeoutMs: 60000}, ""},
 	}
 	for _, tt := range tests {
@@ -102,4 +113,8 @@ func TestNewIDShape(t *testing.T) {
 		}
 		seen[id] = true
 	}
+}
+
+func dsReq(ds ...*sbxv1.DomainSecret) *sbxv1.CreateSandboxRequest {
+	return &sbxv1.CreateSandboxRequest{DomainSecrets: ds}
 }

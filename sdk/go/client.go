@@ -110,6 +110,19 @@ type CreateOptions struct {
 	Network *NetworkPolicy
 	// Volumes are named volumes to mount.
 	Volumes []VolumeMount
+	// DomainSecrets are kept out of the sandbox: it sees a placeholder in
+	// env Name, and the daemon's egress proxy puts Value in its place in
+	// HTTP(S) requests to Domains only.
+	DomainSecrets []DomainSecret
+}
+
+// DomainSecret is a secret only the listed hosts receive.
+type DomainSecret struct {
+	Name  string
+	Value string
+	// Domains are host names, "*.example.com" wildcards allowed (they
+	// match names below example.com, not example.com itself).
+	Domains []string
 }
 
 // Request converts the options to the API request.
@@ -131,6 +144,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	for _, v := range o.Volumes {
 		req.Volumes = append(req.Volumes, v.Proto())
+	}
+	for _, d := range o.DomainSecrets {
+		req.DomainSecrets = append(req.DomainSecrets, &sbxv1.DomainSecret{Name: d.Name, Value: d.Value, Domains: d.Domains})
 	}
 	return req
 }

@@ -53,6 +53,7 @@ from .sandbox import Sandbox
 from .session import Session, SessionResult
 from .volumes import Volume, VolumeMount, Volumes
 from .types import (
+    DomainSecret,
     FileInfo,
     ImageConfig,
     ImageInfo,
@@ -93,6 +94,7 @@ __all__ = [
     "ImageProgress",
     "LayerProgress",
     "NetworkPolicy",
+    "DomainSecret",
     "Resources",
     "SandboxInfo",
     "SandboxStats",

@@ -13,7 +13,7 @@ from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
 from .process import CommandResult, Process
-from .types import ImageInfo, NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+from .types import DomainSecret, ImageInfo, NetworkPolicy, SandboxInfo, SandboxStats, parse_size
 from .volumes import VolumeMountLike, volume_mounts_to_json
 
 __all__ = ["Sandbox"]
@@ -67,6 +67,7 @@ class Sandbox:
         labels: Optional[Mapping[str, str]] = None,
         env: Optional[Mapping[str, str]] = None,
         secrets: Optional[Mapping[str, str]] = None,
+        domain_secrets: Optional[Sequence[DomainSecret]] = None,
         cpu: Optional[float] = None,
         memory: Union[int, str, None] = None,
         pids: Optional[int] = None,
@@ -93,6 +94,9 @@ class Sandbox:
             labels: labels to find it by with :meth:`list`.
             env: environment of every command.
             secrets: environment variables whose values the API never returns.
+            domain_secrets: secrets kept out of the sandbox (:class:`~sbx.DomainSecret`):
+                it sees a placeholder, and the egress proxy sends the value to the
+                listed domains only. Needs a daemon with networking on.
             cpu: CPU limit in CPUs (0.5 is half a CPU).
             memory: memory limit, bytes or a size like ``"512M"``.
             pids: maximum number of processes and threads.
@@ -125,6 +129,8 @@ class Sandbox:
             req["env"] = dict(env)
         if secrets:
             req["secrets"] = dict(secrets)
+        if domain_secrets:
+            req["domainSecrets"] = [d.to_json() for d in domain_secrets]
         if command:
             if isinstance(command, str):
                 raise TypeError("command must be a list of strings")

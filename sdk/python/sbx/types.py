@@ -17,6 +17,7 @@ __all__ = [
     "Resources",
     "SandboxStats",
     "NetworkPolicy",
+    "DomainSecret",
     "SandboxInfo",
     "FileInfo",
     "ImageConfig",
@@ -165,6 +166,31 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True)
+class DomainSecret:
+    """A secret only the listed hosts receive.
+
+    The sandbox sees a placeholder in environment variable ``name``; the
+    daemon's egress proxy puts ``value`` in its place in HTTP(S) requests
+    (headers and URL query) to ``domains`` only. ``"*.example.com"`` matches
+    the names below example.com, not example.com itself. The daemon never
+    returns ``value``: in :class:`SandboxInfo` it is ``""``.
+    """
+
+    name: str
+    value: str = field(default="", repr=False)
+    domains: List[str] = field(default_factory=list)
+
+    def to_json(self) -> Dict[str, Any]:
+        if isinstance(self.domains, str):
+            raise TypeError("DomainSecret.domains must be a list of host names")
+        return {"name": self.name, "value": self.value, "domains": list(self.domains)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "DomainSecret":
+        return cls(name=str(obj.get("name", "")), domains=list(obj.get("domains") or []))
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A snapshot of a sandbox as the daemon describes it."""
 
@@ -178,6 +204,8 @@ class SandboxInfo:
     labels: Dict[str, str] = field(default_factory=dict)
     env: Dict[str, str] = field(default_factory=dict)
     secret_names: List[str] = field(default_factory=list)
+    #: Domain secrets: names and domains (values are never returned).
+    domain_secrets: List[DomainSecret] = field(default_factory=list)
     command: List[str] = field(default_factory=list)
     workdir: str = ""
     user: str = ""
@@ -210,6 +238,7 @@ class SandboxInfo:
             labels=dict(obj.get("labels") or {}),
             env=dict(obj.get("env") or {}),
             secret_names=list(obj.get("secretNames") or []),
+            domain_secrets=[DomainSecret.from_json(d) for d in obj.get("domainSecrets") or []],
             command=list(obj.get("command") or []),
             workdir=str(obj.get("workdir", "")),
             user=str(obj.get("user", "")),

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package network
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+)
+
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	return netip.AddrPort{}, errors.New("transparent proxying needs Linux")
+}

@@ -1,0 +1,140 @@
+package network
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSubstitute(t *testing.T) {
+	const ph, val = "sbx-secret-k-0123", "v&al=ue+1"
+	basic := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
+	r := &http.Request{
+		Header: http.Header{
+			"Authorization": {basic("user:" + ph)},
+			"X-Api-Key":     {ph},
+			"X-Other":       {"prefix-" + ph + "-suffix"},
+			"X-Untouched":   {"nothing"},
+		},
+		URL: &url.URL{Path: "/p", RawQuery: "key=" + ph + "&a=1"},
+	}
+	substitute(r, ph, val)
+	for k, want := range map[string]string{
+		"Authorization": basic("user:" + val), "X-Api-Key": val, "X-Other": "prefix-" + val + "-suffix", "X-Untouched": "nothing",
+	} {
+		if got := r.Header.Get(k); got != want {
+			t.Errorf("header %s: got %q, want %q", k, got, want)
+		}
+	}
+	if got, want := r.URL.RawQuery, "key=v%26al%3Due%2B1&a=1"; got != want {
+		t.Errorf("query: got %q, want %q", got, want)
+	}
+	if q, _ := url.ParseQuery(r.URL.RawQuery); q.Get("key") != val {
+		t.Errorf("query decodes to %q, want %q", q.Get("key"), val)
+	}
+}
+
+func TestLooksLikeHTTP(t *testing.T) {
+	for in, want := range map[string]bool{
+		"GET / HTTP/1.1\r\n": true, "POST /x HTTP/1.1": true, "OPTIONS * HTTP/1.1": true,
+		"\x16\x03\x01": false, "get / HTTP/1.1": false, "SSH-2.0-OpenSSH": false, "PRI * HTTP/2.0": true, "": false,
+	} {
+		if got := looksLikeHTTP(bufio.NewReader(strings.NewReader(in))); got != want {
+			t.Errorf("looksLikeHTTP(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestReadClientHello(t *testing.T) {
+	for _, sni := range []string{"api.example.com", ""} {
+		a, b := net.Pipe()
+		go func() {
+			c := tls.Client(a, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+			_ = c.Handshake()
+			a.Close()
+		}()
+		_ = b.SetDeadline(time.Now().Add(5 * time.Second))
+		got, hello, err := readClientHello(b)
+		if err != nil || got != sni || len(hello) == 0 || hello[0] != 0x16 {
+			t.Errorf("SNI %q: got %q, %d bytes starting %x, err %v", sni, got, len(hello), hello[:min(1, len(hello))], err)
+		}
+		b.Close()
+	}
+	if _, _, err := readClientHello(strings.NewReader("GET / HTTP/1.1\r\n\r\n")); err == nil {
+		t.Error("HTTP read as a ClientHello")
+	}
+}
+
+func TestRoute(t *testing.T) {
+	zone := map[string][]netip.Addr{
+		"allowed.test":    {netip.MustParseAddr("198.51.100.1")},
+		"x.wild.test":     {netip.MustParseAddr("198.51.100.2")},
+		"meta.wild.test":  {netip.MustParseAddr("169.254.169.254")},
+		"priv.wild.test":  {netip.MustParseAddr("10.0.0.5")},
+		"api.secret.test": {netip.MustParseAddr("198.51.100.3")},
+	}
+	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second, blockedPorts: []uint16{7070},
+		localAddr: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.213.0.1") },
+		resolve: func(_ context.Context, h string) ([]netip.Addr, error) {
+			if a, ok := zone[h]; ok {
+				return a, nil
+			}
+			return nil, errors.New("NXDOMAIN")
+		}}
+	allow := Policy{Mode: ModeAllow, AllowDomains: []string{"allowed.test", "*.wild.test"},
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
+	public := Policy{Mode: ModePublic, Secrets: []Secret{{Name: "K", Domains: []string{"api.secret.test"}}}}
+	evil := netip.MustParseAddrPort("198.51.100.66:443")
+	gwAllowed := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.213.0.1/32")}}
+	tests := []struct {
+		name string
+		pol  Policy
+		orig netip.AddrPort
+		host string
+		want string // target, or "blocked"
+	}{
+		{"allowed name goes to its real address", allow, evil, "allowed.test", "198.51.100.1:443"},
+		{"trailing dot and case", allow, evil, "Allowed.Test.", "198.51.100.1:443"},
+		{"name not allowed", allow, evil, "evil.test", "blocked"},
+		{"wildcard", allow, evil, "x.wild.test", "198.51.100.2:443"},
+		{"wildcard apex", allow, evil, "wild.test", "blocked"},
+		{"allowed name at the metadata address", allow, evil, "meta.wild.test", "blocked"},
+		{"allowed name at a private address", allow, evil, "priv.wild.test", "blocked"},
+		{"no name outside allow_cidrs", allow, evil, "", "blocked"},
+		{"no name inside allow_cidrs", allow, netip.MustParseAddrPort("203.0.113.9:443"), "", "203.0.113.9:443"},
+		{"literal inside allow_cidrs", allow, evil, "203.0.113.9", "203.0.113.9:443"},
+		{"literal outside allow_cidrs", allow, evil, "198.51.100.1", "blocked"},
+		{"public: other names go where the box sent them", public, evil, "whatever.test", "198.51.100.66:443"},
+		{"public: secret hosts are resolved", public, evil, "api.secret.test", "198.51.100.3:443"},
+		{"public: no name to a public address", public, evil, "", "198.51.100.66:443"},
+		{"public: private destination", public, netip.MustParseAddrPort("192.168.1.1:80"), "x.test", "blocked"},
+		{"public: metadata destination", public, netip.MustParseAddrPort("169.254.169.254:80"), "", "blocked"},
+		{"public: the sandbox subnet", public, netip.MustParseAddrPort("10.213.0.9:80"), "", "blocked"},
+		{"public: loopback", public, netip.MustParseAddrPort("127.0.0.1:80"), "", "blocked"},
+		{"public: the gateway", public, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow: the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:80"), "", "10.213.0.1:80"},
+		{"allow: the API port of the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:7070"), "", "blocked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cc := &clientConn{orig: tt.orig, box: egressBox{owner: "sb", policy: tt.pol}}
+			got, err := p.route(cc, tt.host)
+			var b errBlocked
+			switch {
+			case tt.want == "blocked" && !errors.As(err, &b):
+				t.Errorf("route(%q) = %v, %v; want blocked", tt.host, got, err)
+			case tt.want != "blocked" && (err != nil || got.String() != tt.want):
+				t.Errorf("route(%q) = %v, %v; want %s", tt.host, got, err, tt.want)
+			}
+		})
+	}
+}
