@@ -26,8 +26,9 @@ import (
 type dnsClient struct {
 	// policy returns the policy and slot name of the box at src.
 	policy func(src netip.Addr) (Policy, string, bool)
-	// allow makes addrs reachable for the slot (ModeAllow answers).
-	allow func(slot string, addrs []netip.Addr) error
+	// allow makes addrs reachable for the slot (ModeAllow answers) for
+	// about ttl (the answer's TTL; see learnedTimeout).
+	allow func(slot string, addrs []netip.Addr, ttl time.Duration) error
 }
 
 type dnsForwarder struct {
@@ -176,7 +177,7 @@ func (f *dnsForwarder) handle(src netip.Addr, q []byte, proto string) []byte {
 	}
 	if pol.Mode == ModeAllow {
 		if addrs := answerAddrs(resp); len(addrs) > 0 {
-			if err := f.client.allow(slot, addrs); err != nil {
+			if err := f.client.allow(slot, addrs, answerTTL(resp)); err != nil {
 				f.log.Warn("dns: allowing answer addresses", "name", name, "err", err)
 				return errorReply(q, dnsRcodeServFail)
 			}
@@ -306,6 +307,41 @@ func answerAddrs(msg []byte) []netip.Addr {
 		off = rd + rdlen
 	}
 	return out
+}
+
+// answerTTL returns the smallest TTL of the A records of a response's answer
+// section (0 if there are none).
+func answerTTL(msg []byte) time.Duration {
+	if len(msg) < 12 {
+		return 0
+	}
+	qd, an := int(binary.BigEndian.Uint16(msg[4:])), int(binary.BigEndian.Uint16(msg[6:]))
+	off := 12
+	for range qd {
+		_, next, ok := readName(msg, off)
+		if !ok || next+4 > len(msg) {
+			return 0
+		}
+		off = next + 4
+	}
+	minTTL, found := uint32(0), false
+	for range an {
+		_, next, ok := readName(msg, off)
+		if !ok || next+10 > len(msg) {
+			break
+		}
+		typ := binary.BigEndian.Uint16(msg[next:])
+		ttl := binary.BigEndian.Uint32(msg[next+4:])
+		rdlen := int(binary.BigEndian.Uint16(msg[next+8:]))
+		if next+10+rdlen > len(msg) {
+			break
+		}
+		if typ == dnsTypeA && (!found || ttl < minTTL) {
+			minTTL, found = ttl, true
+		}
+		off = next + 10 + rdlen
+	}
+	return time.Duration(minTTL) * time.Second
 }
 
 // errorReply turns query q into an empty response with rcode.

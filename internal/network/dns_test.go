@@ -36,13 +36,21 @@ func answer(q []byte, zone map[string][]netip.Addr) []byte {
 // startTestDNS serves zone on a loopback UDP and TCP port.
 func startTestDNS(t *testing.T, zone map[string][]netip.Addr) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// The UDP port picked may be taken for TCP by someone else: retry.
+	var pc net.PacketConn
+	var ln net.Listener
+	for attempt := 0; ; attempt++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
+		pc.Close()
+		if attempt == 20 {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { pc.Close(); ln.Close() })
 	go func() {
@@ -89,16 +97,18 @@ func TestDNSForwarderFilters(t *testing.T) {
 	var mu sync.Mutex
 	pol := Policy{Mode: ModeAllow, AllowDomains: []string{"*.allowed.test"}}
 	var learned []netip.Addr
+	var ttls []time.Duration
 	client := dnsClient{
 		policy: func(src netip.Addr) (Policy, string, bool) {
 			mu.Lock()
 			defer mu.Unlock()
 			return pol, "n1", src == netip.MustParseAddr("127.0.0.1")
 		},
-		allow: func(slot string, addrs []netip.Addr) error {
+		allow: func(slot string, addrs []netip.Addr, ttl time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
 			learned = append(learned, addrs...)
+			ttls = append(ttls, ttl)
 			return nil
 		},
 	}
@@ -154,6 +164,11 @@ func TestDNSForwarderFilters(t *testing.T) {
 	mu.Lock()
 	if len(learned) != 4 || learned[0] != netip.MustParseAddr("198.51.100.10") {
 		t.Errorf("learned %v, want the two answers twice", learned)
+	}
+	for _, ttl := range ttls {
+		if ttl != 60*time.Second {
+			t.Errorf("learned with TTL %v, want the answer's 60s", ttl)
+		}
 	}
 	// Public: everything is forwarded, nothing learned.
 	pol, learned = Policy{Mode: ModePublic}, nil

@@ -182,6 +182,30 @@ func TestManagerLifecycle(t *testing.T) {
 			t.Errorf("allow mode query: rcode %d err %v, want REFUSED", rc, err)
 		}
 	})
+	// An allowed name's addresses enter the box's DNS set with a timeout
+	// (the answer's TTL of 60s raised to learnedMin), and asking again
+	// within the timeout keeps one element.
+	if _, err := m.Update(ctx, "sb-one", Policy{Mode: ModeAllow, AllowDomains: []string{"*.allowed.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		inNetNS(t, att.NetNS, func() {
+			c, err := net.Dial("udp", net.JoinHostPort(m.Gateway().String(), "53"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			if rc, addrs, err := queryA(c, "a.allowed.test"); err != nil || rc != 0 || len(addrs) != 1 {
+				t.Errorf("allowed query: rcode %d addrs %v err %v", rc, addrs, err)
+			}
+		})
+	}
+	els := dnsSetElements(t, cfg.Table, prefixDNSSet+sl.Name)
+	if len(els) != 1 || netip.AddrFrom4([4]byte(els[0].Key)) != netip.MustParseAddr("198.51.100.10") ||
+		els[0].Timeout != learnedMin || els[0].Expires <= 0 || els[0].Expires > learnedMin {
+		t.Errorf("DNS set elements %+v: want 198.51.100.10 once, with timeout %v", els, learnedMin)
+	}
 
 	// NONE unplugs the veth; back to PUBLIC plugs a new one.
 	if att, err = m.Update(ctx, "sb-one", Policy{Mode: ModeNone}); err != nil || att.IP.IsValid() {
@@ -260,4 +284,23 @@ func slotCount(m *Manager) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.ipam.slots)
+}
+
+// dnsSetElements lists the elements of a box's DNS set.
+func dnsSetElements(t *testing.T, table, set string) []nftables.SetElement {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
+	s, err := c.GetSetByName(tb, set)
+	if err != nil {
+		t.Fatalf("set %s: %v", set, err)
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return els
 }

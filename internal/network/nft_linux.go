@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -23,6 +24,11 @@ type firewall struct {
 	maps  map[string]*nftables.Set // in_map, fwd_map
 	// egress is the set of boxes whose egress ports go to the proxy.
 	egress *nftables.Set
+	// learned maps a box's slot name to the addresses its DNS set holds
+	// and when each expires there, so that a re-learned address whose
+	// element would expire too soon is refreshed (nft does not extend the
+	// timeout of an element added again).
+	learned map[string]map[netip.Addr]time.Time
 }
 
 func newFirewall(name string, p ruleParams) (*firewall, error) {
@@ -58,6 +64,7 @@ func (f *firewall) rebuild(slots []*slot) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.conn
+	f.learned = nil
 	c.AddTable(f.table) // so that the delete below cannot fail
 	c.DelTable(f.table)
 	c.AddTable(f.table)
@@ -136,7 +143,7 @@ func (f *firewall) addBoxLocked(sl *slot) error {
 	c := f.conn
 	in := c.AddChain(&nftables.Chain{Name: prefixInChain + sl.Name, Table: f.table})
 	fwd := c.AddChain(&nftables.Chain{Name: prefixFwChain + sl.Name, Table: f.table})
-	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr}
+	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 	if err := c.AddSet(dns, nil); err != nil {
 		return fmt.Errorf("nftables: add set: %w", err)
 	}
@@ -188,10 +195,11 @@ func (f *firewall) setPolicy(sl *slot) error {
 	defer f.mu.Unlock()
 	in := &nftables.Chain{Name: prefixInChain + sl.Name, Table: f.table}
 	fwd := &nftables.Chain{Name: prefixFwChain + sl.Name, Table: f.table}
-	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr}
+	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 	f.conn.FlushChain(in)
 	f.conn.FlushChain(fwd)
 	f.conn.FlushSet(dns)
+	delete(f.learned, sl.Name)
 	f.addBoxRulesLocked(sl, in, fwd, dns)
 	if err := f.setEgressLocked(sl.IP, sl.Policy.proxied()); err != nil {
 		f.resetLocked()
@@ -225,22 +233,92 @@ func (f *firewall) removeBox(name string, ip netip.Addr) error {
 		c.DelChain(chain)
 	}
 	c.DelSet(&nftables.Set{Table: f.table, Name: prefixDNSSet + name})
+	delete(f.learned, name)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: remove rules of slot %s: %w", name, err)
 	}
 	return nil
 }
 
-// allowAddrs adds addresses to a box's DNS set.
-func (f *firewall) allowAddrs(name string, addrs []netip.Addr) error {
+// Learned addresses stay in a box's DNS set for the answer's TTL, but at
+// least learnedMin (clients cache answers longer than their TTL, and a
+// connection opened just before expiry must still be allowed: established
+// flows are accepted by conntrack anyway) and at most learnedMax (an address
+// that stops being the name's does not stay reachable forever).
+const (
+	learnedMin = 5 * time.Minute
+	learnedMax = 24 * time.Hour
+)
+
+// learnedTimeout is how long an address from an answer with ttl stays.
+func learnedTimeout(ttl time.Duration) time.Duration {
+	return min(max(ttl, learnedMin), learnedMax)
+}
+
+// allowAddrs adds addresses to a box's DNS set for learnedTimeout(ttl).
+func (f *firewall) allowAddrs(name string, addrs []netip.Addr, ttl time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	els := make([]nftables.SetElement, len(addrs))
-	for i, a := range addrs {
-		els[i] = nftables.SetElement{Key: a.AsSlice()}
+	timeout := learnedTimeout(ttl)
+	now := time.Now()
+	if f.learned == nil {
+		f.learned = map[string]map[netip.Addr]time.Time{}
 	}
-	set := &nftables.Set{Table: f.table, Name: prefixDNSSet + name, KeyType: nftables.TypeIPAddr}
-	if err := f.conn.SetAddElements(set, els); err != nil {
+	known := f.learned[name]
+	if known == nil {
+		known = map[netip.Addr]time.Time{}
+		f.learned[name] = known
+	}
+	set := &nftables.Set{Table: f.table, Name: prefixDNSSet + name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	var add, refresh []nftables.SetElement
+	for _, a := range addrs {
+		exp, ok := known[a]
+		switch {
+		case ok && exp.After(now) && exp.Sub(now) >= timeout/2:
+			continue // still there for long enough
+		case ok && exp.After(now):
+			refresh = append(refresh, nftables.SetElement{Key: a.AsSlice()})
+		}
+		add = append(add, nftables.SetElement{Key: a.AsSlice(), Timeout: timeout})
+		known[a] = now.Add(timeout)
+	}
+	for a, exp := range known {
+		if !exp.After(now) {
+			delete(known, a) // the kernel has dropped it already
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if len(refresh) > 0 {
+		// Delete and re-add in one transaction: the address stays allowed.
+		if err := f.conn.SetDeleteElements(set, refresh); err != nil {
+			f.resetLocked()
+			return err
+		}
+	}
+	if err := f.conn.SetAddElements(set, add); err != nil {
+		f.resetLocked()
+		return err
+	}
+	if err := f.conn.Flush(); err != nil {
+		// An element that expired in the kernel a moment before our
+		// deadline makes the delete fail: forget what we knew and add.
+		for _, el := range refresh {
+			delete(known, netip.AddrFrom4([4]byte(el.Key)))
+		}
+		f.resetLocked()
+		if len(refresh) == 0 {
+			return err
+		}
+		return f.allowAddrsRetryLocked(set, add)
+	}
+	return nil
+}
+
+// allowAddrsRetryLocked adds elements without deleting first (f.mu held).
+func (f *firewall) allowAddrsRetryLocked(set *nftables.Set, add []nftables.SetElement) error {
+	if err := f.conn.SetAddElements(set, add); err != nil {
 		f.resetLocked()
 		return err
 	}
