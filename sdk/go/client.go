@@ -110,6 +110,8 @@ type CreateOptions struct {
 	Network *NetworkPolicy
 	// Volumes are named volumes to mount.
 	Volumes []VolumeMount
+	// PathPolicies guard directories with permission rules.
+	PathPolicies []PathPolicy
 }
 
 // Request converts the options to the API request.
@@ -131,6 +133,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	for _, v := range o.Volumes {
 		req.Volumes = append(req.Volumes, v.Proto())
+	}
+	for _, p := range o.PathPolicies {
+		req.PathPolicies = append(req.PathPolicies, p.Proto())
 	}
 	return req
 }

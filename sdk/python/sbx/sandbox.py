@@ -13,7 +13,7 @@ from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
 from .process import CommandResult, Process
-from .types import NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+from .types import NetworkPolicy, PathPolicy, SandboxInfo, SandboxStats, parse_size
 
 __all__ = ["Sandbox"]
 
@@ -78,6 +78,7 @@ class Sandbox:
         command: Optional[Sequence[str]] = None,
         runtime: Optional[str] = None,
         network: Union[str, NetworkPolicy, None] = None,
+        path_policies: Optional[Sequence[PathPolicy]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -103,6 +104,9 @@ class Sandbox:
             command: a long-running process started with the sandbox.
             runtime: runtime driver (default ``"oci"``).
             network: ``"none"``, ``"public"`` or a :class:`~sbx.NetworkPolicy`.
+            path_policies: directories to guard with permission rules
+                (:class:`~sbx.PathPolicy`), e.g.
+                ``[sbx.PathPolicy("/workspace", preset="agent-safe")]``.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -153,6 +157,8 @@ class Sandbox:
         if network is not None:
             policy = NetworkPolicy(mode=network) if isinstance(network, str) else network
             req["network"] = policy.to_json()
+        if path_policies:
+            req["pathPolicies"] = [p.to_json() for p in path_policies]
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
