@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	connectrpc.com/connect v1.19.1
 	github.com/google/go-containerregistry v0.22.1
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/klauspost/compress v1.19.2
 	github.com/sbxdev/sbx/api v0.0.0
 	gopkg.in/yaml.v3 v3.0.1

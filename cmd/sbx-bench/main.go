@@ -32,9 +32,17 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
+	only := flag.String("only", "", "run only this measurement (permfs)")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	flag.Parse()
+	if *only == "permfs" {
+		if err := runPermFS(*agent, *runtimeBin); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*n, *agent, *runtimeBin); err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-bench:", err)
 		os.Exit(1)
@@ -166,6 +174,10 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
+	permGuarded, permPlain, err := benchPermFS(ctx, c)
+	if err != nil {
+		return err
+	}
 	sb := boxes[0]
 	if _, err := sb.Run(ctx, "true"); err != nil { // warm the connection
 		return err
@@ -258,6 +270,37 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
 	fmt.Printf("networking adds (allow - none)    = %s  (p50; target ≤ 2 ms; egress proxy redirection on)\n", ms(allowRes.p(0.5)-noneRes.p(0.5)))
+	printPermFS(permGuarded, permPlain)
+	return nil
+}
+
+func printPermFS(guarded, plain time.Duration) {
+	fmt.Printf("open+read 1KiB+close, guarded / plain overlay = %.2fx  (%.1f µs vs %.1f µs p50; target ≤ 2x)\n",
+		float64(guarded)/float64(plain), float64(guarded.Nanoseconds())/1000, float64(plain.Nanoseconds())/1000)
+}
+
+// runPermFS runs only the path guard measurement.
+func runPermFS(agentPath, runtimeBin string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root")
+	}
+	agentPath, _ = filepath.Abs(agentPath)
+	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	_ = os.Chmod(tmp, 0o711)
+	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	g, p, err := benchPermFS(context.Background(), c)
+	if err != nil {
+		return err
+	}
+	printPermFS(g, p)
 	return nil
 }
 

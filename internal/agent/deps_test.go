@@ -24,6 +24,9 @@ func TestDeps(t *testing.T) {
 		"google.golang.org/protobuf",
 		"github.com/sbxdev/sbx/api",
 		"github.com/sbxdev/sbx/internal/agent",
+		// The permission layer (FUSE) and its pure rule evaluation.
+		"github.com/hanwen/go-fuse/v2",
+		"github.com/sbxdev/sbx/internal/permrules",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

@@ -199,6 +199,10 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 	}
 	sys.Credential = user.credential()
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}
+	if err := s.lockdown(); err != nil {
+		p.close()
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("not starting processes: %w", err))
+	}
 	p.started = time.Now()
 	p.pid, p.done, err = s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if err != nil {

@@ -50,7 +50,7 @@ func Run(ctx context.Context, opts Options) error {
 			pid1 = true
 		}
 	}
-	srv, err := NewServer(Config{Env: ownEnv(), Logger: log, ReapAll: pid1})
+	srv, err := NewServer(Config{Env: ownEnv(), Logger: log, ReapAll: pid1, Lockdown: true})
 	if err != nil {
 		return err
 	}
@@ -137,6 +137,9 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 	path, err := lookPath(name, envLookup(env, "PATH"))
 	if err != nil {
 		return err
+	}
+	if err := s.lockdown(); err != nil {
+		return fmt.Errorf("not starting processes: %w", err)
 	}
 	null, err := devNull()
 	if err != nil {

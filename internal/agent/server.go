@@ -7,9 +7,14 @@
 // Commands run as root or as the sandbox's users (see user.go); the agent
 // itself, and with it every file operation, always stays root.
 //
+// Path guards (Configure's path policies) are FUSE layers mounted by
+// permfs; guards_linux.go holds the lockdown that drops CAP_SYS_ADMIN before
+// any user process starts.
+//
 // Only cmd/sbx-agent imports this package. Its dependency budget (standard
-// library, x/sys/unix, creack/pty, connect, protobuf, sbx api) is enforced by
-// deps_test.go because the binary ships in every sandbox.
+// library, x/sys/unix, creack/pty, connect, protobuf, sbx api, go-fuse and
+// internal/permrules) is enforced by deps_test.go because the binary ships
+// in every sandbox.
 package agent
 
 import (
@@ -52,6 +57,9 @@ type Config struct {
 	// ReapAll makes the reaper wait for any child (wait4(-1)), as PID 1 must.
 	// When false only children the agent started are waited for.
 	ReapAll bool
+	// Lockdown makes the agent drop CAP_SYS_ADMIN before it starts the
+	// first process (see guards_linux.go). Only the real agent sets it.
+	Lockdown bool
 
 	// passwdFile and groupFile are where users are looked up; "" means
 	// /etc/passwd and /etc/group (tests point them elsewhere).
@@ -80,6 +88,11 @@ type Server struct {
 	// entrypoint is closed when the entrypoint started last exits; nil if
 	// none was started.
 	entrypoint <-chan struct{}
+
+	// lockMu guards lock: the path guards and whether CAP_SYS_ADMIN was
+	// dropped. Taken after configureMu when both are held.
+	lockMu sync.Mutex
+	lock   lockdownState
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)
@@ -114,6 +127,7 @@ func NewServer(cfg Config) (*Server, error) {
 		passwdFile: cfg.passwdFile,
 		groupFile:  cfg.groupFile,
 	}
+	s.lock.enabled = cfg.Lockdown
 	if s.passwdFile == "" {
 		s.passwdFile = passwdFile
 	}
@@ -224,7 +238,9 @@ func (s *Server) lookupUser(op, spec string) (*userInfo, error) {
 	return u, nil
 }
 
-// Configure replaces the defaults of later execs and starts the entrypoint.
+// Configure mounts the request's path guards (only before any process has
+// started), replaces the defaults of later execs, starts the entrypoint and
+// drops CAP_SYS_ADMIN for good (see guards_linux.go).
 // The request's user (empty: root) becomes the default user of later execs
 // and runs the entrypoint. Nothing changes if any part of the request is
 // rejected.
@@ -259,6 +275,10 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("configure: the entrypoint started before is still running"))
 		}
 	}
+	// Guards first: the workdir and the entrypoint may be below them.
+	if err := s.mountGuards(req.Msg.GetPathPolicies()); err != nil {
+		return nil, err
+	}
 	if wd == "" {
 		_, wd, _ = s.defaults()
 	} else if err := os.MkdirAll(wd, 0o755); err != nil {
@@ -279,6 +299,9 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 	s.mu.Lock()
 	s.env, s.workdir, s.user = env, wd, userSpec
 	s.mu.Unlock()
+	if err := s.lockdown(); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("configure: %w", err))
+	}
 	s.log.Info("configured", "workdir", wd, "env", len(env), "user", userSpec, "command", argv)
 	return connect.NewResponse(&agentv1.ConfigureResponse{}), nil
 }

@@ -27,6 +27,7 @@ type createFlags struct {
 	net                                netFlags
 	volumes                            []string
 	secretFor                          []string // NAME[=VALUE]@domain,...
+	guard                              guardFlags
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -69,6 +70,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
 	c.net.add(f, "network")
 	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
+	c.guard.add(f)
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -100,11 +102,15 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
+	guards, err := c.guard.policies()
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets,
+		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards,
 	}, nil
 }
 

@@ -84,12 +84,14 @@ func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxReq
 	return img, release, nil
 }
 
-// configure hands the agent of a box the sandbox's defaults and starts its
-// command (as the sandbox's user).
+// configure hands the agent of a box the sandbox's defaults and path
+// policies (it mounts the guards first) and starts its command (as the
+// sandbox's user).
 func configure(ctx context.Context, conn *agentconn.Conn, id string, spec *sbxv1.CreateSandboxRequest) error {
 	rs := runtimeSpec(id, spec, nil)
 	_, err := conn.Configure(ctx, connect.NewRequest(&agentv1.ConfigureRequest{
 		Env: rs.Env, Workdir: rs.Workdir, Command: rs.Command, User: spec.User,
+		PathPolicies: spec.PathPolicies,
 	}))
 	if err != nil {
 		return fmt.Errorf("configure sandbox agent: %w", err)

@@ -172,7 +172,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := validateCreate(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
+	if err := validatePathPolicies(req); err != nil {
+		return nil, err
+	}
 	spec := proto.Clone(req).(*sbxv1.CreateSandboxRequest)
+	// Every guard, codebases' included, is a path policy of the sandbox.
+	spec.PathPolicies = guardPolicies(req)
 	img, releaseImage, err := m.resolveImage(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -278,8 +283,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		conn.Close()
 		return fail(fmt.Errorf("sandbox agent did not come up: %w", err))
 	}
-	if spec.User != "" {
-		// The command must start as the user, so the agent starts it now.
+	if configuredByAgent(spec) {
+		// The command must start as the user, or after the path guards are
+		// mounted, so the agent starts it now.
 		if err := configure(ctx, conn, b.id, spec); err != nil {
 			return fail(err)
 		}
@@ -324,8 +330,9 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
 	}
 }
 
-// runtimeSpec is what the driver gets for a sandbox. With a user set the
-// command is left out: configure starts it as that user.
+// runtimeSpec is what the driver gets for a sandbox. With a user or path
+// policies set the command is left out: configure starts it as that user,
+// after mounting the guards.
 func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage) runtime.Spec {
 	env := make([]string, 0, len(spec.Env)+len(spec.Secrets)+1)
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
@@ -341,7 +348,7 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 		image.Layers, image.OnHost = img.Layers, img.OnHost
 	}
 	command := spec.Command
-	if spec.User != "" && img != nil {
+	if configuredByAgent(spec) && img != nil {
 		command = nil
 	}
 	return runtime.Spec{
@@ -628,6 +635,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	out.DomainSecrets = domainSecretsProto(s)
+	out.PathPolicies = s.PathPolicies
 	return proto.Clone(out).(*sbxv1.Sandbox)
 }
 

@@ -114,6 +114,8 @@ type CreateOptions struct {
 	// env Name, and the daemon's egress proxy puts Value in its place in
 	// HTTP(S) requests to Domains only.
 	DomainSecrets []DomainSecret
+	// PathPolicies guard directories with permission rules.
+	PathPolicies []PathPolicy
 }
 
 // DomainSecret is a secret only the listed hosts receive.
@@ -147,6 +149,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	for _, d := range o.DomainSecrets {
 		req.DomainSecrets = append(req.DomainSecrets, &sbxv1.DomainSecret{Name: d.Name, Value: d.Value, Domains: d.Domains})
+	}
+	for _, p := range o.PathPolicies {
+		req.PathPolicies = append(req.PathPolicies, p.Proto())
 	}
 	return req
 }

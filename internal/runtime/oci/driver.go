@@ -37,8 +37,11 @@ type Driver struct {
 	healthy   bool
 	swapLimit bool // the host can limit memory+swap
 	noFile    uint64
-	caps      []string
-	log       *slog.Logger
+	// fuseDev is the /dev/fuse node bound into boxes ("" if it could not
+	// be made: path policies then fail to mount, with a clear error).
+	fuseDev string
+	caps    []string
+	log     *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -117,6 +120,11 @@ func New(cfg Config) (*Driver, error) {
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Max < d.noFile {
 		d.noFile = lim.Max // raising it would need CAP_SYS_RESOURCE in the host namespace
+	}
+	d.fuseDev = filepath.Join(d.stateDir, "dev", "fuse")
+	if err := prepareFuseDevice(d.fuseDev); err != nil {
+		d.log.Warn("no /dev/fuse for boxes: path policies will not work", "err", err)
+		d.fuseDev = ""
 	}
 	if err := setSubreaper(); err != nil {
 		return nil, fmt.Errorf("oci: become child subreaper: %w", err)
@@ -297,6 +305,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
 		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: spec.Mounts,
+		FuseDevice: d.fuseDev,
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 // default profile. Anything not listed fails with EPERM. Deliberately left out
 // (so denied) among others:
 //
-//   - mount, umount2, pivot_root, the new mount API (fsopen, fsmount, fsconfig,
+//   - pivot_root, the new mount API (fsopen, fsmount, fsconfig,
 //     fspick, open_tree, move_mount, mount_setattr), chroot-free escapes via
 //     open_by_handle_at / name_to_handle_at;
 //   - setns; unshare and clone with any namespace flag (argument filters
@@ -27,6 +27,12 @@ import (
 //     that would be safe for the host, but inside a box user code runs with
 //     the agent's uid, so ptrace would let it subvert the agent that enforces
 //     path permissions. Debuggers need a relaxed profile (future option).
+//
+// mount and umount2 are allowed for the agent, which mounts the FUSE
+// permission layers of path policies with CAP_SYS_ADMIN before any user
+// process exists; it then drops CAP_SYS_ADMIN everywhere (without it the
+// kernel refuses both calls) and stacks a filter of its own that denies
+// them (internal/agent/guards_linux.go).
 //
 // personality is limited to the harmless personas Docker allows.
 func defaultSeccomp() *specs.LinuxSeccomp {
@@ -147,6 +153,8 @@ var allowedSyscalls = []string{
 	"symlink", "symlinkat", "sync", "sync_file_range", "sync_file_range2", "syncfs", "tee",
 	"truncate", "truncate64", "umask", "unlink", "unlinkat", "utime", "utimensat",
 	"utimensat_time64", "utimes", "vmsplice", "write", "writev", "chroot",
+	// the agent's FUSE mounts (see above)
+	"mount", "umount2",
 	"arm_fadvise64_64", "arm_sync_file_range", "cachestat",
 	// async I/O (not io_uring)
 	"io_cancel", "io_destroy", "io_getevents", "io_pgetevents", "io_pgetevents_time64",

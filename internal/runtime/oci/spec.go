@@ -13,12 +13,16 @@ const agentInBox = "/.sbx/sbx-agent"
 
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// boxCapabilities is Docker's default capability set: no SYS_ADMIN, NET_RAW,
-// SYS_PTRACE or MKNOD. They are capabilities in the box's user namespace.
+// boxCapabilities is Docker's default capability set (no NET_RAW,
+// SYS_PTRACE or MKNOD) plus CAP_SYS_ADMIN, which only the agent ever holds:
+// it mounts the FUSE permission layers of path policies with it, then drops
+// it from every set of every thread before it starts any process (see
+// internal/agent/guards_linux.go), so user code never has it. They are
+// capabilities in the box's user namespace.
 var boxCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
 	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
-	"CAP_SETFCAP",
+	"CAP_SETFCAP", "CAP_SYS_ADMIN",
 }
 
 var maskedPaths = []string{
@@ -53,6 +57,9 @@ type specParams struct {
 	SwapLimit bool
 	// Mounts are extra bind mounts (volumes).
 	Mounts []runtime.Mount
+	// FuseDevice, if set, is a host node of /dev/fuse the box's root owns,
+	// bound at /dev/fuse for the agent's permission layers.
+	FuseDevice string
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -127,6 +134,9 @@ func boxMounts(p specParams) []specs.Mount {
 	if p.HostImage {
 		m = append(m, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
+	if p.FuseDevice != "" {
+		m = append(m, specs.Mount{Destination: "/dev/fuse", Type: "bind", Source: p.FuseDevice, Options: []string{"bind", "nosuid", "noexec"}})
+	}
 	m = append(m, specs.Mount{Destination: agentInBox, Type: "bind", Source: p.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	for _, vm := range p.Mounts {
 		opts := []string{"bind", "nosuid", "nodev", "rw"}
@@ -144,7 +154,7 @@ func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 		Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"},
 			charDev(1, 3), charDev(1, 5), charDev(1, 7), charDev(1, 8), charDev(1, 9),
-			charDev(5, 0), charDev(5, 2), charDev(136, -1),
+			charDev(5, 0), charDev(5, 2), charDev(136, -1), charDev(10, 229),
 		},
 	}
 	if r.MemoryBytes > 0 {

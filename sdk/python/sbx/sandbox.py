@@ -13,7 +13,7 @@ from .client import Client, selectors_from_labels
 from .errors import CommandError, NotFoundError
 from .files import Files
 from .process import CommandResult, Process
-from .types import DomainSecret, ImageInfo, NetworkPolicy, SandboxInfo, SandboxStats, parse_size
+from .types import DomainSecret, ImageInfo, NetworkPolicy, PathPolicy, SandboxInfo, SandboxStats, parse_size
 from .volumes import VolumeMountLike, volume_mounts_to_json
 
 __all__ = ["Sandbox"]
@@ -81,6 +81,7 @@ class Sandbox:
         runtime: Optional[str] = None,
         network: Union[str, NetworkPolicy, None] = None,
         volumes: Optional[Sequence[VolumeMountLike]] = None,
+        path_policies: Optional[Sequence[PathPolicy]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -111,6 +112,9 @@ class Sandbox:
             network: ``"none"``, ``"public"`` or a :class:`~sbx.NetworkPolicy`.
             volumes: named volumes to mount: :class:`~sbx.VolumeMount` or
                 ``"NAME:/path[:ro]"`` strings (see :attr:`Client.volumes`).
+            path_policies: directories to guard with permission rules
+                (:class:`~sbx.PathPolicy`), e.g.
+                ``[sbx.PathPolicy("/workspace", preset="agent-safe")]``.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -165,6 +169,8 @@ class Sandbox:
             req["network"] = policy.to_json()
         if volumes:
             req["volumes"] = volume_mounts_to_json(volumes)
+        if path_policies:
+            req["pathPolicies"] = [p.to_json() for p in path_policies]
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 

@@ -165,6 +165,88 @@ class NetworkPolicy:
         return out
 
 
+_PERMISSIONS = ("none", "view", "read", "write")
+_PATTERN_TYPES = ("glob", "directory", "file")
+
+
+@dataclass(frozen=True)
+class PermissionRule:
+    """One rule of a :class:`PathPolicy`. ``pattern`` is relative to the
+    guarded directory (``"/"`` is its root); ``permission`` is ``"none"``
+    (hidden), ``"view"`` (listed, not readable), ``"read"`` or ``"write"``;
+    ``type`` is ``"glob"`` (gitignore-like), ``"directory"`` (it and
+    everything below) or ``"file"``. The highest ``priority`` wins, then file
+    over directory over glob, then the longer pattern."""
+
+    pattern: str
+    permission: str
+    type: str = "glob"
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if self.permission not in _PERMISSIONS:
+            raise ValueError(f"permission {self.permission!r}: want one of {', '.join(_PERMISSIONS)}")
+        if self.type not in _PATTERN_TYPES:
+            raise ValueError(f"type {self.type!r}: want one of {', '.join(_PATTERN_TYPES)}")
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "PermissionRule":
+        typ = _enum(obj.get("type"), "PATTERN_TYPE_")
+        return cls(
+            pattern=str(obj.get("pattern", "")),
+            permission=_enum(obj.get("permission"), "PERMISSION_"),
+            type="glob" if typ == "unspecified" else typ,
+            priority=int(obj.get("priority") or 0),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "permission": "PERMISSION_" + self.permission.upper(),
+            "type": "PATTERN_TYPE_" + self.type.upper(),
+            "priority": int(self.priority),
+        }
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    """Guards directory ``path`` of a sandbox with permission rules, enforced
+    for every process in it and for the file API. ``preset`` is
+    ``"view-only"``, ``"read-only"``, ``"agent-safe"``, ``"development"``,
+    ``"full-access"`` or ``""``; ``rules`` extend or override it; ``default``
+    is the permission of paths no rule matches (``""``: the preset's, else
+    ``"write"``)."""
+
+    path: str
+    preset: str = ""
+    rules: List[PermissionRule] = field(default_factory=list)
+    default: str = ""
+
+    def __post_init__(self) -> None:
+        if self.default and self.default not in _PERMISSIONS:
+            raise ValueError(f"default {self.default!r}: want one of {', '.join(_PERMISSIONS)}")
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "PathPolicy":
+        default = _enum(obj.get("defaultPermission"), "PERMISSION_")
+        return cls(
+            path=str(obj.get("path", "")),
+            preset=str(obj.get("preset", "")),
+            rules=[PermissionRule.from_json(r) for r in obj.get("rules") or []],
+            default="" if default == "unspecified" else default,
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"path": self.path}
+        if self.preset:
+            out["preset"] = self.preset
+        if self.rules:
+            out["rules"] = [r.to_json() for r in self.rules]
+        if self.default:
+            out["defaultPermission"] = "PERMISSION_" + self.default.upper()
+        return out
+
+
 @dataclass(frozen=True)
 class DomainSecret:
     """A secret only the listed hosts receive.
@@ -222,6 +304,8 @@ class SandboxInfo:
     ip_address: str = ""
     #: Volume mounts as the daemon's JSON ({"volume", "path", "readOnly"}).
     volumes: List[Dict[str, Any]] = field(default_factory=list)
+    #: Guarded directories (codebases' included).
+    path_policies: List[PathPolicy] = field(default_factory=list)
     #: The raw JSON the daemon sent.
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -253,6 +337,7 @@ class SandboxInfo:
             network=NetworkPolicy.from_json(obj["network"]) if obj.get("network") is not None else None,
             ip_address=str(obj.get("ipAddress", "")),
             volumes=[dict(v) for v in obj.get("volumes") or []],
+            path_policies=[PathPolicy.from_json(p) for p in obj.get("pathPolicies") or []],
             raw=dict(obj),
         )
 
