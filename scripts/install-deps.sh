@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip; do
+for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip git; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -26,6 +26,7 @@ type createFlags struct {
 	runtime, user                      string
 	net                                netFlags
 	volumes                            []string
+	codebases                          []string
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -67,6 +68,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
 	c.net.add(f, "network")
 	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
+	f.StringArrayVar(&c.codebases, "codebase", nil, "mount a codebase NAME[:/path] in a copy-on-write layer (default path /workspace; repeatable)")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -94,11 +96,15 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
+	cbs, err := parseCodebaseMounts(c.codebases)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		Network: c.net.policy(), Volumes: vols,
+		Network: c.net.policy(), Volumes: vols, Codebases: cbs,
 	}, nil
 }
 
@@ -310,15 +316,23 @@ func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) 
 }
 
 func newRm(a *app) *cobra.Command {
-	return &cobra.Command{
+	var sync bool
+	cmd := &cobra.Command{
 		Use:     "rm ID|NAME...",
 		Aliases: []string{"destroy", "kill"},
 		Short:   "Destroy sandboxes",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Destroy(cmd.Context()) })
+			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error {
+				if sync {
+					return sb.DestroySynced(cmd.Context())
+				}
+				return sb.Destroy(cmd.Context())
+			})
 		},
 	}
+	cmd.Flags().BoolVar(&sync, "sync", false, "sync codebase changes back first; a conflict keeps the sandbox")
+	return cmd
 }
 
 func newStop(a *app) *cobra.Command {

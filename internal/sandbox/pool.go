@@ -112,7 +112,8 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 
 // takeWarm returns a warm box suitable for spec, or nil.
 func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
-	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 {
+	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
+		len(spec.Codebases) > 0 { // codebase layers are mounted before the box starts: cold create
 		return nil
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {

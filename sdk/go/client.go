@@ -36,7 +36,9 @@ type Client struct {
 	code    sbxv1connect.CodeServiceClient
 	volumes sbxv1connect.VolumeServiceClient
 	session sbxv1connect.SessionServiceClient
-	baseURL string
+	// codebases: see codebase.go.
+	codebases sbxv1connect.CodebaseServiceClient
+	baseURL   string
 }
 
 // NewClient returns a client of the daemon at addr ("host:port" or an
@@ -68,6 +70,8 @@ func NewClient(addr string) *Client {
 		volumes: sbxv1connect.NewVolumeServiceClient(hc, base, connect.WithGRPC()),
 		session: sbxv1connect.NewSessionServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
+
+		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
 	}
 }
 
@@ -110,6 +114,8 @@ type CreateOptions struct {
 	Network *NetworkPolicy
 	// Volumes are named volumes to mount.
 	Volumes []VolumeMount
+	// Codebases are codebases to mount, each in a copy-on-write layer.
+	Codebases []CodebaseMount
 }
 
 // Request converts the options to the API request.
@@ -131,6 +137,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	for _, v := range o.Volumes {
 		req.Volumes = append(req.Volumes, v.Proto())
+	}
+	for _, cb := range o.Codebases {
+		req.Codebases = append(req.Codebases, cb.Proto())
 	}
 	return req
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ._transport import DEFAULT_ADDR, Transport
+from .codebase import Codebases
 from .images import Images
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,6 +46,8 @@ class Client:
         self._transport = Transport(addr, timeout=timeout)
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
+        #: Codebases (upload with ``from_local``, list, get, download, delete, sync).
+        self.codebases = Codebases(self._transport)
 
     @property
     def addr(self) -> str:
