@@ -7,7 +7,10 @@
 //   - `exec true` round trip through the API vs fork+exec of /bin/true here;
 //   - destroy, one at a time and many at once;
 //   - what networking adds to create→ready (public from the namespace pool
-//     vs none).
+//     vs none);
+//   - codebases: uploading a 10,000-file tree (vs `tar -x` of it), and `git
+//     status` on a 10,000-file repository mounted as a codebase vs on the
+//     host (`-codebase-only` runs just these).
 //
 // It starts its own daemon in-process over a temporary data dir. Needs root.
 // Run it with `make bench`.
@@ -32,12 +35,20 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement (permfs)")
+	only := flag.String("only", "", "run only this measurement: permfs or codebase")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
+	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	flag.Parse()
-	if *only == "permfs" {
+	switch {
+	case *only == "permfs":
 		if err := runPermFS(*agent, *runtimeBin); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
+			os.Exit(1)
+		}
+		return
+	case *only == "codebase" || *codebaseOnly:
+		if err := runCodebase(*n, *agent, *runtimeBin); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
 			os.Exit(1)
 		}
@@ -248,6 +259,10 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
+	uploadRes, tarxRes, gitHost, gitBox, err := benchCodebase(ctx, filepath.Join(tmp, "codebase"), agentPath, runtimeBin, n)
+	if err != nil {
+		return err
+	}
 
 	rt := ""
 	for _, r := range v.GetRuntimes() {
@@ -271,12 +286,33 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
 	fmt.Printf("networking adds (allow - none)    = %s  (p50; target ≤ 2 ms; egress proxy redirection on)\n", ms(allowRes.p(0.5)-noneRes.p(0.5)))
 	printPermFS(permGuarded, permPlain)
+	printCodebase(uploadRes, tarxRes, gitHost, gitBox)
 	return nil
 }
 
 func printPermFS(guarded, plain time.Duration) {
 	fmt.Printf("open+read 1KiB+close, guarded / plain overlay = %.2fx  (%.1f µs vs %.1f µs p50; target ≤ 2x)\n",
 		float64(guarded)/float64(plain), float64(guarded.Nanoseconds())/1000, float64(plain.Nanoseconds())/1000)
+}
+
+// runCodebase runs only the codebase measurements.
+func runCodebase(n int, agentPath, runtimeBin string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root")
+	}
+	agentPath, _ = filepath.Abs(agentPath)
+	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	_ = os.Chmod(tmp, 0o711)
+	uploadRes, tarxRes, gitHost, gitBox, err := benchCodebase(context.Background(), filepath.Join(tmp, "codebase"), agentPath, runtimeBin, n)
+	if err != nil {
+		return err
+	}
+	printCodebase(uploadRes, tarxRes, gitHost, gitBox)
+	return nil
 }
 
 // runPermFS runs only the path guard measurement.

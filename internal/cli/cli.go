@@ -64,7 +64,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newServe(a), newCreate(a), newExec(a), newRun(a), newLs(a), newInspect(a),
 		newRm(a), newStop(a), newStart(a), newCp(a), newVersion(a), newPull(a), newImages(a),
 		newSnapshot(a), newBuild(a), newNetwork(a),
-		newRunCode(a), newContext(a), newSession(a), newVolume(a),
+		newRunCode(a), newContext(a), newSession(a), newVolume(a), newCodebase(a),
 	)
 	return root
 }

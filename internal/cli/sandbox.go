@@ -28,6 +28,7 @@ type createFlags struct {
 	volumes                            []string
 	secretFor                          []string // NAME[=VALUE]@domain,...
 	guard                              guardFlags
+	codebases                          []string
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -71,6 +72,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	c.net.add(f, "network")
 	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
 	c.guard.add(f)
+	f.StringArrayVar(&c.codebases, "codebase", nil, "mount a codebase NAME[:/path] in a copy-on-write layer (default path /workspace; repeatable)")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
@@ -106,11 +108,15 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
+	cbs, err := parseCodebaseMounts(c.codebases)
+	if err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	return sbx.CreateOptions{
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards,
+		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards, Codebases: cbs,
 	}, nil
 }
 
@@ -322,15 +328,23 @@ func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) 
 }
 
 func newRm(a *app) *cobra.Command {
-	return &cobra.Command{
+	var sync bool
+	cmd := &cobra.Command{
 		Use:     "rm ID|NAME...",
 		Aliases: []string{"destroy", "kill"},
 		Short:   "Destroy sandboxes",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Destroy(cmd.Context()) })
+			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error {
+				if sync {
+					return sb.DestroySynced(cmd.Context())
+				}
+				return sb.Destroy(cmd.Context())
+			})
 		},
 	}
+	cmd.Flags().BoolVar(&sync, "sync", false, "sync codebase changes back first; a conflict keeps the sandbox")
+	return cmd
 }
 
 func newStop(a *app) *cobra.Command {

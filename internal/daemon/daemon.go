@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/network"
@@ -175,7 +176,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	cbs, err := codebase.Open(ctx, codebase.Config{
+		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
+		Logger: log.With("component", "codebases"),
+	})
+	if err != nil {
+		return fmt.Errorf("codebase store: %w", err)
+	}
 	mgr, err := sandbox.New(sandbox.Config{
+		Codebases:      cbs,
 		Volumes:        vols,
 		Network:        sbNet,
 		Store:          st,
@@ -213,7 +222,8 @@ func Run(ctx context.Context, cfg Config) error {
 	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
 	api.AddSessions(server.NewSessionServer(codeexec.NewSessions(mgr, log)))
 	srv := &http.Server{
-		Handler:           server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)),
+		Handler: server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)),
+			server.NewCodebaseServer(cbs, mgr)),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -52,6 +52,8 @@ type Config struct {
 	Network Network
 	// Volumes resolves named volumes (nil: requests with volumes fail).
 	Volumes Volumes
+	// Codebases mounts codebases (nil: requests with codebases fail).
+	Codebases Codebases
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -205,6 +207,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err != nil {
 		return nil, err
 	}
+	if err := validateCodebases(spec); err != nil {
+		return nil, err
+	}
 
 	if w := m.takeWarm(spec, drv); w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
@@ -241,6 +246,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 			m.log.Error("rolling back failed create", "sandbox", b.id, "err", derr)
 		}
 		m.detachNetwork(cctx, b.id)
+		m.unmountCodebases(cctx, b.id)
 		if derr := m.cfg.Store.Delete(cctx, b.id); derr != nil {
 			m.log.Error("deleting record of failed create", "sandbox", b.id, "err", derr)
 		}
@@ -249,7 +255,11 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 
 	rs := runtimeSpec(b.id, spec, img)
-	rs.Mounts = mounts
+	cbMounts, err := m.mountCodebases(ctx, b.id, spec)
+	if err != nil {
+		return fail(err)
+	}
+	rs.Mounts = append(mounts, cbMounts...)
 	pol = m.withSecrets(b.id, spec, pol)
 	if err := m.addDomainSecrets(&rs, spec, pol.Secrets); err != nil {
 		return fail(err)
@@ -559,10 +569,15 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 }
 
 func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
-	// Finish the destroy even if the caller goes away half-way.
-	ctx = context.WithoutCancel(ctx)
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	return m.destroyLocked(ctx, b, reason)
+}
+
+// destroyLocked destroys b; b.opMu must be held.
+func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) error {
+	// Finish the destroy even if the caller goes away half-way.
+	ctx = context.WithoutCancel(ctx)
 	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
 		return nil
 	}
@@ -581,6 +596,7 @@ func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
 		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
 	}
 	m.detachNetwork(ctx, b.id)
+	m.unmountCodebases(ctx, b.id)
 	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
 		return err
 	}
@@ -631,7 +647,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		IdleAction: s.IdleAction, User: s.User, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
 		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
 		Network: policyProto(att.Policy), IpAddress: ipString(att.IP),
-		Volumes: s.Volumes,
+		Volumes: s.Volumes, Codebases: s.Codebases,
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	out.DomainSecrets = domainSecretsProto(s)

@@ -112,8 +112,10 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 
 // takeWarm returns a warm box suitable for spec, or nil.
 func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
-	// Domain secrets need a CA bundle mount, which a running box cannot get.
-	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 || len(spec.DomainSecrets) > 0 {
+	// Domain secrets need a CA bundle mount, which a running box cannot get;
+	// codebase layers are mounted before the box starts: both cold create.
+	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
+		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 {
 		return nil
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {

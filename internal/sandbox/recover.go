@@ -56,6 +56,14 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.log.Error("cleaning up network leftovers", "err", err)
 		}
 	}
+	if m.cfg.Codebases != nil {
+		// After the drivers: no box may still use a layer being removed.
+		defer func() {
+			if err := m.cfg.Codebases.Cleanup(ctx, keepNet); err != nil {
+				m.log.Error("cleaning up codebase mounts", "err", err)
+			}
+		}()
+	}
 	for name, drv := range m.cfg.Drivers {
 		if err := drv.Cleanup(ctx, keep[name]); err != nil {
 			m.log.Error("cleaning up leftovers", "runtime", name, "err", err)
@@ -92,6 +100,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			log.Error("destroying leftover sandbox", "err", err)
 		}
 		m.detachNetwork(ctx, rec.ID)
+		m.unmountCodebases(ctx, rec.ID)
 		_ = m.cfg.Store.Delete(ctx, rec.ID)
 		m.forget(rec.ID, why)
 		log.Info("sandbox removed during recovery", "reason", why)

@@ -142,7 +142,11 @@ func (s *Server) StartSandbox(ctx context.Context, req *connect.Request[sbxv1.St
 }
 
 func (s *Server) DestroySandbox(ctx context.Context, req *connect.Request[sbxv1.DestroySandboxRequest]) (*connect.Response[sbxv1.DestroySandboxResponse], error) {
-	if err := s.mgr.Destroy(ctx, req.Msg.GetSandbox()); err != nil {
+	destroy := s.mgr.Destroy
+	if req.Msg.GetSyncCodebases() {
+		destroy = s.mgr.DestroySynced
+	}
+	if err := destroy(ctx, req.Msg.GetSandbox()); err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&sbxv1.DestroySandboxResponse{}), nil

@@ -36,7 +36,9 @@ type Client struct {
 	code    sbxv1connect.CodeServiceClient
 	volumes sbxv1connect.VolumeServiceClient
 	session sbxv1connect.SessionServiceClient
-	baseURL string
+	// codebases: see codebase.go.
+	codebases sbxv1connect.CodebaseServiceClient
+	baseURL   string
 }
 
 // NewClient returns a client of the daemon at addr ("host:port" or an
@@ -68,6 +70,8 @@ func NewClient(addr string) *Client {
 		volumes: sbxv1connect.NewVolumeServiceClient(hc, base, connect.WithGRPC()),
 		session: sbxv1connect.NewSessionServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
+
+		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
 	}
 }
 
@@ -116,6 +120,8 @@ type CreateOptions struct {
 	DomainSecrets []DomainSecret
 	// PathPolicies guard directories with permission rules.
 	PathPolicies []PathPolicy
+	// Codebases are codebases to mount, each in a copy-on-write layer.
+	Codebases []CodebaseMount
 }
 
 // DomainSecret is a secret only the listed hosts receive.
@@ -152,6 +158,9 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	}
 	for _, p := range o.PathPolicies {
 		req.PathPolicies = append(req.PathPolicies, p.Proto())
+	}
+	for _, cb := range o.Codebases {
+		req.Codebases = append(req.Codebases, cb.Proto())
 	}
 	return req
 }

@@ -24,6 +24,7 @@ from ._tar import UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
 from .code import Artifact, CodeContext, CodeResult, PolicyFinding
+from .codebase import Codebase, Codebases, SkippedFile, SyncConflict, SyncResult
 from .errors import (
     AbortedError,
     AlreadyExistsError,
@@ -81,6 +82,11 @@ __all__ = [
     "Files",
     "Images",
     "Recipe",
+    "Codebase",
+    "Codebases",
+    "SkippedFile",
+    "SyncConflict",
+    "SyncResult",
     "Artifact",
     "CodeContext",
     "CodeResult",

@@ -417,9 +417,13 @@ class AsyncSandbox:
         """Resume the sandbox."""
         await _to_thread(self.sync.start)
 
-    async def terminate(self) -> None:
+    async def terminate(self, *, sync_codebases: bool = False) -> None:
         """Destroy the sandbox."""
-        await _to_thread(self.sync.terminate)
+        await _to_thread(self.sync.terminate, sync_codebases=sync_codebases)
+
+    async def sync_codebase(self, path: Optional[str] = None, *, dry_run: bool = False, force: bool = False) -> Any:
+        """See :meth:`sbx.Sandbox.sync_codebase`."""
+        return await _to_thread(self.sync.sync_codebase, path, dry_run=dry_run, force=force)
 
     destroy = terminate
 

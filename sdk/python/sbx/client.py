@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ._transport import DEFAULT_ADDR, Transport
+from .codebase import Codebases
 from .images import Images
 from .volumes import Volumes
 
@@ -48,6 +49,8 @@ class Client:
         self.images = Images(self._transport)
         #: Named persistent volumes (create, list, get, remove).
         self.volumes = Volumes(self._transport)
+        #: Codebases (upload with ``from_local``, list, get, download, delete, sync).
+        self.codebases = Codebases(self._transport)
 
     @property
     def addr(self) -> str:

@@ -10,6 +10,7 @@ from ._transport import b64encode
 from . import code as _code
 from . import session as _session
 from .client import Client, selectors_from_labels
+from .codebase import SyncResult, mounts_to_json
 from .errors import CommandError, NotFoundError
 from .files import Files
 from .process import CommandResult, Process
@@ -82,6 +83,7 @@ class Sandbox:
         network: Union[str, NetworkPolicy, None] = None,
         volumes: Optional[Sequence[VolumeMountLike]] = None,
         path_policies: Optional[Sequence[PathPolicy]] = None,
+        codebases: Optional[Sequence[Any]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -115,6 +117,9 @@ class Sandbox:
             path_policies: directories to guard with permission rules
                 (:class:`~sbx.PathPolicy`), e.g.
                 ``[sbx.PathPolicy("/workspace", preset="agent-safe")]``.
+            codebases: codebases to mount, each in a copy-on-write layer of
+                its own: ``"name"`` (at /workspace), ``"name:/path"`` or
+                ``("name", "/path")``.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -171,6 +176,8 @@ class Sandbox:
             req["volumes"] = volume_mounts_to_json(volumes)
         if path_policies:
             req["pathPolicies"] = [p.to_json() for p in path_policies]
+        if codebases:
+            req["codebases"] = mounts_to_json(codebases)
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
@@ -271,13 +278,26 @@ class Sandbox:
         if resp.get("sandbox"):
             self._info = SandboxInfo.from_json(resp["sandbox"])
 
-    def terminate(self) -> None:
+    def terminate(self, *, sync_codebases: bool = False) -> None:
         """Destroy the sandbox: kill everything in it and free what it held.
+        With ``sync_codebases``, its codebase changes are synced back first
+        (without force).
 
         Raises:
             NotFoundError: it no longer exists.
+            FailedPreconditionError: ``sync_codebases`` met a conflict; the
+                sandbox is kept.
         """
-        self._client._transport.unary(_SERVICE, "DestroySandbox", {"sandbox": self.id}, op=f"destroy sandbox {self.id}")
+        req: Dict[str, Any] = {"sandbox": self.id}
+        if sync_codebases:
+            req["syncCodebases"] = True
+        self._client._transport.unary(_SERVICE, "DestroySandbox", req, op=f"destroy sandbox {self.id}")
+
+    def sync_codebase(self, path: Optional[str] = None, *, dry_run: bool = False, force: bool = False) -> SyncResult:
+        """Write this sandbox's changes under its codebase mount at ``path``
+        (default: its only one) back into the codebase; see
+        :meth:`sbx.codebase.Codebases.sync`."""
+        return self._client.codebases.sync(self.id, path, dry_run=dry_run, force=force)
 
     #: Alias of :meth:`terminate`, like the Go SDK's Destroy.
     destroy = terminate

@@ -1543,8 +1543,11 @@ func (x *StartSandboxResponse) GetSandbox() *Sandbox {
 }
 
 type DestroySandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Sync every codebase mount back first (SyncCodebase without force); a
+	// conflict refuses the destroy (FailedPrecondition) and names the paths.
+	SyncCodebases bool `protobuf:"varint,2,opt,name=sync_codebases,json=syncCodebases,proto3" json:"sync_codebases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1584,6 +1587,13 @@ func (x *DestroySandboxRequest) GetSandbox() string {
 		return x.Sandbox
 	}
 	return ""
+}
+
+func (x *DestroySandboxRequest) GetSyncCodebases() bool {
+	if x != nil {
+		return x.SyncCodebases
+	}
+	return false
 }
 
 type DestroySandboxResponse struct {
@@ -1951,9 +1961,10 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x13StartSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"A\n" +
 	"\x14StartSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"1\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"X\n" +
 	"\x15DestroySandboxRequest\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\"\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12%\n" +
+	"\x0esync_codebases\x18\x02 \x01(\bR\rsyncCodebases\"\x18\n" +
 	"\x16DestroySandboxResponse\"a\n" +
 	"\x14UpdateNetworkRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12/\n" +

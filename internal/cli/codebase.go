@@ -1,0 +1,210 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/sandbox"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// parseCodebaseMounts parses --codebase NAME[:/path] flags.
+func parseCodebaseMounts(specs []string) ([]sbx.CodebaseMount, error) {
+	var out []sbx.CodebaseMount
+	for _, s := range specs {
+		name, path, _ := strings.Cut(s, ":")
+		if name == "" {
+			return nil, fmt.Errorf("--codebase %q: want NAME[:/path]", s)
+		}
+		out = append(out, sbx.CodebaseMount{Codebase: name, Path: path})
+	}
+	return out, nil
+}
+
+func newCodebase(a *app) *cobra.Command {
+	cmd := &cobra.Command{Use: "codebase", Aliases: []string{"codebases", "cb"}, Short: "Upload, mount and sync codebases"}
+	cmd.AddCommand(newCodebaseCreate(a), newCodebaseLs(a), newCodebaseInspect(a), newCodebaseDownload(a),
+		newCodebaseRm(a), newCodebaseSync(a))
+	return cmd
+}
+
+func printSkipped(w io.Writer, skipped []*sbxv1.SkippedFile) {
+	if len(skipped) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "skipped %d file(s):\n", len(skipped))
+	for _, s := range skipped {
+		size := ""
+		if s.GetSizeBytes() > 0 {
+			size = " (" + sandbox.FormatBytes(s.GetSizeBytes()) + ")"
+		}
+		fmt.Fprintf(w, "  %s%s: %s\n", s.GetPath(), size, s.GetReason())
+	}
+}
+
+func newCodebaseCreate(a *app) *cobra.Command {
+	var opts sbx.UploadOptions
+	var maxSize string
+	cmd := &cobra.Command{
+		Use:   "create DIR",
+		Short: "Upload a directory as a codebase (honours .gitignore and .sandboxignore) and print its id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := parseSize(maxSize)
+			if err != nil {
+				return fmt.Errorf("--max-file-size: %w", err)
+			}
+			opts.MaxFileBytes = n
+			if n == 0 {
+				opts.MaxFileBytes = -1
+			}
+			resp, err := a.client().CreateCodebase(cmd.Context(), args[0], opts)
+			if err != nil {
+				return err
+			}
+			cb := resp.GetCodebase()
+			fmt.Fprintln(a.stdout, cb.GetId())
+			fmt.Fprintf(a.stderr, "%d files, %s\n", cb.GetFileCount(), sandbox.FormatBytes(cb.GetSizeBytes()))
+			printSkipped(a.stderr, resp.GetSkipped())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Name, "name", "", "unique name")
+	f.StringArrayVar(&opts.Ignore, "ignore", nil, "extra gitignore-style pattern (repeatable)")
+	f.StringVar(&maxSize, "max-file-size", "10M", "skip (and report) larger files; 0: no limit")
+	f.BoolVar(&opts.NoGit, "no-git", false, "leave the .git directory out")
+	return cmd
+}
+
+func newCodebaseLs(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List codebases",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cbs, err := a.client().ListCodebases(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tREVISION\tFILES\tSIZE\tCREATED\tSANDBOXES")
+			for _, cb := range cbs {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cb.GetId(), cb.GetName(), cb.GetRevision(), cb.GetFileCount(),
+					sandbox.FormatBytes(cb.GetSizeBytes()), ago(cb.GetCreatedAtMs()), strings.Join(cb.GetSandboxes(), ","))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func newCodebaseInspect(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID|NAME",
+		Short: "Show a codebase as JSON (file count, size, revision, skipped files, sandboxes)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cb, err := a.client().GetCodebase(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			b, err := protojson.MarshalOptions{EmitUnpopulated: true, Multiline: true}.Marshal(cb)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, string(b))
+			return nil
+		},
+	}
+}
+
+func newCodebaseDownload(a *app) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "download ID|NAME",
+		Short: "Download a codebase's current revision as a tar",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var w io.Writer = a.stdout
+			if out != "" && out != "-" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			if err := a.client().DownloadCodebase(cmd.Context(), args[0], w); err != nil {
+				if out != "" && out != "-" {
+					os.Remove(out)
+				}
+				return err
+			}
+			if f, ok := w.(*os.File); ok && f != os.Stdout {
+				return f.Close()
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "write to this file (default: stdout)")
+	return cmd
+}
+
+func newCodebaseRm(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID|NAME...",
+		Short: "Delete codebases (refused while a sandbox mounts one)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := a.client()
+			return a.eachRef(args, func(ref string) error { return c.DeleteCodebase(cmd.Context(), ref) })
+		},
+	}
+}
+
+func newCodebaseSync(a *app) *cobra.Command {
+	var opts sbx.SyncOptions
+	cmd := &cobra.Command{
+		Use:   "sync SANDBOX",
+		Short: "Write a sandbox's changes under a codebase mount back into the codebase",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.client().SyncCodebase(cmd.Context(), args[0], opts)
+			if err != nil {
+				return err
+			}
+			verb := "wrote"
+			if opts.DryRun {
+				verb = "would write"
+			}
+			for _, p := range resp.GetWritten() {
+				fmt.Fprintf(a.stdout, "%s %s\n", verb, p)
+			}
+			for _, p := range resp.GetDeleted() {
+				fmt.Fprintf(a.stdout, "%s delete %s\n", verb, p)
+			}
+			for _, c := range resp.GetConflicts() {
+				fmt.Fprintf(a.stderr, "conflict: %s: %s\n", c.GetPath(), c.GetReason())
+			}
+			fmt.Fprintf(a.stderr, "codebase %s at revision %d\n", resp.GetCodebase(), resp.GetRevision())
+			if len(resp.GetConflicts()) > 0 && !opts.Force {
+				fmt.Fprintln(a.stderr, "sbx: conflicts: nothing was written (use --force to overwrite)")
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Path, "path", "", "mount path of the codebase (default: the sandbox's only one)")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "show what would be written")
+	f.BoolVar(&opts.Force, "force", false, "write conflicting paths too (the sandbox's version wins)")
+	return cmd
+}

@@ -1,0 +1,180 @@
+package codebase
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountLayer makes dir/rw (a tmpfs of size bytes holding upper/ and work/)
+// and dir/merged (the overlay of lower under it). On failure nothing is left.
+func mountLayer(lower, dir string, size int64, rootUID int) (merged string, err error) {
+	for _, p := range []string{lower, dir} {
+		if strings.ContainsAny(p, ",:") {
+			return "", fmt.Errorf("path %q contains ',' or ':' (unusable in overlay options)", p)
+		}
+	}
+	rw, merged := filepath.Join(dir, "rw"), filepath.Join(dir, "merged")
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return "", fmt.Errorf("create mount dir: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return "", fmt.Errorf("create mount dir: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = unmountLayer(dir)
+		}
+	}()
+	for _, d := range []string{rw, merged} {
+		if err := os.Mkdir(d, 0o711); err != nil {
+			return "", fmt.Errorf("create mount dir: %w", err)
+		}
+	}
+	opts := "mode=0700"
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
+	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return "", fmt.Errorf("mount tmpfs at %s: %w", rw, err)
+	}
+	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
+	fi, err := os.Stat(lower)
+	if err != nil {
+		return "", fmt.Errorf("stat codebase tree: %w", err)
+	}
+	if err := os.Mkdir(upper, fi.Mode().Perm()); err != nil {
+		return "", fmt.Errorf("create upper dir: %w", err)
+	}
+	if err := os.Chmod(upper, fi.Mode().Perm()); err != nil {
+		return "", fmt.Errorf("chmod upper dir: %w", err)
+	}
+	if err := os.Lchown(upper, rootUID, rootUID); err != nil {
+		return "", fmt.Errorf("chown upper dir: %w", err)
+	}
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return "", fmt.Errorf("create work dir: %w", err)
+	}
+	// redirect_dir and metacopy off: every change is a whole file in upper
+	// (a renamed directory is copied), which is what sync reads.
+	ovl := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off,index=off"
+	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+		return "", fmt.Errorf("mount overlay at %s: %w", merged, err)
+	}
+	ok = true
+	return merged, nil
+}
+
+// unmountLayer undoes mountLayer (also half-made ones) and removes dir.
+func unmountLayer(dir string) error {
+	for _, p := range []string{filepath.Join(dir, "merged"), filepath.Join(dir, "rw")} {
+		if err := unmount(p); err != nil {
+			return err
+		}
+	}
+	return removeUnmounted(dir)
+}
+
+// removeUnmounted unmounts anything still mounted under dir, then removes it.
+func removeUnmounted(dir string) error {
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	for _, mp := range mounts {
+		if err := unmount(mp); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmount detaches the mount at dir; not mounted or missing is fine. A busy
+// mount is lazily detached.
+func unmount(dir string) error {
+	err := unix.Unmount(dir, 0)
+	switch {
+	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", dir, err)
+}
+
+// mountsUnder lists mount points at or under dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// unescapeMount undoes the kernel's octal escaping (\040 for space etc.).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// isWhiteout reports an overlayfs whiteout (a 0/0 character device).
+func isWhiteout(mode uint32, rdev uint64) bool {
+	return mode&unix.S_IFMT == unix.S_IFCHR && rdev == 0
+}
+
+// isOpaque reports whether an upper directory is marked opaque.
+func isOpaque(path string) bool {
+	buf := make([]byte, 4)
+	n, err := unix.Lgetxattr(path, "trusted.overlay.opaque", buf)
+	return err == nil && n >= 1 && buf[0] == 'y'
+}
+
+func mtimeNs(st *syscall.Stat_t) int64 { return st.Mtim.Nano() }
+func ctimeNs(st *syscall.Stat_t) int64 { return st.Ctim.Nano() }
