@@ -77,7 +77,12 @@ func TestCodebaseRecords(t *testing.T) {
 	}
 	// Reopening an existing database keeps working (schema is idempotent).
 	s.Close()
-	if s, err = Open(ctx, dir); err != nil {
+	s2, err := Open(ctx, dir)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s2.ListCodebases(ctx); err != nil {
+		t.Errorf("list codebases after reopening: %v", err)
+	}
+	s2.Close()
 }
