@@ -321,3 +321,72 @@ func TestCodebaseGitStatus(t *testing.T) {
 	}
 	d.assertNoLeaks()
 }
+
+// TestGuardedCodebase: a codebase mounted with the agent-safe preset. The
+// sandbox's processes see secrets nowhere, the sources read-only and
+// /output writable; a sync writes back what the sandbox could write, and the
+// hidden files of the codebase are untouched by it.
+func TestGuardedCodebase(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	c := d.client()
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{
+		".env": "TOKEN=hunter2\n", "secrets/key.txt": "k\n", "src/app.py": "print('app')\n",
+		"id.pem": "pem\n", "output/.keep": "",
+	})
+	if _, err := c.CreateCodebase(ctx, src, sbx.UploadOptions{Name: "guarded"}); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, sbx.CreateOptions{Codebases: []sbx.CodebaseMount{{
+		Codebase: "guarded", Preset: "agent-safe",
+		Rules: []sbx.PermissionRule{{Pattern: "/src/generated", Type: sbx.Directory, Permission: sbx.PermWrite, Priority: 20}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	got := mustRun(t, ctx, sb, `cd /workspace
+ls -A | sort | tr '\n' ' '; echo
+cat .env 2>&1 | sed 's/.*: //'; cat secrets/key.txt 2>&1 | sed 's/.*: //'; cat id.pem 2>&1 | sed 's/.*: //'
+python3 src/app.py
+{ echo x >> src/app.py; } 2>&1 | sed 's/.*: //'
+mkdir -p src/generated && echo gen > src/generated/g.txt && echo generated-ok
+echo result > output/result.txt && echo output-ok`)
+	want := "output src \n" +
+		"No such file or directory\nNo such file or directory\nNo such file or directory\n" +
+		"app\nPermission denied\ngenerated-ok\noutput-ok\n"
+	if got != want {
+		t.Errorf("in the guarded codebase:\ngot  %q\nwant %q", got, want)
+	}
+	info, err := c.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp := info.Info.GetPathPolicies(); len(pp) != 1 || pp[0].GetPath() != "/workspace" || pp[0].GetPreset() != "agent-safe" {
+		t.Errorf("path policies of the sandbox: %v, want agent-safe at /workspace", pp)
+	}
+	res, err := sb.SyncCodebase(ctx, sbx.SyncOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.GetConflicts()) != 0 || !slices.Contains(res.GetWritten(), "output/result.txt") || !slices.Contains(res.GetWritten(), "src/generated/g.txt") {
+		t.Errorf("sync: %v, want output/result.txt and src/generated/g.txt written", res)
+	}
+	// A new sandbox on the synced codebase, unguarded, sees the hidden files
+	// unchanged and the written ones.
+	sb2, err := c.Create(ctx, sbx.CreateOptions{Codebases: []sbx.CodebaseMount{{Codebase: "guarded"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb2.ID)
+	if got := mustRun(t, ctx, sb2, "cd /workspace && cat .env output/result.txt src/generated/g.txt src/app.py"); got != "TOKEN=hunter2\nresult\ngen\nprint('app')\n" {
+		t.Errorf("after sync, unguarded: got %q", got)
+	}
+	for _, s := range []*sbx.Sandbox{sb, sb2} {
+		if err := s.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.assertNoLeaks()
+}

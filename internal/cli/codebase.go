@@ -15,15 +15,25 @@ import (
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
-// parseCodebaseMounts parses --codebase NAME[:/path] flags.
+// parseCodebaseMounts parses --codebase NAME[:/path[:PRESET]] flags.
 func parseCodebaseMounts(specs []string) ([]sbx.CodebaseMount, error) {
 	var out []sbx.CodebaseMount
 	for _, s := range specs {
-		name, path, _ := strings.Cut(s, ":")
-		if name == "" {
-			return nil, fmt.Errorf("--codebase %q: want NAME[:/path]", s)
+		parts := strings.Split(s, ":")
+		if parts[0] == "" || len(parts) > 3 {
+			return nil, fmt.Errorf("--codebase %q: want NAME[:/path[:PRESET]]", s)
 		}
-		out = append(out, sbx.CodebaseMount{Codebase: name, Path: path})
+		m := sbx.CodebaseMount{Codebase: parts[0]}
+		if len(parts) > 1 {
+			m.Path = parts[1]
+		}
+		if len(parts) > 2 {
+			if parts[2] == "" {
+				return nil, fmt.Errorf("--codebase %q: empty preset", s)
+			}
+			m.Preset = parts[2]
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }

@@ -72,7 +72,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	c.net.add(f, "network")
 	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
 	c.guard.add(f)
-	f.StringArrayVar(&c.codebases, "codebase", nil, "mount a codebase NAME[:/path] in a copy-on-write layer (default path /workspace; repeatable)")
+	f.StringArrayVar(&c.codebases, "codebase", nil, "mount a codebase NAME[:/path[:PRESET]] in a copy-on-write layer (default path /workspace; PRESET guards it, e.g. agent-safe; more rules with --rule on the path; repeatable)")
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {

@@ -21,11 +21,17 @@ import (
 type CodebaseMount struct {
 	Codebase string
 	Path     string
+	// Preset, Rules and Default, if any is set, guard the mount with
+	// permission rules (a PathPolicy at Path; see PathPolicy).
+	Preset  string
+	Rules   []PermissionRule
+	Default Permission
 }
 
 // Proto converts the mount to its API message.
 func (m CodebaseMount) Proto() *sbxv1.CodebaseMount {
-	return &sbxv1.CodebaseMount{Codebase: m.Codebase, Path: m.Path}
+	pp := PathPolicy{Path: m.Path, Preset: m.Preset, Rules: m.Rules, Default: m.Default}.Proto()
+	return &sbxv1.CodebaseMount{Codebase: m.Codebase, Path: m.Path, Preset: pp.Preset, Rules: pp.Rules, DefaultPermission: pp.DefaultPermission}
 }
 
 // DefaultMaxFileBytes is the per-file size limit of uploads unless told.

@@ -24,7 +24,7 @@ from ._tar import UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
 from .code import Artifact, CodeContext, CodeResult, PolicyFinding
-from .codebase import Codebase, Codebases, SkippedFile, SyncConflict, SyncResult
+from .codebase import Codebase, CodebaseMount, Codebases, SkippedFile, SyncConflict, SyncResult
 from .errors import (
     AbortedError,
     AlreadyExistsError,
@@ -83,6 +83,7 @@ __all__ = [
     "Images",
     "Recipe",
     "Codebase",
+    "CodebaseMount",
     "Codebases",
     "SkippedFile",
     "SyncConflict",

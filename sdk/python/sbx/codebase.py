@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._transport import Transport, b64decode, b64encode
+from .types import PathPolicy, PermissionRule
 
 __all__ = [
     "Codebase",
+    "CodebaseMount",
     "Codebases",
     "SkippedFile",
     "SyncConflict",
@@ -443,19 +445,56 @@ class Codebases:
         return SyncResult.from_json(resp)
 
 
-def mounts_to_json(codebases: Sequence[Union[str, Tuple[str, str], Mapping[str, str]]]) -> List[Dict[str, str]]:
-    """Turn ``"name"``, ``"name:/path"``, ``("name", "/path")`` or
-    ``{"codebase": ..., "path": ...}`` into CodebaseMount JSON."""
-    out: List[Dict[str, str]] = []
+def mounts_to_json(codebases: Sequence[Any]) -> List[Dict[str, Any]]:
+    """Turn ``"name"``, ``"name:/path"``, ``"name:/path:preset"``,
+    ``("name", "/path")``, a :class:`CodebaseMount` or ``{"codebase": ...,
+    "path": ...}`` into CodebaseMount JSON."""
+    out: List[Dict[str, Any]] = []
     for cb in codebases:
+        if isinstance(cb, CodebaseMount):
+            out.append(cb.to_json())
+            continue
+        preset = ""
         if isinstance(cb, str):
-            name, _, path = cb.partition(":")
+            parts = cb.split(":")
+            if not parts[0] or len(parts) > 3:
+                raise ValueError(f"codebase mount {cb!r}: want NAME[:/path[:PRESET]]")
+            name = parts[0]
+            path = parts[1] if len(parts) > 1 else ""
+            preset = parts[2] if len(parts) > 2 else ""
         elif isinstance(cb, Mapping):
             name, path = str(cb.get("codebase", "")), str(cb.get("path", ""))
+            preset = str(cb.get("preset", ""))
         else:
             name, path = cb
-        m = {"codebase": name}
+        m: Dict[str, Any] = {"codebase": name}
         if path:
             m["path"] = path
+        if preset:
+            m["preset"] = preset
         out.append(m)
     return out
+
+
+@dataclass(frozen=True)
+class CodebaseMount:
+    """Mount codebase ``codebase`` at ``path`` (default ``/workspace``),
+    optionally guarded by permission rules: ``preset`` (e.g.
+    ``"agent-safe"``), extra ``rules`` and a ``default`` permission, as in
+    :class:`~sbx.PathPolicy`."""
+
+    codebase: str
+    path: str = ""
+    preset: str = ""
+    rules: List[PermissionRule] = field(default_factory=list)
+    default: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        pol = PathPolicy(self.path or "/workspace", preset=self.preset, rules=list(self.rules), default=self.default).to_json()
+        m: Dict[str, Any] = {"codebase": self.codebase}
+        if self.path:
+            m["path"] = self.path
+        for key in ("preset", "rules", "defaultPermission"):
+            if pol.get(key):
+                m[key] = pol[key]
+        return m

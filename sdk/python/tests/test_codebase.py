@@ -101,3 +101,23 @@ def test_codebase_lifecycle(client: sbx.Client, make_sandbox, tmp_path) -> None:
     client.codebases.delete(name)
     with pytest.raises(sbx.NotFoundError):
         client.codebases.get(name)
+
+
+def test_guarded_codebase_mount(client: sbx.Client, make_sandbox, tmp_path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_text("print('app')\n")
+    (tmp_path / ".env").write_text("TOKEN=x\n")
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / ".keep").write_text("")
+    name = unique("guardcb")
+    cb = client.codebases.from_local(tmp_path, name=name)
+    try:
+        sb = make_sandbox(codebases=[sbx.CodebaseMount(cb.name, preset="agent-safe",
+                                                       rules=[sbx.PermissionRule("*.log", "none")])])
+        r = sb.run("cd /workspace; ls -A; cat .env; echo x >> src/app.py; echo ok > output/r.txt && cat output/r.txt")
+        assert r.stdout == "output\nsrc\nok\n", r
+        assert "No such file" in r.stderr and "Permission denied" in r.stderr
+        assert [p.path for p in sb.refresh().info.path_policies] == ["/workspace"]
+        sb.terminate()
+    finally:
+        client.codebases.delete(cb.name)
