@@ -130,10 +130,11 @@ func TestRunCodeOneShot(t *testing.T) {
 		{"ruby", "ruby", "puts [1, 2, 3].sum * 7\n", "42\n"},
 		{"typescript", "tsc", "const n: number = 6 * 7;\nconsole.log(`ts ${n}`);\n", "ts 42\n"},
 		{"r", "Rscript", "cat(sum(1:3) * 7, \"\\n\")\n", "42 \n"},
+		{"go", "go", "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"go\", 6*7) }\n", "go 42\n"},
 	} {
 		t.Run(tc.lang, func(t *testing.T) {
-			if !hostHas("sh", "-c", "PATH=/usr/bin:/bin command -v "+tc.tool) {
-				t.Skipf("no %s in the host's /usr/bin (scripts/install-deps.sh installs it)", tc.tool)
+			if r, err := sb.RunShell(ctx, "command -v "+tc.tool); err != nil || r.Code != 0 {
+				t.Skipf("no %s in the sandbox (the host image shows the host's /usr; scripts/install-deps.sh installs it)", tc.tool)
 			}
 			res, err := sb.RunCode(ctx, tc.lang, tc.code, sbx.RunCodeOptions{Timeout: 2 * time.Minute})
 			if err != nil {
@@ -148,16 +149,24 @@ func TestRunCodeOneShot(t *testing.T) {
 		// Some language's toolchain is missing in the sandbox (the host image
 		// has /usr/bin but not, say, /usr/local/go/bin on its PATH).
 		lang := ""
-		for _, l := range []struct{ name, tool string }{{"go", "go"}, {"ruby", "ruby"}, {"r", "Rscript"}, {"java", "javac"}} {
+		for _, l := range []struct{ name, tool string }{{"go", "go"}, {"ruby", "ruby"}, {"r", "Rscript"}, {"java", "javac"}, {"typescript", "tsc"}} {
 			if r, err := sb.RunShell(ctx, "command -v "+l.tool); err == nil && r.Code != 0 {
 				lang = l.name
 				break
 			}
 		}
+		target := sb
 		if lang == "" {
-			t.Skip("every language's toolchain is present in the sandbox")
+			// Every toolchain is here: hide them with a PATH that has none.
+			bare, err := d.client().Create(ctx, sbx.CreateOptions{Env: map[string]string{"PATH": "/sbx-no-tools"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.remember(bare.ID)
+			t.Cleanup(func() { _ = bare.Destroy(context.Background()) })
+			target, lang = bare, "ruby"
 		}
-		_, err := sb.RunCode(ctx, lang, "puts 1", sbx.RunCodeOptions{})
+		_, err := target.RunCode(ctx, lang, "puts 1", sbx.RunCodeOptions{})
 		if err == nil || !strings.Contains(err.Error(), "not available in this image") {
 			t.Errorf("got %v, want a 'not available in this image' error", err)
 		}

@@ -44,7 +44,7 @@ var Version = "dev"
 const ProtocolVersion = 1
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
-const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
 
 // Config is the sandbox-wide defaults every exec starts from.
 type Config struct {

@@ -11,7 +11,9 @@ import (
 // agentInBox is where the agent binary is bind-mounted inside every box.
 const agentInBox = "/.sbx/sbx-agent"
 
-const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// /usr/local/go/bin last: where Go is installed by its official archives
+// (the host image shows the host's /usr, so its Go works in sandboxes).
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
 
 // boxCapabilities is Docker's default capability set (no NET_RAW,
 // SYS_PTRACE or MKNOD) plus CAP_SYS_ADMIN, which only the agent ever holds:
