@@ -59,6 +59,16 @@ type Config struct {
 	// NetPool is how many network namespaces to keep ready.
 	NetPool int
 	Logger  *slog.Logger
+	// AuthToken, when set, is required on every API and proxied request.
+	AuthToken string
+	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
+	InsecureNoAuth bool
+	// ProxyDomain turns on routing to sandbox ports by host name
+	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
+	ProxyDomain string
+	// PublicURL is the daemon's URL as clients see it, used in port URLs
+	// ("" = taken from each request).
+	PublicURL string
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -80,6 +90,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.DataDir == "" {
 		return errors.New("no data dir given")
+	}
+	if err := server.CheckListen(cfg.Listen, cfg.AuthToken, cfg.InsecureNoAuth); err != nil {
+		return err
 	}
 	dataDir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -207,15 +220,19 @@ func Run(ctx context.Context, cfg Config) error {
 	api.AddImages(imageSrv)
 	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
 	api.AddSessions(server.NewSessionServer(codeexec.NewSessions(mgr, log)))
+	front := server.NewFront(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)), mgr, server.FrontConfig{
+		Token: cfg.AuthToken, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+	})
+	defer front.Close()
 	srv := &http.Server{
-		Handler:           server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)),
+		Handler:           front,
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir)
+	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "proxy_domain", cfg.ProxyDomain)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

@@ -47,6 +47,7 @@ from .errors import (
 )
 from .files import Files
 from .images import Images
+from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox
 from .session import Session, SessionResult
@@ -75,6 +76,7 @@ __all__ = [
     "ExitStatus",
     "Files",
     "Images",
+    "Port",
     "Artifact",
     "CodeContext",
     "CodeResult",

@@ -27,6 +27,7 @@ from .client import Client
 from .errors import NotFoundError
 from .files import Files
 from .images import Images
+from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
 from .types import FileInfo, ImageInfo, ImageProgress, SandboxInfo, SandboxStats
@@ -280,8 +281,15 @@ class AsyncImages:
 class AsyncClient:
     """Async view of :class:`~sbx.Client`."""
 
-    def __init__(self, addr: Optional[str] = None, *, timeout: Optional[float] = None, client: Optional[Client] = None) -> None:
-        self.sync = client if client is not None else Client(addr, timeout=timeout)
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        client: Optional[Client] = None,
+        token: Optional[str] = None,
+    ) -> None:
+        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token)
         self.images = AsyncImages(self.sync.images)
 
     async def version(self) -> Dict[str, Any]:
@@ -382,6 +390,18 @@ class AsyncSandbox:
     async def stop(self) -> None:
         """Freeze the sandbox."""
         await _to_thread(self.sync.stop)
+
+    async def get_host(self, port: int) -> str:
+        """See :meth:`Sandbox.get_host`."""
+        return await _to_thread(self.sync.get_host, port)
+
+    async def get_port(self, port: int) -> Port:
+        """See :meth:`Sandbox.get_port`."""
+        return await _to_thread(self.sync.get_port, port)
+
+    async def ports(self) -> List[Port]:
+        """See :meth:`Sandbox.ports`."""
+        return await _to_thread(self.sync.ports)
 
     async def start(self) -> None:
         """Resume the sandbox."""
