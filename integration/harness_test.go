@@ -60,6 +60,8 @@ type daemon struct {
 	log     *os.File
 	exited  chan struct{}
 	args    []string
+	// token is the daemon's API token ("" = none).
+	token string
 }
 
 func freeAddr(t *testing.T) string {
@@ -77,6 +79,13 @@ func freeAddr(t *testing.T) string {
 // whatever sandboxes remain and stops it.
 func startDaemon(t *testing.T, extraArgs ...string) *daemon {
 	t.Helper()
+	return startDaemonToken(t, "", extraArgs...)
+}
+
+// startDaemonToken is startDaemon with an API token (given to the daemon in
+// a file; "" = none) that the harness's clients send.
+func startDaemonToken(t *testing.T, token string, extraArgs ...string) *daemon {
+	t.Helper()
 	testutil.RequiresRoot(t)
 	dir := binaries(t)
 	// Sandboxes' user namespaces must traverse to their bundles: no 0700 parents.
@@ -85,7 +94,14 @@ func startDaemon(t *testing.T, extraArgs ...string) *daemon {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(data, 0o711)
-	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs}
+	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs, token: token}
+	if token != "" {
+		tf := filepath.Join(data, "token")
+		if err := os.WriteFile(tf, []byte(token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d.args = append([]string{"--auth-token-file", tf}, d.args...)
+	}
 	d.start()
 	t.Cleanup(func() {
 		if d.cmd != nil {
@@ -173,12 +189,13 @@ func (d *daemon) stop() {
 	d.cmd = nil
 }
 
-func (d *daemon) client() *sbx.Client { return sbx.NewClient(d.addr) }
+func (d *daemon) client() *sbx.Client { return sbx.NewClient(d.addr, sbx.WithToken(d.token)) }
 
 // cli runs the sbx CLI against this daemon and returns stdout, stderr and the exit code.
 func (d *daemon) cli(stdin string, args ...string) (string, string, int) {
 	d.t.Helper()
 	cmd := exec.Command(d.bin, append([]string{"--addr", d.addr}, args...)...)
+	cmd.Env = append(os.Environ(), "SBX_TOKEN="+d.token)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.Stdin = strings.NewReader(stdin)

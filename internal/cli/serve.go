@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel string
+	var logLevel, tokenFile string
 	var egressPorts []uint
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -33,6 +34,11 @@ func newServe(a *app) *cobra.Command {
 				}
 				cfg.EgressPorts = append(cfg.EgressPorts, uint16(p))
 			}
+			tok, err := readAuthToken(tokenFile)
+			if err != nil {
+				return err
+			}
+			cfg.AuthToken = tok
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -54,6 +60,29 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetPool, "net-pool", 4, "network namespaces kept ready for fast creates (0: off)")
 	f.UintSliceVar(&egressPorts, "egress-ports", []uint{80, 443}, "TCP ports sent through the egress proxy (host-name checks in allow mode, domain secrets)")
 	f.StringSliceVar(&cfg.EgressRoots, "egress-ca", nil, "PEM file of extra CAs the egress proxy trusts when it re-originates intercepted TLS (repeatable; the host's roots are always trusted)")
+	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
+	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
+	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
+	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// readAuthToken reads the daemon's token from file, else $SBX_AUTH_TOKEN.
+func readAuthToken(file string) (string, error) {
+	tok, from := strings.TrimSpace(os.Getenv("SBX_AUTH_TOKEN")), "SBX_AUTH_TOKEN"
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("reading the auth token: %w", err)
+		}
+		tok, from = strings.TrimSpace(string(b)), file
+		if tok == "" {
+			return "", fmt.Errorf("auth token file %s is empty", file)
+		}
+	}
+	if tok != "" && len(tok) < 16 {
+		return "", fmt.Errorf("the auth token in %s is shorter than 16 characters: use a long random one (e.g. openssl rand -hex 32)", from)
+	}
+	return tok, nil
 }

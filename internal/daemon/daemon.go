@@ -64,6 +64,16 @@ type Config struct {
 	EgressPorts []uint16
 	EgressRoots []string
 	Logger      *slog.Logger
+	// AuthToken, when set, is required on every API and proxied request.
+	AuthToken string
+	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
+	InsecureNoAuth bool
+	// ProxyDomain turns on routing to sandbox ports by host name
+	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
+	ProxyDomain string
+	// PublicURL is the daemon's URL as clients see it, used in port URLs
+	// ("" = taken from each request).
+	PublicURL string
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -85,6 +95,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.DataDir == "" {
 		return errors.New("no data dir given")
+	}
+	if err := server.CheckListen(cfg.Listen, cfg.AuthToken, cfg.InsecureNoAuth); err != nil {
+		return err
 	}
 	dataDir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -221,16 +234,20 @@ func Run(ctx context.Context, cfg Config) error {
 	api.AddImages(imageSrv)
 	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
 	api.AddSessions(server.NewSessionServer(codeexec.NewSessions(mgr, log)))
+	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)), server.NewCodebaseServer(cbs, mgr))
+	front := server.NewFront(handler, mgr, server.FrontConfig{
+		Token: cfg.AuthToken, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+	})
+	defer front.Close()
 	srv := &http.Server{
-		Handler: server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)),
-			server.NewCodebaseServer(cbs, mgr)),
+		Handler:           front,
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir)
+	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "proxy_domain", cfg.ProxyDomain)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

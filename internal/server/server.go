@@ -1,7 +1,10 @@
 // Package server owns sbx's RPC edge: it implements the sbx.v1
 // SandboxService with Connect (gRPC, gRPC-Web and Connect HTTP/JSON on one
 // port), forwards exec and file calls to sandbox agents, and is the only
-// place where errdefs sentinels become RPC codes. It knows no runtime driver.
+// place where errdefs sentinels become RPC codes. Its Front (front.go) is the
+// handler on the daemon's listener: API token checks and the proxy to
+// sandbox ports (HTTP, WebSocket, raw TCP) through the manager's agent
+// connections. It knows no runtime driver.
 package server
 
 import (

@@ -38,12 +38,48 @@ type Client struct {
 	session sbxv1connect.SessionServiceClient
 	// codebases: see codebase.go.
 	codebases sbxv1connect.CodebaseServiceClient
+	ports     sbxv1connect.PortServiceClient
 	baseURL   string
+	token     string
+}
+
+// Option configures a Client.
+type Option func(*clientOptions)
+
+type clientOptions struct {
+	token    string
+	tokenSet bool
+}
+
+// WithToken sets the daemon's API token (sent as Authorization: Bearer).
+// Without it the client uses $SBX_TOKEN, if set.
+func WithToken(token string) Option {
+	return func(o *clientOptions) { o.token, o.tokenSet = token, true }
+}
+
+// bearerTransport adds the token to every request.
+type bearerTransport struct {
+	base  http.RoundTripper
+	token string
+}
+
+func (t *bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.token)
+	return t.base.RoundTrip(r)
 }
 
 // NewClient returns a client of the daemon at addr ("host:port" or an
-// http:// URL). An empty addr means $SBX_ADDR, else DefaultAddr.
-func NewClient(addr string) *Client {
+// http:// URL). An empty addr means $SBX_ADDR, else DefaultAddr. The API
+// token is WithToken's, else $SBX_TOKEN (none: no token is sent).
+func NewClient(addr string, opts ...Option) *Client {
+	var o clientOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if !o.tokenSet {
+		o.token = os.Getenv("SBX_TOKEN")
+	}
 	if addr == "" {
 		addr = os.Getenv("SBX_ADDR")
 	}
@@ -62,8 +98,14 @@ func NewClient(addr string) *Client {
 		TLSClientConfig:     &tls.Config{},
 		MaxIdleConnsPerHost: 8,
 	}
-	hc := &http.Client{Transport: tr}
+	var rt http.RoundTripper = tr
+	if o.token != "" {
+		rt = &bearerTransport{base: tr, token: o.token}
+	}
+	hc := &http.Client{Transport: rt}
 	return &Client{
+		ports:   sbxv1connect.NewPortServiceClient(hc, base, connect.WithGRPC()),
+		token:   o.token,
 		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
 		images:  sbxv1connect.NewImageServiceClient(hc, base, connect.WithGRPC()),
 		code:    sbxv1connect.NewCodeServiceClient(hc, base, connect.WithGRPC()),

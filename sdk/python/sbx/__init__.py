@@ -48,6 +48,7 @@ from .errors import (
 )
 from .files import Files
 from .images import Images
+from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .recipe import Recipe
 from .sandbox import Sandbox
@@ -88,6 +89,7 @@ __all__ = [
     "SkippedFile",
     "SyncConflict",
     "SyncResult",
+    "Port",
     "Artifact",
     "CodeContext",
     "CodeResult",

@@ -89,6 +89,8 @@ class Transport:
             ``127.0.0.1:7777``.
         timeout: default deadline in seconds of unary calls (``None``: none).
         connect_timeout: seconds to wait for the TCP connection.
+        token: the daemon's API token, sent as ``Authorization: Bearer``.
+            ``None`` means ``$SBX_TOKEN`` (unset or empty: no token).
     """
 
     def __init__(
@@ -97,7 +99,9 @@ class Transport:
         *,
         timeout: Optional[float] = None,
         connect_timeout: float = 10.0,
+        token: Optional[str] = None,
     ) -> None:
+        self.token = os.environ.get("SBX_TOKEN", "") if token is None else token
         addr = addr or os.environ.get("SBX_ADDR") or DEFAULT_ADDR
         self.addr = addr
         url = addr if "://" in addr else "http://" + addr
@@ -133,12 +137,23 @@ class Transport:
     def _path(self, service: str, method: str) -> str:
         return f"{self._prefix}/{service}/{method}"
 
-    @staticmethod
-    def _headers(content_type: str, timeout: Optional[float]) -> Dict[str, str]:
+    @property
+    def base_url(self) -> str:
+        """The daemon's base URL (scheme, host, port and prefix)."""
+        scheme = "https" if self._https else "http"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self._port}{self._prefix}"
+
+    def auth_headers(self) -> Dict[str, str]:
+        """The headers carrying the API token (none without one)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _headers(self, content_type: str, timeout: Optional[float]) -> Dict[str, str]:
         h = {
             "Content-Type": content_type,
             "Connect-Protocol-Version": "1",
             "User-Agent": "sbx-python/0.1",
+            **self.auth_headers(),
         }
         if timeout is not None:
             h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))

@@ -27,6 +27,7 @@ from .client import Client
 from .errors import NotFoundError
 from .files import Files
 from .images import Images
+from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
@@ -309,8 +310,15 @@ class AsyncVolumes:
 class AsyncClient:
     """Async view of :class:`~sbx.Client`."""
 
-    def __init__(self, addr: Optional[str] = None, *, timeout: Optional[float] = None, client: Optional[Client] = None) -> None:
-        self.sync = client if client is not None else Client(addr, timeout=timeout)
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        client: Optional[Client] = None,
+        token: Optional[str] = None,
+    ) -> None:
+        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token)
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
 
@@ -412,6 +420,18 @@ class AsyncSandbox:
     async def stop(self) -> None:
         """Freeze the sandbox."""
         await _to_thread(self.sync.stop)
+
+    async def get_host(self, port: int) -> str:
+        """See :meth:`Sandbox.get_host`."""
+        return await _to_thread(self.sync.get_host, port)
+
+    async def get_port(self, port: int) -> Port:
+        """See :meth:`Sandbox.get_port`."""
+        return await _to_thread(self.sync.get_port, port)
+
+    async def ports(self) -> List[Port]:
+        """See :meth:`Sandbox.ports`."""
+        return await _to_thread(self.sync.ports)
 
     async def start(self) -> None:
         """Resume the sandbox."""

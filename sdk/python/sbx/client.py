@@ -35,6 +35,8 @@ class Client:
             ``$SBX_ADDR``, else ``127.0.0.1:7777``.
         timeout: deadline in seconds of unary calls (``None``: none). Streams
             (exec output, file transfers) are not bounded by it.
+        token: the daemon's API token (``sbx serve --auth-token-file``).
+            ``None`` means ``$SBX_TOKEN``; without one no token is sent.
 
     Example::
 
@@ -43,8 +45,10 @@ class Client:
             print(sb.run("echo hi").stdout)
     """
 
-    def __init__(self, addr: Optional[str] = None, *, timeout: Optional[float] = None) -> None:
-        self._transport = Transport(addr, timeout=timeout)
+    def __init__(
+        self, addr: Optional[str] = None, *, timeout: Optional[float] = None, token: Optional[str] = None
+    ) -> None:
+        self._transport = Transport(addr, timeout=timeout, token=token)
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
         #: Named persistent volumes (create, list, get, remove).

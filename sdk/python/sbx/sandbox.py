@@ -8,11 +8,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._transport import b64encode
 from . import code as _code
+from . import ports as _ports
 from . import session as _session
 from .client import Client, selectors_from_labels
 from .codebase import SyncResult, mounts_to_json
 from .errors import CommandError, NotFoundError
 from .files import Files
+from .ports import Port
 from .process import CommandResult, Process
 from .types import DomainSecret, ImageInfo, NetworkPolicy, PathPolicy, SandboxInfo, SandboxStats, parse_size
 from .volumes import VolumeMountLike, volume_mounts_to_json
@@ -537,6 +539,29 @@ class Sandbox:
     def list_sessions(self) -> List["_session.Session"]:
         """The sandbox's live shell sessions."""
         return _session.list_sessions(self._client, self.id)
+
+    # -- ports -----------------------------------------------------------
+
+    def get_port(self, port: int) -> Port:
+        """The addresses of a TCP port of the sandbox on the daemon's proxy
+        (whether or not anything listens there yet)."""
+        resp = self._client._transport.unary(
+            _ports.SERVICE, "GetPort", {"sandbox": self.id, "port": port}, op=f"get port {port} of {self.id}"
+        )
+        return Port.from_json(resp.get("port") or {})
+
+    def get_host(self, port: int) -> str:
+        """The URL at which the daemon proxies ``port`` of the sandbox (HTTP
+        and WebSocket), like E2B's ``get_host``: the host-name URL when the
+        daemon has a proxy domain, else the path-routed one. Send the
+        daemon's token with requests to it (see :class:`Port`)."""
+        p = self.get_port(port)
+        return p.host_url or p.url
+
+    def ports(self) -> List[Port]:
+        """The TCP ports listening inside the (running) sandbox."""
+        resp = self._client._transport.unary(_ports.SERVICE, "ListPorts", {"sandbox": self.id}, op=f"list ports of {self.id}")
+        return [Port.from_json(p) for p in resp.get("ports") or []]
 
     def __repr__(self) -> str:
         name = f" name={self.name!r}" if self.name else ""

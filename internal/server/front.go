@@ -1,0 +1,265 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/sandbox"
+)
+
+// FrontConfig configures the daemon's HTTP front.
+type FrontConfig struct {
+	// Token, when set, is required on every API and proxied request.
+	Token string
+	// ProxyDomain turns on routing by host name: <port>-<sandbox-id>.<domain>.
+	ProxyDomain string
+	// PublicURL is the daemon's address as clients see it (e.g.
+	// "https://sbx.example.com"), used in the URLs GetPort returns; ""
+	// means the scheme and Host of each request.
+	PublicURL string
+	Logger    *slog.Logger
+}
+
+// Front is the handler on the daemon's listener: it authenticates every
+// request, serves the API, and proxies requests routed to sandbox ports (by
+// path, host name or headers) through the manager's agent connections.
+type Front struct {
+	cfg   FrontConfig
+	mgr   *sandbox.Manager
+	api   http.Handler
+	log   *slog.Logger
+	token []byte // sha256 of cfg.Token; nil: no auth
+	proxy *httputil.ReverseProxy
+	tr    *http.Transport
+}
+
+// NewFront wraps api (the Connect handlers) with auth, the port proxy and
+// the PortService.
+func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
+	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
+	f := &Front{cfg: cfg, mgr: mgr, log: log}
+	if cfg.Token != "" {
+		f.token = f.hash(cfg.Token)
+	}
+	mux := http.NewServeMux()
+	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL})
+	mux.Handle(path, h)
+	mux.Handle("/", api)
+	f.api = mux
+	f.initProxy()
+	return f
+}
+
+// Close drops idle proxied connections.
+func (f *Front) Close() { f.tr.CloseIdleConnections() }
+
+type baseURLKey struct{}
+
+// baseURL is the daemon's URL as the client of ctx's request sees it.
+func baseURL(ctx context.Context) string {
+	s, _ := ctx.Value(baseURLKey{}).(string)
+	return s
+}
+
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
+	if err != nil {
+		// Say nothing about sandboxes to strangers.
+		if !f.authProxy(w, r) {
+			return
+		}
+		http.Error(w, "sbx: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	switch rt.kind {
+	case routeAPI:
+		if r.URL.Path == "/healthz" {
+			f.api.ServeHTTP(w, r)
+			return
+		}
+		if !f.authAPI(w, r) {
+			return
+		}
+		base := f.cfg.PublicURL
+		if base == "" {
+			scheme := "http"
+			if r.TLS != nil {
+				scheme = "https"
+			}
+			base = scheme + "://" + r.Host
+		}
+		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, base)))
+	case routeHTTP:
+		if !f.authProxy(w, r) {
+			return
+		}
+		f.serveProxy(w, r, rt)
+	case routeTCP:
+		if !f.authProxy(w, r) {
+			return
+		}
+		f.serveTCP(w, r, rt)
+	}
+}
+
+func (f *Front) hash(tok string) []byte {
+	sum := sha256.Sum256([]byte(tok))
+	return sum[:]
+}
+
+// validToken compares a presented token with the daemon's in constant time.
+func (f *Front) validToken(tok string) bool {
+	if tok == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare(sum[:], f.token) == 1
+}
+
+// bearer returns the token of an "Authorization: Bearer T" header.
+func bearer(r *http.Request) string {
+	v := r.Header.Get("Authorization")
+	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+		return strings.TrimSpace(v[7:])
+	}
+	return ""
+}
+
+// authAPI checks an API request (Authorization: Bearer only: cookies would
+// let pages the proxy serves call the API).
+func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) bool {
+	if f.token == nil {
+		return true
+	}
+	tok := bearer(r)
+	if f.validToken(tok) {
+		return true
+	}
+	msg := "missing API token: send Authorization: Bearer <token> (SBX_TOKEN for the CLI and SDKs)"
+	if tok != "" {
+		msg = "invalid API token"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
+	w.WriteHeader(http.StatusUnauthorized)
+	_ = json.NewEncoder(w).Encode(map[string]string{"code": "unauthenticated", "message": msg})
+	return false
+}
+
+// authProxy checks a proxied request: the token may come as a bearer token,
+// in X-Sbx-Token, in the sbx_token cookie or, once, in the sbx_token query
+// parameter (a GET then gets the cookie and a redirect without it).
+func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) bool {
+	if f.token == nil {
+		return true
+	}
+	if f.validToken(bearer(r)) || f.validToken(r.Header.Get(HeaderToken)) {
+		return true
+	}
+	if c, err := r.Cookie(TokenCookie); err == nil && f.validToken(c.Value) {
+		return true
+	}
+	if q := r.URL.Query().Get(TokenQueryParam); q != "" && f.validToken(q) {
+		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
+			http.SetCookie(w, &http.Cookie{
+				Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
+				SameSite: http.SameSiteLaxMode, MaxAge: int((7 * 24 * time.Hour).Seconds()),
+			})
+			u := *r.URL
+			qs := u.Query()
+			qs.Del(TokenQueryParam)
+			u.RawQuery = qs.Encode()
+			u.Scheme, u.Host = "", ""
+			w.Header().Set("Cache-Control", "no-store")
+			http.Redirect(w, r, u.RequestURI(), http.StatusFound)
+			return false
+		}
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
+	http.Error(w, "sbx: this port needs the daemon's token: Authorization: Bearer <token>, X-Sbx-Token, or ?sbx_token=<token> once in a browser", http.StatusUnauthorized)
+	return false
+}
+
+// stripCredentials removes everything of the daemon's from a request bound
+// for a sandbox: its token (wherever it came) and its routing headers. The
+// token must never reach sandbox code.
+func (f *Front) stripCredentials(out *http.Request) {
+	h := out.Header
+	if tok := bearer(out); f.token != nil && f.validToken(tok) {
+		h.Del("Authorization")
+	}
+	if q := out.URL.Query(); q.Has(TokenQueryParam) {
+		q.Del(TokenQueryParam)
+		out.URL.RawQuery = q.Encode()
+	}
+	for _, k := range []string{HeaderToken, HeaderSandbox, HeaderPort, HeaderE2BSandboxID, HeaderE2BSandboxPort} {
+		h.Del(k)
+	}
+	if cookies := h.Values("Cookie"); len(cookies) > 0 {
+		var keep []string
+		for _, line := range cookies {
+			for _, part := range strings.Split(line, ";") {
+				name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
+				if name != TokenCookie && strings.TrimSpace(part) != "" {
+					keep = append(keep, strings.TrimSpace(part))
+				}
+			}
+		}
+		h.Del("Cookie")
+		if len(keep) > 0 {
+			h.Set("Cookie", strings.Join(keep, "; "))
+		}
+	}
+}
+
+func isUpgrade(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+func headerHasToken(h http.Header, key, tok string) bool {
+	for _, v := range h.Values(key) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), tok) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// CheckListen refuses an address reachable from other machines without a
+// token unless insecure is set.
+func CheckListen(addr, token string, insecure bool) error {
+	if token != "" || insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return errors.New("refusing to listen on " + addr + " without an API token: anyone who can reach it could run code on this machine. " +
+		"Give one with --auth-token-file FILE or SBX_AUTH_TOKEN, listen on 127.0.0.1, or pass --insecure-no-auth")
+}

@@ -1,0 +1,236 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// TCPUpgrade is the Upgrade token of the raw TCP endpoint /tcp/SANDBOX/PORT.
+const TCPUpgrade = "sbx-tcp"
+
+type routeKey struct{}
+
+// proxyTarget is a resolved route, carried in the request's context.
+type proxyTarget struct {
+	route
+	id string
+}
+
+func (f *Front) initProxy() {
+	f.tr = &http.Transport{
+		// Connections go through the sandbox's agent: the "address" is
+		// <sandbox-id>:<port> (never resolved).
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			id, portStr, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			port, err := strconv.ParseUint(portStr, 10, 16)
+			if err != nil {
+				return nil, fmt.Errorf("port %q: %w", portStr, errdefs.ErrInvalidArgument)
+			}
+			return f.mgr.DialPort(ctx, id, uint32(port))
+		},
+		// An idle pooled connection holds its sandbox active: keep few, briefly.
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       5 * time.Second,
+		ResponseHeaderTimeout: 0, // long polls and slow apps are fine
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite:       f.rewrite,
+		Transport:     f.tr,
+		FlushInterval: -1, // stream every write (SSE, chunked progress)
+		ErrorHandler:  f.proxyError,
+		// A sandbox must not replace (or clear) the browser's token cookie:
+		// under path routing it shares the daemon's origin.
+		ModifyResponse: func(resp *http.Response) error {
+			dropTokenCookies(resp.Header)
+			return nil
+		},
+	}
+}
+
+// dropTokenCookies removes Set-Cookie headers naming the daemon's cookie.
+func dropTokenCookies(h http.Header) {
+	vals := h.Values("Set-Cookie")
+	if len(vals) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, v := range vals {
+		name, _, _ := strings.Cut(v, "=")
+		if !strings.EqualFold(strings.TrimSpace(name), TokenCookie) {
+			h.Add("Set-Cookie", v)
+		}
+	}
+}
+
+func (f *Front) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(routeKey{}).(*proxyTarget)
+	out := pr.Out
+	out.URL.Scheme = "http"
+	out.URL.Host = net.JoinHostPort(t.id, strconv.FormatUint(uint64(t.port), 10))
+	if t.by == "path" {
+		p, err := url.PathUnescape(t.rest)
+		if err != nil { // checked in serveProxy
+			p = "/"
+		}
+		out.URL.Path, out.URL.RawPath = p, t.rest
+		if out.URL.RawPath == p {
+			out.URL.RawPath = ""
+		}
+	}
+	// The application sees the Host the client used (dev servers check it).
+	out.Host = pr.In.Host
+	pr.SetXForwarded()
+	if t.prefix != "" {
+		out.Header.Set("X-Forwarded-Prefix", t.prefix)
+	}
+	f.stripCredentials(out)
+}
+
+// serveProxy forwards an HTTP (or WebSocket) request to a sandbox port.
+func (f *Front) serveProxy(w http.ResponseWriter, r *http.Request, rt route) {
+	if rt.by == "path" && rt.rest == "" {
+		// /proxy/ID/PORT → /proxy/ID/PORT/ so relative links resolve.
+		u := *r.URL
+		u.Path, u.RawPath = u.Path+"/", ""
+		u.Scheme, u.Host = "", ""
+		http.Redirect(w, r, u.RequestURI(), http.StatusPermanentRedirect)
+		return
+	}
+	if _, err := url.PathUnescape(rt.rest); err != nil {
+		http.Error(w, "sbx: bad path: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	id, err := f.mgr.RunningID(rt.sandbox)
+	if err != nil {
+		f.writeError(w, err)
+		return
+	}
+	t := &proxyTarget{route: rt, id: id}
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, t)))
+}
+
+func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client left
+	}
+	f.writeError(w, err)
+}
+
+// writeError answers a proxied request that could not reach its sandbox.
+func (f *Front) writeError(w http.ResponseWriter, err error) {
+	code := http.StatusBadGateway
+	switch {
+	case errdefs.IsNotFound(err):
+		code = http.StatusNotFound
+	case errdefs.IsFailedPrecondition(err):
+		code = http.StatusConflict
+	case errdefs.IsInvalidArgument(err):
+		code = http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrUnavailable):
+		code = http.StatusBadGateway
+	default:
+		f.log.Debug("proxy error", "err", err)
+	}
+	http.Error(w, "sbx: "+err.Error(), code)
+}
+
+// serveTCP turns GET /tcp/SANDBOX/PORT with "Upgrade: sbx-tcp" into a byte
+// pipe to the port (HTTP/1.1 only: HTTP/2 cannot hand over its connection).
+func (f *Front) serveTCP(w http.ResponseWriter, r *http.Request, rt route) {
+	if r.Method != http.MethodGet || !isUpgrade(r) || !headerHasToken(r.Header, "Upgrade", TCPUpgrade) {
+		http.Error(w, "sbx: /tcp/SANDBOX/PORT needs GET with Connection: Upgrade and Upgrade: "+TCPUpgrade+" over HTTP/1.1", http.StatusBadRequest)
+		return
+	}
+	if r.ProtoMajor != 1 {
+		http.Error(w, "sbx: raw TCP needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
+		return
+	}
+	conn, err := f.mgr.DialPort(r.Context(), rt.sandbox, rt.port)
+	if err != nil {
+		f.writeError(w, err)
+		return
+	}
+	defer conn.Close()
+	client, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, "sbx: cannot take over the connection: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer client.Close()
+	_ = client.SetDeadline(time.Time{})
+	if _, err := io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+TCPUpgrade+"\r\n\r\n"); err != nil {
+		return
+	}
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	pipe(bufConn{Conn: client, r: brw.Reader}, conn, halfCloseLinger)
+}
+
+// bufConn reads through a bufio.Reader that may hold bytes already read.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c bufConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
+// halfCloseLinger is how long a raw TCP pipe stays open after one side has
+// finished sending while the other has not: a client that closed fully
+// looks the same as one that half-closed, and a sandbox server that never
+// answers would otherwise hold the connection (and keep the sandbox
+// active) until the sandbox dies.
+const halfCloseLinger = time.Minute
+
+// pipe copies both ways, passing half-closes on, until both directions end,
+// one fails (which closes both) or linger passes after the first one ended.
+func pipe(a, b net.Conn, linger time.Duration) {
+	var wg sync.WaitGroup
+	var once sync.Once
+	closeBoth := func() { once.Do(func() { a.Close(); b.Close() }) }
+	var lingerOnce sync.Once
+	cp := func(dst, src net.Conn) {
+		defer wg.Done()
+		if _, err := io.Copy(dst, src); err != nil {
+			closeBoth()
+			return
+		}
+		if err := closeWrite(dst); err != nil {
+			closeBoth()
+			return
+		}
+		lingerOnce.Do(func() { time.AfterFunc(linger, closeBoth) })
+	}
+	wg.Add(2)
+	go cp(a, b)
+	go cp(b, a)
+	wg.Wait()
+	closeBoth()
+}
