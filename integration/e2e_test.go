@@ -510,9 +510,14 @@ func TestInteractiveExec(t *testing.T) {
 		t.Errorf("after SIGTERM: got code %d signal %d, want 143 and 15", st.Code, st.Signal)
 	}
 
-	// Only the usual device nodes exist.
-	if got := mustRun(t, ctx, sb, "ls /dev | tr '\\n' ' '"); got != "fd full mqueue null ptmx pts random shm stderr stdin stdout tty urandom zero " {
+	// Only the usual device nodes exist, plus /dev/fuse for the agent's
+	// permission layers (opening it is harmless: mounting needs
+	// CAP_SYS_ADMIN, which no user process has).
+	if got := mustRun(t, ctx, sb, "ls /dev | tr '\\n' ' '"); got != "fd full fuse mqueue null ptmx pts random shm stderr stdin stdout tty urandom zero " {
 		t.Errorf("/dev holds %q", got)
+	}
+	if got := mustRun(t, ctx, sb, "grep -E '^Cap(Eff|Bnd)' /proc/self/status | tr '\\n\\t' '  '"); strings.Contains(got, "00000000a02405fb") || !strings.Contains(got, "00000000a00405fb") {
+		t.Errorf("capabilities of a user process: %q, want Docker's set without CAP_SYS_ADMIN", got)
 	}
 }
 
