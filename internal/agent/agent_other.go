@@ -31,6 +31,8 @@ func Run(context.Context, Options) error { return errNotLinux }
 
 type reaper struct{}
 
+type detachedTable struct{}
+
 func newReaper(bool, *slog.Logger) *reaper { return &reaper{} }
 
 // Exec is unimplemented outside Linux.

@@ -76,18 +76,8 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 	if req == nil {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("first exec message must be start"))
 	}
-	switch {
-	case len(req.GetArgv()) > 0 && req.GetShell() != "":
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: set only one of argv and shell"))
-	case len(req.GetArgv()) == 0 && req.GetShell() == "":
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: one of argv and shell is required"))
-	case len(req.GetArgv()) > 0 && req.GetArgv()[0] == "":
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: argv[0] is empty"))
-	}
-	for k := range req.GetEnv() {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: invalid env name %q", k))
-		}
+	if err := validateExec(req); err != nil {
+		return err
 	}
 	p, err := s.start(req)
 	if se, ok := errors.AsType[*startError](err); ok {
@@ -105,6 +95,24 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 	defer p.close()
 	go p.input(stream, req)
 	return s.wait(ctx, stream, req, p)
+}
+
+// validateExec checks an exec request before anything starts.
+func validateExec(req *sbxv1.ExecRequest) error {
+	switch {
+	case len(req.GetArgv()) > 0 && req.GetShell() != "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: set only one of argv and shell"))
+	case len(req.GetArgv()) == 0 && req.GetShell() == "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: one of argv and shell is required"))
+	case len(req.GetArgv()) > 0 && req.GetArgv()[0] == "":
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("exec: argv[0] is empty"))
+	}
+	for k := range req.GetEnv() {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: invalid env name %q", k))
+		}
+	}
+	return nil
 }
 
 // start forks the command described by req.
@@ -505,14 +513,7 @@ func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, qu
 // input applies the client's stdin, resize and signal events. It runs until
 // the client's side of the stream ends (at the latest when Exec returns).
 func (p *process) input(stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest) {
-	if len(req.GetStdin()) > 0 && p.stdin != nil {
-		p.stdin.Write(req.GetStdin())
-		if !req.GetStdinOpen() {
-			p.closeStdin()
-		}
-	} else if !req.GetStdinOpen() && !p.tty {
-		p.closeStdin()
-	}
+	p.initialStdin(req)
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
@@ -521,23 +522,42 @@ func (p *process) input(stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOu
 			}
 			return
 		}
-		switch ev := msg.GetEvent().(type) {
-		case *sbxv1.ExecInput_Stdin:
-			if p.stdin != nil && len(ev.Stdin) > 0 {
-				p.stdin.Write(ev.Stdin)
-			}
-		case *sbxv1.ExecInput_StdinClose:
-			if ev.StdinClose {
-				p.closeStdin()
-			}
-		case *sbxv1.ExecInput_Resize:
-			if p.tty {
-				setPTYSize(p.stdout, ev.Resize)
-			}
-		case *sbxv1.ExecInput_Signal:
-			if !p.exited.Load() && ev.Signal > 0 {
-				unix.Kill(-p.pid, unix.Signal(ev.Signal))
-			}
+		p.apply(msg)
+	}
+}
+
+// initialStdin writes the start request's stdin and closes stdin unless the
+// request keeps it open.
+func (p *process) initialStdin(req *sbxv1.ExecRequest) {
+	if len(req.GetStdin()) > 0 && p.stdin != nil {
+		p.stdin.Write(req.GetStdin())
+		if !req.GetStdinOpen() {
+			p.closeStdin()
+		}
+	} else if !req.GetStdinOpen() && !p.tty {
+		p.closeStdin()
+	}
+}
+
+// apply applies one stdin, stdin_close, resize or signal event; a start
+// event is ignored.
+func (p *process) apply(msg *sbxv1.ExecInput) {
+	switch ev := msg.GetEvent().(type) {
+	case *sbxv1.ExecInput_Stdin:
+		if p.stdin != nil && len(ev.Stdin) > 0 {
+			p.stdin.Write(ev.Stdin)
+		}
+	case *sbxv1.ExecInput_StdinClose:
+		if ev.StdinClose {
+			p.closeStdin()
+		}
+	case *sbxv1.ExecInput_Resize:
+		if p.tty {
+			setPTYSize(p.stdout, ev.Resize)
+		}
+	case *sbxv1.ExecInput_Signal:
+		if !p.exited.Load() && ev.Signal > 0 {
+			unix.Kill(-p.pid, unix.Signal(ev.Signal))
 		}
 	}
 }

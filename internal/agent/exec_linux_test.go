@@ -27,7 +27,7 @@ func TestHello(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := resp.GetProtocolVersion(), uint32(1); got != want {
+	if got, want := resp.GetProtocolVersion(), uint32(ProtocolVersion); got != want {
 		t.Errorf("protocol version: got %d, want %d", got, want)
 	}
 	if got, want := resp.GetAgentVersion(), Version; got != want {

@@ -7,6 +7,11 @@
 // Commands run as root or as the sandbox's users (see user.go); the agent
 // itself, and with it every file operation, always stays root.
 //
+// Detached processes (detached_linux.go) are execs that outlive their
+// stream, for the daemon's shell sessions and code kernels: a restarted
+// daemon re-attaches to them by id; their output waits in a bounded buffer
+// (outbuf.go) meanwhile.
+//
 // Path guards (Configure's path policies) are FUSE layers mounted by
 // permfs; guards_linux.go holds the lockdown that drops CAP_SYS_ADMIN before
 // any user process starts.
@@ -41,7 +46,8 @@ import (
 var Version = "dev"
 
 // ProtocolVersion is the highest daemon↔agent protocol version this agent speaks.
-const ProtocolVersion = 1
+// Version 2 added Attach, ListDetached and RemoveDetached.
+const ProtocolVersion = 2
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
@@ -93,6 +99,9 @@ type Server struct {
 	// dropped. Taken after configureMu when both are held.
 	lockMu sync.Mutex
 	lock   lockdownState
+
+	// detached holds the processes started by Attach (see detached_linux.go).
+	detached detachedTable
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)

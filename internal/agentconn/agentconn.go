@@ -17,7 +17,8 @@ import (
 )
 
 // ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
-const ProtocolVersion = 1
+// Version 2 added detached processes (Attach, ListDetached, RemoveDetached).
+const ProtocolVersion = 2
 
 // DialFunc opens a new connection to an agent.
 type DialFunc func(ctx context.Context) (net.Conn, error)

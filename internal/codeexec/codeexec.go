@@ -2,7 +2,8 @@
 // languages (which toolchain, how to compile and run, which installer),
 // kernels (stateful contexts), artifacts (plots and files the code writes
 // under $SBX_OUTPUT_DIR) and the code policy checked before running. It
-// needs no agent changes: it uses the agent's file API and exec streams.
+// uses the agent's file API, exec streams and detached processes (sessions
+// and contexts, which survive a daemon restart: detached.go).
 // Only internal/server and internal/daemon import it.
 package codeexec
 
@@ -18,6 +19,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,10 +56,17 @@ type Agents interface {
 // Sink receives a run's events: output chunks, then the result.
 type Sink func(*sbxv1.RunCodeEvent) error
 
-// Service runs code. It is safe for concurrent use.
+// Service runs code. With a store (UseStore), its contexts survive a
+// daemon restart (see RestoreContexts). It is safe for concurrent use.
 type Service struct {
 	agents Agents
 	log    *slog.Logger
+	store  ProcessStore // nil: contexts are not persisted
+	// stopping is set by Shutdown: kernel streams that end then leave the
+	// kernels and their records alone.
+	stopping atomic.Bool
+	// restoreMu serializes re-attaching, so a context is restored once.
+	restoreMu sync.Mutex
 
 	mu sync.Mutex
 	// contexts by id.
@@ -71,6 +80,9 @@ func New(agents Agents, log *slog.Logger) *Service {
 	}
 	return &Service{agents: agents, log: log, contexts: map[string]*kernel{}}
 }
+
+// UseStore makes s persist its contexts in st. Call it before any CreateContext.
+func (s *Service) UseStore(st ProcessStore) { s.store = st }
 
 func newID() string {
 	var b [8]byte
@@ -93,7 +105,7 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	langName := req.GetLanguage()
 	if req.GetContext() != "" {
 		var err error
-		if k, err = s.kernel(req.GetContext()); err != nil {
+		if k, err = s.kernel(ctx, req.GetContext()); err != nil {
 			return err
 		}
 		langName = k.lang.name

@@ -5,16 +5,16 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"connectrpc.com/connect"
-
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/store"
 )
 
 //go:embed kernels/kernel.py
@@ -25,24 +25,30 @@ var jsKernel string
 
 var kernelScripts = map[string]string{"kernel.py": pythonKernel, "kernel.js": jsKernel}
 
-// kernel is one context: a long-lived interpreter in the sandbox, started
-// through an agent exec stream the daemon keeps open. Requests are JSON
-// lines on its stdin; user output flows on its stdout/stderr, and each
-// request ends with token+reply JSON on stdout and token+id on stderr.
+// kernel is one context: a long-lived interpreter in the sandbox, a
+// detached process of the sandbox's agent (id = context id) the daemon
+// attaches to, so it survives a daemon restart. Requests are JSON lines on
+// its stdin; user output flows on its stdout/stderr, and each request ends
+// with token+reply JSON on stdout and token+id on stderr.
 type kernel struct {
+	owner       *Service
 	id, sandbox string
 	lang        *language
 	created     time.Time
 	token       []byte
 	cancel      context.CancelFunc
-	stream      *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	stream      *procStream
 	// events carries the stream's output; closed when the stream ends.
-	events chan *sbxv1.ExecOutput
-	runs   atomic.Int64
-	dead   atomic.Bool
+	events     chan *sbxv1.ExecOutput
+	runs       atomic.Int64
+	dead       atomic.Bool
+	forgetOnce sync.Once
 
 	// mu serializes runs.
-	mu    sync.Mutex
+	mu sync.Mutex
+	// reqID numbers requests. It starts from the clock (in microseconds,
+	// exact in a JavaScript number), so the reply to a request cut off by
+	// a daemon restart never matches a later request.
 	reqID int64
 }
 
@@ -79,8 +85,9 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 		return nil, err
 	}
 	k := &kernel{
-		id: id, sandbox: req.GetSandbox(), lang: lang, created: time.Now(),
+		owner: s, id: id, sandbox: req.GetSandbox(), lang: lang, created: time.Now(),
 		token: []byte("\x1esbx-" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
+		reqID: time.Now().UnixMicro(),
 	}
 	env := map[string]string{"SBX_KERNEL": script, "SBX_KERNEL_TOKEN": string(k.token), "MPLBACKEND": "Agg"}
 	for key, v := range req.GetEnv() {
@@ -89,10 +96,8 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 	// The kernel outlives this request: its stream hangs off a context of its own.
 	kctx, cancel := context.WithCancel(context.Background())
 	k.cancel = cancel
-	k.stream = conn.Exec(kctx)
 	start := &sbxv1.ExecRequest{Shell: lang.kernelCmd, Env: env, Workdir: req.GetCwd(), StdinOpen: true}
-	if err := k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil {
-		cancel()
+	if k.stream, err = attach(ctx, kctx, cancel, conn, id, start); err != nil {
 		return nil, fmt.Errorf("create context: starting kernel: %w", err)
 	}
 	go k.read(s)
@@ -109,28 +114,129 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 		return nil, err
 	}
 	k.runs.Store(0)
+	// Registered before its record exists, so that a record without a live
+	// context is always one to restore.
 	s.mu.Lock()
 	s.contexts[id] = k
 	s.mu.Unlock()
+	if s.store != nil {
+		rec := &store.ProcessRecord{ID: id, Kind: store.ProcessContext, SandboxID: k.sandbox, Program: lang.name,
+			Token: k.token, Workdir: req.GetCwd(), CreatedAtMs: k.created.UnixMilli()}
+		if err := s.store.PutProcess(ctx, rec); err != nil {
+			s.drop(k)
+			k.close()
+			return nil, fmt.Errorf("create context: %w", err)
+		}
+	}
 	s.log.Info("code context created", "context", id, "sandbox", k.sandbox, "language", lang.name)
 	return k.info(), nil
+}
+
+// RestoreContexts re-attaches to the kernels of the persisted contexts
+// (after the sandboxes were recovered). A context whose kernel is gone is
+// dropped with a log line. The result of code that was running when the
+// daemon stopped is lost.
+func (s *Service) RestoreContexts(ctx context.Context) error {
+	if s.store == nil {
+		return nil
+	}
+	recs, err := s.store.ListProcesses(ctx, store.ProcessContext)
+	if err != nil {
+		return fmt.Errorf("restore contexts: %w", err)
+	}
+	for _, r := range recs {
+		if err := s.restoreRecord(ctx, r); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Info("code context kept for later: its sandbox cannot be reached now", "context", r.ID, "sandbox", r.SandboxID, "err", err)
+		}
+	}
+	return nil
+}
+
+// restoreRecord re-attaches r's kernel unless that was done already. A
+// context whose kernel or sandbox is gone is dropped; one whose sandbox is
+// not running now keeps its record for a later try.
+func (s *Service) restoreRecord(ctx context.Context, r *store.ProcessRecord) error {
+	s.restoreMu.Lock()
+	defer s.restoreMu.Unlock()
+	s.mu.Lock()
+	_, ok := s.contexts[r.ID]
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	err := s.restoreContext(ctx, r)
+	switch {
+	case err == nil:
+		s.log.Info("code context re-attached", "context", r.ID, "sandbox", r.SandboxID, "language", r.Program)
+	case errdefs.IsNotFound(err):
+		s.log.Warn("code context dropped: its kernel is gone", "context", r.ID, "sandbox", r.SandboxID, "err", err)
+		forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
+	default:
+		s.log.Debug("code context not re-attached", "context", r.ID, "sandbox", r.SandboxID, "err", err)
+	}
+	return err
+}
+
+func (s *Service) restoreContext(ctx context.Context, r *store.ProcessRecord) error {
+	lang, err := lookupLanguage(r.Program)
+	if err != nil {
+		return errors.Join(errdefs.ErrNotFound, err)
+	}
+	conn, release, err := s.agents.Agent(ctx, r.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	k := &kernel{
+		owner: s, id: r.ID, sandbox: r.SandboxID, lang: lang, created: time.UnixMilli(r.CreatedAtMs),
+		token: r.Token, events: make(chan *sbxv1.ExecOutput, 256), reqID: time.Now().UnixMicro(),
+	}
+	if err := checkDetached(ctx, conn, r.ID); err != nil {
+		return err
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	k.cancel = cancel
+	if k.stream, err = attach(ctx, kctx, cancel, conn, k.id, nil); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.contexts[k.id] = k
+	s.mu.Unlock()
+	go k.read(s)
+	return nil
+}
+
+// Shutdown detaches from every kernel without stopping it and without
+// forgetting its record, for a daemon that is stopping.
+func (s *Service) Shutdown() {
+	s.stopping.Store(true)
+	s.mu.Lock()
+	all := make([]*kernel, 0, len(s.contexts))
+	for _, k := range s.contexts {
+		all = append(all, k)
+	}
+	s.mu.Unlock()
+	for _, k := range all {
+		k.cancel()
+	}
 }
 
 func (k *kernel) info() *sbxv1.CodeContext {
 	return &sbxv1.CodeContext{Id: k.id, Sandbox: k.sandbox, Language: k.lang.name, CreatedMs: k.created.UnixMilli(), Runs: k.runs.Load()}
 }
 
-// read moves the stream's events to k.events until it ends, then forgets k.
+// read moves the stream's events to k.events until it ends, then forgets
+// k (and, unless the daemon is stopping, its kernel and record).
 func (k *kernel) read(s *Service) {
 	defer func() {
 		k.dead.Store(true)
 		close(k.events)
-		s.mu.Lock()
-		if s.contexts[k.id] == k {
-			delete(s.contexts, k.id)
+		if !s.stopping.Load() {
+			k.forget()
 		}
-		s.mu.Unlock()
+		s.drop(k)
 		k.cancel()
+		k.stream.close()
 	}()
 	for {
 		msg, err := k.stream.Receive()
@@ -144,23 +250,94 @@ func (k *kernel) read(s *Service) {
 	}
 }
 
+// close kills the kernel's process group, drops the stream and forgets the context.
 func (k *kernel) close() {
-	k.dead.Store(true)
+	if !k.dead.Swap(true) {
+		_ = k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Signal{Signal: 9}})
+	}
 	k.cancel()
+	k.forget()
 }
 
-func (s *Service) kernel(id string) (*kernel, error) {
+// forget removes the context's record and its detached process, once.
+func (k *kernel) forget() {
+	k.forgetOnce.Do(func() {
+		forgetProcess(k.owner.agents, k.owner.store, k.owner.log, k.sandbox, k.id)
+	})
+}
+
+// kernel returns a live context, re-attaching a persisted one that is not
+// attached yet (its sandbox was stopped when the daemon started).
+func (s *Service) kernel(ctx context.Context, id string) (*kernel, error) {
+	s.mu.Lock()
+	k, ok := s.contexts[id]
+	s.mu.Unlock()
+	if ok {
+		return k, nil
+	}
+	notFound := fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
+	if s.store == nil {
+		return nil, notFound
+	}
+	r, err := s.store.GetProcess(ctx, id)
+	if errdefs.IsNotFound(err) || err == nil && r.Kind != store.ProcessContext {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("context %s: %w", id, err)
+	}
+	if err := s.restoreRecord(ctx, r); errdefs.IsNotFound(err) {
+		return nil, notFound
+	} else if err != nil {
+		return nil, fmt.Errorf("context %s: %w", id, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k, ok := s.contexts[id]
-	if !ok {
-		return nil, fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
+	if k, ok := s.contexts[id]; ok {
+		return k, nil
 	}
-	return k, nil
+	return nil, notFound
+}
+
+// drop removes k from the live contexts.
+func (s *Service) drop(k *kernel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.contexts[k.id] == k {
+		delete(s.contexts, k.id)
+	}
+}
+
+// restorePending re-attaches the persisted contexts (of one sandbox if
+// sandbox is set) that are not attached: their sandbox was stopped when the
+// daemon started and may run again.
+func (s *Service) restorePending(sandbox string) {
+	if s.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs, err := s.store.ListProcesses(ctx, store.ProcessContext)
+	if err != nil {
+		s.log.Warn("listing context records", "err", err)
+		return
+	}
+	for _, r := range recs {
+		if sandbox != "" && r.SandboxID != sandbox {
+			continue
+		}
+		s.mu.Lock()
+		_, ok := s.contexts[r.ID]
+		s.mu.Unlock()
+		if !ok {
+			_ = s.restoreRecord(ctx, r)
+		}
+	}
 }
 
 // ListContexts lists live contexts, of one sandbox if sandbox is set.
 func (s *Service) ListContexts(sandbox string) []*sbxv1.CodeContext {
+	s.restorePending(sandbox)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*sbxv1.CodeContext
@@ -176,13 +353,22 @@ func (s *Service) ListContexts(sandbox string) []*sbxv1.CodeContext {
 func (s *Service) CloseContext(id string) error {
 	s.mu.Lock()
 	k, ok := s.contexts[id]
-	delete(s.contexts, id)
 	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
+	if ok {
+		k.close() // forgets the record first: a List meanwhile does not restore it
+		s.drop(k)
+		return nil
 	}
-	k.close()
-	return nil
+	if s.store != nil {
+		// Persisted but not attached (its sandbox was stopped at restore).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if r, err := s.store.GetProcess(ctx, id); err == nil && r.Kind == store.ProcessContext {
+			forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
+			return nil
+		}
+	}
+	return fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
 }
 
 // run executes req.Code in the kernel, streaming output to sink and filling res.

@@ -2,6 +2,7 @@ package codeexec
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path"
@@ -11,21 +12,30 @@ import (
 	"sync/atomic"
 	"time"
 
-	"connectrpc.com/connect"
-
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/store"
 )
 
 // Sessions keeps stateful shells in sandboxes, the way Service keeps
-// kernels: each shell is started through an agent exec stream the daemon
-// keeps open (stdin open, in a process group of its own). Commands are
-// written to the shell's stdin and each is followed by an end marker
-// carrying its exit status, on stdout and on stderr, so both streams are
-// delimited per command. It is safe for concurrent use.
+// kernels: each shell is a detached process of the sandbox's agent (stdin
+// open, in a process group of its own, id = session id) that the daemon
+// attaches to. Commands are written to the shell's stdin and each is
+// followed by an end marker carrying its exit status, on stdout and on
+// stderr, so both streams are delimited per command.
+//
+// With a store (UseStore), sessions survive a daemon restart: their records
+// are persisted and Restore re-attaches to their shells. It is safe for
+// concurrent use.
 type Sessions struct {
 	agents Agents
 	log    *slog.Logger
+	store  ProcessStore // nil: sessions are not persisted
+	// stopping is set by Shutdown: streams that end then leave the shells
+	// and their records alone.
+	stopping atomic.Bool
+	// restoreMu serializes re-attaching, so a session is restored once.
+	restoreMu sync.Mutex
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -39,6 +49,9 @@ func NewSessions(agents Agents, log *slog.Logger) *Sessions {
 	return &Sessions{agents: agents, log: log, sessions: map[string]*session{}}
 }
 
+// UseStore makes s persist its sessions in st. Call it before any Create.
+func (s *Sessions) UseStore(st ProcessStore) { s.store = st }
+
 // SessionSink receives a command's events: output chunks, then the result.
 type SessionSink func(*sbxv1.SessionExecEvent) error
 
@@ -51,17 +64,21 @@ var (
 )
 
 type session struct {
+	owner              *Sessions
 	id, sandbox, shell string
 	created            time.Time
 	token              []byte
 	cancel             context.CancelFunc
-	stream             *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	stream             *procStream
 	events             chan *sbxv1.ExecOutput
 	execs              atomic.Int64
 	dead               atomic.Bool
+	forgetOnce         sync.Once
 
 	// mu serializes commands.
-	mu  sync.Mutex
+	mu sync.Mutex
+	// seq numbers commands. It starts from the clock, so the markers of a
+	// command cut off by a daemon restart never match a later command's.
 	seq int64
 }
 
@@ -97,16 +114,18 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	}
 	defer release()
 	ss := &session{
-		id: "sess-" + newID(), sandbox: req.GetSandbox(), shell: shell, created: time.Now(),
+		owner: s, id: "sess-" + newID(), sandbox: req.GetSandbox(), shell: shell, created: time.Now(),
 		token: []byte("\x1eSBX" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
+		seq: time.Now().UnixMicro(),
 	}
 	// The shell outlives this request: its stream hangs off a context of its own.
 	sctx, cancel := context.WithCancel(context.Background())
 	ss.cancel = cancel
-	ss.stream = conn.Exec(sctx)
 	start := &sbxv1.ExecRequest{Argv: shellArgv(shell), Env: req.GetEnv(), Workdir: req.GetWorkdir(), StdinOpen: true}
-	if err := ss.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil {
-		cancel()
+	if ss.stream, err = attach(ctx, sctx, cancel, conn, ss.id, start); err != nil {
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return nil, fmt.Errorf("create session: shell %s failed to start: %w", shell, err)
+		}
 		return nil, fmt.Errorf("create session: starting shell: %w", err)
 	}
 	go ss.read(s)
@@ -130,11 +149,107 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 		return nil, err
 	}
 	ss.execs.Store(0)
+	// Registered before its record exists, so that a record without a live
+	// session is always one to restore.
 	s.mu.Lock()
 	s.sessions[ss.id] = ss
 	s.mu.Unlock()
+	if s.store != nil {
+		rec := &store.ProcessRecord{ID: ss.id, Kind: store.ProcessSession, SandboxID: ss.sandbox, Program: shell,
+			Token: ss.token, Workdir: req.GetWorkdir(), CreatedAtMs: ss.created.UnixMilli()}
+		if err := s.store.PutProcess(ctx, rec); err != nil {
+			s.drop(ss)
+			ss.close()
+			return nil, fmt.Errorf("create session: %w", err)
+		}
+	}
 	s.log.Info("shell session created", "session", ss.id, "sandbox", ss.sandbox, "shell", shell)
 	return ss.info(), nil
+}
+
+// Restore re-attaches to the shells of the persisted sessions (after the
+// sandboxes were recovered). A session whose shell is gone (its sandbox was
+// destroyed, the shell exited) is dropped with a log line; one whose
+// sandbox is not running now (stopped) keeps its record and is re-attached
+// when it is next used. The result of a command that was running when the
+// daemon stopped is lost.
+func (s *Sessions) Restore(ctx context.Context) error {
+	if s.store == nil {
+		return nil
+	}
+	recs, err := s.store.ListProcesses(ctx, store.ProcessSession)
+	if err != nil {
+		return fmt.Errorf("restore sessions: %w", err)
+	}
+	for _, r := range recs {
+		if err := s.restoreRecord(ctx, r); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Info("shell session kept for later: its sandbox cannot be reached now", "session", r.ID, "sandbox", r.SandboxID, "err", err)
+		}
+	}
+	return nil
+}
+
+// restoreRecord re-attaches r's shell unless that was done already.
+func (s *Sessions) restoreRecord(ctx context.Context, r *store.ProcessRecord) error {
+	s.restoreMu.Lock()
+	defer s.restoreMu.Unlock()
+	s.mu.Lock()
+	_, ok := s.sessions[r.ID]
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	err := s.restoreOne(ctx, r)
+	switch {
+	case err == nil:
+		s.log.Info("shell session re-attached", "session", r.ID, "sandbox", r.SandboxID)
+	case errdefs.IsNotFound(err):
+		s.log.Warn("shell session dropped: its shell is gone", "session", r.ID, "sandbox", r.SandboxID, "err", err)
+		forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
+	default:
+		s.log.Debug("shell session not re-attached", "session", r.ID, "sandbox", r.SandboxID, "err", err)
+	}
+	return err
+}
+
+func (s *Sessions) restoreOne(ctx context.Context, r *store.ProcessRecord) error {
+	conn, release, err := s.agents.Agent(ctx, r.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	ss := &session{
+		owner: s, id: r.ID, sandbox: r.SandboxID, shell: r.Program, created: time.UnixMilli(r.CreatedAtMs),
+		token: r.Token, events: make(chan *sbxv1.ExecOutput, 256), seq: time.Now().UnixMicro(),
+	}
+	if err := checkDetached(ctx, conn, r.ID); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	ss.cancel = cancel
+	if ss.stream, err = attach(ctx, sctx, cancel, conn, ss.id, nil); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.sessions[ss.id] = ss
+	s.mu.Unlock()
+	go ss.read(s)
+	return nil
+}
+
+// Shutdown detaches from every shell without stopping it and without
+// forgetting its record, for a daemon that is stopping.
+func (s *Sessions) Shutdown() {
+	s.stopping.Store(true)
+	s.mu.Lock()
+	all := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		ss.cancel()
+	}
 }
 
 func (ss *session) info() *sbxv1.Session {
@@ -153,17 +268,18 @@ func (ss *session) signal(sig int32) {
 	_ = ss.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Signal{Signal: sig}})
 }
 
-// read moves the stream's events to ss.events until it ends, then forgets ss.
+// read moves the stream's events to ss.events until it ends, then forgets
+// ss (and, unless the daemon is stopping, its shell and record).
 func (ss *session) read(s *Sessions) {
 	defer func() {
 		ss.dead.Store(true)
 		close(ss.events)
-		s.mu.Lock()
-		if s.sessions[ss.id] == ss {
-			delete(s.sessions, ss.id)
+		if !s.stopping.Load() {
+			ss.forget()
 		}
-		s.mu.Unlock()
+		s.drop(ss)
 		ss.cancel()
+		ss.stream.close()
 	}()
 	for {
 		msg, err := ss.stream.Receive()
@@ -177,27 +293,95 @@ func (ss *session) read(s *Sessions) {
 	}
 }
 
-// close kills the shell's whole process group (background jobs included)
-// and drops the stream.
+// close kills the shell's whole process group (background jobs included),
+// drops the stream and forgets the session.
 func (ss *session) close() {
 	if !ss.dead.Swap(true) {
 		ss.signal(9)
 	}
 	ss.cancel()
+	ss.forget()
 }
 
-func (s *Sessions) get(id string) (*session, error) {
+// forget removes the session's record and its detached process, once.
+func (ss *session) forget() {
+	ss.forgetOnce.Do(func() {
+		forgetProcess(ss.owner.agents, ss.owner.store, ss.owner.log, ss.sandbox, ss.id)
+	})
+}
+
+// get returns a live session, re-attaching a persisted one that is not
+// attached yet (its sandbox was stopped when the daemon started).
+func (s *Sessions) get(ctx context.Context, id string) (*session, error) {
+	s.mu.Lock()
+	ss, ok := s.sessions[id]
+	s.mu.Unlock()
+	if ok {
+		return ss, nil
+	}
+	notFound := fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
+	if s.store == nil {
+		return nil, notFound
+	}
+	r, err := s.store.GetProcess(ctx, id)
+	if errdefs.IsNotFound(err) || err == nil && r.Kind != store.ProcessSession {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	if err := s.restoreRecord(ctx, r); errdefs.IsNotFound(err) {
+		return nil, notFound
+	} else if err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss, ok := s.sessions[id]
-	if !ok {
-		return nil, fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
+	if ss, ok := s.sessions[id]; ok {
+		return ss, nil
 	}
-	return ss, nil
+	return nil, notFound
+}
+
+// drop removes ss from the live sessions.
+func (s *Sessions) drop(ss *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[ss.id] == ss {
+		delete(s.sessions, ss.id)
+	}
+}
+
+// restorePending re-attaches the persisted sessions (of one sandbox if
+// sandbox is set) that are not attached: their sandbox was stopped when the
+// daemon started and may run again.
+func (s *Sessions) restorePending(sandbox string) {
+	if s.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs, err := s.store.ListProcesses(ctx, store.ProcessSession)
+	if err != nil {
+		s.log.Warn("listing session records", "err", err)
+		return
+	}
+	for _, r := range recs {
+		if sandbox != "" && r.SandboxID != sandbox {
+			continue
+		}
+		s.mu.Lock()
+		_, ok := s.sessions[r.ID]
+		s.mu.Unlock()
+		if !ok {
+			_ = s.restoreRecord(ctx, r)
+		}
+	}
 }
 
 // List lists live sessions, of one sandbox if sandbox is set.
 func (s *Sessions) List(sandbox string) []*sbxv1.Session {
+	s.restorePending(sandbox)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*sbxv1.Session
@@ -213,13 +397,22 @@ func (s *Sessions) List(sandbox string) []*sbxv1.Session {
 func (s *Sessions) Close(id string) error {
 	s.mu.Lock()
 	ss, ok := s.sessions[id]
-	delete(s.sessions, id)
 	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
+	if ok {
+		ss.close() // forgets the record first: a List meanwhile does not restore it
+		s.drop(ss)
+		return nil
 	}
-	ss.close()
-	return nil
+	if s.store != nil {
+		// Persisted but not attached (its sandbox was stopped at restore).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if r, err := s.store.GetProcess(ctx, id); err == nil && r.Kind == store.ProcessSession {
+			forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
+			return nil
+		}
+	}
+	return fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
 }
 
 // Exec runs req.Command in its session, sending output and then the result to sink.
@@ -230,7 +423,7 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 	if strings.ContainsRune(req.GetCommand(), 0) {
 		return fmt.Errorf("session exec: command contains a NUL byte: %w", errdefs.ErrInvalidArgument)
 	}
-	ss, err := s.get(req.GetSession())
+	ss, err := s.get(ctx, req.GetSession())
 	if err != nil {
 		return err
 	}

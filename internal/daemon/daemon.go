@@ -232,8 +232,24 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	api.AddImages(imageSrv)
-	api.AddCode(server.NewCodeServer(codeexec.New(mgr, log)))
-	api.AddSessions(server.NewSessionServer(codeexec.NewSessions(mgr, log)))
+	// Sessions and contexts are detached processes in their sandboxes: a
+	// restarted daemon re-attaches them from their records, once the
+	// sandboxes are recovered. On the way out, detach without stopping them
+	// (before mgr.Close drops the agent connections).
+	code := codeexec.New(mgr, log)
+	code.UseStore(st)
+	sessions := codeexec.NewSessions(mgr, log)
+	sessions.UseStore(st)
+	if err := code.RestoreContexts(ctx); err != nil {
+		return err
+	}
+	if err := sessions.Restore(ctx); err != nil {
+		return err
+	}
+	defer code.Shutdown()
+	defer sessions.Shutdown()
+	api.AddCode(server.NewCodeServer(code))
+	api.AddSessions(server.NewSessionServer(sessions))
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),

@@ -1,7 +1,9 @@
 // Package store owns sbx's persistent state: one SQLite file (pure-Go
 // driver) in the daemon's data dir. It stores sandbox records verbatim and
 // knows nothing about their meaning; internal/sandbox is its only user. It
-// also keeps codebase metadata (codebase.go) for internal/codebase.
+// also keeps codebase metadata (codebase.go) for internal/codebase and the
+// records of shell sessions and code contexts (processes.go) for
+// internal/codeexec.
 //
 // Durability: the database runs in WAL mode with synchronous=NORMAL, so a
 // committed write survives the daemon being killed at any point (kill -9);
@@ -120,6 +122,10 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	if _, err := db.ExecContext(ctx, codebaseSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("create codebase schema in %s: %w", path, err)
+	}
+	if _, err := db.ExecContext(ctx, processSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("create process schema in %s: %w", path, err)
 	}
 	if err := migrate(ctx, db); err != nil {
 		db.Close()

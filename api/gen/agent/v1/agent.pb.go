@@ -27,6 +27,564 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type AttachInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*AttachInput_Start
+	//	*AttachInput_Input
+	Event         isAttachInput_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachInput) Reset() {
+	*x = AttachInput{}
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachInput) ProtoMessage() {}
+
+func (x *AttachInput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachInput.ProtoReflect.Descriptor instead.
+func (*AttachInput) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AttachInput) GetEvent() isAttachInput_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *AttachInput) GetStart() *AttachStart {
+	if x != nil {
+		if x, ok := x.Event.(*AttachInput_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *AttachInput) GetInput() *v1.ExecInput {
+	if x != nil {
+		if x, ok := x.Event.(*AttachInput_Input); ok {
+			return x.Input
+		}
+	}
+	return nil
+}
+
+type isAttachInput_Event interface {
+	isAttachInput_Event()
+}
+
+type AttachInput_Start struct {
+	// First message.
+	Start *AttachStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type AttachInput_Input struct {
+	// Later messages; a start event in it is ignored.
+	Input *v1.ExecInput `protobuf:"bytes,2,opt,name=input,proto3,oneof"`
+}
+
+func (*AttachInput_Start) isAttachInput_Event() {}
+
+func (*AttachInput_Input) isAttachInput_Event() {}
+
+type AttachStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The process's id: 1 to 128 bytes of [A-Za-z0-9._-].
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Start this command as a new detached process. Unset: attach to the
+	// running (or exited, uncollected) process id. timeout_ms must be 0.
+	Exec          *v1.ExecRequest `protobuf:"bytes,2,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachStart) Reset() {
+	*x = AttachStart{}
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachStart) ProtoMessage() {}
+
+func (x *AttachStart) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
+func (*AttachStart) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AttachStart) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AttachStart) GetExec() *v1.ExecRequest {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+type AttachOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*AttachOutput_Attached
+	//	*AttachOutput_Output
+	Event         isAttachOutput_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachOutput) Reset() {
+	*x = AttachOutput{}
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachOutput) ProtoMessage() {}
+
+func (x *AttachOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachOutput.ProtoReflect.Descriptor instead.
+func (*AttachOutput) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AttachOutput) GetEvent() isAttachOutput_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *AttachOutput) GetAttached() *AttachAttached {
+	if x != nil {
+		if x, ok := x.Event.(*AttachOutput_Attached); ok {
+			return x.Attached
+		}
+	}
+	return nil
+}
+
+func (x *AttachOutput) GetOutput() *v1.ExecOutput {
+	if x != nil {
+		if x, ok := x.Event.(*AttachOutput_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+type isAttachOutput_Event interface {
+	isAttachOutput_Event()
+}
+
+type AttachOutput_Attached struct {
+	// First event once attached (or started).
+	Attached *AttachAttached `protobuf:"bytes,1,opt,name=attached,proto3,oneof"`
+}
+
+type AttachOutput_Output struct {
+	// The process's events: output, keepalive, then exactly one exited.
+	// A process that could not be started gets only an exited event.
+	Output *v1.ExecOutput `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+func (*AttachOutput_Attached) isAttachOutput_Event() {}
+
+func (*AttachOutput_Output) isAttachOutput_Event() {}
+
+type AttachAttached struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Bytes of output dropped (oldest first) since the last client detached,
+	// because nobody took them and the buffer was full.
+	DroppedStdout uint64 `protobuf:"varint,2,opt,name=dropped_stdout,json=droppedStdout,proto3" json:"dropped_stdout,omitempty"`
+	DroppedStderr uint64 `protobuf:"varint,3,opt,name=dropped_stderr,json=droppedStderr,proto3" json:"dropped_stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachAttached) Reset() {
+	*x = AttachAttached{}
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachAttached) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachAttached) ProtoMessage() {}
+
+func (x *AttachAttached) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachAttached.ProtoReflect.Descriptor instead.
+func (*AttachAttached) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AttachAttached) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *AttachAttached) GetDroppedStdout() uint64 {
+	if x != nil {
+		return x.DroppedStdout
+	}
+	return 0
+}
+
+func (x *AttachAttached) GetDroppedStderr() uint64 {
+	if x != nil {
+		return x.DroppedStderr
+	}
+	return 0
+}
+
+type ListDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDetachedRequest) Reset() {
+	*x = ListDetachedRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDetachedRequest) ProtoMessage() {}
+
+func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
+func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+type ListDetachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Processes     []*DetachedProcess     `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDetachedResponse) Reset() {
+	*x = ListDetachedResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDetachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDetachedResponse) ProtoMessage() {}
+
+func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
+func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type DetachedProcess struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Pid   int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	// argv, or ["/bin/sh", "-c", shell].
+	Command   []string `protobuf:"bytes,3,rep,name=command,proto3" json:"command,omitempty"`
+	StartedMs int64    `protobuf:"varint,4,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	Exited    bool     `protobuf:"varint,5,opt,name=exited,proto3" json:"exited,omitempty"`
+	// Set once exited: exit code (128+signal when killed) and signal.
+	ExitCode int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal   int32 `protobuf:"varint,7,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Whether a client is attached now.
+	Attached bool `protobuf:"varint,8,opt,name=attached,proto3" json:"attached,omitempty"`
+	// Output buffered for the next client, in bytes.
+	BufferedBytes uint64 `protobuf:"varint,9,opt,name=buffered_bytes,json=bufferedBytes,proto3" json:"buffered_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachedProcess) Reset() {
+	*x = DetachedProcess{}
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachedProcess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachedProcess) ProtoMessage() {}
+
+func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
+func (*DetachedProcess) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DetachedProcess) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DetachedProcess) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetStartedMs() int64 {
+	if x != nil {
+		return x.StartedMs
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetExited() bool {
+	if x != nil {
+		return x.Exited
+	}
+	return false
+}
+
+func (x *DetachedProcess) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetAttached() bool {
+	if x != nil {
+		return x.Attached
+	}
+	return false
+}
+
+func (x *DetachedProcess) GetBufferedBytes() uint64 {
+	if x != nil {
+		return x.BufferedBytes
+	}
+	return 0
+}
+
+type RemoveDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveDetachedRequest) Reset() {
+	*x = RemoveDetachedRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveDetachedRequest) ProtoMessage() {}
+
+func (x *RemoveDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveDetachedRequest.ProtoReflect.Descriptor instead.
+func (*RemoveDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RemoveDetachedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveDetachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveDetachedResponse) Reset() {
+	*x = RemoveDetachedResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveDetachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveDetachedResponse) ProtoMessage() {}
+
+func (x *RemoveDetachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveDetachedResponse.ProtoReflect.Descriptor instead.
+func (*RemoveDetachedResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
 type DialInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -41,7 +599,7 @@ type DialInput struct {
 
 func (x *DialInput) Reset() {
 	*x = DialInput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -53,7 +611,7 @@ func (x *DialInput) String() string {
 func (*DialInput) ProtoMessage() {}
 
 func (x *DialInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -66,7 +624,7 @@ func (x *DialInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialInput.ProtoReflect.Descriptor instead.
 func (*DialInput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DialInput) GetEvent() isDialInput_Event {
@@ -138,7 +696,7 @@ type DialStart struct {
 
 func (x *DialStart) Reset() {
 	*x = DialStart{}
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -150,7 +708,7 @@ func (x *DialStart) String() string {
 func (*DialStart) ProtoMessage() {}
 
 func (x *DialStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -163,7 +721,7 @@ func (x *DialStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialStart.ProtoReflect.Descriptor instead.
 func (*DialStart) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DialStart) GetHost() string {
@@ -193,7 +751,7 @@ type DialOutput struct {
 
 func (x *DialOutput) Reset() {
 	*x = DialOutput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +763,7 @@ func (x *DialOutput) String() string {
 func (*DialOutput) ProtoMessage() {}
 
 func (x *DialOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +776,7 @@ func (x *DialOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialOutput.ProtoReflect.Descriptor instead.
 func (*DialOutput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DialOutput) GetEvent() isDialOutput_Event {
@@ -271,7 +829,7 @@ type DialConnected struct {
 
 func (x *DialConnected) Reset() {
 	*x = DialConnected{}
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +841,7 @@ func (x *DialConnected) String() string {
 func (*DialConnected) ProtoMessage() {}
 
 func (x *DialConnected) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +854,7 @@ func (x *DialConnected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialConnected.ProtoReflect.Descriptor instead.
 func (*DialConnected) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type HelloRequest struct {
@@ -309,7 +867,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +879,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +892,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HelloRequest) GetProtocolVersion() uint32 {
@@ -356,7 +914,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +926,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +939,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HelloResponse) GetProtocolVersion() uint32 {
@@ -424,7 +982,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +994,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +1007,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ConfigureRequest) GetEnv() []string {
@@ -495,7 +1053,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +1065,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,14 +1078,46 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x18sbx/v1/permissions.proto\"z\n" +
+	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x18sbx/v1/permissions.proto\"p\n" +
+	"\vAttachInput\x12-\n" +
+	"\x05start\x18\x01 \x01(\v2\x15.agent.v1.AttachStartH\x00R\x05start\x12)\n" +
+	"\x05input\x18\x02 \x01(\v2\x11.sbx.v1.ExecInputH\x00R\x05inputB\a\n" +
+	"\x05event\"F\n" +
+	"\vAttachStart\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x04exec\x18\x02 \x01(\v2\x13.sbx.v1.ExecRequestR\x04exec\"}\n" +
+	"\fAttachOutput\x126\n" +
+	"\battached\x18\x01 \x01(\v2\x18.agent.v1.AttachAttachedH\x00R\battached\x12,\n" +
+	"\x06output\x18\x02 \x01(\v2\x12.sbx.v1.ExecOutputH\x00R\x06outputB\a\n" +
+	"\x05event\"p\n" +
+	"\x0eAttachAttached\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12%\n" +
+	"\x0edropped_stdout\x18\x02 \x01(\x04R\rdroppedStdout\x12%\n" +
+	"\x0edropped_stderr\x18\x03 \x01(\x04R\rdroppedStderr\"\x15\n" +
+	"\x13ListDetachedRequest\"O\n" +
+	"\x14ListDetachedResponse\x127\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x19.agent.v1.DetachedProcessR\tprocesses\"\xfc\x01\n" +
+	"\x0fDetachedProcess\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
+	"\acommand\x18\x03 \x03(\tR\acommand\x12\x1d\n" +
+	"\n" +
+	"started_ms\x18\x04 \x01(\x03R\tstartedMs\x12\x16\n" +
+	"\x06exited\x18\x05 \x01(\bR\x06exited\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\a \x01(\x05R\x06signal\x12\x1a\n" +
+	"\battached\x18\b \x01(\bR\battached\x12%\n" +
+	"\x0ebuffered_bytes\x18\t \x01(\x04R\rbufferedBytes\"'\n" +
+	"\x15RemoveDetachedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
+	"\x16RemoveDetachedResponse\"z\n" +
 	"\tDialInput\x12+\n" +
 	"\x05start\x18\x01 \x01(\v2\x13.agent.v1.DialStartH\x00R\x05start\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
@@ -555,7 +1145,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
 	"\x04user\x18\x04 \x01(\tR\x04user\x127\n" +
 	"\rpath_policies\x18\x05 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\"\x13\n" +
-	"\x11ConfigureResponse2\x97\x06\n" +
+	"\x11ConfigureResponse2\xf8\a\n" +
 	"\fAgentService\x128\n" +
 	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +
 	"\tConfigure\x12\x1a.agent.v1.ConfigureRequest\x1a\x1b.agent.v1.ConfigureResponse\x121\n" +
@@ -569,7 +1159,10 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Rename\x12\x15.sbx.v1.RenameRequest\x1a\x16.sbx.v1.RenameResponse\x12B\n" +
 	"\tUploadTar\x12\x18.sbx.v1.UploadTarRequest\x1a\x19.sbx.v1.UploadTarResponse(\x01\x12>\n" +
 	"\vDownloadTar\x12\x1a.sbx.v1.DownloadTarRequest\x1a\x11.sbx.v1.FileChunk0\x01\x125\n" +
-	"\x04Dial\x12\x13.agent.v1.DialInput\x1a\x14.agent.v1.DialOutput(\x010\x01B0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
+	"\x04Dial\x12\x13.agent.v1.DialInput\x1a\x14.agent.v1.DialOutput(\x010\x01\x12;\n" +
+	"\x06Attach\x12\x15.agent.v1.AttachInput\x1a\x16.agent.v1.AttachOutput(\x010\x01\x12M\n" +
+	"\fListDetached\x12\x1d.agent.v1.ListDetachedRequest\x1a\x1e.agent.v1.ListDetachedResponse\x12S\n" +
+	"\x0eRemoveDetached\x12\x1f.agent.v1.RemoveDetachedRequest\x1a .agent.v1.RemoveDetachedResponseB0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -583,72 +1176,94 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_agent_v1_agent_proto_goTypes = []any{
-	(*DialInput)(nil),             // 0: agent.v1.DialInput
-	(*DialStart)(nil),             // 1: agent.v1.DialStart
-	(*DialOutput)(nil),            // 2: agent.v1.DialOutput
-	(*DialConnected)(nil),         // 3: agent.v1.DialConnected
-	(*HelloRequest)(nil),          // 4: agent.v1.HelloRequest
-	(*HelloResponse)(nil),         // 5: agent.v1.HelloResponse
-	(*ConfigureRequest)(nil),      // 6: agent.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),     // 7: agent.v1.ConfigureResponse
-	(*v1.PathPolicy)(nil),         // 8: sbx.v1.PathPolicy
-	(*v1.ExecInput)(nil),          // 9: sbx.v1.ExecInput
-	(*v1.ReadFileRequest)(nil),    // 10: sbx.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),   // 11: sbx.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),     // 12: sbx.v1.ListDirRequest
-	(*v1.StatRequest)(nil),        // 13: sbx.v1.StatRequest
-	(*v1.MakeDirRequest)(nil),     // 14: sbx.v1.MakeDirRequest
-	(*v1.RemoveRequest)(nil),      // 15: sbx.v1.RemoveRequest
-	(*v1.RenameRequest)(nil),      // 16: sbx.v1.RenameRequest
-	(*v1.UploadTarRequest)(nil),   // 17: sbx.v1.UploadTarRequest
-	(*v1.DownloadTarRequest)(nil), // 18: sbx.v1.DownloadTarRequest
-	(*v1.ExecOutput)(nil),         // 19: sbx.v1.ExecOutput
-	(*v1.FileChunk)(nil),          // 20: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),  // 21: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),    // 22: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),       // 23: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),    // 24: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),     // 25: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),     // 26: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),  // 27: sbx.v1.UploadTarResponse
+	(*AttachInput)(nil),            // 0: agent.v1.AttachInput
+	(*AttachStart)(nil),            // 1: agent.v1.AttachStart
+	(*AttachOutput)(nil),           // 2: agent.v1.AttachOutput
+	(*AttachAttached)(nil),         // 3: agent.v1.AttachAttached
+	(*ListDetachedRequest)(nil),    // 4: agent.v1.ListDetachedRequest
+	(*ListDetachedResponse)(nil),   // 5: agent.v1.ListDetachedResponse
+	(*DetachedProcess)(nil),        // 6: agent.v1.DetachedProcess
+	(*RemoveDetachedRequest)(nil),  // 7: agent.v1.RemoveDetachedRequest
+	(*RemoveDetachedResponse)(nil), // 8: agent.v1.RemoveDetachedResponse
+	(*DialInput)(nil),              // 9: agent.v1.DialInput
+	(*DialStart)(nil),              // 10: agent.v1.DialStart
+	(*DialOutput)(nil),             // 11: agent.v1.DialOutput
+	(*DialConnected)(nil),          // 12: agent.v1.DialConnected
+	(*HelloRequest)(nil),           // 13: agent.v1.HelloRequest
+	(*HelloResponse)(nil),          // 14: agent.v1.HelloResponse
+	(*ConfigureRequest)(nil),       // 15: agent.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),      // 16: agent.v1.ConfigureResponse
+	(*v1.ExecInput)(nil),           // 17: sbx.v1.ExecInput
+	(*v1.ExecRequest)(nil),         // 18: sbx.v1.ExecRequest
+	(*v1.ExecOutput)(nil),          // 19: sbx.v1.ExecOutput
+	(*v1.PathPolicy)(nil),          // 20: sbx.v1.PathPolicy
+	(*v1.ReadFileRequest)(nil),     // 21: sbx.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),    // 22: sbx.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),      // 23: sbx.v1.ListDirRequest
+	(*v1.StatRequest)(nil),         // 24: sbx.v1.StatRequest
+	(*v1.MakeDirRequest)(nil),      // 25: sbx.v1.MakeDirRequest
+	(*v1.RemoveRequest)(nil),       // 26: sbx.v1.RemoveRequest
+	(*v1.RenameRequest)(nil),       // 27: sbx.v1.RenameRequest
+	(*v1.UploadTarRequest)(nil),    // 28: sbx.v1.UploadTarRequest
+	(*v1.DownloadTarRequest)(nil),  // 29: sbx.v1.DownloadTarRequest
+	(*v1.FileChunk)(nil),           // 30: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),   // 31: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),     // 32: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),        // 33: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),     // 34: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),      // 35: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),      // 36: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),   // 37: sbx.v1.UploadTarResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
-	3,  // 1: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
-	8,  // 2: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
-	4,  // 3: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
-	6,  // 4: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
-	9,  // 5: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
-	10, // 6: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	11, // 7: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	12, // 8: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
-	13, // 9: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
-	14, // 10: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	15, // 11: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
-	16, // 12: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
-	17, // 13: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	18, // 14: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	0,  // 15: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
-	5,  // 16: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	7,  // 17: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
-	19, // 18: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	20, // 19: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	21, // 20: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	22, // 21: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	23, // 22: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	24, // 23: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	25, // 24: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	26, // 25: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	27, // 26: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	20, // 27: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	2,  // 28: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
-	16, // [16:29] is the sub-list for method output_type
-	3,  // [3:16] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	1,  // 0: agent.v1.AttachInput.start:type_name -> agent.v1.AttachStart
+	17, // 1: agent.v1.AttachInput.input:type_name -> sbx.v1.ExecInput
+	18, // 2: agent.v1.AttachStart.exec:type_name -> sbx.v1.ExecRequest
+	3,  // 3: agent.v1.AttachOutput.attached:type_name -> agent.v1.AttachAttached
+	19, // 4: agent.v1.AttachOutput.output:type_name -> sbx.v1.ExecOutput
+	6,  // 5: agent.v1.ListDetachedResponse.processes:type_name -> agent.v1.DetachedProcess
+	10, // 6: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
+	12, // 7: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
+	20, // 8: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	13, // 9: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
+	15, // 10: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
+	17, // 11: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
+	21, // 12: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	22, // 13: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	23, // 14: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
+	24, // 15: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
+	25, // 16: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	26, // 17: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
+	27, // 18: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
+	28, // 19: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	29, // 20: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	9,  // 21: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
+	0,  // 22: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
+	4,  // 23: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
+	7,  // 24: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
+	14, // 25: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	16, // 26: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	19, // 27: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	30, // 28: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	31, // 29: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	32, // 30: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	33, // 31: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	34, // 32: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	35, // 33: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	36, // 34: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	37, // 35: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	30, // 36: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	11, // 37: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
+	2,  // 38: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
+	5,  // 39: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
+	8,  // 40: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
+	25, // [25:41] is the sub-list for method output_type
+	9,  // [9:25] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -657,11 +1272,19 @@ func file_agent_v1_agent_proto_init() {
 		return
 	}
 	file_agent_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
+		(*AttachInput_Start)(nil),
+		(*AttachInput_Input)(nil),
+	}
+	file_agent_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+		(*AttachOutput_Attached)(nil),
+		(*AttachOutput_Output)(nil),
+	}
+	file_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*DialInput_Start)(nil),
 		(*DialInput_Data)(nil),
 		(*DialInput_CloseWrite)(nil),
 	}
-	file_agent_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*DialOutput_Connected)(nil),
 		(*DialOutput_Data)(nil),
 	}
@@ -671,7 +1294,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -65,6 +65,14 @@ const (
 	AgentServiceDownloadTarProcedure = "/agent.v1.AgentService/DownloadTar"
 	// AgentServiceDialProcedure is the fully-qualified name of the AgentService's Dial RPC.
 	AgentServiceDialProcedure = "/agent.v1.AgentService/Dial"
+	// AgentServiceAttachProcedure is the fully-qualified name of the AgentService's Attach RPC.
+	AgentServiceAttachProcedure = "/agent.v1.AgentService/Attach"
+	// AgentServiceListDetachedProcedure is the fully-qualified name of the AgentService's ListDetached
+	// RPC.
+	AgentServiceListDetachedProcedure = "/agent.v1.AgentService/ListDetached"
+	// AgentServiceRemoveDetachedProcedure is the fully-qualified name of the AgentService's
+	// RemoveDetached RPC.
+	AgentServiceRemoveDetachedProcedure = "/agent.v1.AgentService/RemoveDetached"
 )
 
 // AgentServiceClient is a client for the agent.v1.AgentService service.
@@ -91,6 +99,24 @@ type AgentServiceClient interface {
 	// proxy uses it, so ports listening on the sandbox's loopback work too and
 	// no network mode is needed.
 	Dial(context.Context) *connect.BidiStreamForClient[v1.DialInput, v1.DialOutput]
+	// Attach starts a detached process (AttachStart.exec set) or re-attaches
+	// to one (exec unset), by the id the daemon chose. Since protocol 2.
+	// Unlike Exec, the process is not killed when the stream ends: its output
+	// is then kept in a bounded buffer (the oldest bytes dropped) until a
+	// client attaches again. One client is attached at a time; a new Attach
+	// takes the process over and the older stream ends with Aborted. Inputs
+	// (stdin, stdin_close, resize, signal) work as in Exec. Once the process
+	// has exited and all its output was sent, the stream sends the exited
+	// event and ends, and the agent forgets the process (its status is
+	// collected). An unknown id is NotFound; starting an id in use is
+	// AlreadyExists.
+	Attach(context.Context) *connect.BidiStreamForClient[v1.AttachInput, v1.AttachOutput]
+	// ListDetached lists the detached processes the agent keeps, running or
+	// exited and not yet collected.
+	ListDetached(context.Context, *connect.Request[v1.ListDetachedRequest]) (*connect.Response[v1.ListDetachedResponse], error)
+	// RemoveDetached SIGKILLs a detached process's group (if it still runs)
+	// and forgets it. An unknown id is NotFound.
+	RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the agent.v1.AgentService service. By default, it
@@ -182,24 +208,45 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Dial")),
 			connect.WithClientOptions(opts...),
 		),
+		attach: connect.NewClient[v1.AttachInput, v1.AttachOutput](
+			httpClient,
+			baseURL+AgentServiceAttachProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Attach")),
+			connect.WithClientOptions(opts...),
+		),
+		listDetached: connect.NewClient[v1.ListDetachedRequest, v1.ListDetachedResponse](
+			httpClient,
+			baseURL+AgentServiceListDetachedProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ListDetached")),
+			connect.WithClientOptions(opts...),
+		),
+		removeDetached: connect.NewClient[v1.RemoveDetachedRequest, v1.RemoveDetachedResponse](
+			httpClient,
+			baseURL+AgentServiceRemoveDetachedProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("RemoveDetached")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
-	hello       *connect.Client[v1.HelloRequest, v1.HelloResponse]
-	configure   *connect.Client[v1.ConfigureRequest, v1.ConfigureResponse]
-	exec        *connect.Client[v11.ExecInput, v11.ExecOutput]
-	readFile    *connect.Client[v11.ReadFileRequest, v11.FileChunk]
-	writeFile   *connect.Client[v11.WriteFileRequest, v11.WriteFileResponse]
-	listDir     *connect.Client[v11.ListDirRequest, v11.ListDirResponse]
-	stat        *connect.Client[v11.StatRequest, v11.StatResponse]
-	makeDir     *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
-	remove      *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
-	rename      *connect.Client[v11.RenameRequest, v11.RenameResponse]
-	uploadTar   *connect.Client[v11.UploadTarRequest, v11.UploadTarResponse]
-	downloadTar *connect.Client[v11.DownloadTarRequest, v11.FileChunk]
-	dial        *connect.Client[v1.DialInput, v1.DialOutput]
+	hello          *connect.Client[v1.HelloRequest, v1.HelloResponse]
+	configure      *connect.Client[v1.ConfigureRequest, v1.ConfigureResponse]
+	exec           *connect.Client[v11.ExecInput, v11.ExecOutput]
+	readFile       *connect.Client[v11.ReadFileRequest, v11.FileChunk]
+	writeFile      *connect.Client[v11.WriteFileRequest, v11.WriteFileResponse]
+	listDir        *connect.Client[v11.ListDirRequest, v11.ListDirResponse]
+	stat           *connect.Client[v11.StatRequest, v11.StatResponse]
+	makeDir        *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
+	remove         *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
+	rename         *connect.Client[v11.RenameRequest, v11.RenameResponse]
+	uploadTar      *connect.Client[v11.UploadTarRequest, v11.UploadTarResponse]
+	downloadTar    *connect.Client[v11.DownloadTarRequest, v11.FileChunk]
+	dial           *connect.Client[v1.DialInput, v1.DialOutput]
+	attach         *connect.Client[v1.AttachInput, v1.AttachOutput]
+	listDetached   *connect.Client[v1.ListDetachedRequest, v1.ListDetachedResponse]
+	removeDetached *connect.Client[v1.RemoveDetachedRequest, v1.RemoveDetachedResponse]
 }
 
 // Hello calls agent.v1.AgentService.Hello.
@@ -267,6 +314,21 @@ func (c *agentServiceClient) Dial(ctx context.Context) *connect.BidiStreamForCli
 	return c.dial.CallBidiStream(ctx)
 }
 
+// Attach calls agent.v1.AgentService.Attach.
+func (c *agentServiceClient) Attach(ctx context.Context) *connect.BidiStreamForClient[v1.AttachInput, v1.AttachOutput] {
+	return c.attach.CallBidiStream(ctx)
+}
+
+// ListDetached calls agent.v1.AgentService.ListDetached.
+func (c *agentServiceClient) ListDetached(ctx context.Context, req *connect.Request[v1.ListDetachedRequest]) (*connect.Response[v1.ListDetachedResponse], error) {
+	return c.listDetached.CallUnary(ctx, req)
+}
+
+// RemoveDetached calls agent.v1.AgentService.RemoveDetached.
+func (c *agentServiceClient) RemoveDetached(ctx context.Context, req *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error) {
+	return c.removeDetached.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
@@ -291,6 +353,24 @@ type AgentServiceHandler interface {
 	// proxy uses it, so ports listening on the sandbox's loopback work too and
 	// no network mode is needed.
 	Dial(context.Context, *connect.BidiStream[v1.DialInput, v1.DialOutput]) error
+	// Attach starts a detached process (AttachStart.exec set) or re-attaches
+	// to one (exec unset), by the id the daemon chose. Since protocol 2.
+	// Unlike Exec, the process is not killed when the stream ends: its output
+	// is then kept in a bounded buffer (the oldest bytes dropped) until a
+	// client attaches again. One client is attached at a time; a new Attach
+	// takes the process over and the older stream ends with Aborted. Inputs
+	// (stdin, stdin_close, resize, signal) work as in Exec. Once the process
+	// has exited and all its output was sent, the stream sends the exited
+	// event and ends, and the agent forgets the process (its status is
+	// collected). An unknown id is NotFound; starting an id in use is
+	// AlreadyExists.
+	Attach(context.Context, *connect.BidiStream[v1.AttachInput, v1.AttachOutput]) error
+	// ListDetached lists the detached processes the agent keeps, running or
+	// exited and not yet collected.
+	ListDetached(context.Context, *connect.Request[v1.ListDetachedRequest]) (*connect.Response[v1.ListDetachedResponse], error)
+	// RemoveDetached SIGKILLs a detached process's group (if it still runs)
+	// and forgets it. An unknown id is NotFound.
+	RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -378,6 +458,24 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Dial")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceAttachHandler := connect.NewBidiStreamHandler(
+		AgentServiceAttachProcedure,
+		svc.Attach,
+		connect.WithSchema(agentServiceMethods.ByName("Attach")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceListDetachedHandler := connect.NewUnaryHandler(
+		AgentServiceListDetachedProcedure,
+		svc.ListDetached,
+		connect.WithSchema(agentServiceMethods.ByName("ListDetached")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceRemoveDetachedHandler := connect.NewUnaryHandler(
+		AgentServiceRemoveDetachedProcedure,
+		svc.RemoveDetached,
+		connect.WithSchema(agentServiceMethods.ByName("RemoveDetached")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHelloProcedure:
@@ -406,6 +504,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceDownloadTarHandler.ServeHTTP(w, r)
 		case AgentServiceDialProcedure:
 			agentServiceDialHandler.ServeHTTP(w, r)
+		case AgentServiceAttachProcedure:
+			agentServiceAttachHandler.ServeHTTP(w, r)
+		case AgentServiceListDetachedProcedure:
+			agentServiceListDetachedHandler.ServeHTTP(w, r)
+		case AgentServiceRemoveDetachedProcedure:
+			agentServiceRemoveDetachedHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -465,4 +569,16 @@ func (UnimplementedAgentServiceHandler) DownloadTar(context.Context, *connect.Re
 
 func (UnimplementedAgentServiceHandler) Dial(context.Context, *connect.BidiStream[v1.DialInput, v1.DialOutput]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Dial is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Attach(context.Context, *connect.BidiStream[v1.AttachInput, v1.AttachOutput]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Attach is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ListDetached(context.Context, *connect.Request[v1.ListDetachedRequest]) (*connect.Response[v1.ListDetachedResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.ListDetached is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.RemoveDetached is not implemented"))
 }
