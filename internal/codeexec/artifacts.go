@@ -48,6 +48,10 @@ func collectArtifacts(ctx context.Context, conn *agentconn.Conn, dir string) (ar
 func formatOf(name string) (format, mimeType string) {
 	ext := strings.ToLower(path.Ext(name))
 	format = strings.TrimPrefix(ext, ".")
+	if strings.HasSuffix(strings.ToLower(name), ".plotly.json") {
+		// A plotly figure, as Jupyter's and E2B's display data carry it.
+		return format, "application/vnd.plotly.v1+json"
+	}
 	switch ext {
 	case ".png":
 		return format, "image/png"

@@ -11,12 +11,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,8 +47,25 @@ const (
 	maxInlineCode = 64 << 10
 )
 
-//go:embed kernels/runner.py
-var pythonRunner string
+// The python scripts: plotly.py (the plotly capture hook) is prepended to
+// both the one-shot runner and the kernel. One-shot runs start boot.py,
+// which imports the runner from runnerLib in the sandbox (written there on
+// first use) so that Python loads it from its bytecode cache instead of
+// compiling it every time; runnerLib's name carries the runner's hash.
+var (
+	//go:embed kernels/plotly.py
+	plotlyHook string
+	//go:embed kernels/runner.py
+	runnerScript string
+	//go:embed kernels/boot.py
+	pythonBoot string
+
+	pythonRunner = plotlyHook + runnerScript
+	runnerLib    = func() string {
+		sum := sha256.Sum256([]byte(pythonRunner))
+		return RunDir + "/lib/sbx_runner_" + hex.EncodeToString(sum[:8])
+	}()
+)
 
 // Agents hands out agent clients of running sandboxes (sandbox.Manager).
 type Agents interface {
@@ -143,26 +162,27 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	if k != nil {
 		look, err = k.run(ctx, req, out, res, sink)
 	} else {
-		err = s.oneShot(ctx, conn, lang, req, id, out, res, sink)
+		look, err = s.oneShot(ctx, conn, lang, req, id, out, res, sink)
 	}
 	if err != nil {
 		return err
 	}
+	found := false
 	if look {
-		var found bool
 		res.Artifacts, found = collectArtifacts(ctx, conn, out)
-		if found || k == nil && (lang.name != "python" || len(req.GetCode()) > maxInlineCode) {
-			s.cleanup(sandboxRef, RunDir+"/"+id, out)
-		}
+	}
+	if found || k == nil && (lang.name != "python" || !pythonInline(req.GetCode())) {
+		s.cleanup(sandboxRef, RunDir+"/"+id, out)
 	}
 	res.DurationMs = time.Since(start).Milliseconds()
 	return sink(&sbxv1.RunCodeEvent{Event: &sbxv1.RunCodeEvent_Result{Result: res}})
 }
 
 // oneShot writes the code into the sandbox and runs it (compiling first if
-// the language needs it), streaming its output.
+// the language needs it), streaming its output. look is false when the
+// outputs dir is known to be gone (the python runner removes it when empty).
 func (s *Service) oneShot(ctx context.Context, conn *agentconn.Conn, lang *language, req *sbxv1.RunCodeRequest,
-	id, out string, res *sbxv1.RunCodeResult, sink Sink) error {
+	id, out string, res *sbxv1.RunCodeResult, sink Sink) (look bool, err error) {
 	dir := RunDir + "/" + id
 	file := lang.sourceFile(req.GetCode())
 	env := map[string]string{"SBX_OUTPUT_DIR": out, "MPLBACKEND": "Agg", "SBX_SOURCE": file, "SBX_MAIN": strings.TrimSuffix(file, ".java")}
@@ -181,46 +201,65 @@ func (s *Service) oneShot(ctx context.Context, conn *agentconn.Conn, lang *langu
 	}
 	if lang.name == "python" {
 		// Fast path: no shell, no probe (a missing python3 shows as a start
-		// error) and, for code that fits in an argument, no file to write.
-		argv := []string{"python3", "-c", pythonRunner, dir + "/" + file}
-		if len(req.GetCode()) <= maxInlineCode && !strings.ContainsRune(req.GetCode(), 0) {
+		// error), for code that fits in an argument no file to write, and
+		// no look for artifacts when the runner says it left none.
+		argv := []string{"python3", "-c", pythonBoot, runnerLib, pythonRunner, dir + "/" + file}
+		if pythonInline(req.GetCode()) {
 			argv = append(argv, req.GetCode())
 		} else if err := writeFile(ctx, conn, dir+"/"+file, []byte(req.GetCode())); err != nil {
-			return err
+			return false, err
 		}
-		ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Argv: argv, Env: env, TimeoutMs: remaining()}, stdout, stderr)
+		token := "\x1esbx-" + newID() + ":"
+		env["SBX_RUN_TOKEN"] = token
+		marks := &splitter{token: []byte(token)}
+		empty := false
+		errw := writerFunc(func(p []byte) (int, error) {
+			user, msgs := marks.feed(p)
+			empty = empty || slices.Contains(msgs, "empty")
+			return len(p), sendChunk(sink, user, true)
+		})
+		ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Argv: argv, Env: env, TimeoutMs: remaining()}, stdout, errw)
 		if err != nil {
-			return err
+			return false, err
+		}
+		if err := sendChunk(sink, marks.buf, true); err != nil { // an unfinished line that looked like a mark
+			return false, err
 		}
 		if ex.GetError() != "" && ex.GetExitCode() == 127 {
-			return errUnavailable(lang)
+			return false, errUnavailable(lang)
 		}
 		fillExit(res, ex, "")
-		return nil
+		return !empty, nil
 	}
 	if err := writeFile(ctx, conn, dir+"/"+file, []byte(req.GetCode())); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.probe(ctx, conn, lang); err != nil {
-		return err
+		return false, err
 	}
 	if lang.compile != "" {
 		ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Shell: lang.compile, Env: env, Workdir: dir, TimeoutMs: remaining()}, stdout, stderr)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if ex.GetExitCode() != 0 || ex.GetError() != "" {
 			fillExit(res, ex, "compilation failed")
-			return nil
+			return true, nil
 		}
 	}
 	run := `mkdir -p "$SBX_OUTPUT_DIR"; ` + lang.run
 	ex, err := execute(ctx, conn, &sbxv1.ExecRequest{Shell: run, Env: env, Workdir: dir, TimeoutMs: remaining()}, stdout, stderr)
 	if err != nil {
-		return err
+		return false, err
 	}
 	fillExit(res, ex, "")
-	return nil
+	return true, nil
+}
+
+// pythonInline says whether python code is passed to the runner as an
+// argument (no file written).
+func pythonInline(code string) bool {
+	return len(code) <= maxInlineCode && !strings.ContainsRune(code, 0)
 }
 
 func fillExit(res *sbxv1.RunCodeResult, ex *sbxv1.ExecExited, failed string) {

@@ -1,6 +1,8 @@
 # sbx Python kernel: one JSON request per stdin line ({"code", "out"}),
 # executes it in a persistent namespace, then writes TOKEN + JSON reply on
 # stdout and TOKEN on stderr. User output goes straight to fds 1 and 2.
+# Matplotlib figures left open and plotly figures shown (or the value of a
+# cell's last expression) become artifacts in the run's outputs dir.
 import ast, base64, io, json, os, site, sys, traceback, importlib
 
 TOKEN = os.environ.pop("SBX_KERNEL_TOKEN", "")
@@ -11,6 +13,7 @@ _rc = "/usr/share/matplotlib/mpl-data/matplotlibrc"
 if "MATPLOTLIBRC" not in os.environ and not os.path.exists("/etc/matplotlibrc") and os.path.exists(_rc):
     os.environ["MATPLOTLIBRC"] = _rc  # Debian's rc lives in /etc, which images may lack
 ns = {"__name__": "__main__", "__builtins__": __builtins__}
+_plotly_save = _sbx_plotly()  # prepended from plotly.py
 
 
 def _figures():
@@ -25,6 +28,13 @@ def _png(fig):
 
 
 def _bundle(v):
+    try:
+        pbase = sys.modules.get("plotly.basedatatypes")
+        if pbase is not None and isinstance(v, pbase.BaseFigure):
+            _plotly_save(v)  # shown as artifacts, like Jupyter's display of the last value
+            return {"text": "<%s>" % type(v).__name__}
+    except Exception as e:
+        sys.stderr.write("sbx: saving plotly figure: %s\n" % e)
     out = {"text": repr(v)}
     try:
         mpl = sys.modules.get("matplotlib.figure")

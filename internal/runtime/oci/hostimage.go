@@ -12,7 +12,7 @@ import (
 
 // hostImageVersion names the skeleton layout; bump it when the layout changes
 // so existing state dirs get a fresh skeleton.
-const hostImageVersion = "host-v3"
+const hostImageVersion = "host-v4"
 
 // hostEtcAllowlist is everything copied from the host's /etc into the host
 // image (globs allowed). Nothing else is: no shadow, ssh, sudoers,
@@ -144,7 +144,13 @@ func copyTree(src, dst string) error {
 			}
 			return os.Symlink(link, target)
 		case d.Type().IsRegular():
-			return copyFile(p, target, info.Mode().Perm())
+			if err := copyFile(p, target, info.Mode().Perm()); err != nil {
+				return err
+			}
+			// Keep the mtime: caches in the host's /usr are checked against
+			// it (Python's bytecode for /etc/python3.x/sitecustomize.py; with
+			// a new mtime every python3 start compiles it, ~2 ms).
+			return os.Chtimes(target, info.ModTime(), info.ModTime())
 		}
 		return nil // sockets, devices, fifos: skipped
 	})

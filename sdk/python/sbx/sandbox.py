@@ -470,8 +470,9 @@ class Sandbox:
     ) -> "_code.CodeResult":
         """Run a program (python, javascript, typescript, bash, go, java,
         cpp, ruby, r) and return a :class:`~sbx.CodeResult` with its output,
-        exit code and artifacts (matplotlib figures and files written under
-        ``$SBX_OUTPUT_DIR``).
+        exit code and artifacts (matplotlib/seaborn figures as PNG, plotly
+        figures shown as HTML plus ``application/vnd.plotly.v1+json``, and
+        files written under ``$SBX_OUTPUT_DIR``).
 
         Args:
             libraries: installed first with the language's installer (pip, npm...).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,10 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def _host_has_matplotlib() -> bool:
     return subprocess.run(["/usr/bin/python3", "-c", "import matplotlib"], capture_output=True).returncode == 0
+
+
+def _host_has(module: str) -> bool:
+    return subprocess.run(["/usr/bin/python3", "-c", "import " + module], capture_output=True).returncode == 0
 
 
 def test_run_code_python(shared_sandbox: sbx.Sandbox) -> None:
@@ -57,6 +62,34 @@ def test_run_code_policy(shared_sandbox: sbx.Sandbox) -> None:
     assert [(f.rule, f.severity, f.line) for f in res.findings] == [("py-subprocess", "high", 2)]
     with pytest.raises(sbx.PermissionDeniedError, match="py-subprocess"):
         shared_sandbox.run_code("python", code, policy=["default"], enforce=True)
+
+
+@pytest.mark.skipif(not _host_has("plotly"), reason="host python3 has no plotly")
+def test_run_code_plotly(shared_sandbox: sbx.Sandbox, tmp_path: str) -> None:
+    code = "import plotly.express as px\npx.bar(x=['a', 'b'], y=[1, 2]).show()"
+    res = shared_sandbox.run_code("python", code)
+    assert res.ok, res
+    got = {a.name: a for a in res.artifacts}
+    assert sorted(got) == ["plotly-1.html", "plotly-1.plotly.json"]
+    html, fig = got["plotly-1.html"], got["plotly-1.plotly.json"]
+    assert (html.format, html.mime) == ("html", "text/html")
+    assert b"Plotly.newPlot" in html.content and b'<script src="http' not in html.content
+    assert fig.mime == "application/vnd.plotly.v1+json"
+    assert json.loads(fig.content)["data"][0]["type"] == "bar"
+    with open(html.save(str(tmp_path)), "rb") as f:
+        assert f.read() == html.content
+    with shared_sandbox.create_context("python") as ctx:
+        res = ctx.run(code.replace(".show()", ""))
+        assert res.text == "<Figure>"
+        assert sorted(a.name for a in res.artifacts) == ["plotly-1.html", "plotly-1.plotly.json"]
+
+
+@pytest.mark.skipif(not _host_has("seaborn"), reason="host python3 has no seaborn")
+def test_run_code_seaborn(shared_sandbox: sbx.Sandbox) -> None:
+    res = shared_sandbox.run_code("python", "import seaborn as sns\nsns.histplot([1, 2, 2, 3])")
+    assert res.ok, res
+    assert [(a.name, a.mime) for a in res.artifacts] == [("figure-1.png", "image/png")]
+    assert res.artifacts[0].content.startswith(b"\x89PNG")
 
 
 @pytest.mark.skipif(shutil.which("ruby") is not None, reason="the host has ruby")
