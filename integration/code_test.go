@@ -367,3 +367,51 @@ func TestRunCodeLibraryInstall(t *testing.T) {
 		t.Errorf("missing library: got %v, %+v, want an install error", err, res)
 	}
 }
+
+// TestRunCodeLibrariesFromRegistries installs libraries from the real npm
+// registry and Go module proxy (package registries, the only outside
+// hosts tests talk to) through a public-mode sandbox network. It runs when
+// SBX_TEST_NETWORK_BUILD=1 (CI sets it). pip is proven against a local wheel
+// directory in TestRunCodeLibraryInstall (PyPI is not reachable from here).
+func TestRunCodeLibrariesFromRegistries(t *testing.T) {
+	if os.Getenv("SBX_TEST_NETWORK_BUILD") != "1" {
+		t.Skip("set SBX_TEST_NETWORK_BUILD=1 to install from npm and the Go module proxy")
+	}
+	// Registered first so it runs after the daemon has stopped.
+	t.Cleanup(func() { removeNetworking("sbxlib0", "sbxlib") })
+	d := startDaemon(t, "--network=true", "--net-bridge", "sbxlib0", "--net-subnet", "10.218.0.0/16", "--net-table", "sbxlib", "--net-pool", "0")
+	if !hasNetwork(t, d) {
+		t.Fatal("the daemon started with --network=true does not report the network capability")
+	}
+	ctx := ctxT(t, 10*time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{MemoryBytes: 1 << 30, Network: &sbx.NetworkPolicy{Mode: "public"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	for _, tc := range []struct {
+		lang, tool, lib, code, want string
+	}{
+		{"javascript", "npm", "is-odd@3.0.1", "const isOdd = require('is-odd');\nconsole.log(isOdd(3), isOdd(4));\n", "true false\n"},
+		{"go", "go", "github.com/google/go-cmp@v0.6.0",
+			"package main\n\nimport (\n\t\"fmt\"\n\n\t\"github.com/google/go-cmp/cmp\"\n)\n\nfunc main() { fmt.Println(cmp.Equal([]int{1, 2}, []int{1, 2})) }\n", "true\n"},
+	} {
+		t.Run(tc.lang, func(t *testing.T) {
+			if r, err := sb.RunShell(ctx, "command -v "+tc.tool); err != nil || r.Code != 0 {
+				t.Skipf("no %s in the sandbox", tc.tool)
+			}
+			res, err := sb.RunCode(ctx, tc.lang, tc.code, sbx.RunCodeOptions{Libraries: []string{tc.lib}, Timeout: 5 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(res.Stdout) != tc.want || res.ExitCode != 0 || len(res.Installed) == 0 {
+				t.Errorf("got stdout %q exit %d installed %v error %q stderr %q, want %q and the library reported installed",
+					res.Stdout, res.ExitCode, res.Installed, res.Error, tail(string(res.Stderr), 10), tc.want)
+			}
+		})
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.assertNoLeaks()
+}

@@ -41,10 +41,10 @@ var languages = []*language{
 	},
 	{
 		name: "javascript", aliases: []string{"js", "node", "nodejs"}, file: "main.js", tools: []string{"node"},
-		run:       `export NODE_PATH=` + nodePath + `; exec node main.js`,
+		run:       nodeSystemCAs + `export NODE_PATH=` + nodePath + `; exec node main.js`,
 		install:   npmInstall,
 		kernel:    "kernel.js",
-		kernelCmd: `export NODE_PATH=` + nodePath + `; exec node "$SBX_KERNEL"`,
+		kernelCmd: nodeSystemCAs + `export NODE_PATH=` + nodePath + `; exec node "$SBX_KERNEL"`,
 	},
 	{
 		name: "typescript", aliases: []string{"ts"}, file: "main.ts", tools: []string{"tsx", "ts-node", "tsc"},
@@ -162,8 +162,14 @@ func pipInstall(libs []string, src *sbxv1.LibrarySource) string {
 	return s + shJoin(libs)
 }
 
+// nodeSystemCAs makes node (which ships its own CA list) also trust the
+// system's CA bundle, as every other TLS client in the sandbox does (a
+// registry behind a company's TLS proxy, a CA the image added).
+const nodeSystemCAs = `[ -n "$NODE_EXTRA_CA_CERTS" ] || [ ! -r /etc/ssl/certs/ca-certificates.crt ] || ` +
+	`export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt; `
+
 func npmInstall(libs []string, src *sbxv1.LibrarySource) string {
-	s := `mkdir -p "$HOME/.sbx/node" && npm install --no-audit --no-fund --no-save --prefix "$HOME/.sbx/node" `
+	s := nodeSystemCAs + `mkdir -p "$HOME/.sbx/node" && npm install --no-audit --no-fund --no-save --prefix "$HOME/.sbx/node" `
 	if src.GetIndexUrl() != "" {
 		s += "--registry " + shQuote(src.GetIndexUrl()) + " "
 	}
