@@ -415,3 +415,70 @@ func TestRunCodeLibrariesFromRegistries(t *testing.T) {
 	}
 	d.assertNoLeaks()
 }
+
+// TestRunCodeRubyGemFromLocalSource: gem installs from a local gem source
+// (rubygems.org is not reachable from here), built in the sandbox with gem
+// build and gem generate_index, given as the library source's index URL.
+func TestRunCodeRubyGemFromLocalSource(t *testing.T) {
+	_, sb, ctx := codeSandbox(t)
+	if r, err := sb.RunShell(ctx, "command -v gem"); err != nil || r.Code != 0 {
+		t.Skip("no ruby/gem in the sandbox (scripts/install-deps.sh installs ruby)")
+	}
+	files := map[string]string{
+		"/tmp/gemsrc/sbxgem.gemspec": `Gem::Specification.new do |s|
+  s.name = "sbxgem"
+  s.version = "1.0.0"
+  s.summary = "sbx test gem"
+  s.authors = ["sbx"]
+  s.files = ["lib/sbxgem.rb"]
+  s.license = "MIT"
+end
+`,
+		"/tmp/gemsrc/lib/sbxgem.rb": "module Sbxgem\n  def self.answer\n    42\n  end\nend\n",
+	}
+	for p, content := range files {
+		if err := sb.WriteFile(ctx, p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustRun(t, ctx, sb, "cd /tmp/gemsrc && gem build sbxgem.gemspec >/dev/null 2>&1 && mkdir -p /tmp/gemrepo/gems && cp sbxgem-1.0.0.gem /tmp/gemrepo/gems/ && gem generate_index -d /tmp/gemrepo >/dev/null 2>&1; ls /tmp/gemrepo/specs.4.8.gz")
+	res, err := sb.RunCode(ctx, "ruby", "require 'sbxgem'\nputs Sbxgem.answer\n", sbx.RunCodeOptions{
+		Libraries: []string{"sbxgem"}, LibrarySource: &sbxv1.LibrarySource{IndexUrl: "file:///tmp/gemrepo"}, Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "42\n" || res.ExitCode != 0 || len(res.Installed) != 1 {
+		t.Errorf("got stdout %q exit %d installed %v error %q stderr %q, want 42 and sbxgem installed", res.Stdout, res.ExitCode, res.Installed, res.Error, res.Stderr)
+	}
+}
+
+// TestRunCodeRPackageFromLocalRepo: install.packages from a local CRAN-like
+// repository (CRAN is not reachable from here), built in the sandbox with
+// R CMD build and tools::write_PACKAGES.
+func TestRunCodeRPackageFromLocalRepo(t *testing.T) {
+	_, sb, ctx := codeSandbox(t)
+	if r, err := sb.RunShell(ctx, "command -v Rscript"); err != nil || r.Code != 0 {
+		t.Skip("no R in the sandbox (scripts/install-deps.sh installs r-base-core)")
+	}
+	files := map[string]string{
+		"/tmp/rsrc/sbxr/DESCRIPTION": "Package: sbxr\nVersion: 1.0\nTitle: sbx test package\nDescription: A test.\nAuthor: sbx\nMaintainer: sbx <sbx@example.com>\nLicense: MIT\n",
+		"/tmp/rsrc/sbxr/NAMESPACE":   "export(answer)\n",
+		"/tmp/rsrc/sbxr/R/answer.R":  "answer <- function() 42\n",
+	}
+	for p, content := range files {
+		if err := sb.WriteFile(ctx, p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustRun(t, ctx, sb, `cd /tmp/rsrc && R CMD build --no-build-vignettes --no-manual sbxr >/dev/null 2>&1 && mkdir -p /tmp/rrepo/src/contrib && cp sbxr_1.0.tar.gz /tmp/rrepo/src/contrib/ && Rscript -e 'tools::write_PACKAGES("/tmp/rrepo/src/contrib", type="source")' && ls /tmp/rrepo/src/contrib/PACKAGES`)
+	res, err := sb.RunCode(ctx, "r", "library(sbxr)\ncat(answer(), \"\\n\")\n", sbx.RunCodeOptions{
+		Libraries: []string{"sbxr"}, LibrarySource: &sbxv1.LibrarySource{IndexUrl: "file:///tmp/rrepo"}, Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "42 \n" || res.ExitCode != 0 || len(res.Installed) != 1 {
+		t.Errorf("got stdout %q exit %d installed %v error %q stderr %q, want 42 and sbxr installed", res.Stdout, res.ExitCode, res.Installed, res.Error, res.Stderr)
+	}
+}
