@@ -5,6 +5,8 @@
 //     trivial bundle (the OCI runtime's own cost) and vs `unshare` of all
 //     namespaces (the kernel floor);
 //   - `exec true` round trip through the API vs fork+exec of /bin/true here;
+//   - the floors of our own design: runc with a sandbox's own config, and
+//     exec straight through the agent's socket (floors.go);
 //   - destroy, one at a time and many at once;
 //   - what networking adds to create→ready (public from the namespace pool
 //     vs none);
@@ -181,6 +183,10 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
+	sbRuncRes, sbRuncNoSeccompRes, err := benchSandboxRunc(runtimeBin, tmp, filepath.Join(tmp, "data"), boxes[0].ID, n)
+	if err != nil {
+		return err
+	}
 	hostRes, imageRes, err := benchImage(ctx, c, tmp, n/2)
 	if err != nil {
 		return err
@@ -200,6 +206,10 @@ func run(n int, agentPath, runtimeBin string) error {
 		}
 		return err
 	})
+	if err != nil {
+		return err
+	}
+	agentExecRes, err := benchAgentExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
 	if err != nil {
 		return err
 	}
@@ -270,18 +280,22 @@ func run(n int, agentPath, runtimeBin string) error {
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
 	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, destroyRes} {
+	for _, r := range []result{trueRes, unshareRes, runcRes, sbRuncRes, sbRuncNoSeccompRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, agentExecRes, destroyRes} {
 		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
 	}
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
 	ratio := func(a, b result) float64 { return float64(a.p(0.5)) / float64(b.p(0.5)) }
 	fmt.Println()
 	fmt.Printf("cold create→ready / runc run true = %.2fx  (target ≤ 1.5x)\n", ratio(createRes, runcRes))
+	fmt.Printf("  runc with the sandbox's config      = %.2fx runc run true (hardening: userns, seccomp, cgroups, mounts)\n", ratio(sbRuncRes, runcRes))
+	fmt.Printf("  seccomp profile in the runtime      = %s  (p50 difference)\n", ms(sbRuncRes.p(0.5)-sbRuncNoSeccompRes.p(0.5)))
+	fmt.Printf("  create above that runc floor        = %s  (p50: prepare, agent start and Hello, API and store)\n", ms(createRes.p(0.5)-sbRuncRes.p(0.5)))
 	fmt.Printf("warm create→ready / runc run true = %.2fx\n", ratio(warmRes, runcRes))
 	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
 	fmt.Printf("5-layer image / host image create = %.2fx  (target ≤ 1.5x)\n", ratio(imageRes, hostRes))
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
+	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(agentExecRes.p(0.5)), ms(execRes.p(0.5)-agentExecRes.p(0.5)))
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
 	fmt.Printf("networking adds (allow - none)    = %s  (p50; target ≤ 2 ms; egress proxy redirection on)\n", ms(allowRes.p(0.5)-noneRes.p(0.5)))

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
 )
 
 func validateExec(req *sbxv1.ExecRequest) error {
@@ -45,8 +46,9 @@ func (s *Server) ExecInteractive(ctx context.Context, stream *connect.BidiStream
 	return s.exec(ctx, first.GetStart(), stream.Receive, stream.Send)
 }
 
-// exec opens an agent exec stream for start, forwards input from recv (if
-// any) and every output event to send.
+// exec opens an agent exec stream for start, forwards input from recv and
+// every output event to send. Without recv (no input after start) it takes
+// the cheaper execOnce path.
 func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
 	conn, release, err := s.mgr.Agent(ctx, start.GetSandbox())
 	if err != nil {
@@ -55,6 +57,9 @@ func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func()
 	defer release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if recv == nil {
+		return execOnce(ctx, conn, start, send)
+	}
 	as := conn.Exec(ctx)
 	// Closing the response is what tells the agent (over HTTP/2) that we are
 	// gone, so it kills the command when the client disconnects.
@@ -62,28 +67,24 @@ func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func()
 	if err := as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, errEOF) {
 		return fmt.Errorf("exec: sending start to agent: %w", err)
 	}
-	if recv != nil {
-		go func() {
-			for {
-				in, err := recv()
-				if err != nil {
-					// Client went away or half-closed: close stdin if it was open.
-					if start.GetStdinOpen() {
-						_ = as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
-					}
-					return
+	go func() {
+		for {
+			in, err := recv()
+			if err != nil {
+				// Client went away or half-closed: close stdin if it was open.
+				if start.GetStdinOpen() {
+					_ = as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
 				}
-				if in.GetStart() != nil {
-					continue
-				}
-				if err := as.Send(in); err != nil {
-					return
-				}
+				return
 			}
-		}()
-	} else {
-		_ = as.CloseRequest()
-	}
+			if in.GetStart() != nil {
+				continue
+			}
+			if err := as.Send(in); err != nil {
+				return
+			}
+		}
+	}()
 	for {
 		msg, err := as.Receive()
 		if err != nil {
@@ -102,4 +103,33 @@ func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func()
 			return nil
 		}
 	}
+}
+
+// execOnce relays a command that takes no input after start: the agent's
+// Exec called as a server stream (see agentconn.Conn.ExecOnce), the cheaper
+// path for the common `Exec` RPC.
+func execOnce(ctx context.Context, conn *agentconn.Conn, start *sbxv1.ExecRequest, send func(*sbxv1.ExecOutput) error) error {
+	st, err := conn.ExecOnce(ctx, start)
+	if err != nil {
+		return fmt.Errorf("exec: starting on agent: %w", err)
+	}
+	// Closing the response is what tells the agent (over HTTP/2) that we are
+	// gone, so it kills the command when the client disconnects.
+	defer st.Close() //nolint:errcheck
+	for st.Receive() {
+		msg := st.Msg()
+		if err := send(msg); err != nil {
+			return err
+		}
+		if msg.GetExited() != nil {
+			return nil
+		}
+	}
+	if err := st.Err(); err != nil {
+		if ctx.Err() != nil {
+			return connect.NewError(connect.CodeCanceled, ctx.Err())
+		}
+		return err
+	}
+	return nil
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// The floors of our own design, measured so that a run shows what is left
+// above them (see docs/ARCHITECTURE.md, known limits):
+//
+//   - benchSandboxRunc runs /usr/bin/true under the sandbox's own config.json
+//     (user namespace, seccomp allowlist, cgroup limits, masked paths, every
+//     mount), on its rootfs: what the OCI runtime costs with our hardening,
+//     before the agent starts. The same without the seccomp profile shows
+//     what compiling it costs in the runtime.
+//   - benchAgentExec runs `true` through the sandbox's agent socket
+//     directly, without the daemon: the agent's fork/exec/wait plus one
+//     RPC; the API's `exec true` adds the client→daemon hop to it.
+
+// boxBundle is where the oci driver keeps sandbox id's OCI bundle under the
+// daemon's data dir.
+func boxBundle(dataDir, id string) string {
+	return filepath.Join(dataDir, "oci", "boxes", id, "bundle")
+}
+
+// benchSandboxRunc times `runc run` of /usr/bin/true with sandbox id's config,
+// as is and without its seccomp profile.
+func benchSandboxRunc(runtimeBin, tmp, dataDir, id string, n int) (hardened, noSeccomp result, err error) {
+	bundle := boxBundle(dataDir, id)
+	raw, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return hardened, noSeccomp, fmt.Errorf("read sandbox config: %w", err)
+	}
+	mk := func(name string, seccomp bool) (string, error) {
+		var spec map[string]any
+		if err := json.Unmarshal(raw, &spec); err != nil {
+			return "", fmt.Errorf("parse sandbox config: %w", err)
+		}
+		spec["root"] = map[string]any{"path": filepath.Join(bundle, "rootfs")}
+		proc, _ := spec["process"].(map[string]any)
+		linux, _ := spec["linux"].(map[string]any)
+		if proc == nil || linux == nil {
+			return "", fmt.Errorf("sandbox config has no process or linux section")
+		}
+		proc["args"] = []string{"/usr/bin/true"}
+		linux["cgroupsPath"] = "/sbx-bench-" + name
+		if !seccomp {
+			delete(linux, "seccomp")
+		}
+		dir := filepath.Join(tmp, "runc-"+name)
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(spec)
+		if err != nil {
+			return "", err
+		}
+		return dir, os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+	}
+	runc := runtimeBin
+	if runc == "" {
+		runc = "runc"
+	}
+	i := 0
+	run := func(label, dir string) (result, error) {
+		return measure(label, n, func() error {
+			i++
+			out, err := exec.Command(runc, "--root", filepath.Join(tmp, "runc-root"), "run", "--bundle", dir, fmt.Sprintf("floor-%d", i)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+	}
+	withDir, err := mk("hardened", true)
+	if err != nil {
+		return hardened, noSeccomp, err
+	}
+	withoutDir, err := mk("noseccomp", false)
+	if err != nil {
+		return hardened, noSeccomp, err
+	}
+	if hardened, err = run("runc run true, sandbox's config", withDir); err != nil {
+		return hardened, noSeccomp, err
+	}
+	noSeccomp, err = run("  same without seccomp (floor only)", withoutDir)
+	return hardened, noSeccomp, err
+}
+
+// benchAgentExec times `exec true` over sandbox sb's agent socket, without
+// the daemon in between.
+func benchAgentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (result, error) {
+	sock := filepath.Join(filepath.Dir(boxBundle(dataDir, sb.ID)), "agent.sock")
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	defer conn.Close()
+	run := func() error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st := conn.Exec(ctx)
+		defer st.CloseResponse() //nolint:errcheck
+		if err := st.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: &sbxv1.ExecRequest{Argv: []string{"true"}}}}); err != nil {
+			return err
+		}
+		if err := st.CloseRequest(); err != nil {
+			return err
+		}
+		for {
+			msg, err := st.Receive()
+			if err != nil {
+				return fmt.Errorf("agent exec: %w", err)
+			}
+			if ex := msg.GetExited(); ex != nil {
+				if ex.GetExitCode() != 0 {
+					return fmt.Errorf("agent exec: exit %d", ex.GetExitCode())
+				}
+				return nil
+			}
+		}
+	}
+	if err := run(); err != nil { // warm the connection
+		return result{}, err
+	}
+	return measure("exec true, agent socket (no daemon)", n, run)
+}
