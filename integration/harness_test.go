@@ -24,6 +24,16 @@ var build struct {
 	err error
 }
 
+// TestMain removes the binaries built for the run (50 MB a run otherwise
+// left in the temp dir).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if build.dir != "" {
+		_ = os.RemoveAll(build.dir)
+	}
+	os.Exit(code)
+}
+
 // binaries builds bin/sbx and bin/sbx-agent side by side once per test run.
 func binaries(t *testing.T) string {
 	t.Helper()
