@@ -176,8 +176,8 @@ func (f *dnsForwarder) handle(src netip.Addr, q []byte, proto string) []byte {
 		return errorReply(q, dnsRcodeServFail)
 	}
 	if pol.Mode == ModeAllow {
-		if addrs := answerAddrs(resp); len(addrs) > 0 {
-			if err := f.client.allow(slot, addrs, answerTTL(resp)); err != nil {
+		if addrs, ttl := answerA(resp); len(addrs) > 0 {
+			if err := f.client.allow(slot, addrs, ttl); err != nil {
 				f.log.Warn("dns: allowing answer addresses", "name", name, "err", err)
 				return errorReply(q, dnsRcodeServFail)
 			}
@@ -277,71 +277,50 @@ func readName(msg []byte, off int) (string, int, bool) {
 
 // answerAddrs returns the IPv4 addresses of a response's answer section.
 func answerAddrs(msg []byte) []netip.Addr {
+	addrs, _ := answerA(msg)
+	return addrs
+}
+
+// answerA walks a response's answer section: the IPv4 addresses of its A
+// records, and the smallest TTL among them. A truncated message yields what
+// came before the cut.
+func answerA(msg []byte) (addrs []netip.Addr, minTTL time.Duration) {
 	if len(msg) < 12 {
-		return nil
+		return nil, 0
 	}
 	qd, an := int(binary.BigEndian.Uint16(msg[4:])), int(binary.BigEndian.Uint16(msg[6:]))
 	off := 12
 	for range qd {
 		_, next, ok := readName(msg, off)
 		if !ok || next+4 > len(msg) {
-			return nil
+			return nil, 0
 		}
 		off = next + 4
 	}
-	var out []netip.Addr
+	found := false
 	for range an {
 		_, next, ok := readName(msg, off)
 		if !ok || next+10 > len(msg) {
-			return out
+			break
 		}
 		typ := binary.BigEndian.Uint16(msg[next:])
+		ttl := time.Duration(binary.BigEndian.Uint32(msg[next+4:])) * time.Second
 		rdlen := int(binary.BigEndian.Uint16(msg[next+8:]))
 		rd := next + 10
 		if rd+rdlen > len(msg) {
-			return out
+			break
 		}
-		if typ == dnsTypeA && rdlen == 4 {
-			out = append(out, netip.AddrFrom4([4]byte(msg[rd:rd+4])))
+		if typ == dnsTypeA {
+			if !found || ttl < minTTL {
+				minTTL, found = ttl, true
+			}
+			if rdlen == 4 {
+				addrs = append(addrs, netip.AddrFrom4([4]byte(msg[rd:rd+4])))
+			}
 		}
 		off = rd + rdlen
 	}
-	return out
-}
-
-// answerTTL returns the smallest TTL of the A records of a response's answer
-// section (0 if there are none).
-func answerTTL(msg []byte) time.Duration {
-	if len(msg) < 12 {
-		return 0
-	}
-	qd, an := int(binary.BigEndian.Uint16(msg[4:])), int(binary.BigEndian.Uint16(msg[6:]))
-	off := 12
-	for range qd {
-		_, next, ok := readName(msg, off)
-		if !ok || next+4 > len(msg) {
-			return 0
-		}
-		off = next + 4
-	}
-	minTTL, found := uint32(0), false
-	for range an {
-		_, next, ok := readName(msg, off)
-		if !ok || next+10 > len(msg) {
-			break
-		}
-		typ := binary.BigEndian.Uint16(msg[next:])
-		ttl := binary.BigEndian.Uint32(msg[next+4:])
-		rdlen := int(binary.BigEndian.Uint16(msg[next+8:]))
-		if next+10+rdlen > len(msg) {
-			break
-		}
-		if typ == dnsTypeA && (!found || ttl < minTTL) {
-			minTTL, found = ttl, true
-		}
-		off = next + 10 + rdlen
-	}
-	return time.Duration(minTTL) * time.Second
+	return addrs, minTTL
 }
 
 // errorReply turns query q into an empty response with rcode.
