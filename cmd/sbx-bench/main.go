@@ -116,17 +116,27 @@ func startDaemon(dataDir, agentPath, runtimeBin string, pool int, opts ...func(*
 
 func ms(d time.Duration) string { return fmt.Sprintf("%7.2f ms", float64(d.Microseconds())/1000) }
 
-func run(n int, agentPath, runtimeBin string) error {
+// benchSetup checks for root and returns the agent's absolute path and a
+// scratch dir (mode 0711, so boxes' mapped root can traverse it) the caller
+// removes.
+func benchSetup(agentPath string) (absAgent, tmp string, err error) {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root")
+		return "", "", fmt.Errorf("needs root")
 	}
-	agentPath, _ = filepath.Abs(agentPath)
-	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	absAgent, _ = filepath.Abs(agentPath)
+	if tmp, err = os.MkdirTemp("", "sbx-bench-"); err != nil {
+		return "", "", err
+	}
+	_ = os.Chmod(tmp, 0o711)
+	return absAgent, tmp, nil
+}
+
+func run(n int, agentPath, runtimeBin string) error {
+	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	_ = os.Chmod(tmp, 0o711)
 
 	// Floors.
 	trueRes, err := measure("fork+exec /bin/true", n, func() error { return exec.Command("/bin/true").Run() })
@@ -311,16 +321,11 @@ func printPermFS(guarded, plain time.Duration) {
 
 // runCodebase runs only the codebase measurements.
 func runCodebase(n int, agentPath, runtimeBin string) error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root")
-	}
-	agentPath, _ = filepath.Abs(agentPath)
-	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	_ = os.Chmod(tmp, 0o711)
 	uploadRes, tarxRes, gitHost, gitBox, err := benchCodebase(context.Background(), filepath.Join(tmp, "codebase"), agentPath, runtimeBin, n)
 	if err != nil {
 		return err
@@ -331,16 +336,11 @@ func runCodebase(n int, agentPath, runtimeBin string) error {
 
 // runPermFS runs only the path guard measurement.
 func runPermFS(agentPath, runtimeBin string) error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root")
-	}
-	agentPath, _ = filepath.Abs(agentPath)
-	tmp, err := os.MkdirTemp("", "sbx-bench-")
+	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	_ = os.Chmod(tmp, 0o711)
 	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
 	if err != nil {
 		return err
