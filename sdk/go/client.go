@@ -13,6 +13,7 @@ package sbx
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -249,12 +250,28 @@ func (c *Client) sandbox(info *sbxv1.Sandbox) *Sandbox {
 
 // Error is an API error with its code.
 type Error struct {
-	Op   string
-	Code connect.Code
-	Msg  string
+	Op    string
+	Code  connect.Code
+	Msg   string
+	cause error
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Op, e.Msg) }
+
+// Unwrap returns the transport's error.
+func (e *Error) Unwrap() error { return e.cause }
+
+// Is makes errors.Is(err, context.DeadlineExceeded) and context.Canceled hold
+// whichever side noticed first: the caller's context or the daemon.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case context.DeadlineExceeded:
+		return e.Code == connect.CodeDeadlineExceeded
+	case context.Canceled:
+		return e.Code == connect.CodeCanceled
+	}
+	return false
+}
 
 // IsNotFound reports whether err says a sandbox, file or image does not exist.
 func IsNotFound(err error) bool { return codeOf(err) == connect.CodeNotFound }
@@ -266,7 +283,8 @@ func IsAlreadyExists(err error) bool { return codeOf(err) == connect.CodeAlready
 func IsInvalidArgument(err error) bool { return codeOf(err) == connect.CodeInvalidArgument }
 
 func codeOf(err error) connect.Code {
-	if e, ok := err.(*Error); ok {
+	var e *Error
+	if errors.As(err, &e) {
 		return e.Code
 	}
 	return connect.CodeOf(err)
@@ -277,7 +295,7 @@ func wrap(op string, err error) error {
 		return nil
 	}
 	if ce, ok := err.(*connect.Error); ok {
-		return &Error{Op: op, Code: ce.Code(), Msg: ce.Message()}
+		return &Error{Op: op, Code: ce.Code(), Msg: ce.Message(), cause: err}
 	}
-	return &Error{Op: op, Code: connect.CodeOf(err), Msg: err.Error()}
+	return &Error{Op: op, Code: connect.CodeOf(err), Msg: err.Error(), cause: err}
 }
