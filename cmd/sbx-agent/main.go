@@ -2,7 +2,7 @@
 // agent API to the sbx daemon and runs commands, terminals and file
 // operations inside the sandbox. See internal/agent.
 //
-//	sbx-agent [--listen-fd N | --listen unix:/path] [-- CMD ARGS...]
+//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [-- CMD ARGS...]
 package main
 
 import (
@@ -30,6 +30,7 @@ func parseArgs(args []string) (agent.Options, error) {
 	fs := flag.NewFlagSet("sbx-agent", flag.ContinueOnError)
 	opts := agent.Options{}
 	fs.IntVar(&opts.ListenFD, "listen-fd", -1, "serve on this inherited listening socket `fd`")
+	fs.IntVar(&opts.ReadyFD, "ready-fd", -1, "write one byte on this inherited `fd` and close it once serving")
 	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {

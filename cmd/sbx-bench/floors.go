@@ -17,7 +17,7 @@ import (
 // The floors of our own design, measured so that a run shows what is left
 // above them (see docs/ARCHITECTURE.md, known limits):
 //
-//   - benchSandboxRunc runs /usr/bin/true under the sandbox's own config.json
+//   - sandboxRuncBundles runs /usr/bin/true under the sandbox's own config.json
 //     (user namespace, seccomp allowlist, cgroup limits, masked paths, every
 //     mount), on its rootfs: what the OCI runtime costs with our hardening,
 //     before the agent starts. The same without the seccomp profile shows
@@ -32,14 +32,16 @@ func boxBundle(dataDir, id string) string {
 	return filepath.Join(dataDir, "oci", "boxes", id, "bundle")
 }
 
-// benchSandboxRunc times `runc run` of /usr/bin/true with sandbox id's config,
-// as is and without its seccomp profile.
-func benchSandboxRunc(runtimeBin, tmp, dataDir, id string, n int) (hardened, noSeccomp result, err error) {
+// sandboxRuncBundles writes two bundles running /usr/bin/true with sandbox
+// id's config and rootfs: as is, and without its seccomp profile (noSeccomp
+// is "" when the config has none: the agent installs the filter itself).
+func sandboxRuncBundles(tmp, dataDir, id string) (hardened, noSeccomp string, err error) {
 	bundle := boxBundle(dataDir, id)
 	raw, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
-		return hardened, noSeccomp, fmt.Errorf("read sandbox config: %w", err)
+		return "", "", fmt.Errorf("read sandbox config: %w", err)
 	}
+	hasSeccomp := false
 	mk := func(name string, seccomp bool) (string, error) {
 		var spec map[string]any
 		if err := json.Unmarshal(raw, &spec); err != nil {
@@ -53,6 +55,7 @@ func benchSandboxRunc(runtimeBin, tmp, dataDir, id string, n int) (hardened, noS
 		}
 		proc["args"] = []string{"/usr/bin/true"}
 		linux["cgroupsPath"] = "/sbx-bench-" + name
+		_, hasSeccomp = linux["seccomp"]
 		if !seccomp {
 			delete(linux, "seccomp")
 		}
@@ -66,34 +69,31 @@ func benchSandboxRunc(runtimeBin, tmp, dataDir, id string, n int) (hardened, noS
 		}
 		return dir, os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 	}
+	if hardened, err = mk("hardened", true); err != nil || !hasSeccomp {
+		return hardened, "", err
+	}
+	noSeccomp, err = mk("noseccomp", false)
+	return hardened, noSeccomp, err
+}
+
+// runcRunner returns a function making tasks that `runc run` a bundle
+// in the foreground, each under a new container id.
+func runcRunner(runtimeBin, root string) func(bundle string) func() error {
 	runc := runtimeBin
 	if runc == "" {
 		runc = "runc"
 	}
 	i := 0
-	run := func(label, dir string) (result, error) {
-		return measure(label, n, func() error {
+	return func(bundle string) func() error {
+		return func() error {
 			i++
-			out, err := exec.Command(runc, "--root", filepath.Join(tmp, "runc-root"), "run", "--bundle", dir, fmt.Sprintf("floor-%d", i)).CombinedOutput()
+			out, err := exec.Command(runc, "--root", root, "run", "--bundle", bundle, fmt.Sprintf("bench-%d", i)).CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("%v: %s", err, out)
 			}
 			return nil
-		})
+		}
 	}
-	withDir, err := mk("hardened", true)
-	if err != nil {
-		return hardened, noSeccomp, err
-	}
-	withoutDir, err := mk("noseccomp", false)
-	if err != nil {
-		return hardened, noSeccomp, err
-	}
-	if hardened, err = run("runc run true, sandbox's config", withDir); err != nil {
-		return hardened, noSeccomp, err
-	}
-	noSeccomp, err = run("  same without seccomp (floor only)", withoutDir)
-	return hardened, noSeccomp, err
 }
 
 // benchAgentExec times `exec true` over sandbox sb's agent socket, without

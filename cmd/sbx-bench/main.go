@@ -37,7 +37,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: permfs or codebase")
+	only := flag.String("only", "", "run only this measurement: create, permfs or codebase")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
@@ -45,6 +45,12 @@ func main() {
 	switch {
 	case *only == "permfs":
 		if err := runPermFS(*agent, *runtimeBin); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
+			os.Exit(1)
+		}
+		return
+	case *only == "create":
+		if err := runCreate(*n, *agent, *runtimeBin); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
 			os.Exit(1)
 		}
@@ -68,6 +74,9 @@ type result struct {
 }
 
 func (r result) p(q float64) time.Duration {
+	if len(r.ds) == 0 {
+		return 0
+	}
 	s := append([]time.Duration(nil), r.ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[int(q*float64(len(s)-1))]
@@ -87,6 +96,129 @@ func measure(name string, n int, f func() error, between ...func()) (result, err
 		r.ds = append(r.ds, time.Since(t0))
 	}
 	return r, nil
+}
+
+type task struct {
+	name string
+	f    func() error
+}
+
+// measureTogether measures tasks taking turns: one sample of each per round.
+func measureTogether(n int, tasks ...task) ([]result, error) {
+	rs := make([]result, len(tasks))
+	for i, t := range tasks {
+		rs[i].name = t.name
+	}
+	for range n {
+		for i, t := range tasks {
+			t0 := time.Now()
+			if err := t.f(); err != nil {
+				return rs, fmt.Errorf("%s: %w", t.name, err)
+			}
+			rs[i].ds = append(rs[i].ds, time.Since(t0))
+		}
+	}
+	return rs, nil
+}
+
+// coldResults are cold creates and the runtime's floors, measured together.
+type coldResults struct {
+	runc, create, sandboxRunc, noSeccomp result
+}
+
+// coldCreates measures cold creates through c (a daemon over tmp/data, no
+// warm pool) taking turns with `runc run` of a trivial bundle and of the
+// sandbox's own config, so that the machine's drift (a shared VM here) does
+// not land on one side of a ratio. It returns the sandboxes it made.
+func coldCreates(ctx context.Context, c *sbx.Client, tmp, runtimeBin string, n int) ([]*sbx.Sandbox, coldResults, error) {
+	var r coldResults
+	bundle, err := trivialBundle(filepath.Join(tmp, "bundle"))
+	if err != nil {
+		return nil, r, err
+	}
+	first, err := c.Create(ctx, sbx.CreateOptions{}) // warms up; its config makes the floors
+	if err != nil {
+		return nil, r, err
+	}
+	boxes := []*sbx.Sandbox{first}
+	hardened, noSeccomp, err := sandboxRuncBundles(tmp, filepath.Join(tmp, "data"), first.ID)
+	if err != nil {
+		return boxes, r, err
+	}
+	runcRun := runcRunner(runtimeBin, filepath.Join(tmp, "runc-root"))
+	tasks := []task{
+		{"runc run /bin/true (trivial bundle)", runcRun(bundle)},
+		{"sbx create→ready (API)", func() error {
+			sb, err := c.Create(ctx, sbx.CreateOptions{})
+			if err == nil {
+				boxes = append(boxes, sb)
+			}
+			return err
+		}},
+		{"runc run true, sandbox's config", runcRun(hardened)},
+	}
+	if noSeccomp != "" {
+		tasks = append(tasks, task{"  same without seccomp (floor only)", runcRun(noSeccomp)})
+	}
+	rs, err := measureTogether(n, tasks...)
+	if err != nil {
+		return boxes, r, err
+	}
+	r.runc, r.create, r.sandboxRunc = rs[0], rs[1], rs[2]
+	r.noSeccomp = result{name: "  same without seccomp: the agent installs it"}
+	if noSeccomp != "" {
+		r.noSeccomp = rs[3]
+	}
+	return boxes, r, nil
+}
+
+// runCreate runs only the cold create measurements.
+func runCreate(n int, agentPath, runtimeBin string) error {
+	agentPath, tmp, err := benchSetup(agentPath)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ctx := context.Background()
+	boxes, r, err := coldCreates(ctx, c, tmp, runtimeBin, n)
+	for _, b := range boxes {
+		_ = b.Destroy(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	printResults(r.runc, r.sandboxRunc, r.noSeccomp, r.create)
+	printCold(r)
+	return nil
+}
+
+// printCold prints the cold create ratios.
+func printCold(r coldResults) {
+	fmt.Printf("cold create→ready / runc run true = %.2fx  (target ≤ 1.5x)\n", ratio(r.create, r.runc))
+	fmt.Printf("  runc with the sandbox's config      = %.2fx runc run true (hardening: userns, seccomp, cgroups, mounts)\n", ratio(r.sandboxRunc, r.runc))
+	if len(r.noSeccomp.ds) > 0 {
+		fmt.Printf("  seccomp profile in the runtime      = %s  (p50 difference)\n", ms(r.sandboxRunc.p(0.5)-r.noSeccomp.p(0.5)))
+	}
+	fmt.Printf("  create above that runc floor        = %s  (p50: prepare, agent start, API and store)\n", ms(r.create.p(0.5)-r.sandboxRunc.p(0.5)))
+}
+
+func ratio(a, b result) float64 { return float64(a.p(0.5)) / float64(b.p(0.5)) }
+
+// printResults prints a table of p50 and p90.
+func printResults(rs ...result) {
+	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
+	for _, r := range rs {
+		if len(r.ds) == 0 {
+			fmt.Println(r.name)
+			continue
+		}
+		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
+	}
 }
 
 // startDaemon runs a daemon in-process over dataDir.
@@ -149,27 +281,6 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
-	runc := runtimeBin
-	if runc == "" {
-		runc = "runc"
-	}
-	bundle, err := trivialBundle(filepath.Join(tmp, "bundle"))
-	if err != nil {
-		return err
-	}
-	i := 0
-	runcRes, err := measure("runc run /bin/true (trivial bundle)", n, func() error {
-		i++
-		out, err := exec.Command(runc, "--root", filepath.Join(tmp, "runc-root"), "run", "--bundle", bundle, fmt.Sprintf("bench-%d", i)).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-
 	// sbx through its API: a daemon without a warm pool for cold creates,
 	// exec and destroy, then one with a pool for warm creates.
 	c, stopDaemon, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
@@ -182,21 +293,11 @@ func run(n int, agentPath, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
-	var boxes []*sbx.Sandbox
-	createRes, err := measure("sbx create→ready (API)", n, func() error {
-		sb, err := c.Create(ctx, sbx.CreateOptions{})
-		if err == nil {
-			boxes = append(boxes, sb)
-		}
-		return err
-	})
+	boxes, cold, err := coldCreates(ctx, c, tmp, runtimeBin, n)
 	if err != nil {
 		return err
 	}
-	sbRuncRes, sbRuncNoSeccompRes, err := benchSandboxRunc(runtimeBin, tmp, filepath.Join(tmp, "data"), boxes[0].ID, n)
-	if err != nil {
-		return err
-	}
+	runcRes, createRes, sbRuncRes, sbRuncNoSeccompRes := cold.runc, cold.create, cold.sandboxRunc, cold.noSeccomp
 	hostRes, imageRes, err := benchImage(ctx, c, tmp, n/2)
 	if err != nil {
 		return err
@@ -289,17 +390,10 @@ func run(n int, agentPath, runtimeBin string) error {
 		rt = r.GetHealthDetail()
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
-	fmt.Printf("%-40s %10s %10s\n", "measurement", "p50", "p90")
-	for _, r := range []result{trueRes, unshareRes, runcRes, sbRuncRes, sbRuncNoSeccompRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, agentExecRes, destroyRes} {
-		fmt.Printf("%-40s %10s %10s\n", r.name, ms(r.p(0.5)), ms(r.p(0.9)))
-	}
+	printResults(trueRes, unshareRes, runcRes, sbRuncRes, sbRuncNoSeccompRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, agentExecRes, destroyRes)
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
-	ratio := func(a, b result) float64 { return float64(a.p(0.5)) / float64(b.p(0.5)) }
 	fmt.Println()
-	fmt.Printf("cold create→ready / runc run true = %.2fx  (target ≤ 1.5x)\n", ratio(createRes, runcRes))
-	fmt.Printf("  runc with the sandbox's config      = %.2fx runc run true (hardening: userns, seccomp, cgroups, mounts)\n", ratio(sbRuncRes, runcRes))
-	fmt.Printf("  seccomp profile in the runtime      = %s  (p50 difference)\n", ms(sbRuncRes.p(0.5)-sbRuncNoSeccompRes.p(0.5)))
-	fmt.Printf("  create above that runc floor        = %s  (p50: prepare, agent start and Hello, API and store)\n", ms(createRes.p(0.5)-sbRuncRes.p(0.5)))
+	printCold(cold)
 	fmt.Printf("warm create→ready / runc run true = %.2fx\n", ratio(warmRes, runcRes))
 	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))

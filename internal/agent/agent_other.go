@@ -21,6 +21,7 @@ var errNotLinux = errors.New("sbx-agent runs only on Linux")
 // Options is what cmd/sbx-agent parsed from its command line.
 type Options struct {
 	ListenFD   int
+	ReadyFD    int
 	Listen     string
 	Entrypoint []string
 	Logger     *slog.Logger

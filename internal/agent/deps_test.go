@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
 )
 
 // TestDeps enforces the agent's dependency budget: it ships in every sandbox,
@@ -40,5 +42,13 @@ func TestDeps(t *testing.T) {
 		if !ok {
 			t.Errorf("sbx-agent depends on %s, which is outside its dependency budget", pkg)
 		}
+	}
+}
+
+// TestReadyByte checks the agent and the daemon agree on the ready signal,
+// which each defines on its own to keep the agent's imports small.
+func TestReadyByte(t *testing.T) {
+	if ReadyByte != agentconn.ReadyByte {
+		t.Errorf("agent's ReadyByte %q, daemon's %q", ReadyByte, agentconn.ReadyByte)
 	}
 }

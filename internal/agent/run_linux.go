@@ -20,6 +20,9 @@ type Options struct {
 	ListenFD int
 	// Listen is an address "unix:/path" to listen on instead (tests).
 	Listen string
+	// ReadyFD, if not -1, is an inherited pipe on which the agent writes
+	// ReadyByte and which it closes once it serves.
+	ReadyFD int
 	// Entrypoint, if set, is started at boot in the background.
 	Entrypoint []string
 	// Logger is the agent's log; nil means a text logger on stderr.
@@ -60,6 +63,10 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	log.Info("sbx-agent serving", "version", Version, "pid", os.Getpid(), "addr", ln.Addr().String())
+	if opts.ReadyFD >= 0 {
+		// The listener already queues connections; Serve accepts them next.
+		signalReady(opts.ReadyFD, log)
+	}
 	return srv.Serve(ctx, ln)
 }
 
@@ -79,6 +86,19 @@ func ownEnv() []string {
 		}
 	}
 	return out
+}
+
+// signalReady writes the ready byte on fd and closes it.
+func signalReady(fd int, log *slog.Logger) {
+	f := os.NewFile(uintptr(fd), "ready-fd")
+	if f == nil {
+		log.Warn("ready fd is not valid", "fd", fd)
+		return
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte{ReadyByte}); err != nil {
+		log.Warn("signalling ready", "err", err)
+	}
 }
 
 func listen(opts Options) (net.Listener, error) {

@@ -212,6 +212,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return fmt.Errorf("serving agent API: %w", err)
 }
 
+// ReadyByte is what the agent writes on its --ready-fd once it serves (the
+// daemon's side is agentconn.ReadyByte; the agent does not import it).
+const ReadyByte = 'R'
+
 // Hello negotiates the protocol version.
 func (s *Server) Hello(_ context.Context, req *connect.Request[agentv1.HelloRequest]) (*connect.Response[agentv1.HelloResponse], error) {
 	v := min(req.Msg.GetProtocolVersion(), ProtocolVersion)

@@ -6,9 +6,12 @@ package agentconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"connectrpc.com/connect"
@@ -20,6 +23,39 @@ import (
 // ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
 // Version 2 added detached processes (Attach, ListDetached, RemoveDetached).
 const ProtocolVersion = 2
+
+// ReadyByte is what an agent started with --ready-fd writes on that fd once it
+// serves; drivers wait for it instead of polling with Hello.
+const ReadyByte = 'R'
+
+// AwaitReady waits at most timeout for an agent started with --ready-fd to
+// write ReadyByte on the pipe whose read end is ready. An agent that exits
+// first (and so closes the pipe) fails it at once.
+func AwaitReady(ctx context.Context, ready *os.File, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := ready.SetReadDeadline(dl); err != nil {
+			return fmt.Errorf("agent ready pipe: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { _ = ready.SetReadDeadline(time.Now()) })
+	defer stop()
+	var b [1]byte
+	n, err := ready.Read(b[:])
+	switch {
+	case n == 1 && b[0] == ReadyByte:
+		return nil
+	case n == 1:
+		return fmt.Errorf("agent said %q on its ready pipe", b[0])
+	case errors.Is(err, io.EOF):
+		return errors.New("agent exited before it served")
+	case ctx.Err() != nil:
+		return fmt.Errorf("waiting for the agent to serve: %w", ctx.Err())
+	default:
+		return fmt.Errorf("agent ready pipe: %w", err)
+	}
+}
 
 // DialFunc opens a new connection to an agent.
 type DialFunc func(ctx context.Context) (net.Conn, error)

@@ -19,10 +19,11 @@ import (
 // contract between the sandbox manager and an isolation technology:
 //
 //   - Create builds every host resource for the box (rootfs, cgroup,
-//     namespaces, ...), starts it with the agent as init, and returns only when
-//     the agent's listening socket exists and a Dial would reach it (the caller
-//     then says Hello). On any error nothing of the box is left behind: Create
-//     rolls back what it made.
+//     namespaces, ...), starts it with the agent as init, and returns only once
+//     the agent serves: a Dial after it returns reaches an agent that answers.
+//     The agent is the daemon's own build, so the caller need not say Hello
+//     first. On any error nothing of the box is left behind: Create rolls back
+//     what it made.
 //   - The returned Handle is persisted by the caller (SQLite) verbatim. After a
 //     daemon restart the caller passes it to Recover, which either re-attaches
 //     (the box is running or paused and its agent is reachable) or returns an

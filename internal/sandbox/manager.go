@@ -281,30 +281,34 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
+	// Create returned with the agent serving (the driver contract).
 	conn := agentconn.New(func(ctx context.Context) (netConn, error) { return drv.Dial(ctx, h) })
-	rctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
-	_, err = conn.WaitReady(rctx)
-	cancel()
 	b.mu.Lock()
 	b.handle = h
 	b.conn = conn
 	b.mu.Unlock()
-	if err != nil {
-		conn.Close()
-		return fail(fmt.Errorf("sandbox agent did not come up: %w", err))
-	}
 	if configuredByAgent(spec) {
 		// The command must start as the user, or after the path guards are
 		// mounted, so the agent starts it now.
 		if err := configure(ctx, conn, b.id, spec); err != nil {
 			return fail(err)
 		}
+	} else {
+		go warmUp(conn)
 	}
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
 		return fail(err)
 	}
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
 	return m.toProto(b, nil), nil
+}
+
+// warmUp opens the daemon's connection to a new box's agent while the
+// create's answer travels, so the first exec does not pay for it.
+func warmUp(conn *agentconn.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), runtime.ProbeTimeout)
+	defer cancel()
+	_, _ = conn.Hello(ctx)
 }
 
 func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {

@@ -94,7 +94,11 @@ func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
 	}
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
 	w.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, h) })
-	if _, err := w.conn.WaitReady(ctx); err != nil {
+	// The agent serves (the driver contract); connect now, off the claim's
+	// path, and make sure it speaks our protocol.
+	hctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
+	defer cancel()
+	if _, err := w.conn.Hello(hctx); err != nil {
 		m.destroyWarm(context.Background(), w, drv)
 		return nil, err
 	}

@@ -113,16 +113,23 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	defer logf.Close()
-	args := []string{"--listen-fd", "3"}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return h, err
+	}
+	defer readyR.Close()
+	args := []string{"--listen-fd", "3", "--ready-fd", "4"}
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
 	cmd := exec.Command(d.cfg.AgentPath, args...)
 	cmd.Env = append(os.Environ(), spec.Env...)
-	cmd.ExtraFiles = []*os.File{lnf}
+	cmd.ExtraFiles = []*os.File{lnf, readyW}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
 		return h, fmt.Errorf("start agent: %w", err)
 	}
 	data = boxData{Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
@@ -132,12 +139,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	h = runtime.Handle{ID: spec.ID, Driver: "fake", Data: raw}
-	wctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
-	defer cancel()
-	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) { return d.Dial(ctx, h) })
-	defer conn.Close()
-	if _, err := conn.WaitReady(wctx); err != nil {
-		return h, err
+	if err := agentconn.AwaitReady(ctx, readyR, runtime.ProbeTimeout); err != nil {
+		return h, fmt.Errorf("box %s: %w", spec.ID, err)
 	}
 	return h, nil
 }

@@ -319,11 +319,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	data := boxData{Runtime: d.rt.path, Dir: box}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
-	if err := d.start(ctx, spec.ID, box, &data); err != nil {
+	ready, err := d.start(ctx, spec.ID, box, &data)
+	if err != nil {
 		return h, err
 	}
 	tStarted := time.Now()
-	if err := d.waitAgent(ctx, box, data.Pid); err != nil {
+	err = agentconn.AwaitReady(ctx, ready, runtime.ProbeTimeout)
+	ready.Close()
+	if err != nil {
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}
 	raw, _ := json.Marshal(data)
@@ -394,71 +397,56 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 	return mkdirInRoot(rootfs, spec.Workdir, idMapBase, idMapBase)
 }
 
-// start runs the runtime with the agent's listening socket as fd 3.
-func (d *Driver) start(ctx context.Context, id, box string, data *boxData) error {
+// start runs the box's runtime with the agent as init. The agent inherits
+// the listening socket the daemon made (fd 3), so a Dial never races its
+// start, and the write end of a pipe (fd 4) on which it says it serves;
+// start returns the read end, for waitAgent.
+func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (ready *os.File, err error) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath(box), Net: "unix"})
 	if err != nil {
-		return fmt.Errorf("listen on agent socket: %w", err)
+		return nil, fmt.Errorf("listen on agent socket: %w", err)
 	}
 	ln.SetUnlinkOnClose(false)
 	defer ln.Close()
 	lnFile, err := ln.File()
 	if err != nil {
-		return fmt.Errorf("agent socket fd: %w", err)
+		return nil, fmt.Errorf("agent socket fd: %w", err)
 	}
 	defer lnFile.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("agent ready pipe: %w", err)
+	}
+	// Only the agent may hold the write end once the runtime has exited, so
+	// that its exit reads as EOF.
+	defer readyW.Close()
+	defer func() {
+		if err != nil {
+			readyR.Close()
+		}
+	}()
 	logf, err := os.OpenFile(agentLog(box), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("create agent log: %w", err)
+		return nil, fmt.Errorf("create agent log: %w", err)
 	}
 	defer logf.Close()
 
-	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "1",
+	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "2",
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
-	cmd.ExtraFiles = []*os.File{lnFile}
+	cmd.ExtraFiles = []*os.File{lnFile, readyW}
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
+		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))
 	if err != nil {
-		return fmt.Errorf("read init pid: %w", err)
+		return nil, fmt.Errorf("read init pid: %w", err)
 	}
 	if _, err := fmt.Sscan(string(b), &data.Pid); err != nil {
-		return fmt.Errorf("parse init pid %q: %w", b, err)
+		return nil, fmt.Errorf("parse init pid %q: %w", b, err)
 	}
 	data.StartTime = procStartTime(data.Pid)
-	return nil
-}
-
-// waitAgent says Hello until the agent answers, the init dies or
-// runtime.ProbeTimeout passes.
-func (d *Driver) waitAgent(ctx context.Context, box string, pid int) error {
-	ctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)
-	defer cancel()
-	died := make(chan struct{})
-	go func() { // fail fast when the agent exits instead of waiting out the timeout
-		defer close(died)
-		for ctx.Err() == nil {
-			if procGoneOrZombie(pid) {
-				cancel()
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", sockPath(box))
-	})
-	defer conn.Close()
-	_, err := conn.WaitReady(ctx)
-	cancel()
-	<-died
-	if err != nil && procGoneOrZombie(pid) {
-		return fmt.Errorf("agent exited before answering: %w", err)
-	}
-	return err
+	return readyR, nil
 }
 
 // logTail returns the end of the agent log for error messages.

@@ -80,7 +80,7 @@ func buildSpec(p specParams) *specs.Spec {
 	if cwd == "" {
 		cwd = "/"
 	}
-	args := []string{agentInBox, "--listen-fd", "3"}
+	args := []string{agentInBox, "--listen-fd", "3", "--ready-fd", "4"}
 	if len(p.Command) > 0 {
 		args = append(append(args, "--"), p.Command...)
 	}
