@@ -37,7 +37,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, permfs or codebase")
+	only := flag.String("only", "", "run only this measurement: create, network, permfs or codebase")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
@@ -51,6 +51,12 @@ func main() {
 		return
 	case *only == "create":
 		if err := runCreate(*n, *agent, *runtimeBin); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
+			os.Exit(1)
+		}
+		return
+	case *only == "network":
+		if err := runNetwork(*n, *agent, *runtimeBin); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
 			os.Exit(1)
 		}
@@ -401,8 +407,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
 	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(agentExecRes.p(0.5)), ms(execRes.p(0.5)-agentExecRes.p(0.5)))
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
-	fmt.Printf("networking adds (public - none)   = %s  (p50; target ≤ 2 ms)\n", ms(publicRes.p(0.5)-noneRes.p(0.5)))
-	fmt.Printf("networking adds (allow - none)    = %s  (p50; target ≤ 2 ms; egress proxy redirection on)\n", ms(allowRes.p(0.5)-noneRes.p(0.5)))
+	printNetwork(noneRes, publicRes, allowRes)
 	printPermFS(permGuarded, permPlain)
 	printCodebase(uploadRes, tarxRes, gitHost, gitBox)
 	return nil
