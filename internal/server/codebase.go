@@ -103,7 +103,7 @@ func (s *CodebaseServer) SyncCodebase(ctx context.Context, req *connect.Request[
 // WithCodebases serves the codebase service next to h.
 func WithCodebases(h http.Handler, s *CodebaseServer) http.Handler {
 	mux := http.NewServeMux()
-	path, ch := sbxv1connect.NewCodebaseServiceHandler(s)
+	path, ch := sbxv1connect.NewCodebaseServiceHandler(s, handlerOpts...)
 	mux.Handle(path, ch)
 	mux.Handle("/", h)
 	return mux

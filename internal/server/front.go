@@ -58,7 +58,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 		f.token = f.hash(cfg.Token)
 	}
 	mux := http.NewServeMux()
-	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL})
+	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, handlerOpts...)
 	mux.Handle(path, h)
 	mux.Handle("/", api)
 	f.api = mux

@@ -42,21 +42,29 @@ func New(mgr *sandbox.Manager) *Server { return &Server{mgr: mgr} }
 // AddImages serves the image service too.
 func (s *Server) AddImages(images *ImageServer) { s.images = images }
 
+// compressMinBytes is the smallest message the API compresses for clients
+// that accept it. Smaller ones leave as they are: gzip of an exec event cost
+// more CPU than the whole rest of its relay, and saves nothing worth having.
+const compressMinBytes = 8 << 10
+
+// handlerOpts are the options of every API service handler.
+var handlerOpts = []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes)}
+
 // Handler returns the HTTP handler serving the API (and /healthz).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	path, h := sbxv1connect.NewSandboxServiceHandler(s)
+	path, h := sbxv1connect.NewSandboxServiceHandler(s, handlerOpts...)
 	mux.Handle(path, h)
 	if s.images != nil {
-		path, h := sbxv1connect.NewImageServiceHandler(s.images)
+		path, h := sbxv1connect.NewImageServiceHandler(s.images, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	if s.code != nil {
-		path, h := sbxv1connect.NewCodeServiceHandler(s.code)
+		path, h := sbxv1connect.NewCodeServiceHandler(s.code, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	if s.sess != nil {
-		path, h := sbxv1connect.NewSessionServiceHandler(s.sess)
+		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

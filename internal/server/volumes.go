@@ -59,7 +59,7 @@ func (s *VolumeServer) RemoveVolume(ctx context.Context, req *connect.Request[sb
 // WithVolumes serves the volume service next to h.
 func WithVolumes(h http.Handler, s *VolumeServer) http.Handler {
 	mux := http.NewServeMux()
-	path, vh := sbxv1connect.NewVolumeServiceHandler(s)
+	path, vh := sbxv1connect.NewVolumeServiceHandler(s, handlerOpts...)
 	mux.Handle(path, vh)
 	mux.Handle("/", h)
 	return mux
