@@ -112,21 +112,29 @@ func TestSeccompProfile(t *testing.T) {
 	}
 }
 
-func TestNativeSyscalls(t *testing.T) {
-	all := setOf(allowedSyscalls...)
-	for n := range notOnAMD64 {
-		if !all[n] {
-			t.Errorf("notOnAMD64 lists %s, which is not in allowedSyscalls", n)
-		}
+// TestSeccompRules checks the argument and errno rules of the spec's
+// profile, the part the allowlist test above does not see.
+func TestSeccompRules(t *testing.T) {
+	p := defaultSeccomp()
+	if p.DefaultErrnoRet == nil || *p.DefaultErrnoRet != 1 {
+		t.Errorf("default errno = %v, want EPERM (1)", p.DefaultErrnoRet)
 	}
-	// x86_64 syscalls (some newer than the host's libseccomp) stay listed.
-	for _, n := range []string{"read", "futex", "futex_wait", "futex_waitv", "mseal", "fchmodat2", "cachestat", "map_shadow_stack", "setxattrat", "getdents64", "sendfile", "fadvise64"} {
-		if !all[n] {
-			t.Fatalf("%s not in allowedSyscalls", n)
-		}
-		if notOnAMD64[n] {
-			t.Errorf("%s exists on x86_64 but is dropped for amd64", n)
-		}
+	enosys := uint(38)
+	const nsFlags = 0x7e020000 // CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+	want := []specs.LinuxSyscall{
+		{Names: []string{"clone"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: nsFlags, Op: specs.OpMaskedEqual}}},
+		{Names: []string{"unshare"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: nsFlags | 0x80, Op: specs.OpMaskedEqual}}},
+		{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},
+	}
+	for _, persona := range []uint64{0x0, 0x8, 0x20000, 0x20008, 0xffffffff} {
+		want = append(want, specs.LinuxSyscall{Names: []string{"personality"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: persona, Op: specs.OpEqualTo}}})
+	}
+	if len(p.Syscalls) == 0 {
+		t.Fatal("no syscall rules")
+	}
+	if diff := cmp.Diff(want, p.Syscalls[1:]); diff != "" {
+		t.Errorf("rules after the allowlist (-want +got):\n%s", diff)
 	}
 }
 
