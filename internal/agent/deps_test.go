@@ -29,6 +29,9 @@ func TestDeps(t *testing.T) {
 		// The permission layer (FUSE) and its pure rule evaluation.
 		"github.com/hanwen/go-fuse/v2",
 		"github.com/sbxdev/sbx/internal/permrules",
+		// The sandbox's seccomp filter, which the agent installs.
+		"github.com/sbxdev/sbx/internal/seccomp",
+		"github.com/sbxdev/sbx/internal/errdefs",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

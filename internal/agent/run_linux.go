@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
 // Options is what cmd/sbx-agent parsed from its command line.
@@ -23,6 +25,10 @@ type Options struct {
 	// ReadyFD, if not -1, is an inherited pipe on which the agent writes
 	// ReadyByte and which it closes once it serves.
 	ReadyFD int
+	// Seccomp installs the sandbox's default seccomp filter (internal/seccomp)
+	// on every thread before anything else; a failure is fatal. The OCI
+	// driver sets it instead of having the runtime compile the profile.
+	Seccomp bool
 	// Entrypoint, if set, is started at boot in the background.
 	Entrypoint []string
 	// Logger is the agent's log; nil means a text logger on stderr.
@@ -32,6 +38,13 @@ type Options struct {
 // Run is the whole agent: harden, listen, start the entrypoint, serve until
 // ctx ends. As PID 1 ctx never ends.
 func Run(ctx context.Context, opts Options) error {
+	if opts.Seccomp {
+		// First: no user process can exist before it, and every one the
+		// agent starts inherits it.
+		if err := installSeccomp(); err != nil {
+			return err
+		}
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -86,6 +99,18 @@ func ownEnv() []string {
 		}
 	}
 	return out
+}
+
+// installSeccomp installs the sandbox's default seccomp filter.
+func installSeccomp() error {
+	prog, err := seccomp.Compile(seccomp.Default())
+	if err == nil {
+		err = seccomp.Install(prog)
+	}
+	if err != nil {
+		return fmt.Errorf("seccomp: %w", err)
+	}
+	return nil
 }
 
 // signalReady writes the ready byte on fd and closes it.

@@ -21,6 +21,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
 // Driver runs boxes with an OCI runtime. It keeps no per-box state in memory:
@@ -41,7 +42,9 @@ type Driver struct {
 	// be made: path policies then fail to mount, with a clear error).
 	fuseDev string
 	caps    []string
-	log     *slog.Logger
+	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
+	agentSeccomp bool
+	log          *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -125,6 +128,18 @@ func New(cfg Config) (*Driver, error) {
 	if err := prepareFuseDevice(d.fuseDev); err != nil {
 		d.log.Warn("no /dev/fuse for boxes: path policies will not work", "err", err)
 		d.fuseDev = ""
+	}
+	if !cfg.SeccompInRuntime {
+		// Compiled here once too, so that a profile the compiler refuses
+		// fails the daemon's start rather than every create.
+		switch _, err := seccomp.Compile(seccomp.Default()); {
+		case errors.Is(err, seccomp.ErrUnsupportedArch):
+			d.log.Info("the OCI runtime installs the seccomp profile", "reason", err)
+		case err != nil:
+			return nil, fmt.Errorf("oci: %w", err)
+		default:
+			d.agentSeccomp = true
+		}
 	}
 	if err := setSubreaper(); err != nil {
 		return nil, fmt.Errorf("oci: become child subreaper: %w", err)
@@ -305,7 +320,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
 		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: spec.Mounts,
-		FuseDevice: d.fuseDev,
+		FuseDevice: d.fuseDev, AgentSeccomp: d.agentSeccomp,
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {

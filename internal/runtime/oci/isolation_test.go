@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -111,6 +112,27 @@ func TestIsolation(t *testing.T) {
 		}
 		if got := statusField(t, status, "NoNewPrivs"); got != "1" {
 			t.Errorf("NoNewPrivs = %s, want 1", got)
+		}
+		// The agent itself is filtered too: it installs the filter first
+		// thing (--seccomp), the runtime none.
+		initStatus, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", initPid(t, h)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := statusField(t, string(initStatus), "Seccomp"); got != "2" {
+			t.Errorf("agent's Seccomp = %s, want 2 (filter)", got)
+		}
+		if got := statusField(t, string(initStatus), "Seccomp_filters"); got == "" || got == "0" {
+			t.Errorf("agent's Seccomp_filters = %q, want at least 1", got)
+		}
+		if goruntime.GOARCH == "amd64" { // where internal/seccomp has a syscall table
+			cfg, err := os.ReadFile(filepath.Join(dir, "boxes", h.ID, "bundle", "config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(cfg), `"seccomp"`) || !strings.Contains(string(cfg), `"--seccomp"`) {
+				t.Errorf("config.json: want no runtime seccomp profile and the agent's --seccomp")
+			}
 		}
 		if res := sh("unshare -U true 2>&1; echo $?"); strings.HasSuffix(res.Stdout, "\n0\n") || res.Stdout == "0\n" {
 			t.Errorf("unshare -U succeeded in the box: %q", res.Stdout)

@@ -62,6 +62,9 @@ type specParams struct {
 	// FuseDevice, if set, is a host node of /dev/fuse the box's root owns,
 	// bound at /dev/fuse for the agent's permission layers.
 	FuseDevice string
+	// AgentSeccomp has the agent install the seccomp profile (--seccomp)
+	// instead of the runtime.
+	AgentSeccomp bool
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -81,6 +84,12 @@ func buildSpec(p specParams) *specs.Spec {
 		cwd = "/"
 	}
 	args := []string{agentInBox, "--listen-fd", "3", "--ready-fd", "4"}
+	var filter *specs.LinuxSeccomp
+	if p.AgentSeccomp {
+		args = append(args, "--seccomp")
+	} else {
+		filter = defaultSeccomp()
+	}
 	if len(p.Command) > 0 {
 		args = append(append(args, "--"), p.Command...)
 	}
@@ -112,7 +121,7 @@ func buildSpec(p specParams) *specs.Spec {
 			},
 			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
 			Resources:     boxResources(p.Resources, p.SwapLimit),
-			Seccomp:       defaultSeccomp(),
+			Seccomp:       filter,
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},

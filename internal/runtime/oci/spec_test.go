@@ -77,6 +77,22 @@ func TestBuildSpec(t *testing.T) {
 	}
 }
 
+// With AgentSeccomp the agent installs the filter: the runtime gets none.
+func TestBuildSpecAgentSeccomp(t *testing.T) {
+	for _, agent := range []bool{false, true} {
+		s := buildSpec(specParams{ID: "b1", CgroupParent: "sbx", AgentPath: "/x/sbx-agent", AgentSeccomp: agent})
+		if got := slices.Contains(s.Process.Args, "--seccomp"); got != agent {
+			t.Errorf("AgentSeccomp %v: --seccomp in args = %v, want %v", agent, got, agent)
+		}
+		if got := s.Linux.Seccomp != nil; got == agent {
+			t.Errorf("AgentSeccomp %v: runtime profile set = %v, want %v", agent, got, !agent)
+		}
+		if !s.Process.NoNewPrivileges {
+			t.Errorf("AgentSeccomp %v: no_new_privs off", agent)
+		}
+	}
+}
+
 func TestSeccompProfile(t *testing.T) {
 	p := defaultSeccomp()
 	if p.DefaultAction != specs.ActErrno {
