@@ -2,7 +2,7 @@
 // agent API to the sbx daemon and runs commands, terminals and file
 // operations inside the sandbox. See internal/agent.
 //
-//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--seccomp] [-- CMD ARGS...]
+//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N] [--seccomp] [-- CMD ARGS...]
 package main
 
 import (
@@ -31,6 +31,7 @@ func parseArgs(args []string) (agent.Options, error) {
 	opts := agent.Options{}
 	fs.IntVar(&opts.ListenFD, "listen-fd", -1, "serve on this inherited listening socket `fd`")
 	fs.IntVar(&opts.ReadyFD, "ready-fd", -1, "write one byte on this inherited `fd` and close it once serving")
+	fs.IntVar(&opts.ExecFD, "exec-fd", -1, "serve framed execs on this inherited listening socket `fd`")
 	fs.BoolVar(&opts.Seccomp, "seccomp", false, "install the sandbox's seccomp filter before anything else")
 	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
 	version := fs.Bool("version", false, "print the version and exit")

@@ -22,9 +22,9 @@ import (
 //     mount), on its rootfs: what the OCI runtime costs with our hardening,
 //     before the agent starts. The same without the seccomp profile shows
 //     what compiling it costs in the runtime.
-//   - benchAgentExec runs `true` through the sandbox's agent socket
+//   - benchAgentExec runs `true` through the sandbox's agent sockets
 //     directly, without the daemon: the agent's fork/exec/wait plus one
-//     RPC; the API's `exec true` adds the client→daemon hop to it.
+//     framed exchange; the API's `exec true` adds the client→daemon hop.
 
 // boxBundle is where the oci driver keeps sandbox id's OCI bundle under the
 // daemon's data dir.
@@ -96,40 +96,38 @@ func runcRunner(runtimeBin, root string) func(bundle string) func() error {
 	}
 }
 
-// benchAgentExec times `exec true` over sandbox sb's agent socket, without
-// the daemon in between.
+// benchAgentExec times `exec true` over sandbox sb's agent sockets, without
+// the daemon in between, the way the daemon runs the API's Exec (framed, see
+// agentconn.Conn.ExecOnce).
 func benchAgentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (result, error) {
-	sock := filepath.Join(filepath.Dir(boxBundle(dataDir, sb.ID)), "agent.sock")
-	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
+	box := filepath.Dir(boxBundle(dataDir, sb.ID))
+	dialer := func(name string) agentconn.DialFunc {
+		return func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", filepath.Join(box, name))
+		}
+	}
+	conn := agentconn.New(dialer("agent.sock"), agentconn.WithExecDial(dialer("exec.sock")))
 	defer conn.Close()
 	run := func() error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		st := conn.Exec(ctx)
-		defer st.CloseResponse() //nolint:errcheck
-		if err := st.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: &sbxv1.ExecRequest{Argv: []string{"true"}}}}); err != nil {
+		st, err := conn.ExecOnce(ctx, &sbxv1.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
 			return err
 		}
-		if err := st.CloseRequest(); err != nil {
-			return err
-		}
-		for {
-			msg, err := st.Receive()
-			if err != nil {
-				return fmt.Errorf("agent exec: %w", err)
-			}
-			if ex := msg.GetExited(); ex != nil {
+		defer st.Close() //nolint:errcheck
+		for st.Receive() {
+			if ex := st.Msg().GetExited(); ex != nil {
 				if ex.GetExitCode() != 0 {
 					return fmt.Errorf("agent exec: exit %d", ex.GetExitCode())
 				}
 				return nil
 			}
 		}
+		return fmt.Errorf("agent exec: %w", st.Err())
 	}
-	if err := run(); err != nil { // warm the connection
+	if err := run(); err != nil { // warm up
 		return result{}, err
 	}
 	return measure("exec true, agent socket (no daemon)", n, run)

@@ -22,6 +22,7 @@ var errNotLinux = errors.New("sbx-agent runs only on Linux")
 type Options struct {
 	ListenFD   int
 	ReadyFD    int
+	ExecFD     int
 	Seccomp    bool
 	Listen     string
 	Entrypoint []string

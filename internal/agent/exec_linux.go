@@ -76,6 +76,18 @@ func (s *Server) Exec(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 	if req == nil {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("first exec message must be start"))
 	}
+	return s.runExec(ctx, stream, req)
+}
+
+// execStream is what an exec talks to after its start message: the Exec
+// RPC's stream, or a framed exec connection (fastexec_linux.go).
+type execStream interface {
+	Receive() (*sbxv1.ExecInput, error)
+	Send(*sbxv1.ExecOutput) error
+}
+
+// runExec runs the command req and serves it over stream until it exits.
+func (s *Server) runExec(ctx context.Context, stream execStream, req *sbxv1.ExecRequest) error {
 	if err := validateExec(req); err != nil {
 		return err
 	}
@@ -354,7 +366,7 @@ func lookPath(name, pathList string) (string, error) {
 // wait streams output until the process has exited and its output is
 // drained, then sends the one exited event. The started event goes out with
 // the first other event or after startedDelay, whichever is first.
-func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest, p *process) error {
+func (s *Server) wait(ctx context.Context, stream execStream, req *sbxv1.ExecRequest, p *process) error {
 	out := make(chan *sbxv1.ExecOutput, 4)
 	quit := make(chan struct{})
 	defer close(quit)
@@ -376,7 +388,7 @@ func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 		defer t.Stop()
 		timeout = t.C
 	}
-	bw := batchWriterFrom(ctx)
+	bw := holderFrom(ctx)
 	startedSent, last := false, false
 	// send sends m, preceded by started if that is still due; both leave in
 	// one write. A nil m sends only started. The last message (exited) is
@@ -386,11 +398,11 @@ func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 		if !startedSent {
 			startedSent = true
 			if bw != nil && m != nil {
-				bw.hold = true
+				bw.setHold(true)
 			}
 			err := stream.Send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: int32(p.pid)}}})
 			if bw != nil {
-				bw.hold = last
+				bw.setHold(last)
 			}
 			lastSend = time.Now()
 			if err != nil || m == nil {
@@ -466,7 +478,7 @@ func (s *Server) wait(ctx context.Context, stream *connect.BidiStream[sbxv1.Exec
 		ex.TimedOut, ex.ExitCode = true, 137
 	}
 	if last = true; bw != nil {
-		bw.hold = true
+		bw.setHold(true)
 	}
 	return send(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: ex}})
 }
@@ -512,7 +524,7 @@ func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, qu
 
 // input applies the client's stdin, resize and signal events. It runs until
 // the client's side of the stream ends (at the latest when Exec returns).
-func (p *process) input(stream *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput], req *sbxv1.ExecRequest) {
+func (p *process) input(stream execStream, req *sbxv1.ExecRequest) {
 	p.initialStdin(req)
 	for {
 		msg, err := stream.Receive()

@@ -21,6 +21,7 @@ import (
 type testAgent struct {
 	srv     *Server
 	conn    *agentconn.Conn
+	dial    agentconn.DialFunc
 	workdir string
 }
 
@@ -52,10 +53,11 @@ func newTestAgent(t testing.TB, opts ...func(*Config)) *testAgent {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
-	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
+	dial := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
-	})
+	}
+	conn := agentconn.New(dial)
 	t.Cleanup(func() {
 		conn.Close()
 		cancel()
@@ -63,7 +65,7 @@ func newTestAgent(t testing.TB, opts ...func(*Config)) *testAgent {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &testAgent{srv: srv, conn: conn, workdir: wd}
+	return &testAgent{srv: srv, conn: conn, dial: dial, workdir: wd}
 }
 
 // execResult is everything one exec produced.

@@ -25,6 +25,9 @@ type Options struct {
 	// ReadyFD, if not -1, is an inherited pipe on which the agent writes
 	// ReadyByte and which it closes once it serves.
 	ReadyFD int
+	// ExecFD, if not -1, is an inherited listening socket for the framed exec
+	// protocol (internal/execframe).
+	ExecFD int
 	// Seccomp installs the sandbox's default seccomp filter (internal/seccomp)
 	// on every thread before anything else; a failure is fatal. The OCI
 	// driver sets it instead of having the runtime compile the profile.
@@ -57,6 +60,13 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer ln.Close()
+	var execLn net.Listener
+	if opts.ExecFD >= 0 {
+		if execLn, err = listenFD(opts.ExecFD, "exec-fd"); err != nil {
+			return err
+		}
+		defer execLn.Close()
+	}
 	closeOnExecAll()
 
 	pid1 := os.Getpid() == 1
@@ -76,6 +86,13 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	log.Info("sbx-agent serving", "version", Version, "pid", os.Getpid(), "addr", ln.Addr().String())
+	if execLn != nil {
+		go func() {
+			if err := srv.ServeExec(ctx, execLn); err != nil {
+				log.Error("serving framed execs", "err", err)
+			}
+		}()
+	}
 	if opts.ReadyFD >= 0 {
 		// The listener already queues connections; Serve accepts them next.
 		signalReady(opts.ReadyFD, log)
@@ -126,24 +143,29 @@ func signalReady(fd int, log *slog.Logger) {
 	}
 }
 
+// listenFD serves on an inherited listening socket. The fd is dup'ed
+// close-on-exec by FileListener; the original is closed so user processes
+// can never inherit it.
+func listenFD(fd int, name string) (net.Listener, error) {
+	unix.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), name)
+	if f == nil {
+		return nil, fmt.Errorf("%s %d is not valid", name, fd)
+	}
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("using %s %d: %w", name, fd, err)
+	}
+	return ln, nil
+}
+
 func listen(opts Options) (net.Listener, error) {
 	switch {
 	case opts.ListenFD >= 0 && opts.Listen != "":
 		return nil, fmt.Errorf("--listen-fd and --listen are exclusive")
 	case opts.ListenFD >= 0:
-		// The fd is dup'ed close-on-exec by FileListener; close the original
-		// so user processes can never inherit it.
-		unix.CloseOnExec(opts.ListenFD)
-		f := os.NewFile(uintptr(opts.ListenFD), "listen-fd")
-		if f == nil {
-			return nil, fmt.Errorf("listen fd %d is not valid", opts.ListenFD)
-		}
-		defer f.Close()
-		ln, err := net.FileListener(f)
-		if err != nil {
-			return nil, fmt.Errorf("using listen fd %d: %w", opts.ListenFD, err)
-		}
-		return ln, nil
+		return listenFD(opts.ListenFD, "listen-fd")
 	case strings.HasPrefix(opts.Listen, "unix:"):
 		path := strings.TrimPrefix(opts.Listen, "unix:")
 		os.Remove(path)

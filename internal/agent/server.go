@@ -183,10 +183,16 @@ func (w *batchWriter) Flush() {
 // Unwrap is for http.ResponseController.
 func (w *batchWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// batchWriterFrom returns the request's batchWriter, or nil.
-func batchWriterFrom(ctx context.Context) *batchWriter {
-	bw, _ := ctx.Value(batchWriterKey{}).(*batchWriter)
-	return bw
+// flushHolder is a stream's writer whose flushes an exec can hold back, so
+// that its next message leaves in the same write.
+type flushHolder interface{ setHold(bool) }
+
+func (w *batchWriter) setHold(h bool) { w.hold = h }
+
+// holderFrom returns the request's flushHolder, or nil.
+func holderFrom(ctx context.Context) flushHolder {
+	h, _ := ctx.Value(batchWriterKey{}).(flushHolder)
+	return h
 }
 
 // Serve serves AgentService on ln until ctx ends.

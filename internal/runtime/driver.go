@@ -55,6 +55,14 @@ type Driver interface {
 	Cleanup(ctx context.Context, keep map[string]bool) error
 }
 
+// ExecDialer is implemented by drivers whose agents also serve the framed
+// exec protocol (internal/execframe) on a socket of their own. DialExec
+// returns an error wrapping errors.ErrUnsupported for a box whose agent has
+// no such socket (one started by an older daemon): callers then use Exec.
+type ExecDialer interface {
+	DialExec(ctx context.Context, h Handle) (net.Conn, error)
+}
+
 // Spec is everything a driver needs to create a box.
 type Spec struct {
 	// ID is the sandbox id: unique, [a-z0-9-], at most 32 bytes. Drivers use

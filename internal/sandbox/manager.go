@@ -282,7 +282,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
 	// Create returned with the agent serving (the driver contract).
-	conn := agentconn.New(func(ctx context.Context) (netConn, error) { return drv.Dial(ctx, h) })
+	conn := agentConn(drv, h)
 	b.mu.Lock()
 	b.handle = h
 	b.conn = conn
@@ -301,6 +301,16 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
 	return m.toProto(b, nil), nil
+}
+
+// agentConn returns a client of box h's agent, with framed execs where the
+// driver offers them.
+func agentConn(drv runtime.Driver, h runtime.Handle) *agentconn.Conn {
+	dial := func(ctx context.Context) (netConn, error) { return drv.Dial(ctx, h) }
+	if ed, ok := drv.(runtime.ExecDialer); ok {
+		return agentconn.New(dial, agentconn.WithExecDial(func(ctx context.Context) (netConn, error) { return ed.DialExec(ctx, h) }))
+	}
+	return agentconn.New(dial)
 }
 
 // warmUp opens the daemon's connection to a new box's agent while the

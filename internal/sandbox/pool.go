@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"time"
 
@@ -93,7 +92,7 @@ func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
 		return nil, err
 	}
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
-	w.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, h) })
+	w.conn = agentConn(drv, h)
 	// The agent serves (the driver contract); connect now, off the claim's
 	// path, and make sure it speaks our protocol.
 	hctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
-	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -132,7 +131,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	}
 	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att}
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
-	b.conn = agentconn.New(func(ctx context.Context) (net.Conn, error) { return drv.Dial(ctx, nh) })
+	b.conn = agentConn(drv, nh)
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := b.conn.Hello(hctx)

@@ -97,17 +97,21 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			_ = d.destroy(dir, data)
 		}
 	}()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "agent.sock"), Net: "unix"})
-	if err != nil {
-		return h, err
+	var files []*os.File // the agent's fds 3 (API) and 5 (framed execs)
+	for _, name := range []string{"agent.sock", "exec.sock"} {
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
+		if err != nil {
+			return h, err
+		}
+		ln.SetUnlinkOnClose(false)
+		f, err := ln.File()
+		ln.Close()
+		if err != nil {
+			return h, err
+		}
+		defer f.Close()
+		files = append(files, f)
 	}
-	ln.SetUnlinkOnClose(false)
-	defer ln.Close()
-	lnf, err := ln.File()
-	if err != nil {
-		return h, err
-	}
-	defer lnf.Close()
 	logf, err := os.Create(filepath.Join(dir, "agent.log"))
 	if err != nil {
 		return h, err
@@ -118,13 +122,13 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	defer readyR.Close()
-	args := []string{"--listen-fd", "3", "--ready-fd", "4"}
+	args := []string{"--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5"}
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
 	cmd := exec.Command(d.cfg.AgentPath, args...)
 	cmd.Env = append(os.Environ(), spec.Env...)
-	cmd.ExtraFiles = []*os.File{lnf, readyW}
+	cmd.ExtraFiles = []*os.File{files[0], readyW, files[1]}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
@@ -249,6 +253,16 @@ func reap(pid int) {
 
 func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 	return runtime.Stats{}, fmt.Errorf("fake driver has no stats: %w", errdefs.ErrFailedPrecondition)
+}
+
+// DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
+func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	dir, err := d.dir(h.ID)
+	if err != nil {
+		return nil, err
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", filepath.Join(dir, "exec.sock"))
 }
 
 func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {

@@ -227,6 +227,7 @@ func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id)
 
 // Paths inside a box dir.
 func sockPath(box string) string  { return filepath.Join(box, "agent.sock") }
+func execSock(box string) string  { return filepath.Join(box, "exec.sock") }
 func rwDir(box string) string     { return filepath.Join(box, "rw") }
 func bundleDir(box string) string { return filepath.Join(box, "bundle") }
 func rootfsDir(box string) string { return filepath.Join(box, "bundle", "rootfs") }
@@ -413,21 +414,25 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 }
 
 // start runs the box's runtime with the agent as init. The agent inherits
-// the listening socket the daemon made (fd 3), so a Dial never races its
-// start, and the write end of a pipe (fd 4) on which it says it serves;
-// start returns the read end, for waitAgent.
+// the listening sockets the daemon made, for its API (fd 3) and for framed
+// execs (fd 5), so a Dial never races its start, and the write end of a pipe
+// (fd 4) on which it says it serves; start returns the read end.
 func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (ready *os.File, err error) {
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath(box), Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listen on agent socket: %w", err)
+	var files []*os.File // the agent's fds 3 (API) and 4 (framed execs)
+	for _, path := range []string{sockPath(box), execSock(box)} {
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			return nil, fmt.Errorf("listen on agent socket: %w", err)
+		}
+		ln.SetUnlinkOnClose(false)
+		f, err := ln.File()
+		ln.Close()
+		if err != nil {
+			return nil, fmt.Errorf("agent socket fd: %w", err)
+		}
+		defer f.Close()
+		files = append(files, f)
 	}
-	ln.SetUnlinkOnClose(false)
-	defer ln.Close()
-	lnFile, err := ln.File()
-	if err != nil {
-		return nil, fmt.Errorf("agent socket fd: %w", err)
-	}
-	defer lnFile.Close()
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("agent ready pipe: %w", err)
@@ -446,9 +451,9 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 	}
 	defer logf.Close()
 
-	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "2",
+	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "3",
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
-	cmd.ExtraFiles = []*os.File{lnFile, readyW}
+	cmd.ExtraFiles = []*os.File{files[0], readyW, files[1]}
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
@@ -524,6 +529,23 @@ func (d *Driver) Stats(ctx context.Context, h runtime.Handle) (runtime.Stats, er
 	}
 	st.DiskUsedBytes, _ = diskUsed(rwDir(d.boxDir(h.ID)))
 	return st, nil
+}
+
+// DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
+func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	if err := checkID(h.ID); err != nil {
+		return nil, err
+	}
+	path := execSock(d.boxDir(h.ID))
+	var dl net.Dialer
+	c, err := dl.DialContext(ctx, "unix", path)
+	if err != nil {
+		if _, serr := os.Lstat(path); errors.Is(serr, os.ErrNotExist) {
+			return nil, fmt.Errorf("box %s has no exec socket: %w", h.ID, errors.ErrUnsupported)
+		}
+		return nil, fmt.Errorf("dial agent exec socket of box %s: %w", h.ID, err)
+	}
+	return c, nil
 }
 
 func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {

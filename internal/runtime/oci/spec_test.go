@@ -19,7 +19,7 @@ func TestBuildSpec(t *testing.T) {
 		Resources: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 100},
 		HostImage: true, AgentPath: "/x/sbx-agent", NoFile: 1024, SwapLimit: true,
 	})
-	if diff := cmp.Diff([]string{agentInBox, "--listen-fd", "3", "--ready-fd", "4", "--", "sleep", "1"}, s.Process.Args); diff != "" {
+	if diff := cmp.Diff([]string{agentInBox, "--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5", "--", "sleep", "1"}, s.Process.Args); diff != "" {
 		t.Errorf("args (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]string{"A=1", defaultPath}, s.Process.Env); diff != "" {

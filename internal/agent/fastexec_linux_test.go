@@ -1,0 +1,163 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/agentconn"
+)
+
+// framedAgent serves framed execs on a Unix socket; its client takes that
+// path for ExecOnce.
+func framedAgent(t *testing.T) *agentconn.Conn {
+	t.Helper()
+	dir := t.TempDir()
+	srv, err := NewServer(Config{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "exec.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeExec(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ServeExec: %v", err)
+		}
+	})
+	noAPI := func(context.Context) (net.Conn, error) { t.Error("the API socket was dialled"); return nil, os.ErrInvalid }
+	return agentconn.New(noAPI, agentconn.WithExecDial(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}))
+}
+
+// collectFramed runs start to the end of its stream.
+func collectFramed(t *testing.T, conn *agentconn.Conn, start *sbxv1.ExecRequest) (res execResult, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := conn.ExecOnce(ctx, start)
+	if err != nil {
+		return res, err
+	}
+	defer st.Close()
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().(type) {
+		case *sbxv1.ExecOutput_Started:
+			res.pid = ev.Started.GetPid()
+		case *sbxv1.ExecOutput_Stdout:
+			res.stdout += string(ev.Stdout)
+		case *sbxv1.ExecOutput_Stderr:
+			res.stderr += string(ev.Stderr)
+		case *sbxv1.ExecOutput_Exited:
+			res.exited = ev.Exited
+		}
+	}
+	return res, st.Err()
+}
+
+func TestFramedExec(t *testing.T) {
+	conn := framedAgent(t)
+	tests := []struct {
+		name                   string
+		req                    *sbxv1.ExecRequest
+		stdout, stderr         string
+		code                   int32
+		started                bool
+		wantErr                connect.Code
+		wantErrText, wantError string
+	}{
+		{name: "output and exit code", req: &sbxv1.ExecRequest{Shell: "echo out; echo err >&2; exit 3"}, stdout: "out\n", stderr: "err\n", code: 3, started: true},
+		{name: "stdin up front", req: &sbxv1.ExecRequest{Argv: []string{"tr", "a-z", "A-Z"}, Stdin: []byte("hello")}, stdout: "HELLO", started: true},
+		{name: "env and tty", req: &sbxv1.ExecRequest{Shell: `[ -t 1 ] && echo "tty $X"`, Env: map[string]string{"X": "y"}, Tty: true}, stdout: "tty y\r\n", started: true},
+		{name: "timeout", req: &sbxv1.ExecRequest{Argv: []string{"sleep", "30"}, TimeoutMs: 100}, code: 137, started: true},
+		{name: "not found", req: &sbxv1.ExecRequest{Argv: []string{"no-such-command-x"}}, code: 127, wantError: "command not found"},
+		{name: "no command", req: &sbxv1.ExecRequest{}, wantErr: connect.CodeInvalidArgument, wantErrText: "one of argv and shell"},
+		{name: "unknown user", req: &sbxv1.ExecRequest{Argv: []string{"true"}, User: "nobody-here"}, wantErr: connect.CodeInvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := collectFramed(t, conn, tc.req)
+			if tc.wantErr != 0 {
+				if connect.CodeOf(err) != tc.wantErr || !strings.Contains(err.Error(), tc.wantErrText) {
+					t.Fatalf("got error %v, want %v containing %q", err, tc.wantErr, tc.wantErrText)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.stdout != tc.stdout || res.stderr != tc.stderr || res.exited.GetExitCode() != tc.code || (res.pid != 0) != tc.started {
+				t.Errorf("got stdout %q stderr %q exit %d pid %d, want %q %q %d (started %v)", res.stdout, res.stderr, res.exited.GetExitCode(), res.pid, tc.stdout, tc.stderr, tc.code, tc.started)
+			}
+			if !strings.Contains(res.exited.GetError(), tc.wantError) {
+				t.Errorf("exited error %q, want it to contain %q", res.exited.GetError(), tc.wantError)
+			}
+		})
+	}
+}
+
+// Dropping the connection (the daemon's client went away) kills the command.
+func TestFramedExecCancelKills(t *testing.T) {
+	conn := framedAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := conn.ExecOnce(ctx, &sbxv1.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || st.Msg().GetStarted() == nil {
+		t.Fatalf("want started first, got %v (%v)", st.Msg(), st.Err())
+	}
+	pid := int(st.Msg().GetStarted().GetPid())
+	cancel()
+	if st.Receive() {
+		t.Errorf("a message after cancel: %v", st.Msg())
+	}
+	if connect.CodeOf(st.Err()) != connect.CodeCanceled {
+		t.Errorf("after cancel: got %v, want canceled", st.Err())
+	}
+	st.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			break // gone (or a zombie the agent is about to reap)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sleep (pid %d) outlived its connection", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+
+// A box without an exec socket (its agent predates it) gets the Exec RPC.
+func TestFramedExecFallsBackToRPC(t *testing.T) {
+	a := newTestAgent(t)
+	conn := agentconn.New(a.dial, agentconn.WithExecDial(func(context.Context) (net.Conn, error) {
+		return nil, fmt.Errorf("no exec socket: %w", errors.ErrUnsupported)
+	}))
+	defer conn.Close()
+	res, err := collectFramed(t, conn, &sbxv1.ExecRequest{Shell: "echo via rpc"})
+	if err != nil || res.stdout != "via rpc\n" {
+		t.Fatalf("got %q, %v; want the command's output through the RPC", res.stdout, err)
+	}
+}

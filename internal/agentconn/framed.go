@@ -1,0 +1,92 @@
+package agentconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/execframe"
+)
+
+// execFramed starts a command over the agent's framed exec protocol.
+func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
+	nc, err := c.execDial(ctx)
+	if err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			return nil, err
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("agent exec socket: %w", err))
+	}
+	w := execframe.NewWriter(nc)
+	err = w.Write(execframe.FrameInput, &sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}})
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("sending exec start to agent: %w", err))
+	}
+	// Closing the connection is what cancels the command in the agent.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	return &framedStream{ctx: ctx, nc: nc, r: execframe.NewReader(nc), stop: stop}, nil
+}
+
+// framedStream reads a framed exec's output; it has the methods of
+// connect.ServerStreamForClient that ExecStream names.
+type framedStream struct {
+	ctx  context.Context
+	nc   net.Conn
+	r    *execframe.Reader
+	stop func() bool
+	msg  *sbxv1.ExecOutput
+	err  error
+	done bool
+}
+
+// Receive reads the next output event; false at the end (after exited) or
+// on an error (see Err).
+func (s *framedStream) Receive() bool {
+	if s.done {
+		return false
+	}
+	m, err := s.r.ReadOutput()
+	if err != nil {
+		s.done = true
+		var fe *execframe.Error
+		switch {
+		case errors.As(err, &fe):
+			s.err = connect.NewError(connect.Code(fe.Code), errors.New(fe.Message))
+		case errors.Is(s.ctx.Err(), context.DeadlineExceeded):
+			s.err = connect.NewError(connect.CodeDeadlineExceeded, s.ctx.Err())
+		case s.ctx.Err() != nil:
+			s.err = connect.NewError(connect.CodeCanceled, s.ctx.Err())
+		case errors.Is(err, io.EOF):
+			s.err = connect.NewError(connect.CodeUnavailable, errors.New("agent closed the exec connection before the command exited"))
+		default:
+			s.err = connect.NewError(connect.CodeUnavailable, fmt.Errorf("reading exec output from agent: %w", err))
+		}
+		return false
+	}
+	s.msg = m
+	if m.GetExited() != nil {
+		s.done = true // the agent closes next
+	}
+	return true
+}
+
+// Msg is the event Receive read.
+func (s *framedStream) Msg() *sbxv1.ExecOutput { return s.msg }
+
+// Err is the error that ended the stream, nil after exited.
+func (s *framedStream) Err() error { return s.err }
+
+// Close releases the connection; before exited it cancels the command.
+func (s *framedStream) Close() error {
+	s.stop()
+	return s.nc.Close()
+}

@@ -1,0 +1,152 @@
+// Package execframe owns the agent's framed exec protocol: one command per
+// Unix connection, carrying the same messages as the agent's Exec RPC
+// (sbx.v1.ExecInput from the daemon, sbx.v1.ExecOutput from the agent) in
+// length-prefixed frames instead of HTTP/2 streams. The daemon uses it for
+// commands that take no input after their start (the API's Exec), where one
+// HTTP/2 round trip cost about as much as spawning the command. It imports
+// only the API's messages and protobuf, so the agent can use it.
+//
+// A frame is one type byte, a big-endian uint32 payload length and the
+// payload. The daemon sends FrameInput frames (the first holds the start
+// message); the agent answers with FrameOutput frames, ending with the
+// exited event, or with one FrameError frame. The daemon closing the
+// connection cancels the command: it never half-closes.
+package execframe
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+// Frame types.
+const (
+	FrameInput  byte = 'I' // sbx.v1.ExecInput, daemon to agent
+	FrameOutput byte = 'O' // sbx.v1.ExecOutput, agent to daemon
+	FrameError  byte = 'E' // a Connect error code (uint32) and a message, then the agent closes
+)
+
+// MaxPayload bounds a frame's payload: the start message carries stdin given
+// up front, output events at most the agent's 32 KiB chunks.
+const MaxPayload = 64 << 20
+
+// headerLen is the type byte and the length.
+const headerLen = 5
+
+// Reader reads frames.
+type Reader struct{ r *bufio.Reader }
+
+// NewReader reads frames from r.
+func NewReader(r io.Reader) *Reader { return &Reader{r: bufio.NewReaderSize(r, 32<<10)} }
+
+// Next reads one frame. A clean end of stream before a frame is io.EOF; one
+// inside a frame is io.ErrUnexpectedEOF.
+func (fr *Reader) Next() (typ byte, payload []byte, err error) {
+	var h [headerLen]byte
+	if _, err := io.ReadFull(fr.r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > MaxPayload {
+		return 0, nil, fmt.Errorf("exec frame of %d bytes, more than %d", n, MaxPayload)
+	}
+	payload = make([]byte, n)
+	if _, err := io.ReadFull(fr.r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return h[0], payload, nil
+}
+
+// ReadInput reads a FrameInput frame.
+func (fr *Reader) ReadInput() (*sbxv1.ExecInput, error) {
+	typ, payload, err := fr.Next()
+	if err != nil {
+		return nil, err
+	}
+	if typ != FrameInput {
+		return nil, fmt.Errorf("exec frame type %q, want %q", typ, FrameInput)
+	}
+	in := &sbxv1.ExecInput{}
+	if err := proto.Unmarshal(payload, in); err != nil {
+		return nil, fmt.Errorf("exec input frame: %w", err)
+	}
+	return in, nil
+}
+
+// Error is a FrameError frame's content.
+type Error struct {
+	Code    uint32 // a connect.Code
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// ReadOutput reads a FrameOutput frame; a FrameError frame is returned as
+// an *Error.
+func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
+	typ, payload, err := fr.Next()
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case FrameOutput:
+		out := &sbxv1.ExecOutput{}
+		if err := proto.Unmarshal(payload, out); err != nil {
+			return nil, fmt.Errorf("exec output frame: %w", err)
+		}
+		return out, nil
+	case FrameError:
+		if len(payload) < 4 {
+			return nil, errors.New("exec error frame too short")
+		}
+		return nil, &Error{Code: binary.BigEndian.Uint32(payload), Message: string(payload[4:])}
+	}
+	return nil, fmt.Errorf("exec frame type %q, want %q or %q", typ, FrameOutput, FrameError)
+}
+
+// Writer writes frames into a buffer; Flush sends them.
+type Writer struct{ w *bufio.Writer }
+
+// NewWriter writes frames to w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, 32<<10)} }
+
+// Write buffers one frame of type typ holding m.
+func (fw *Writer) Write(typ byte, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return fw.writeRaw(typ, b)
+}
+
+// WriteError buffers a FrameError frame.
+func (fw *Writer) WriteError(code uint32, msg string) error {
+	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(msg)), code)
+	return fw.writeRaw(FrameError, append(b, msg...))
+}
+
+func (fw *Writer) writeRaw(typ byte, b []byte) error {
+	if len(b) > MaxPayload {
+		return fmt.Errorf("exec frame of %d bytes, more than %d", len(b), MaxPayload)
+	}
+	var h [headerLen]byte
+	h[0] = typ
+	binary.BigEndian.PutUint32(h[1:], uint32(len(b)))
+	if _, err := fw.w.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := fw.w.Write(b)
+	return err
+}
+
+// Flush sends the buffered frames.
+func (fw *Writer) Flush() error { return fw.w.Flush() }

@@ -1,0 +1,94 @@
+package execframe
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+func TestRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	in := &sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: &sbxv1.ExecRequest{Argv: []string{"true"}, Stdin: []byte("x")}}}
+	outs := []*sbxv1.ExecOutput{
+		{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: 7}}},
+		{Event: &sbxv1.ExecOutput_Stdout{Stdout: bytes.Repeat([]byte("o"), 40<<10)}},
+		{Event: &sbxv1.ExecOutput_Exited{Exited: &sbxv1.ExecExited{ExitCode: 3}}},
+	}
+	if err := w.Write(FrameInput, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range outs {
+		if err := w.Write(FrameOutput, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.WriteError(5, "no such sandbox"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(&buf)
+	got, err := r.ReadInput()
+	if err != nil || !proto.Equal(got, in) {
+		t.Fatalf("input: got %v, %v; want %v", got, err, in)
+	}
+	for _, want := range outs {
+		got, err := r.ReadOutput()
+		if err != nil || !proto.Equal(got, want) {
+			t.Fatalf("output: got %v, %v; want %v", got, err, want)
+		}
+	}
+	_, err = r.ReadOutput()
+	var fe *Error
+	if !errors.As(err, &fe) || fe.Code != 5 || fe.Message != "no such sandbox" {
+		t.Fatalf("error frame: got %v, want code 5 and its message", err)
+	}
+	if _, err := r.ReadOutput(); !errors.Is(err, io.EOF) {
+		t.Fatalf("at the end: got %v, want io.EOF", err)
+	}
+}
+
+func TestBadFrames(t *testing.T) {
+	frame := func(typ byte, n uint32, payload string) []byte {
+		b := []byte{typ}
+		b = binary.BigEndian.AppendUint32(b, n)
+		return append(b, payload...)
+	}
+	tests := []struct {
+		name    string
+		data    []byte
+		input   bool // ReadInput, else ReadOutput
+		wantErr string
+	}{
+		{"too large", frame(FrameOutput, MaxPayload+1, ""), false, "more than"},
+		{"truncated payload", frame(FrameOutput, 10, "abc"), false, "unexpected EOF"},
+		{"truncated header", []byte{FrameOutput, 0, 0}, false, "unexpected EOF"},
+		{"output where input is due", frame(FrameOutput, 0, ""), true, "want 'I'"},
+		{"unknown type", frame('X', 0, ""), false, "frame type 'X'"},
+		{"garbage payload", frame(FrameOutput, 3, "\xff\xff\xff"), false, "exec output frame"},
+		{"short error frame", frame(FrameError, 2, "ab"), false, "too short"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewReader(bytes.NewReader(tc.data))
+			var err error
+			if tc.input {
+				_, err = r.ReadInput()
+			} else {
+				_, err = r.ReadOutput()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
