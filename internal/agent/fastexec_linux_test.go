@@ -42,7 +42,10 @@ func framedAgent(t *testing.T) *agentconn.Conn {
 			t.Errorf("ServeExec: %v", err)
 		}
 	})
-	noAPI := func(context.Context) (net.Conn, error) { t.Error("the API socket was dialled"); return nil, os.ErrInvalid }
+	noAPI := func(context.Context) (net.Conn, error) {
+		t.Error("the API socket was dialled")
+		return nil, os.ErrInvalid
+	}
 	return agentconn.New(noAPI, agentconn.WithExecDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
@@ -147,7 +150,6 @@ func TestFramedExecCancelKills(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
 
 // A box without an exec socket (its agent predates it) gets the Exec RPC.
 func TestFramedExecFallsBackToRPC(t *testing.T) {
