@@ -96,10 +96,10 @@ func runcRunner(runtimeBin, root string) func(bundle string) func() error {
 	}
 }
 
-// benchAgentExec times `exec true` over sandbox sb's agent sockets, without
-// the daemon in between, the way the daemon runs the API's Exec (framed, see
-// agentconn.Conn.ExecOnce).
-func benchAgentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (result, error) {
+// agentExec returns a task running `exec true` over sandbox sb's agent
+// sockets, without the daemon in between, the way the daemon runs the API's
+// Exec (framed, see agentconn.Conn.ExecOnce), and a function closing it.
+func agentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox) (func() error, func()) {
 	box := filepath.Dir(boxBundle(dataDir, sb.ID))
 	dialer := func(name string) agentconn.DialFunc {
 		return func(ctx context.Context) (net.Conn, error) {
@@ -108,7 +108,6 @@ func benchAgentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int)
 		}
 	}
 	conn := agentconn.New(dialer("agent.sock"), agentconn.WithExecDial(dialer("exec.sock")))
-	defer conn.Close()
 	run := func() error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -127,8 +126,33 @@ func benchAgentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int)
 		}
 		return fmt.Errorf("agent exec: %w", st.Err())
 	}
-	if err := run(); err != nil { // warm up
-		return result{}, err
+	return run, conn.Close
+}
+
+// benchExec measures `exec true` through the API, the same straight through
+// the agent's sockets, and a local fork+exec of /bin/true, taking turns.
+func benchExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (api, agent, local result, err error) {
+	viaAgent, closeAgent := agentExec(ctx, dataDir, sb)
+	defer closeAgent()
+	viaAPI := func() error {
+		res, err := sb.Run(ctx, "true")
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return err
 	}
-	return measure("exec true, agent socket (no daemon)", n, run)
+	for _, f := range []func() error{viaAPI, viaAgent} { // warm the connections
+		if err := f(); err != nil {
+			return api, agent, local, err
+		}
+	}
+	rs, err := measureTogether(n,
+		task{"sbx exec true (API round trip)", viaAPI},
+		task{"exec true, agent socket (no daemon)", viaAgent},
+		task{"fork+exec /bin/true", func() error { return exec.Command("/bin/true").Run() }},
+	)
+	if err != nil {
+		return api, agent, local, err
+	}
+	return rs[0], rs[1], rs[2], nil
 }

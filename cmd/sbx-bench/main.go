@@ -37,38 +37,28 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, network, permfs or codebase")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs or codebase")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	flag.Parse()
-	switch {
-	case *only == "permfs":
-		if err := runPermFS(*agent, *runtimeBin); err != nil {
-			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
-			os.Exit(1)
-		}
-		return
-	case *only == "create":
-		if err := runCreate(*n, *agent, *runtimeBin); err != nil {
-			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
-			os.Exit(1)
-		}
-		return
-	case *only == "network":
-		if err := runNetwork(*n, *agent, *runtimeBin); err != nil {
-			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
-			os.Exit(1)
-		}
-		return
-	case *only == "codebase" || *codebaseOnly:
-		if err := runCodebase(*n, *agent, *runtimeBin); err != nil {
-			fmt.Fprintln(os.Stderr, "sbx-bench:", err)
-			os.Exit(1)
-		}
-		return
+	if *codebaseOnly {
+		*only = "codebase"
 	}
-	if err := run(*n, *agent, *runtimeBin); err != nil {
+	runs := map[string]func(n int, agentPath, runtimeBin string) error{
+		"":         run,
+		"create":   runCreate,
+		"exec":     runExec,
+		"network":  runNetwork,
+		"codebase": runCodebase,
+		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
+	}
+	f, ok := runs[*only]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "sbx-bench: -only %q: not a measurement\n", *only)
+		os.Exit(2)
+	}
+	if err := f(*n, *agent, *runtimeBin); err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-bench:", err)
 		os.Exit(1)
 	}
@@ -203,6 +193,39 @@ func runCreate(n int, agentPath, runtimeBin string) error {
 	return nil
 }
 
+// printExec prints the exec figures.
+func printExec(api, agent, local result) {
+	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec, %s, measured with it)\n", ms(api.p(0.5)), ratio(api, local), ms(local.p(0.5)))
+	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(agent.p(0.5)), ms(api.p(0.5)-agent.p(0.5)))
+}
+
+// runExec runs only the exec measurements.
+func runExec(n int, agentPath, runtimeBin string) error {
+	agentPath, tmp, err := benchSetup(agentPath)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ctx := context.Background()
+	sb, err := c.Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	defer sb.Destroy(ctx) //nolint:errcheck
+	api, agent, local, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
+	if err != nil {
+		return err
+	}
+	printResults(local, api, agent)
+	printExec(api, agent, local)
+	return nil
+}
+
 // printCold prints the cold create ratios.
 func printCold(r coldResults) {
 	fmt.Printf("cold create→ready / runc run true = %.2fx  (target ≤ 1.5x)\n", ratio(r.create, r.runc))
@@ -313,20 +336,7 @@ func run(n int, agentPath, runtimeBin string) error {
 		return err
 	}
 	sb := boxes[0]
-	if _, err := sb.Run(ctx, "true"); err != nil { // warm the connection
-		return err
-	}
-	execRes, err := measure("sbx exec true (API round trip)", n*5, func() error {
-		res, err := sb.Run(ctx, "true")
-		if err == nil && res.Code != 0 {
-			err = fmt.Errorf("exit %d", res.Code)
-		}
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	agentExecRes, err := benchAgentExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
+	execRes, agentExecRes, forkRes, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
 	if err != nil {
 		return err
 	}
@@ -404,8 +414,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
 	fmt.Printf("5-layer image / host image create = %.2fx  (target ≤ 1.5x)\n", ratio(imageRes, hostRes))
-	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec)\n", ms(execRes.p(0.5)), ratio(execRes, trueRes))
-	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(agentExecRes.p(0.5)), ms(execRes.p(0.5)-agentExecRes.p(0.5)))
+	printExec(execRes, agentExecRes, forkRes)
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	printNetwork(noneRes, publicRes, allowRes)
 	printPermFS(permGuarded, permPlain)
