@@ -1,0 +1,31 @@
+package server
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// A client's deadline, which the daemon learns from the timeout header, must
+// reach it as DeadlineExceeded, not as Canceled.
+func TestCtxError(t *testing.T) {
+	dctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-dctx.Done()
+	cctx, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want connect.Code
+	}{
+		{"deadline", dctx, connect.CodeDeadlineExceeded},
+		{"cancelled", cctx, connect.CodeCanceled},
+	} {
+		if got := connect.CodeOf(ctxError(tc.ctx)); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
