@@ -112,7 +112,8 @@ func startDaemonToken(t *testing.T, token string, extraArgs ...string) *daemon {
 		}
 		d.args = append([]string{"--auth-token-file", tf}, d.args...)
 	}
-	d.start()
+	// Registered before the start, so that a daemon failing at start leaves
+	// no data dir behind either.
 	t.Cleanup(func() {
 		if d.cmd != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -132,6 +133,7 @@ func startDaemonToken(t *testing.T, token string, extraArgs ...string) *daemon {
 		}
 		os.RemoveAll(d.dataDir)
 	})
+	d.start()
 	return d
 }
 
