@@ -17,8 +17,11 @@ import (
 func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
 	nc, err := c.execDial(ctx)
 	if err != nil {
-		if errors.Is(err, errors.ErrUnsupported) {
+		switch {
+		case errors.Is(err, errors.ErrUnsupported):
 			return nil, err
+		case ctx.Err() != nil:
+			return nil, ContextError(ctx)
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("agent exec socket: %w", err))
 	}
@@ -61,10 +64,8 @@ func (s *framedStream) Receive() bool {
 		switch {
 		case errors.As(err, &fe):
 			s.err = connect.NewError(connect.Code(fe.Code), errors.New(fe.Message))
-		case errors.Is(s.ctx.Err(), context.DeadlineExceeded):
-			s.err = connect.NewError(connect.CodeDeadlineExceeded, s.ctx.Err())
 		case s.ctx.Err() != nil:
-			s.err = connect.NewError(connect.CodeCanceled, s.ctx.Err())
+			s.err = ContextError(s.ctx)
 		case errors.Is(err, io.EOF):
 			s.err = connect.NewError(connect.CodeUnavailable, errors.New("agent closed the exec connection before the command exited"))
 		default:
@@ -89,4 +90,13 @@ func (s *framedStream) Err() error { return s.err }
 func (s *framedStream) Close() error {
 	s.stop()
 	return s.nc.Close()
+}
+
+// ContextError is the Connect error for a call whose context ended: its
+// deadline (DeadlineExceeded) or its cancellation (Canceled).
+func ContextError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }

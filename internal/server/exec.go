@@ -92,7 +92,7 @@ func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func()
 				return nil
 			}
 			if ctx.Err() != nil {
-				return ctxError(ctx)
+				return agentconn.ContextError(ctx)
 			}
 			return err
 		}
@@ -127,19 +127,9 @@ func execOnce(ctx context.Context, conn *agentconn.Conn, start *sbxv1.ExecReques
 	}
 	if err := st.Err(); err != nil {
 		if ctx.Err() != nil {
-			return ctxError(ctx)
+			return agentconn.ContextError(ctx)
 		}
 		return err
 	}
 	return nil
-}
-
-// ctxError is the Connect error for a request whose context ended: the
-// client's deadline (which the daemon learns from the request's timeout
-// header) or its going away.
-func ctxError(ctx context.Context) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-	}
-	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
 )
 
 // A client's deadline, which the daemon learns from the timeout header, must
@@ -24,7 +26,7 @@ func TestCtxError(t *testing.T) {
 		{"deadline", dctx, connect.CodeDeadlineExceeded},
 		{"cancelled", cctx, connect.CodeCanceled},
 	} {
-		if got := connect.CodeOf(ctxError(tc.ctx)); got != tc.want {
+		if got := connect.CodeOf(agentconn.ContextError(tc.ctx)); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}
