@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/store"
 )
 
 // Directories inside the sandbox. Each run gets RunDir/<id> for its code
@@ -84,12 +84,8 @@ type Service struct {
 	// stopping is set by Shutdown: kernel streams that end then leave the
 	// kernels and their records alone.
 	stopping atomic.Bool
-	// restoreMu serializes re-attaching, so a context is restored once.
-	restoreMu sync.Mutex
-
-	mu sync.Mutex
-	// contexts by id.
-	contexts map[string]*kernel
+	// contexts are the live contexts by id.
+	contexts *registry[*kernel]
 }
 
 // New returns a Service over agents.
@@ -97,11 +93,14 @@ func New(agents Agents, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{agents: agents, log: log, contexts: map[string]*kernel{}}
+	s := &Service{agents: agents, log: log}
+	s.contexts = &registry[*kernel]{kind: store.ProcessContext, noun: "context", what: "code context", proc: "kernel",
+		log: log, agents: agents, restore: s.restoreContext, live: map[string]*kernel{}}
+	return s
 }
 
 // UseStore makes s persist its contexts in st. Call it before any CreateContext.
-func (s *Service) UseStore(st ProcessStore) { s.store = st }
+func (s *Service) UseStore(st ProcessStore) { s.store, s.contexts.store = st, st }
 
 func newID() string {
 	var b [8]byte
@@ -124,7 +123,7 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	langName := req.GetLanguage()
 	if req.GetContext() != "" {
 		var err error
-		if k, err = s.kernel(ctx, req.GetContext()); err != nil {
+		if k, err = s.contexts.get(ctx, req.GetContext()); err != nil {
 			return err
 		}
 		langName = k.lang.name

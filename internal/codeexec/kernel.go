@@ -116,14 +116,12 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 	k.runs.Store(0)
 	// Registered before its record exists, so that a record without a live
 	// context is always one to restore.
-	s.mu.Lock()
-	s.contexts[id] = k
-	s.mu.Unlock()
+	s.contexts.put(k)
 	if s.store != nil {
 		rec := &store.ProcessRecord{ID: id, Kind: store.ProcessContext, SandboxID: k.sandbox, Program: lang.name,
 			Token: k.token, Workdir: req.GetCwd(), CreatedAtMs: k.created.UnixMilli()}
 		if err := s.store.PutProcess(ctx, rec); err != nil {
-			s.drop(k)
+			s.contexts.drop(k)
 			k.close()
 			return nil, fmt.Errorf("create context: %w", err)
 		}
@@ -137,46 +135,10 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 // dropped with a log line. The result of code that was running when the
 // daemon stopped is lost.
 func (s *Service) RestoreContexts(ctx context.Context) error {
-	if s.store == nil {
-		return nil
-	}
-	recs, err := s.store.ListProcesses(ctx, store.ProcessContext)
-	if err != nil {
-		return fmt.Errorf("restore contexts: %w", err)
-	}
-	for _, r := range recs {
-		if err := s.restoreRecord(ctx, r); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Info("code context kept for later: its sandbox cannot be reached now", "context", r.ID, "sandbox", r.SandboxID, "err", err)
-		}
-	}
-	return nil
+	return s.contexts.restoreAll(ctx)
 }
 
-// restoreRecord re-attaches r's kernel unless that was done already. A
-// context whose kernel or sandbox is gone is dropped; one whose sandbox is
-// not running now keeps its record for a later try.
-func (s *Service) restoreRecord(ctx context.Context, r *store.ProcessRecord) error {
-	s.restoreMu.Lock()
-	defer s.restoreMu.Unlock()
-	s.mu.Lock()
-	_, ok := s.contexts[r.ID]
-	s.mu.Unlock()
-	if ok {
-		return nil
-	}
-	err := s.restoreContext(ctx, r)
-	switch {
-	case err == nil:
-		s.log.Info("code context re-attached", "context", r.ID, "sandbox", r.SandboxID, "language", r.Program)
-	case errdefs.IsNotFound(err):
-		s.log.Warn("code context dropped: its kernel is gone", "context", r.ID, "sandbox", r.SandboxID, "err", err)
-		forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
-	default:
-		s.log.Debug("code context not re-attached", "context", r.ID, "sandbox", r.SandboxID, "err", err)
-	}
-	return err
-}
-
+// restoreContext re-attaches r's kernel and registers it.
 func (s *Service) restoreContext(ctx context.Context, r *store.ProcessRecord) error {
 	lang, err := lookupLanguage(r.Program)
 	if err != nil {
@@ -199,10 +161,9 @@ func (s *Service) restoreContext(ctx context.Context, r *store.ProcessRecord) er
 	if k.stream, err = attach(ctx, kctx, cancel, conn, k.id, nil); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.contexts[k.id] = k
-	s.mu.Unlock()
+	s.contexts.put(k)
 	go k.read(s)
+	s.log.Info("code context re-attached", "context", r.ID, "sandbox", r.SandboxID, "language", r.Program)
 	return nil
 }
 
@@ -210,16 +171,12 @@ func (s *Service) restoreContext(ctx context.Context, r *store.ProcessRecord) er
 // forgetting its record, for a daemon that is stopping.
 func (s *Service) Shutdown() {
 	s.stopping.Store(true)
-	s.mu.Lock()
-	all := make([]*kernel, 0, len(s.contexts))
-	for _, k := range s.contexts {
-		all = append(all, k)
-	}
-	s.mu.Unlock()
-	for _, k := range all {
+	for _, k := range s.contexts.all() {
 		k.cancel()
 	}
 }
+
+func (k *kernel) ident() (id, sandbox string) { return k.id, k.sandbox }
 
 func (k *kernel) info() *sbxv1.CodeContext {
 	return &sbxv1.CodeContext{Id: k.id, Sandbox: k.sandbox, Language: k.lang.name, CreatedMs: k.created.UnixMilli(), Runs: k.runs.Load()}
@@ -234,7 +191,7 @@ func (k *kernel) read(s *Service) {
 		if !s.stopping.Load() {
 			k.forget()
 		}
-		s.drop(k)
+		s.contexts.drop(k)
 		k.cancel()
 		k.stream.close()
 	}()
@@ -266,110 +223,17 @@ func (k *kernel) forget() {
 	})
 }
 
-// kernel returns a live context, re-attaching a persisted one that is not
-// attached yet (its sandbox was stopped when the daemon started).
-func (s *Service) kernel(ctx context.Context, id string) (*kernel, error) {
-	s.mu.Lock()
-	k, ok := s.contexts[id]
-	s.mu.Unlock()
-	if ok {
-		return k, nil
-	}
-	notFound := fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
-	if s.store == nil {
-		return nil, notFound
-	}
-	r, err := s.store.GetProcess(ctx, id)
-	if errdefs.IsNotFound(err) || err == nil && r.Kind != store.ProcessContext {
-		return nil, notFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("context %s: %w", id, err)
-	}
-	if err := s.restoreRecord(ctx, r); errdefs.IsNotFound(err) {
-		return nil, notFound
-	} else if err != nil {
-		return nil, fmt.Errorf("context %s: %w", id, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if k, ok := s.contexts[id]; ok {
-		return k, nil
-	}
-	return nil, notFound
-}
-
-// drop removes k from the live contexts.
-func (s *Service) drop(k *kernel) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.contexts[k.id] == k {
-		delete(s.contexts, k.id)
-	}
-}
-
-// restorePending re-attaches the persisted contexts (of one sandbox if
-// sandbox is set) that are not attached: their sandbox was stopped when the
-// daemon started and may run again.
-func (s *Service) restorePending(sandbox string) {
-	if s.store == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	recs, err := s.store.ListProcesses(ctx, store.ProcessContext)
-	if err != nil {
-		s.log.Warn("listing context records", "err", err)
-		return
-	}
-	for _, r := range recs {
-		if sandbox != "" && r.SandboxID != sandbox {
-			continue
-		}
-		s.mu.Lock()
-		_, ok := s.contexts[r.ID]
-		s.mu.Unlock()
-		if !ok {
-			_ = s.restoreRecord(ctx, r)
-		}
-	}
-}
-
 // ListContexts lists live contexts, of one sandbox if sandbox is set.
 func (s *Service) ListContexts(sandbox string) []*sbxv1.CodeContext {
-	s.restorePending(sandbox)
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []*sbxv1.CodeContext
-	for _, k := range s.contexts {
-		if sandbox == "" || k.sandbox == sandbox {
-			out = append(out, k.info())
-		}
+	for _, k := range s.contexts.list(sandbox) {
+		out = append(out, k.info())
 	}
 	return out
 }
 
 // CloseContext stops a context's kernel.
-func (s *Service) CloseContext(id string) error {
-	s.mu.Lock()
-	k, ok := s.contexts[id]
-	s.mu.Unlock()
-	if ok {
-		k.close() // forgets the record first: a List meanwhile does not restore it
-		s.drop(k)
-		return nil
-	}
-	if s.store != nil {
-		// Persisted but not attached (its sandbox was stopped at restore).
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if r, err := s.store.GetProcess(ctx, id); err == nil && r.Kind == store.ProcessContext {
-			forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
-			return nil
-		}
-	}
-	return fmt.Errorf("context %s: %w", id, errdefs.ErrNotFound)
-}
+func (s *Service) CloseContext(id string) error { return s.contexts.close(id) }
 
 // run executes req.Code in the kernel, streaming output to sink and filling res.
 func (k *kernel) run(ctx context.Context, req *sbxv1.RunCodeRequest, out string, res *sbxv1.RunCodeResult, sink Sink) (artifacts bool, err error) {

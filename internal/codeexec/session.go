@@ -34,11 +34,8 @@ type Sessions struct {
 	// stopping is set by Shutdown: streams that end then leave the shells
 	// and their records alone.
 	stopping atomic.Bool
-	// restoreMu serializes re-attaching, so a session is restored once.
-	restoreMu sync.Mutex
-
-	mu       sync.Mutex
-	sessions map[string]*session
+	// sessions are the live sessions by id.
+	sessions *registry[*session]
 }
 
 // NewSessions returns a Sessions over agents.
@@ -46,11 +43,14 @@ func NewSessions(agents Agents, log *slog.Logger) *Sessions {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Sessions{agents: agents, log: log, sessions: map[string]*session{}}
+	s := &Sessions{agents: agents, log: log}
+	s.sessions = &registry[*session]{kind: store.ProcessSession, noun: "session", what: "shell session", proc: "shell",
+		log: log, agents: agents, restore: s.restoreOne, live: map[string]*session{}}
+	return s
 }
 
 // UseStore makes s persist its sessions in st. Call it before any Create.
-func (s *Sessions) UseStore(st ProcessStore) { s.store = st }
+func (s *Sessions) UseStore(st ProcessStore) { s.store, s.sessions.store = st, st }
 
 // SessionSink receives a command's events: output chunks, then the result.
 type SessionSink func(*sbxv1.SessionExecEvent) error
@@ -151,14 +151,12 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	ss.execs.Store(0)
 	// Registered before its record exists, so that a record without a live
 	// session is always one to restore.
-	s.mu.Lock()
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
+	s.sessions.put(ss)
 	if s.store != nil {
 		rec := &store.ProcessRecord{ID: ss.id, Kind: store.ProcessSession, SandboxID: ss.sandbox, Program: shell,
 			Token: ss.token, Workdir: req.GetWorkdir(), CreatedAtMs: ss.created.UnixMilli()}
 		if err := s.store.PutProcess(ctx, rec); err != nil {
-			s.drop(ss)
+			s.sessions.drop(ss)
 			ss.close()
 			return nil, fmt.Errorf("create session: %w", err)
 		}
@@ -174,44 +172,10 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 // when it is next used. The result of a command that was running when the
 // daemon stopped is lost.
 func (s *Sessions) Restore(ctx context.Context) error {
-	if s.store == nil {
-		return nil
-	}
-	recs, err := s.store.ListProcesses(ctx, store.ProcessSession)
-	if err != nil {
-		return fmt.Errorf("restore sessions: %w", err)
-	}
-	for _, r := range recs {
-		if err := s.restoreRecord(ctx, r); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Info("shell session kept for later: its sandbox cannot be reached now", "session", r.ID, "sandbox", r.SandboxID, "err", err)
-		}
-	}
-	return nil
+	return s.sessions.restoreAll(ctx)
 }
 
-// restoreRecord re-attaches r's shell unless that was done already.
-func (s *Sessions) restoreRecord(ctx context.Context, r *store.ProcessRecord) error {
-	s.restoreMu.Lock()
-	defer s.restoreMu.Unlock()
-	s.mu.Lock()
-	_, ok := s.sessions[r.ID]
-	s.mu.Unlock()
-	if ok {
-		return nil
-	}
-	err := s.restoreOne(ctx, r)
-	switch {
-	case err == nil:
-		s.log.Info("shell session re-attached", "session", r.ID, "sandbox", r.SandboxID)
-	case errdefs.IsNotFound(err):
-		s.log.Warn("shell session dropped: its shell is gone", "session", r.ID, "sandbox", r.SandboxID, "err", err)
-		forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
-	default:
-		s.log.Debug("shell session not re-attached", "session", r.ID, "sandbox", r.SandboxID, "err", err)
-	}
-	return err
-}
-
+// restoreOne re-attaches r's shell and registers it.
 func (s *Sessions) restoreOne(ctx context.Context, r *store.ProcessRecord) error {
 	conn, release, err := s.agents.Agent(ctx, r.SandboxID)
 	if err != nil {
@@ -230,10 +194,9 @@ func (s *Sessions) restoreOne(ctx context.Context, r *store.ProcessRecord) error
 	if ss.stream, err = attach(ctx, sctx, cancel, conn, ss.id, nil); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
+	s.sessions.put(ss)
 	go ss.read(s)
+	s.log.Info("shell session re-attached", "session", r.ID, "sandbox", r.SandboxID)
 	return nil
 }
 
@@ -241,16 +204,12 @@ func (s *Sessions) restoreOne(ctx context.Context, r *store.ProcessRecord) error
 // forgetting its record, for a daemon that is stopping.
 func (s *Sessions) Shutdown() {
 	s.stopping.Store(true)
-	s.mu.Lock()
-	all := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		all = append(all, ss)
-	}
-	s.mu.Unlock()
-	for _, ss := range all {
+	for _, ss := range s.sessions.all() {
 		ss.cancel()
 	}
 }
+
+func (ss *session) ident() (id, sandbox string) { return ss.id, ss.sandbox }
 
 func (ss *session) info() *sbxv1.Session {
 	return &sbxv1.Session{Id: ss.id, Sandbox: ss.sandbox, Shell: ss.shell, CreatedMs: ss.created.UnixMilli(), Execs: ss.execs.Load()}
@@ -277,7 +236,7 @@ func (ss *session) read(s *Sessions) {
 		if !s.stopping.Load() {
 			ss.forget()
 		}
-		s.drop(ss)
+		s.sessions.drop(ss)
 		ss.cancel()
 		ss.stream.close()
 	}()
@@ -310,110 +269,17 @@ func (ss *session) forget() {
 	})
 }
 
-// get returns a live session, re-attaching a persisted one that is not
-// attached yet (its sandbox was stopped when the daemon started).
-func (s *Sessions) get(ctx context.Context, id string) (*session, error) {
-	s.mu.Lock()
-	ss, ok := s.sessions[id]
-	s.mu.Unlock()
-	if ok {
-		return ss, nil
-	}
-	notFound := fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
-	if s.store == nil {
-		return nil, notFound
-	}
-	r, err := s.store.GetProcess(ctx, id)
-	if errdefs.IsNotFound(err) || err == nil && r.Kind != store.ProcessSession {
-		return nil, notFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
-	}
-	if err := s.restoreRecord(ctx, r); errdefs.IsNotFound(err) {
-		return nil, notFound
-	} else if err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ss, ok := s.sessions[id]; ok {
-		return ss, nil
-	}
-	return nil, notFound
-}
-
-// drop removes ss from the live sessions.
-func (s *Sessions) drop(ss *session) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.sessions[ss.id] == ss {
-		delete(s.sessions, ss.id)
-	}
-}
-
-// restorePending re-attaches the persisted sessions (of one sandbox if
-// sandbox is set) that are not attached: their sandbox was stopped when the
-// daemon started and may run again.
-func (s *Sessions) restorePending(sandbox string) {
-	if s.store == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	recs, err := s.store.ListProcesses(ctx, store.ProcessSession)
-	if err != nil {
-		s.log.Warn("listing session records", "err", err)
-		return
-	}
-	for _, r := range recs {
-		if sandbox != "" && r.SandboxID != sandbox {
-			continue
-		}
-		s.mu.Lock()
-		_, ok := s.sessions[r.ID]
-		s.mu.Unlock()
-		if !ok {
-			_ = s.restoreRecord(ctx, r)
-		}
-	}
-}
-
 // List lists live sessions, of one sandbox if sandbox is set.
 func (s *Sessions) List(sandbox string) []*sbxv1.Session {
-	s.restorePending(sandbox)
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []*sbxv1.Session
-	for _, ss := range s.sessions {
-		if sandbox == "" || ss.sandbox == sandbox {
-			out = append(out, ss.info())
-		}
+	for _, ss := range s.sessions.list(sandbox) {
+		out = append(out, ss.info())
 	}
 	return out
 }
 
 // Close kills a session's shell and everything it started.
-func (s *Sessions) Close(id string) error {
-	s.mu.Lock()
-	ss, ok := s.sessions[id]
-	s.mu.Unlock()
-	if ok {
-		ss.close() // forgets the record first: a List meanwhile does not restore it
-		s.drop(ss)
-		return nil
-	}
-	if s.store != nil {
-		// Persisted but not attached (its sandbox was stopped at restore).
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if r, err := s.store.GetProcess(ctx, id); err == nil && r.Kind == store.ProcessSession {
-			forgetProcess(s.agents, s.store, s.log, r.SandboxID, r.ID)
-			return nil
-		}
-	}
-	return fmt.Errorf("session %s: %w", id, errdefs.ErrNotFound)
-}
+func (s *Sessions) Close(id string) error { return s.sessions.close(id) }
 
 // Exec runs req.Command in its session, sending output and then the result to sink.
 func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink SessionSink) error {
@@ -423,7 +289,7 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 	if strings.ContainsRune(req.GetCommand(), 0) {
 		return fmt.Errorf("session exec: command contains a NUL byte: %w", errdefs.ErrInvalidArgument)
 	}
-	ss, err := s.get(ctx, req.GetSession())
+	ss, err := s.sessions.get(ctx, req.GetSession())
 	if err != nil {
 		return err
 	}
