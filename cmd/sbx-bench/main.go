@@ -168,8 +168,9 @@ func coldCreates(ctx context.Context, c *sbx.Client, tmp, runtimeBin string, n i
 	return boxes, r, nil
 }
 
-// runCreate runs only the cold create measurements.
-func runCreate(n int, agentPath, runtimeBin string) error {
+// withDaemon runs f against a daemon of its own (no warm pool) over a
+// scratch dir, tmp, that it removes afterwards.
+func withDaemon(agentPath, runtimeBin string, f func(ctx context.Context, c *sbx.Client, tmp string) error) error {
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -180,17 +181,23 @@ func runCreate(n int, agentPath, runtimeBin string) error {
 		return err
 	}
 	defer stop()
-	ctx := context.Background()
-	boxes, r, err := coldCreates(ctx, c, tmp, runtimeBin, n)
-	for _, b := range boxes {
-		_ = b.Destroy(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	printResults(r.runc, r.sandboxRunc, r.noSeccomp, r.create)
-	printCold(r)
-	return nil
+	return f(context.Background(), c, tmp)
+}
+
+// runCreate runs only the cold create measurements.
+func runCreate(n int, agentPath, runtimeBin string) error {
+	return withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, tmp string) error {
+		boxes, r, err := coldCreates(ctx, c, tmp, runtimeBin, n)
+		for _, b := range boxes {
+			_ = b.Destroy(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		printResults(r.runc, r.sandboxRunc, r.noSeccomp, r.create)
+		printCold(r)
+		return nil
+	})
 }
 
 // printExec prints the exec figures.
@@ -201,29 +208,20 @@ func printExec(api, agent, local result) {
 
 // runExec runs only the exec measurements.
 func runExec(n int, agentPath, runtimeBin string) error {
-	agentPath, tmp, err := benchSetup(agentPath)
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	ctx := context.Background()
-	sb, err := c.Create(ctx, sbx.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	defer sb.Destroy(ctx) //nolint:errcheck
-	api, agent, local, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
-	if err != nil {
-		return err
-	}
-	printResults(local, api, agent)
-	printExec(api, agent, local)
-	return nil
+	return withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, tmp string) error {
+		sb, err := c.Create(ctx, sbx.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		defer sb.Destroy(ctx) //nolint:errcheck
+		api, agent, local, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
+		if err != nil {
+			return err
+		}
+		printResults(local, api, agent)
+		printExec(api, agent, local)
+		return nil
+	})
 }
 
 // printCold prints the cold create ratios.
@@ -444,22 +442,14 @@ func runCodebase(n int, agentPath, runtimeBin string) error {
 
 // runPermFS runs only the path guard measurement.
 func runPermFS(agentPath, runtimeBin string) error {
-	agentPath, tmp, err := benchSetup(agentPath)
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	g, p, err := benchPermFS(context.Background(), c)
-	if err != nil {
-		return err
-	}
-	printPermFS(g, p)
-	return nil
+	return withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, _ string) error {
+		g, p, err := benchPermFS(ctx, c)
+		if err != nil {
+			return err
+		}
+		printPermFS(g, p)
+		return nil
+	})
 }
 
 // trivialBundle makes an OCI bundle running /bin/true from the host's /usr
