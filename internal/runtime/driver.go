@@ -3,6 +3,7 @@
 // kubernetes) implements so that internal/sandbox can run sandboxes without
 // knowing how. Drivers live in runtime/<name>/ and never import each other;
 // runtime/testsuite is the conformance suite each of them (and the fake) passes.
+// It also holds what every driver hands a box's agent (AgentFiles).
 package runtime
 
 import (

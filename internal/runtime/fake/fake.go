@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -97,42 +98,28 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			_ = d.destroy(dir, data)
 		}
 	}()
-	var files []*os.File // the agent's fds 3 (API) and 5 (framed execs)
-	for _, name := range []string{"agent.sock", "exec.sock"} {
-		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
-		if err != nil {
-			return h, err
-		}
-		ln.SetUnlinkOnClose(false)
-		f, err := ln.File()
-		ln.Close()
-		if err != nil {
-			return h, err
-		}
-		defer f.Close()
-		files = append(files, f)
+	af, err := runtime.NewAgentFiles(filepath.Join(dir, "agent.sock"), filepath.Join(dir, "exec.sock"))
+	if err != nil {
+		return h, err
 	}
+	defer af.Ready.Close()
+	defer af.CloseExtra() // on an early return; right after Start otherwise
 	logf, err := os.Create(filepath.Join(dir, "agent.log"))
 	if err != nil {
 		return h, err
 	}
 	defer logf.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return h, err
-	}
-	defer readyR.Close()
-	args := []string{"--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5"}
+	args := slices.Clone(runtime.AgentFDArgs)
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
 	cmd := exec.Command(d.cfg.AgentPath, args...)
 	cmd.Env = append(os.Environ(), spec.Env...)
-	cmd.ExtraFiles = []*os.File{files[0], readyW, files[1]}
+	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
-	readyW.Close()
+	af.CloseExtra()
 	if err != nil {
 		return h, fmt.Errorf("start agent: %w", err)
 	}
@@ -143,7 +130,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	h = runtime.Handle{ID: spec.ID, Driver: "fake", Data: raw}
-	if err := agentconn.AwaitReady(ctx, readyR, runtime.ProbeTimeout); err != nil {
+	if err := agentconn.AwaitReady(ctx, af.Ready, runtime.ProbeTimeout); err != nil {
 		return h, fmt.Errorf("box %s: %w", spec.ID, err)
 	}
 	return h, nil
@@ -257,21 +244,21 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 
 // DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
 func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
-	dir, err := d.dir(h.ID)
-	if err != nil {
-		return nil, err
-	}
-	var dl net.Dialer
-	return dl.DialContext(ctx, "unix", filepath.Join(dir, "exec.sock"))
+	return d.dialSocket(ctx, h, "exec.sock")
 }
 
 func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	return d.dialSocket(ctx, h, "agent.sock")
+}
+
+// dialSocket connects to the socket name in box h's dir.
+func (d *Driver) dialSocket(ctx context.Context, h runtime.Handle, name string) (net.Conn, error) {
 	dir, err := d.dir(h.ID)
 	if err != nil {
 		return nil, err
 	}
 	var dl net.Dialer
-	return dl.DialContext(ctx, "unix", filepath.Join(dir, "agent.sock"))
+	return dl.DialContext(ctx, "unix", filepath.Join(dir, name))
 }
 
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {

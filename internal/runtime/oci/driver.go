@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -418,31 +419,15 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 // execs (fd 5), so a Dial never races its start, and the write end of a pipe
 // (fd 4) on which it says it serves; start returns the read end.
 func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (ready *os.File, err error) {
-	var files []*os.File // the agent's fds 3 (API) and 4 (framed execs)
-	for _, path := range []string{sockPath(box), execSock(box)} {
-		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-		if err != nil {
-			return nil, fmt.Errorf("listen on agent socket: %w", err)
-		}
-		ln.SetUnlinkOnClose(false)
-		f, err := ln.File()
-		ln.Close()
-		if err != nil {
-			return nil, fmt.Errorf("agent socket fd: %w", err)
-		}
-		defer f.Close()
-		files = append(files, f)
-	}
-	readyR, readyW, err := os.Pipe()
+	af, err := runtime.NewAgentFiles(sockPath(box), execSock(box))
 	if err != nil {
-		return nil, fmt.Errorf("agent ready pipe: %w", err)
+		return nil, err
 	}
-	// Only the agent may hold the write end once the runtime has exited, so
-	// that its exit reads as EOF.
-	defer readyW.Close()
+	// After the runtime has run, only the agent holds the write end.
+	defer af.CloseExtra()
 	defer func() {
 		if err != nil {
-			readyR.Close()
+			af.Ready.Close()
 		}
 	}()
 	logf, err := os.OpenFile(agentLog(box), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -451,9 +436,9 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 	}
 	defer logf.Close()
 
-	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", "3",
+	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", strconv.Itoa(len(af.Extra)),
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
-	cmd.ExtraFiles = []*os.File{files[0], readyW, files[1]}
+	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
@@ -466,7 +451,7 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 		return nil, fmt.Errorf("parse init pid %q: %w", b, err)
 	}
 	data.StartTime = procStartTime(data.Pid)
-	return readyR, nil
+	return af.Ready, nil
 }
 
 // logTail returns the end of the agent log for error messages.

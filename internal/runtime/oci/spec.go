@@ -83,7 +83,7 @@ func buildSpec(p specParams) *specs.Spec {
 	if cwd == "" {
 		cwd = "/"
 	}
-	args := []string{agentInBox, "--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5"}
+	args := append([]string{agentInBox}, runtime.AgentFDArgs...)
 	var filter *specs.LinuxSeccomp
 	if p.AgentSeccomp {
 		args = append(args, "--seccomp")
