@@ -88,11 +88,7 @@ func parseRoute(host string, h http.Header, escapedPath, domain string) (route, 
 		if len(seg) < 2 || seg[0] == "" {
 			return route{}, fmt.Errorf("%w: want /proxy/SANDBOX/PORT/PATH", errBadRoute)
 		}
-		sb, err := url.PathUnescape(seg[0])
-		if err != nil {
-			return route{}, fmt.Errorf("%w: sandbox %q: %v", errBadRoute, seg[0], err)
-		}
-		p, err := parsePort(seg[1])
+		sb, p, err := parseSandboxPort(seg[0], seg[1])
 		if err != nil {
 			return route{}, err
 		}
@@ -107,11 +103,7 @@ func parseRoute(host string, h http.Header, escapedPath, domain string) (route, 
 		if len(seg) != 2 || seg[0] == "" {
 			return route{}, fmt.Errorf("%w: want /tcp/SANDBOX/PORT", errBadRoute)
 		}
-		sb, err := url.PathUnescape(seg[0])
-		if err != nil {
-			return route{}, fmt.Errorf("%w: sandbox %q: %v", errBadRoute, seg[0], err)
-		}
-		p, err := parsePort(seg[1])
+		sb, p, err := parseSandboxPort(seg[0], seg[1])
 		if err != nil {
 			return route{}, err
 		}
@@ -143,6 +135,16 @@ func parseHostRoute(host, domain string) (r route, ok bool, err error) {
 		return route{}, true, err
 	}
 	return route{kind: routeHTTP, sandbox: id, port: p, by: "host"}, true, nil
+}
+
+// parseSandboxPort parses a path's escaped sandbox and port segments.
+func parseSandboxPort(sandbox, port string) (string, uint32, error) {
+	sb, err := url.PathUnescape(sandbox)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: sandbox %q: %v", errBadRoute, sandbox, err)
+	}
+	p, err := parsePort(port)
+	return sb, p, err
 }
 
 func parsePort(s string) (uint32, error) {
