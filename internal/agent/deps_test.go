@@ -29,8 +29,6 @@ func TestDeps(t *testing.T) {
 		// The permission layer (FUSE) and its pure rule evaluation.
 		"github.com/hanwen/go-fuse/v2",
 		"github.com/sbxdev/sbx/internal/permrules",
-		// The framed exec protocol.
-		"github.com/sbxdev/sbx/internal/execframe",
 		// The sandbox's seccomp filter, which the agent installs.
 		"github.com/sbxdev/sbx/internal/seccomp",
 		"github.com/sbxdev/sbx/internal/errdefs",

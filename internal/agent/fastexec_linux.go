@@ -10,10 +10,10 @@ import (
 	"connectrpc.com/connect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
-	"github.com/sbxdev/sbx/internal/execframe"
+	"github.com/sbxdev/sbx/api/execframe"
 )
 
-// ServeExec serves the framed exec protocol (internal/execframe) on ln until
+// ServeExec serves the framed exec protocol (api/execframe) on ln until
 // ctx ends: one command per connection, the same messages as Exec.
 func (s *Server) ServeExec(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })

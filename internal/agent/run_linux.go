@@ -26,7 +26,7 @@ type Options struct {
 	// ReadyByte and which it closes once it serves.
 	ReadyFD int
 	// ExecFD, if not -1, is an inherited listening socket for the framed exec
-	// protocol (internal/execframe).
+	// protocol (api/execframe).
 	ExecFD int
 	// Seccomp installs the sandbox's default seccomp filter (internal/seccomp)
 	// on every thread before anything else; a failure is fatal. The OCI

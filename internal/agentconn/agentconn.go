@@ -77,7 +77,7 @@ type Conn struct {
 type Option func(*Conn)
 
 // WithExecDial has ExecOnce use the agent's framed exec protocol
-// (internal/execframe) over connections from dial. A dial error wrapping
+// (api/execframe) over connections from dial. A dial error wrapping
 // errors.ErrUnsupported (a box whose agent has no exec socket) falls back
 // to the Exec RPC.
 func WithExecDial(dial DialFunc) Option { return func(c *Conn) { c.execDial = dial } }

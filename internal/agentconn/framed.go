@@ -10,7 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
-	"github.com/sbxdev/sbx/internal/execframe"
+	"github.com/sbxdev/sbx/api/execframe"
 )
 
 // execFramed starts a command over the agent's framed exec protocol.

@@ -57,7 +57,7 @@ type Driver interface {
 }
 
 // ExecDialer is implemented by drivers whose agents also serve the framed
-// exec protocol (internal/execframe) on a socket of their own. DialExec
+// exec protocol (api/execframe) on a socket of their own. DialExec
 // returns an error wrapping errors.ErrUnsupported for a box whose agent has
 // no such socket (one started by an older daemon): callers then use Exec.
 type ExecDialer interface {

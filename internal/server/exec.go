@@ -9,6 +9,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/sandbox"
 )
 
 func validateExec(req *sbxv1.ExecRequest) error {
@@ -31,7 +32,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[sbxv1.ExecReques
 		return err
 	}
 	start.StdinOpen = false
-	return s.exec(ctx, start, nil, out.Send)
+	return relayExec(ctx, s.mgr, start, nil, out.Send)
 }
 
 // ExecInteractive relays stdin, resizes and signals to a running command.
@@ -43,14 +44,15 @@ func (s *Server) ExecInteractive(ctx context.Context, stream *connect.BidiStream
 	if err := validateExec(first.GetStart()); err != nil {
 		return err
 	}
-	return s.exec(ctx, first.GetStart(), stream.Receive, stream.Send)
+	return relayExec(ctx, s.mgr, first.GetStart(), stream.Receive, stream.Send)
 }
 
-// exec opens an agent exec stream for start, forwards input from recv and
-// every output event to send. Without recv (no input after start) it takes
-// the cheaper execOnce path.
-func (s *Server) exec(ctx context.Context, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
-	conn, release, err := s.mgr.Agent(ctx, start.GetSandbox())
+// relayExec opens an agent exec stream for start in its sandbox, forwards
+// input from recv and every output event to send. Without recv (no input
+// after start) it takes the cheaper execOnce path. The Exec RPCs and the
+// exec upgrade (execupgrade.go) share it.
+func relayExec(ctx context.Context, mgr *sandbox.Manager, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
+	conn, release, err := mgr.Agent(ctx, start.GetSandbox())
 	if err != nil {
 		return toConnect(err)
 	}

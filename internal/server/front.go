@@ -42,6 +42,10 @@ type Front struct {
 	token []byte // sha256 of cfg.Token; nil: no auth
 	proxy *httputil.ReverseProxy
 	tr    *http.Transport
+	// done ends with Close: it closes the upgraded exec connections, which
+	// the HTTP server no longer tracks.
+	done context.Context
+	stop context.CancelFunc
 }
 
 // NewFront wraps api (the Connect handlers) with auth, the port proxy and
@@ -54,6 +58,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
 	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
 	f := &Front{cfg: cfg, mgr: mgr, log: log}
+	f.done, f.stop = context.WithCancel(context.Background())
 	if cfg.Token != "" {
 		f.token = f.hash(cfg.Token)
 	}
@@ -66,8 +71,12 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	return f
 }
 
-// Close drops idle proxied connections.
-func (f *Front) Close() { f.tr.CloseIdleConnections() }
+// Close drops idle proxied connections and ends the exec upgrades (their
+// running commands are cancelled).
+func (f *Front) Close() {
+	f.stop()
+	f.tr.CloseIdleConnections()
+}
 
 type baseURLKey struct{}
 
@@ -94,6 +103,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if !f.authAPI(w, r) {
+			return
+		}
+		if r.URL.Path == ExecPath {
+			f.serveExec(w, r)
 			return
 		}
 		base := f.cfg.PublicURL

@@ -42,14 +42,18 @@ type Client struct {
 	ports     sbxv1connect.PortServiceClient
 	baseURL   string
 	token     string
+	// execs are the idle connections of the exec upgrade (execconn.go).
+	execs     execPool
+	transport *http.Transport
 }
 
 // Option configures a Client.
 type Option func(*clientOptions)
 
 type clientOptions struct {
-	token    string
-	tokenSet bool
+	token         string
+	tokenSet      bool
+	noExecUpgrade bool
 }
 
 // WithToken sets the daemon's API token (sent as Authorization: Bearer).
@@ -104,7 +108,7 @@ func NewClient(addr string, opts ...Option) *Client {
 		rt = &bearerTransport{base: tr, token: o.token}
 	}
 	hc := &http.Client{Transport: rt}
-	return &Client{
+	c := &Client{
 		ports:   sbxv1connect.NewPortServiceClient(hc, base, connect.WithGRPC()),
 		token:   o.token,
 		api:     sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC()),
@@ -115,7 +119,17 @@ func NewClient(addr string, opts ...Option) *Client {
 		baseURL: base,
 
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
+		transport: tr,
 	}
+	c.execs.disabled = o.noExecUpgrade
+	return c
+}
+
+// Close closes the client's idle connections. The client still works
+// afterwards (it opens new ones).
+func (c *Client) Close() {
+	c.execs.close()
+	c.transport.CloseIdleConnections()
 }
 
 // API exposes the generated client for calls the SDK does not wrap.

@@ -95,7 +95,14 @@ func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (*ExitStatus, erro
 		}
 		return p.Wait()
 	}
-	stream, err := s.c.api.Exec(ctx, connect.NewRequest(opts.request(s.ID)))
+	req := opts.request(s.ID)
+	if !s.c.execs.off() {
+		st, err := s.c.execUpgraded(ctx, req, opts.Stdout, opts.Stderr)
+		if !errors.Is(err, errNoUpgrade) {
+			return st, err
+		}
+	}
+	stream, err := s.c.api.Exec(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, wrap("exec", err)
 	}

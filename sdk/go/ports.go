@@ -81,9 +81,22 @@ func (s *Sandbox) DialPort(ctx context.Context, port uint32) (net.Conn, error) {
 // DialPort is Sandbox.DialPort by sandbox id or name.
 func (c *Client) DialPort(ctx context.Context, sandbox string, port uint32) (net.Conn, error) {
 	op := fmt.Sprintf("dial port %d of sandbox %s", port, sandbox)
+	path := "/tcp/" + url.PathEscape(sandbox) + "/" + strconv.FormatUint(uint64(port), 10)
+	conn, br, _, err := c.upgrade(ctx, op, path, "sbx-tcp")
+	if err != nil {
+		return nil, err
+	}
+	return &tunnelConn{Conn: conn, r: br}, nil
+}
+
+// upgrade opens a connection to the daemon and upgrades it to proto with
+// GET path (below the client's base URL) over HTTP/1.1. When the daemon
+// answers with anything but 101, status is its HTTP status. The reader
+// may hold the first bytes after the answer. ctx bounds the upgrade only.
+func (c *Client) upgrade(ctx context.Context, op, path, proto string) (conn net.Conn, br *bufio.Reader, status int, err error) {
 	u, err := url.Parse(c.baseURL)
 	if err != nil {
-		return nil, &Error{Op: op, Code: connect.CodeInvalidArgument, Msg: err.Error()}
+		return nil, nil, 0, &Error{Op: op, Code: connect.CodeInvalidArgument, Msg: err.Error()}
 	}
 	host := u.Host
 	if u.Port() == "" {
@@ -96,48 +109,47 @@ func (c *Client) DialPort(ctx context.Context, sandbox string, port uint32) (net
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", host)
 	if err != nil {
-		return nil, &Error{Op: op, Code: connect.CodeUnavailable, Msg: err.Error()}
+		return nil, nil, 0, &Error{Op: op, Code: connect.CodeUnavailable, Msg: err.Error()}
 	}
-	conn := raw
+	conn = raw
 	if u.Scheme == "https" {
 		tc := tls.Client(raw, &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}})
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
-			return nil, &Error{Op: op, Code: connect.CodeUnavailable, Msg: err.Error()}
+			return nil, nil, 0, &Error{Op: op, Code: connect.CodeUnavailable, Msg: err.Error()}
 		}
 		conn = tc
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	fail := func(code connect.Code, msg string) (net.Conn, error) {
+	fail := func(status int, code connect.Code, msg string) (net.Conn, *bufio.Reader, int, error) {
 		stop()
 		conn.Close()
 		if ctx.Err() != nil {
-			return nil, &Error{Op: op, Code: connect.CodeOf(ctx.Err()), Msg: ctx.Err().Error()}
+			return nil, nil, 0, &Error{Op: op, Code: connect.CodeOf(ctx.Err()), Msg: ctx.Err().Error()}
 		}
-		return nil, &Error{Op: op, Code: code, Msg: msg}
+		return nil, nil, status, &Error{Op: op, Code: code, Msg: msg}
 	}
-	path := strings.TrimSuffix(u.Path, "/") + "/tcp/" + url.PathEscape(sandbox) + "/" + strconv.FormatUint(uint64(port), 10)
-	req := "GET " + path + " HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: Upgrade\r\nUpgrade: sbx-tcp\r\n"
+	req := "GET " + strings.TrimSuffix(u.Path, "/") + path + " HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: Upgrade\r\nUpgrade: " + proto + "\r\n"
 	if c.token != "" {
 		req += "Authorization: Bearer " + c.token + "\r\n"
 	}
 	if _, err := io.WriteString(conn, req+"\r\n"); err != nil {
-		return fail(connect.CodeUnavailable, err.Error())
+		return fail(0, connect.CodeUnavailable, err.Error())
 	}
-	br := bufio.NewReader(conn)
+	br = bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		return fail(connect.CodeUnavailable, "reading the daemon's answer: "+err.Error())
+		return fail(0, connect.CodeUnavailable, "reading the daemon's answer: "+err.Error())
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		return fail(httpCode(resp.StatusCode), strings.TrimSpace(strings.TrimPrefix(string(body), "sbx: ")))
+		return fail(resp.StatusCode, httpCode(resp.StatusCode), strings.TrimSpace(strings.TrimPrefix(string(body), "sbx: ")))
 	}
 	if !stop() {
-		return fail(connect.CodeCanceled, "cancelled")
+		return fail(0, connect.CodeCanceled, "cancelled")
 	}
-	return &tunnelConn{Conn: conn, r: br}, nil
+	return conn, br, 0, nil
 }
 
 // httpCode maps the proxy's HTTP statuses to codes.

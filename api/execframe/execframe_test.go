@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -90,5 +91,24 @@ func TestBadFrames(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestAnnouncedLengthNotTrusted: a frame that announces the largest payload
+// and then ends costs what arrived, not what was announced.
+func TestAnnouncedLengthNotTrusted(t *testing.T) {
+	var h [headerLen]byte
+	h[0] = FrameInput
+	binary.BigEndian.PutUint32(h[1:], MaxPayload)
+	in := append(h[:], "abc"...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err := NewReader(bytes.NewReader(in)).Next()
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("got %v, want io.ErrUnexpectedEOF", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Errorf("reading a truncated %d-byte frame allocated %d bytes", MaxPayload, grew)
 	}
 }

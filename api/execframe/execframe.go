@@ -1,20 +1,27 @@
-// Package execframe owns the agent's framed exec protocol: one command per
-// Unix connection, carrying the same messages as the agent's Exec RPC
-// (sbx.v1.ExecInput from the daemon, sbx.v1.ExecOutput from the agent) in
-// length-prefixed frames instead of HTTP/2 streams. The daemon uses it for
-// commands that take no input after their start (the API's Exec), where one
-// HTTP/2 round trip cost about as much as spawning the command. It imports
-// only the API's messages and protobuf, so the agent can use it.
+// Package execframe owns sbx's framed exec protocol: the messages of the
+// Exec RPC (sbx.v1.ExecInput towards the command, sbx.v1.ExecOutput back) in
+// length-prefixed frames on a plain stream instead of HTTP/2. Two hops use
+// it, because there one HTTP/2 round trip cost about as much as spawning a
+// short command:
+//
+//   - the daemon to the agent: one Unix connection per command, on the
+//     agent's exec socket;
+//   - a client to the daemon: the API's exec upgrade (GET /exec with
+//     "Upgrade: sbx-exec" over HTTP/1.1, see docs/ARCHITECTURE.md), where
+//     a connection carries one command after another.
 //
 // A frame is one type byte, a big-endian uint32 payload length and the
-// payload. The daemon sends FrameInput frames (the first holds the start
-// message); the agent answers with FrameOutput frames, ending with the
-// exited event, or with one FrameError frame. The daemon closing the
-// connection cancels the command: it never half-closes.
+// payload. The caller sends FrameInput frames (the first of a command holds
+// its start message); the other side answers with FrameOutput frames,
+// ending with the exited event, or with one FrameError frame. The caller
+// closing the connection cancels the running command: it never half-closes.
+// The package imports only the API's messages and protobuf, so the agent
+// and the SDK can use it.
 package execframe
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,6 +43,9 @@ const (
 // up front, output events at most the agent's 32 KiB chunks.
 const MaxPayload = 64 << 20
 
+// growStep is the most Next allocates ahead of a payload's bytes arriving.
+const growStep = 64 << 10
+
 // headerLen is the type byte and the length.
 const headerLen = 5
 
@@ -56,14 +66,17 @@ func (fr *Reader) Next() (typ byte, payload []byte, err error) {
 	if n > MaxPayload {
 		return 0, nil, fmt.Errorf("exec frame of %d bytes, more than %d", n, MaxPayload)
 	}
-	payload = make([]byte, n)
-	if _, err := io.ReadFull(fr.r, payload); err != nil {
-		if errors.Is(err, io.EOF) {
+	// Grow with what arrives rather than trust the length: a peer that
+	// announces 64 MiB and sends nothing must not cost 64 MiB.
+	var buf bytes.Buffer
+	buf.Grow(int(min(n, growStep)))
+	if got, err := io.CopyN(&buf, fr.r, int64(n)); got < int64(n) {
+		if err == nil || errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return 0, nil, err
 	}
-	return h[0], payload, nil
+	return h[0], buf.Bytes(), nil
 }
 
 // ReadInput reads a FrameInput frame.
