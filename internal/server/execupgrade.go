@@ -98,8 +98,9 @@ type frame struct {
 }
 
 // serveExecConn runs the commands of one connection, reading through br
-// (which may hold bytes read with the upgrade request).
+// (which may hold bytes read with the upgrade request), and closes it.
 func serveExecConn(ctx context.Context, mgr *sandbox.Manager, nc net.Conn, br *bufio.Reader, idle time.Duration) {
+	defer nc.Close()
 	c := &execConn{nc: nc, w: execframe.NewWriter(nc)}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()

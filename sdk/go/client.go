@@ -236,6 +236,11 @@ func (c *Client) CreateFromRequest(ctx context.Context, req *sbxv1.CreateSandbox
 	return c.sandbox(resp.Msg.GetSandbox()), nil
 }
 
+// Sandbox returns a handle on the sandbox ref (id or name) without asking
+// the daemon: calls on it fail if there is no such sandbox. Info is nil
+// until Refresh.
+func (c *Client) Sandbox(ref string) *Sandbox { return &Sandbox{c: c, ID: ref} }
+
 // Get finds a sandbox by id or name.
 func (c *Client) Get(ctx context.Context, ref string) (*Sandbox, error) {
 	resp, err := c.api.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref}))
