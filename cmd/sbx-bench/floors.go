@@ -1,6 +1,7 @@
 package main
 
 import (
+	"connectrpc.com/connect"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -129,9 +130,19 @@ func agentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox) (func() err
 	return run, conn.Close
 }
 
-// benchExec measures `exec true` through the API, the same straight through
-// the agent's sockets, and a local fork+exec of /bin/true, taking turns.
-func benchExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (api, agent, local result, err error) {
+// execResults are the exec measurements, taken in turns.
+type execResults struct {
+	api   result // the SDK's Exec: the exec upgrade
+	rpc   result // the Exec RPC over gRPC
+	agent result // straight through the agent's sockets
+	local result // fork+exec of /bin/true here
+}
+
+// benchExec measures `exec true` through the API (the SDK's path, the exec
+// upgrade, and the Exec RPC over gRPC), the same straight through the
+// agent's sockets, and a local fork+exec of /bin/true, taking turns.
+func benchExec(ctx context.Context, c *sbx.Client, dataDir string, sb *sbx.Sandbox, n int) (execResults, error) {
+	var r execResults
 	viaAgent, closeAgent := agentExec(ctx, dataDir, sb)
 	defer closeAgent()
 	viaAPI := func() error {
@@ -141,18 +152,35 @@ func benchExec(ctx context.Context, dataDir string, sb *sbx.Sandbox, n int) (api
 		}
 		return err
 	}
-	for _, f := range []func() error{viaAPI, viaAgent} { // warm the connections
+	viaRPC := func() error {
+		st, err := c.API().Exec(ctx, connect.NewRequest(&sbxv1.ExecRequest{Sandbox: sb.ID, Argv: []string{"true"}}))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for st.Receive() {
+			if ex := st.Msg().GetExited(); ex != nil {
+				if ex.GetExitCode() != 0 {
+					return fmt.Errorf("exit %d", ex.GetExitCode())
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("exec rpc: %w", st.Err())
+	}
+	for _, f := range []func() error{viaAPI, viaRPC, viaAgent} { // warm the connections
 		if err := f(); err != nil {
-			return api, agent, local, err
+			return r, err
 		}
 	}
 	rs, err := measureTogether(n,
 		task{"sbx exec true (API round trip)", viaAPI},
+		task{"  the same over the gRPC Exec RPC", viaRPC},
 		task{"exec true, agent socket (no daemon)", viaAgent},
 		task{"fork+exec /bin/true", func() error { return exec.Command("/bin/true").Run() }},
 	)
 	if err != nil {
-		return api, agent, local, err
+		return r, err
 	}
-	return rs[0], rs[1], rs[2], nil
+	return execResults{api: rs[0], rpc: rs[1], agent: rs[2], local: rs[3]}, nil
 }

@@ -201,9 +201,10 @@ func runCreate(n int, agentPath, runtimeBin string) error {
 }
 
 // printExec prints the exec figures.
-func printExec(api, agent, local result) {
-	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec, %s, measured with it)\n", ms(api.p(0.5)), ratio(api, local), ms(local.p(0.5)))
-	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(agent.p(0.5)), ms(api.p(0.5)-agent.p(0.5)))
+func printExec(r execResults) {
+	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec, %s, measured with it)\n", ms(r.api.p(0.5)), ratio(r.api, r.local), ms(r.local.p(0.5)))
+	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(r.agent.p(0.5)), ms(r.api.p(0.5)-r.agent.p(0.5)))
+	fmt.Printf("  over the gRPC Exec RPC              = %s  (p50; %.2fx the exec upgrade)\n", ms(r.rpc.p(0.5)), ratio(r.rpc, r.api))
 }
 
 // runExec runs only the exec measurements.
@@ -214,12 +215,12 @@ func runExec(n int, agentPath, runtimeBin string) error {
 			return err
 		}
 		defer sb.Destroy(ctx) //nolint:errcheck
-		api, agent, local, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
+		r, err := benchExec(ctx, c, filepath.Join(tmp, "data"), sb, n*5)
 		if err != nil {
 			return err
 		}
-		printResults(local, api, agent)
-		printExec(api, agent, local)
+		printResults(r.local, r.api, r.rpc, r.agent)
+		printExec(r)
 		return nil
 	})
 }
@@ -334,7 +335,7 @@ func run(n int, agentPath, runtimeBin string) error {
 		return err
 	}
 	sb := boxes[0]
-	execRes, agentExecRes, forkRes, err := benchExec(ctx, filepath.Join(tmp, "data"), sb, n*5)
+	execRes, err := benchExec(ctx, c, filepath.Join(tmp, "data"), sb, n*5)
 	if err != nil {
 		return err
 	}
@@ -404,7 +405,7 @@ func run(n int, agentPath, runtimeBin string) error {
 		rt = r.GetHealthDetail()
 	}
 	fmt.Printf("sbx-bench: %d samples each; runtime: %s\n\n", n, rt)
-	printResults(trueRes, unshareRes, runcRes, sbRuncRes, sbRuncNoSeccompRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes, agentExecRes, destroyRes)
+	printResults(trueRes, unshareRes, runcRes, sbRuncRes, sbRuncNoSeccompRes, createRes, warmRes, hostRes, imageRes, noneRes, publicRes, allowRes, execRes.api, execRes.rpc, execRes.agent, destroyRes)
 	fmt.Printf("%-40s %10s  (%d sandboxes at once; %s each if serialised)\n", "sbx destroy, concurrent (wall)", ms(parallel), len(rest), ms(destroyRes.p(0.5)*time.Duration(len(rest))))
 	fmt.Println()
 	printCold(cold)
@@ -412,7 +413,7 @@ func run(n int, agentPath, runtimeBin string) error {
 	fmt.Printf("cold create→ready / unshare floor = %.2fx\n", ratio(createRes, unshareRes))
 	fmt.Printf("warm create→ready / unshare floor = %.2fx\n", ratio(warmRes, unshareRes))
 	fmt.Printf("5-layer image / host image create = %.2fx  (target ≤ 1.5x)\n", ratio(imageRes, hostRes))
-	printExec(execRes, agentExecRes, forkRes)
+	printExec(execRes)
 	fmt.Printf("destroy p50                       = %s  (target ≤ 10 ms)\n", ms(destroyRes.p(0.5)))
 	printNetwork(noneRes, publicRes, allowRes)
 	printPermFS(permGuarded, permPlain)
