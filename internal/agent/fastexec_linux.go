@@ -9,8 +9,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/execframe"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
 // ServeExec serves the framed exec protocol (api/execframe) on ln until

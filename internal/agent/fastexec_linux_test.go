@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +24,21 @@ import (
 // framedAgent serves framed execs on a Unix socket; its client takes that
 // path for ExecOnce.
 func framedAgent(t *testing.T) *agentconn.Conn {
+	t.Helper()
+	return agentconn.New(noAPIDial(t), agentconn.WithExecDial(framedAgentSocket(t)))
+}
+
+// noAPIDial fails the test if the agent's API socket is dialled.
+func noAPIDial(t *testing.T) agentconn.DialFunc {
+	return func(context.Context) (net.Conn, error) {
+		t.Error("the API socket was dialled")
+		return nil, os.ErrInvalid
+	}
+}
+
+// framedAgentSocket serves framed execs on a Unix socket and returns its
+// dialer.
+func framedAgentSocket(t *testing.T) agentconn.DialFunc {
 	t.Helper()
 	dir := t.TempDir()
 	srv, err := NewServer(Config{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: dir, Logger: slog.New(slog.DiscardHandler)})
@@ -42,14 +59,10 @@ func framedAgent(t *testing.T) *agentconn.Conn {
 			t.Errorf("ServeExec: %v", err)
 		}
 	})
-	noAPI := func(context.Context) (net.Conn, error) {
-		t.Error("the API socket was dialled")
-		return nil, os.ErrInvalid
-	}
-	return agentconn.New(noAPI, agentconn.WithExecDial(func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
-	}))
+	}
 }
 
 // collectFramed runs start to the end of its stream.
@@ -161,5 +174,88 @@ func TestFramedExecFallsBackToRPC(t *testing.T) {
 	res, err := collectFramed(t, conn, &sbxv1.ExecRequest{Shell: "echo via rpc"})
 	if err != nil || res.stdout != "via rpc\n" {
 		t.Fatalf("got %q, %v; want the command's output through the RPC", res.stdout, err)
+	}
+}
+
+// closeTracked records whether a connection was closed.
+type closeTracked struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closeTracked) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// A command takes the spare connection dialled after the one before, and
+// Close closes the spare and stops the refills.
+func TestFramedExecSpareConnection(t *testing.T) {
+	dial := framedAgentSocket(t)
+	var mu sync.Mutex
+	var dialed []*closeTracked
+	conn := agentconn.New(noAPIDial(t), agentconn.WithExecDial(func(ctx context.Context) (net.Conn, error) {
+		nc, err := dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		dialed = append(dialed, &closeTracked{Conn: nc})
+		return dialed[len(dialed)-1], nil
+	}))
+	dials := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(dialed)
+	}
+	waitDials := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for dials() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d dials, want %d", dials(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		st, err := conn.ExecOnce(ctx, &sbxv1.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The first command dials; later ones take the spare.
+		if got := dials(); got != i+1 {
+			t.Errorf("command %d: %d dials before it ended, want %d", i, got, i+1)
+		}
+		for st.Receive() {
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		waitDials(i + 2) // the spare for the next command
+	}
+	// Close closes the spare (the fourth connection); a command after it
+	// dials, and its end refills nothing.
+	conn.Close()
+	st, err := conn.ExecOnce(ctx, &sbxv1.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+	}
+	st.Close()
+	time.Sleep(50 * time.Millisecond)
+	if got := dials(); got != 5 {
+		t.Errorf("%d dials after Close, want 5", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, c := range dialed {
+		if !c.closed.Load() {
+			t.Errorf("connection %d still open after Close", i)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -71,6 +72,14 @@ type Conn struct {
 	// execOnce calls the agent's Exec (a bidi stream) as a server stream:
 	// one start message, then the request ends (see ExecOnce).
 	execOnce *connect.Client[sbxv1.ExecInput, sbxv1.ExecOutput]
+
+	// spare is an exec connection dialled ahead, on which the agent
+	// already waits for a start message: a command then costs no dial and
+	// no accept (see framed.go).
+	spareMu   sync.Mutex
+	spare     net.Conn
+	refilling bool
+	closed    bool
 }
 
 // Option configures a Conn.
@@ -132,7 +141,17 @@ func (c *Conn) ExecOnce(ctx context.Context, start *sbxv1.ExecRequest) (ExecStre
 }
 
 // Close drops idle connections to the agent.
-func (c *Conn) Close() { c.transport.CloseIdleConnections() }
+func (c *Conn) Close() {
+	c.spareMu.Lock()
+	c.closed = true
+	spare := c.spare
+	c.spare = nil
+	c.spareMu.Unlock()
+	if spare != nil {
+		spare.Close()
+	}
+	c.transport.CloseIdleConnections()
+}
 
 // Hello checks the agent answers and speaks a protocol this daemon knows.
 func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {

@@ -6,16 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"time"
 
 	"connectrpc.com/connect"
 
-	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/execframe"
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
 // execFramed starts a command over the agent's framed exec protocol.
 func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
-	nc, err := c.execDial(ctx)
+	nc, err := c.execConn(ctx)
 	if err != nil {
 		switch {
 		case errors.Is(err, errors.ErrUnsupported):
@@ -36,7 +37,51 @@ func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*frame
 	}
 	// Closing the connection is what cancels the command in the agent.
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	return &framedStream{ctx: ctx, nc: nc, r: execframe.NewReader(nc), stop: stop}, nil
+	return &framedStream{ctx: ctx, nc: nc, r: execframe.NewReader(nc), stop: stop, onClose: c.refill}, nil
+}
+
+// execConn returns the spare exec connection, or dials one.
+func (c *Conn) execConn(ctx context.Context) (net.Conn, error) {
+	c.spareMu.Lock()
+	nc := c.spare
+	c.spare = nil
+	c.spareMu.Unlock()
+	if nc != nil {
+		return nc, nil
+	}
+	return c.execDial(ctx)
+}
+
+// spareDialTimeout bounds the background dial of a spare connection.
+const spareDialTimeout = 5 * time.Second
+
+// refill dials a spare exec connection in the background, unless there is
+// one, one is being dialled, or the Conn is closed. It runs when a command's
+// stream ends, so that the dial never competes with a command starting.
+func (c *Conn) refill() {
+	c.spareMu.Lock()
+	if c.spare != nil || c.refilling || c.closed {
+		c.spareMu.Unlock()
+		return
+	}
+	c.refilling = true
+	c.spareMu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), spareDialTimeout)
+		nc, err := c.execDial(ctx)
+		cancel()
+		c.spareMu.Lock()
+		defer c.spareMu.Unlock()
+		c.refilling = false
+		if err != nil {
+			return // the next command dials, and says why if it fails
+		}
+		if c.closed || c.spare != nil {
+			nc.Close()
+			return
+		}
+		c.spare = nc
+	}()
 }
 
 // framedStream reads a framed exec's output; it has the methods of
@@ -49,6 +94,8 @@ type framedStream struct {
 	msg  *sbxv1.ExecOutput
 	err  error
 	done bool
+	// onClose runs once, when the stream is closed (Conn.refill).
+	onClose func()
 }
 
 // Receive reads the next output event; false at the end (after exited) or
@@ -89,7 +136,12 @@ func (s *framedStream) Err() error { return s.err }
 // Close releases the connection; before exited it cancels the command.
 func (s *framedStream) Close() error {
 	s.stop()
-	return s.nc.Close()
+	err := s.nc.Close()
+	if s.onClose != nil {
+		s.onClose()
+		s.onClose = nil
+	}
+	return err
 }
 
 // ContextError is the Connect error for a call whose context ended: its
