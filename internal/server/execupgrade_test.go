@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -451,6 +452,37 @@ func TestSDKExecUpgrade(t *testing.T) {
 		}
 		if n := e.execs.Load(); n != 1 {
 			t.Errorf("%d upgrades, want 1", n)
+		}
+	})
+	t.Run("concurrent", func(t *testing.T) {
+		e := newExecEnv(t, nil)
+		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
+		defer c.Close()
+		sb := c.Sandbox(e.sb)
+		errs := make(chan error, 8)
+		for g := range 8 {
+			go func() {
+				for i := range 5 {
+					want := fmt.Sprintf("%d.%d\n", g, i)
+					res, err := sb.Run(ctx, "echo", strings.TrimSpace(want))
+					if err == nil && string(res.Stdout) != want {
+						err = fmt.Errorf("got %q, want %q", res.Stdout, want)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if n := e.execs.Load(); n > 8 {
+			t.Errorf("%d upgrades for 8 concurrent callers", n)
 		}
 	})
 	t.Run("cancel", func(t *testing.T) {
