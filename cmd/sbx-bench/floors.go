@@ -117,17 +117,23 @@ func agentExec(ctx context.Context, dataDir string, sb *sbx.Sandbox) (func() err
 			return err
 		}
 		defer st.Close() //nolint:errcheck
-		for st.Receive() {
-			if ex := st.Msg().GetExited(); ex != nil {
-				if ex.GetExitCode() != 0 {
-					return fmt.Errorf("agent exec: exit %d", ex.GetExitCode())
-				}
-				return nil
-			}
-		}
-		return fmt.Errorf("agent exec: %w", st.Err())
+		return exitedZero("agent exec", st)
 	}
 	return run, conn.Close
+}
+
+// exitedZero reads an exec's output to its exited event and fails unless
+// the command exited 0.
+func exitedZero(what string, st agentconn.ExecStream) error {
+	for st.Receive() {
+		if ex := st.Msg().GetExited(); ex != nil {
+			if ex.GetExitCode() != 0 {
+				return fmt.Errorf("%s: exit %d", what, ex.GetExitCode())
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: %w", what, st.Err())
 }
 
 // execResults are the exec measurements, taken in turns.
@@ -157,16 +163,8 @@ func benchExec(ctx context.Context, c *sbx.Client, dataDir string, sb *sbx.Sandb
 		if err != nil {
 			return err
 		}
-		defer st.Close()
-		for st.Receive() {
-			if ex := st.Msg().GetExited(); ex != nil {
-				if ex.GetExitCode() != 0 {
-					return fmt.Errorf("exit %d", ex.GetExitCode())
-				}
-				return nil
-			}
-		}
-		return fmt.Errorf("exec rpc: %w", st.Err())
+		defer st.Close() //nolint:errcheck
+		return exitedZero("exec rpc", st)
 	}
 	for _, f := range []func() error{viaAPI, viaRPC, viaAgent} { // warm the connections
 		if err := f(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -51,17 +50,8 @@ func (f *Front) serveExec(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sbx: the exec upgrade needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
 		return
 	}
-	nc, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		http.Error(w, "sbx: cannot take over the connection: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Time{})
-	if _, err := io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+ExecUpgrade+"\r\n\r\n"); err != nil {
-		return
-	}
-	if err := brw.Flush(); err != nil {
+	nc, br, ok := upgradeConn(w, ExecUpgrade)
+	if !ok {
 		return
 	}
 	// The request's context lasts as long as this handler; the front's ends
@@ -70,7 +60,7 @@ func (f *Front) serveExec(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(f.done, cancel)()
-	serveExecConn(ctx, f.mgr, nc, brw.Reader, execIdleTimeout)
+	serveExecConn(ctx, f.mgr, nc, br, execIdleTimeout)
 }
 
 // execConn is one upgraded connection.

@@ -116,6 +116,14 @@ func newTestFront(mgr *sandbox.Manager) *Front {
 	return NewFront(New(mgr).Handler(), mgr, FrontConfig{Token: execTestToken, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
+// client returns an SDK client of the front (with the token, unless opts
+// set another) and a handle on the env's sandbox.
+func (e *execEnv) client(t *testing.T, opts ...sbx.Option) (*sbx.Client, *sbx.Sandbox) {
+	c := sbx.NewClient(e.srv.URL, append([]sbx.Option{sbx.WithToken(execTestToken)}, opts...)...)
+	t.Cleanup(c.Close)
+	return c, c.Sandbox(e.sb)
+}
+
 // rawConn is a hand-made client of the exec upgrade.
 type rawConn struct {
 	nc net.Conn
@@ -425,12 +433,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 	ctx := context.Background()
 	t.Run("pooled", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
-		defer c.Close()
-		sb, err := c.Get(ctx, e.sb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, sb := e.client(t)
 		conns := e.conns.Load()
 		for i := range 5 {
 			res, err := sb.RunShell(ctx, "echo hi; echo err >&2; exit 4")
@@ -456,9 +459,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 	})
 	t.Run("concurrent", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
-		defer c.Close()
-		sb := c.Sandbox(e.sb)
+		_, sb := e.client(t)
 		errs := make(chan error, 8)
 		for g := range 8 {
 			go func() {
@@ -487,15 +488,10 @@ func TestSDKExecUpgrade(t *testing.T) {
 	})
 	t.Run("cancel", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
-		defer c.Close()
-		sb, err := c.Get(ctx, e.sb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, sb := e.client(t)
 		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer cancel()
-		_, err = sb.RunShell(cctx, "exec sleep 321")
+		_, err := sb.RunShell(cctx, "exec sleep 321")
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("got %v, want the deadline", err)
 		}
@@ -517,12 +513,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 	})
 	t.Run("daemon closed the idle connection", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
-		defer c.Close()
-		sb, err := c.Get(ctx, e.sb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, sb := e.client(t)
 		if _, err := sb.Run(ctx, "true"); err != nil {
 			t.Fatal(err)
 		}
@@ -547,12 +538,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 				h.ServeHTTP(w, r)
 			})
 		})
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken))
-		defer c.Close()
-		sb, err := c.Get(ctx, e.sb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, sb := e.client(t)
 		for range 3 {
 			if res, err := sb.Run(ctx, "echo", "rpc"); err != nil || string(res.Stdout) != "rpc\n" {
 				t.Fatalf("got %v, %v", res, err)
@@ -564,12 +550,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 	})
 	t.Run("turned off", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken(execTestToken), sbx.WithoutExecUpgrade())
-		defer c.Close()
-		sb, err := c.Get(ctx, e.sb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, sb := e.client(t, sbx.WithoutExecUpgrade())
 		if res, err := sb.Run(ctx, "echo", "rpc"); err != nil || string(res.Stdout) != "rpc\n" {
 			t.Fatalf("got %v, %v", res, err)
 		}
@@ -579,9 +560,7 @@ func TestSDKExecUpgrade(t *testing.T) {
 	})
 	t.Run("bad token", func(t *testing.T) {
 		e := newExecEnv(t, nil)
-		c := sbx.NewClient(e.srv.URL, sbx.WithToken("wrong"))
-		defer c.Close()
-		sb := c.Sandbox(e.sb)
+		_, sb := e.client(t, sbx.WithToken("wrong"))
 		for range 2 {
 			_, err := sb.Run(ctx, "true")
 			var se *sbx.Error

@@ -169,20 +169,34 @@ func (f *Front) serveTCP(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	defer conn.Close()
-	client, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		http.Error(w, "sbx: cannot take over the connection: "+err.Error(), http.StatusInternalServerError)
+	client, br, ok := upgradeConn(w, TCPUpgrade)
+	if !ok {
 		return
 	}
 	defer client.Close()
-	_ = client.SetDeadline(time.Time{})
-	if _, err := io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+TCPUpgrade+"\r\n\r\n"); err != nil {
-		return
+	pipe(bufConn{Conn: client, r: br}, conn, halfCloseLinger)
+}
+
+// upgradeConn takes over the connection of w's (checked) upgrade request
+// and answers 101 for proto. The reader may hold bytes the client sent
+// after its request. ok is false if that failed (the client was told, if
+// it could be).
+func upgradeConn(w http.ResponseWriter, proto string) (nc net.Conn, br *bufio.Reader, ok bool) {
+	nc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, "sbx: cannot take over the connection: "+err.Error(), http.StatusInternalServerError)
+		return nil, nil, false
 	}
-	if err := brw.Flush(); err != nil {
-		return
+	_ = nc.SetDeadline(time.Time{})
+	_, err = io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+proto+"\r\n\r\n")
+	if err == nil {
+		err = brw.Flush()
 	}
-	pipe(bufConn{Conn: client, r: brw.Reader}, conn, halfCloseLinger)
+	if err != nil {
+		nc.Close()
+		return nil, nil, false
+	}
+	return nc, brw.Reader, true
 }
 
 // bufConn reads through a bufio.Reader that may hold bytes already read.
