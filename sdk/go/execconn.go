@@ -113,7 +113,7 @@ func (p *execPool) close() {
 // errNoUpgrade: the daemon refused the exec upgrade; use the RPC.
 var errNoUpgrade = errors.New("exec upgrade refused")
 
-// conn returns an idle upgraded connection or opens one. errNoUpgrade
+// execConn returns an idle upgraded connection or opens one. errNoUpgrade
 // means the daemon (or a proxy) refused the upgrade.
 func (c *Client) execConn(ctx context.Context) (*execConn, error) {
 	if ec := c.execs.take(); ec != nil {
