@@ -140,7 +140,14 @@ func TestUpdate(t *testing.T) {
 		if got := cgroupFile(t, dir, h, "pids", "pids.events"); got == "max 0" {
 			t.Errorf("30 sleeps under pids.max 16: pids.events = %q, want fork failures", got)
 		}
-		// Fewer than the processes the box runs now: refused.
+		// Fewer than the processes the box runs now: refused. Raise the limit
+		// first: dash gives up at its first failed fork, so the storm's shell
+		// may have exited before `wait`, leaving its sleeps (orphans of the
+		// agent) holding pids for up to 3 s, and with the agent's threads
+		// 16 may be too few to start another shell.
+		if err := d.Update(ctx, h, runtime.Resources{Pids: 64, CPUMillis: 1000}); err != nil {
+			t.Fatalf("Update(pids 64, cpu 1000m): %v", err)
+		}
 		testsuite.MustExec(t, d, h, "/bin/sh", "-c", "for i in 1 2 3 4; do sleep 30 & done")
 		if err := d.Update(ctx, h, runtime.Resources{Pids: 2}); err == nil || !strings.Contains(err.Error(), "pids limit") {
 			t.Errorf("Update(pids 2) with 5+ processes: got %v, want an error naming the pids limit", err)
