@@ -15,8 +15,8 @@
 // its start message); the other side answers with FrameOutput frames,
 // ending with the exited event, or with one FrameError frame. The caller
 // closing the connection cancels the running command: it never half-closes.
-// The package imports only the API's messages and protobuf, so the agent
-// and the SDK can use it.
+// The package imports only the API's messages, protobuf and connect (for
+// its error codes), so the agent and the SDK can use it.
 package execframe
 
 import (
@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -103,6 +104,11 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
+// ConnectError is e as the Connect error it stands for.
+func (e *Error) ConnectError() *connect.Error {
+	return connect.NewError(connect.Code(e.Code), errors.New(e.Message))
+}
+
 // ReadOutput reads a FrameOutput frame; a FrameError frame is returned as
 // an *Error.
 func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
@@ -139,6 +145,17 @@ func (fw *Writer) Write(typ byte, m proto.Message) error {
 		return err
 	}
 	return fw.writeRaw(typ, b)
+}
+
+// WriteErrorOf buffers a FrameError frame for err as a Connect handler
+// would answer it: the code and message of the *connect.Error in it, else
+// otherwise and err's text.
+func (fw *Writer) WriteErrorOf(err error, otherwise connect.Code) error {
+	code, msg := otherwise, err.Error()
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		code, msg = ce.Code(), ce.Message()
+	}
+	return fw.WriteError(uint32(code), msg)
 }
 
 // WriteError buffers a FrameError frame.

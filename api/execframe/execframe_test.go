@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -110,5 +112,38 @@ func TestAnnouncedLengthNotTrusted(t *testing.T) {
 	}
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
 		t.Errorf("reading a truncated %d-byte frame allocated %d bytes", MaxPayload, grew)
+	}
+}
+
+// TestErrorOf: an error frame carries a Connect error's code and message
+// (not its text, which repeats the code), and other errors with the
+// fallback code.
+func TestErrorOf(t *testing.T) {
+	for _, tc := range []struct {
+		err      error
+		wantCode connect.Code
+		wantMsg  string
+	}{
+		{connect.NewError(connect.CodeNotFound, errors.New("no such box")), connect.CodeNotFound, "no such box"},
+		{fmt.Errorf("exec: %w", connect.NewError(connect.CodeInvalidArgument, errors.New("bad user"))), connect.CodeInvalidArgument, "bad user"},
+		{errors.New("plain"), connect.CodeInternal, "plain"},
+	} {
+		var buf bytes.Buffer
+		w := NewWriter(&buf)
+		if err := w.WriteErrorOf(tc.err, connect.CodeInternal); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewReader(&buf).ReadOutput()
+		var fe *Error
+		if !errors.As(err, &fe) {
+			t.Fatalf("%v: read %v, want an *Error", tc.err, err)
+		}
+		ce := fe.ConnectError()
+		if ce.Code() != tc.wantCode || ce.Message() != tc.wantMsg {
+			t.Errorf("%v: got %v %q, want %v %q", tc.err, ce.Code(), ce.Message(), tc.wantCode, tc.wantMsg)
+		}
 	}
 }

@@ -59,11 +59,7 @@ func (s *Server) serveExecConn(ctx context.Context, c net.Conn) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if runErr != nil && ctx.Err() == nil {
-		code := connect.CodeInternal
-		if ce := new(connect.Error); errors.As(runErr, &ce) {
-			code = ce.Code()
-		}
-		_ = fs.w.WriteError(uint32(code), runErr.Error())
+		_ = fs.w.WriteErrorOf(runErr, connect.CodeInternal)
 	}
 	_ = fs.w.Flush()
 }

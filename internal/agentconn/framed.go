@@ -110,7 +110,7 @@ func (s *framedStream) Receive() bool {
 		var fe *execframe.Error
 		switch {
 		case errors.As(err, &fe):
-			s.err = connect.NewError(connect.Code(fe.Code), errors.New(fe.Message))
+			s.err = fe.ConnectError()
 		case s.ctx.Err() != nil:
 			s.err = ContextError(s.ctx)
 		case errors.Is(err, io.EOF):

@@ -227,15 +227,11 @@ func (c *execConn) send(m *sbxv1.ExecOutput) error {
 }
 
 // writeError ends a command (or refuses a start) with err as the Connect
-// path would (the code and message of the *connect.Error inside, else
-// Unknown and the text) and reports whether the connection still works.
+// path would (execframe.Writer.WriteErrorOf, else Unknown) and reports
+// whether the connection still works.
 func (c *execConn) writeError(err error) bool {
 	c.idle()
-	code, msg := connect.CodeUnknown, err.Error()
-	if ce := new(connect.Error); errors.As(err, &ce) {
-		code, msg = ce.Code(), ce.Message()
-	}
-	if c.w.WriteError(uint32(code), msg) != nil {
+	if c.w.WriteErrorOf(err, connect.CodeUnknown) != nil {
 		return false
 	}
 	return c.w.Flush() == nil

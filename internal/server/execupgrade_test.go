@@ -260,6 +260,8 @@ func TestExecUpgradeCommands(t *testing.T) {
 		{req: &sbxv1.ExecRequest{Sandbox: e.sb, Argv: []string{"cat"}, StdinOpen: true}, wantErr: connect.CodeInvalidArgument},
 		{req: &sbxv1.ExecRequest{Sandbox: "no-such-box", Argv: []string{"true"}}, wantErr: connect.CodeNotFound},
 		{req: &sbxv1.ExecRequest{Sandbox: e.sb, Argv: []string{"/no/such/binary"}}, wantCode: 127},
+		// Refused by the agent, over its framed socket.
+		{req: &sbxv1.ExecRequest{Sandbox: e.sb, Argv: []string{"true"}, User: "nosuchuser"}, wantErr: connect.CodeInvalidArgument},
 		{req: &sbxv1.ExecRequest{Sandbox: e.sb, Argv: []string{"sh", "-c", "echo two"}}, wantOut: "two\n"},
 	} {
 		c.sendStart(t, tc.req)
@@ -268,6 +270,8 @@ func TestExecUpgradeCommands(t *testing.T) {
 		case tc.wantErr != 0:
 			if ferr == nil || connect.Code(ferr.Code) != tc.wantErr || ferr.Message == "" {
 				t.Errorf("command %d: got %v (exit %d), want a %v error", i, ferr, code, tc.wantErr)
+			} else if strings.HasPrefix(ferr.Message, tc.wantErr.String()) {
+				t.Errorf("command %d: message %q repeats its code", i, ferr.Message)
 			}
 		case ferr != nil || out != tc.wantOut || code != tc.wantCode:
 			t.Errorf("command %d: got %q, exit %d, %v; want %q, exit %d", i, out, code, ferr, tc.wantOut, tc.wantCode)

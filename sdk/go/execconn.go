@@ -165,7 +165,7 @@ func (c *Client) execUpgraded(ctx context.Context, req *sbxv1.ExecRequest, stdou
 				if stop() {
 					c.execs.put(ec)
 				}
-				return nil, wrap("exec", connect.NewError(connect.Code(fe.Code), errors.New(fe.Message)))
+				return nil, wrap("exec", fe.ConnectError())
 			}
 			if errors.Is(err, io.EOF) {
 				err = errors.New("the daemon closed the exec connection before the command exited")
