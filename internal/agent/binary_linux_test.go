@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,10 +20,11 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
-// startBinary builds sbx-agent and starts it the production way: a
-// listening socket passed as fd 3, plus an entrypoint.
+// startBinary builds sbx-agent and starts it the production way (the
+// files every driver hands it, runtime.AgentFiles), plus an entrypoint.
 func startBinary(t *testing.T, pidns bool, entrypoint ...string) (*testAgent, *exec.Cmd, *syncBuffer) {
 	t.Helper()
 	if testing.Short() {
@@ -36,19 +38,14 @@ func startBinary(t *testing.T, pidns bool, entrypoint ...string) (*testAgent, *e
 		t.Fatalf("building agent: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	ln, err := net.Listen("unix", sock)
+	af, err := runtime.NewAgentFiles(sock, filepath.Join(dir, "exec.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	lf, err := ln.(*net.UnixListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	args := append([]string{"--listen-fd", "3", "--"}, entrypoint...)
-	cmd := exec.Command(bin, args...)
-	cmd.ExtraFiles = []*os.File{lf}
+	defer af.Ready.Close()
+	args := append(slices.Clone(runtime.AgentFDArgs), "--")
+	cmd := exec.Command(bin, append(args, entrypoint...)...)
+	cmd.ExtraFiles = af.Extra
 	if pidns {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	}
@@ -56,10 +53,11 @@ func startBinary(t *testing.T, pidns bool, entrypoint ...string) (*testAgent, *e
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "SBX_FROM_SPEC=yes"}
 	logs := new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	af.CloseExtra()
+	if err != nil {
 		t.Fatal(err)
 	}
-	lf.Close()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -69,9 +67,7 @@ func startBinary(t *testing.T, pidns bool, entrypoint ...string) (*testAgent, *e
 		return d.DialContext(ctx, "unix", sock)
 	})
 	t.Cleanup(conn.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := conn.WaitReady(ctx); err != nil {
+	if err := agentconn.AwaitReady(context.Background(), af.Ready, 10*time.Second); err != nil {
 		t.Fatalf("agent not ready: %v\n%s", err, logs.String())
 	}
 	return &testAgent{conn: conn, workdir: dir}, cmd, logs

@@ -164,22 +164,3 @@ func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
 	}
 	return resp.Msg, nil
 }
-
-// WaitReady calls Hello until it succeeds or ctx ends.
-func (c *Conn) WaitReady(ctx context.Context) (*agentv1.HelloResponse, error) {
-	delay := 200 * time.Microsecond
-	for {
-		resp, err := c.Hello(ctx)
-		if err == nil {
-			return resp, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for agent: %w (last error: %v)", ctx.Err(), err)
-		case <-time.After(delay):
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
-}
