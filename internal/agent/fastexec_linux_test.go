@@ -45,24 +45,7 @@ func framedAgentSocket(t *testing.T) agentconn.DialFunc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "exec.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.ServeExec(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("ServeExec: %v", err)
-		}
-	})
-	return func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}
+	return serveSocket(t, filepath.Join(dir, "exec.sock"), "ServeExec", srv.ServeExec)
 }
 
 // collectFramed runs start to the end of its stream.

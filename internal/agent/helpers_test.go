@@ -45,27 +45,33 @@ func newTestAgent(t testing.TB, opts ...func(*Config)) *testAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "agent.sock")
-	ln, err := net.Listen("unix", sock)
+	dial := serveSocket(t, filepath.Join(dir, "agent.sock"), "Serve", srv.Serve)
+	conn := agentconn.New(dial)
+	t.Cleanup(conn.Close)
+	return &testAgent{srv: srv, conn: conn, dial: dial, workdir: wd}
+}
+
+// serveSocket runs serve (named what) on a Unix socket at path until the
+// test ends, fails the test if it returns an error, and returns a dialer.
+func serveSocket(t testing.TB, path, what string, serve func(context.Context, net.Listener) error) agentconn.DialFunc {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	dial := func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}
-	conn := agentconn.New(dial)
+	go func() { served <- serve(ctx, ln) }()
 	t.Cleanup(func() {
-		conn.Close()
 		cancel()
 		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
+			t.Errorf("%s: %v", what, err)
 		}
 	})
-	return &testAgent{srv: srv, conn: conn, dial: dial, workdir: wd}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
 }
 
 // execResult is everything one exec produced.
