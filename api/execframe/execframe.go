@@ -21,11 +21,11 @@ package execframe
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -69,15 +69,20 @@ func (fr *Reader) Next() (typ byte, payload []byte, err error) {
 	}
 	// Grow with what arrives rather than trust the length: a peer that
 	// announces 64 MiB and sends nothing must not cost 64 MiB.
-	var buf bytes.Buffer
-	buf.Grow(int(min(n, growStep)))
-	if got, err := io.CopyN(&buf, fr.r, int64(n)); got < int64(n) {
-		if err == nil || errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	payload = make([]byte, 0, min(n, growStep))
+	for len(payload) < int(n) {
+		chunk := min(int(n)-len(payload), growStep)
+		payload = slices.Grow(payload, chunk)
+		got, err := io.ReadFull(fr.r, payload[len(payload):len(payload)+chunk])
+		payload = payload[:len(payload)+got]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
 		}
-		return 0, nil, err
 	}
-	return h[0], buf.Bytes(), nil
+	return h[0], payload, nil
 }
 
 // ReadInput reads a FrameInput frame.
