@@ -329,6 +329,13 @@ func (m *Manager) Download(ctx context.Context, ref string, w io.Writer) error {
 	return writeTar(ctx, tree, w, m.cfg.UIDShift, m.cfg.IDRange)
 }
 
+// removeTree removes one of the manager's own directories (a revision tree,
+// a sync in progress) and everything in it. dir itself is the daemon's
+// path; what is below it came from sandboxes, and os.RemoveAll removes that
+// through directory handles (unlinkat, openat with O_NOFOLLOW), never
+// following a symlink it holds.
+func removeTree(dir string) error { return os.RemoveAll(dir) }
+
 // gcLocked removes revision trees that are neither current nor the lower
 // layer of a mount, and trees of codebases that no longer exist.
 func (m *Manager) gcLocked(ctx context.Context) {

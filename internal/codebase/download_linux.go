@@ -1,3 +1,5 @@
+//sbx:hostile-tree
+
 package codebase
 
 import (

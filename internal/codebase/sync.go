@@ -1,5 +1,7 @@
 //go:build linux
 
+//sbx:hostile-tree
+
 package codebase
 
 import (
@@ -107,17 +109,18 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 	}
 	newRev := rec.Revision + 1
 	tmp := filepath.Join(m.treesDir(), rec.ID, ".sync")
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := removeTree(tmp); err != nil {
 		return nil, fmt.Errorf("remove leftover sync tree: %w", err)
 	}
 	budget := boxcopy.NewBudget(m.syncLimit(mt.Dir), fmt.Sprintf("the sandbox's disk limit for %s", mt.Path))
 	files, size, err := m.applySync(cur, tmp, up, p.ops, budget)
 	if err != nil {
-		os.RemoveAll(tmp)
+		removeTree(tmp)
 		return nil, fmt.Errorf("write sync of sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
 	}
+	// safepath:ok: both are the daemon's own names in the trees dir.
 	if err := os.Rename(tmp, m.tree(rec.ID, newRev)); err != nil {
-		os.RemoveAll(tmp)
+		removeTree(tmp)
 		return nil, fmt.Errorf("store synced tree: %w", err)
 	}
 	newSynced := p.equal
@@ -129,7 +132,7 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		Changed: p.changed, SandboxID: sandboxID, MountPath: mt.Path, Synced: newSynced,
 	}
 	if err := m.cfg.Store.CommitCodebase(ctx, commit); err != nil {
-		os.RemoveAll(m.tree(rec.ID, newRev))
+		removeTree(m.tree(rec.ID, newRev))
 		return nil, err
 	}
 	m.gcLocked(ctx)
@@ -584,6 +587,7 @@ func (m *Manager) owner(id uint32) int {
 func (m *Manager) syncLimit(mountDir string) int64 {
 	limit := m.cfg.MaxBytes
 	var st unix.Statfs_t
+	// safepath:ok: the mount's rw dir is the daemon's tmpfs mount point.
 	if err := unix.Statfs(filepath.Join(mountDir, "rw"), &st); err == nil && st.Blocks > 0 {
 		limit = min(limit, int64(st.Blocks)*st.Bsize)
 	}
@@ -593,6 +597,7 @@ func (m *Manager) syncLimit(mountDir string) int64 {
 // applySync makes the tree dst (a new directory) a hardlink copy of cur with
 // ops applied, and counts its files and bytes.
 func (m *Manager) applySync(cur *safepath.Root, dst string, up *safepath.Root, ops []syncOp, budget *boxcopy.Budget) (files, size int64, err error) {
+	// safepath:ok: dst is the daemon's own new tree dir.
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return 0, 0, fmt.Errorf("create sync tree: %w", err)
 	}
