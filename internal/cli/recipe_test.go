@@ -94,3 +94,86 @@ func TestParseRecipeErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestParseRecipeCopyConfined: a recipe may be hostile, so its copy steps
+// read only the build context. Sources outside it are refused, naming the
+// step and src; symlinks in it are archived as links, never followed.
+func TestParseRecipeCopyConfined(t *testing.T) {
+	top := t.TempDir()
+	ctxDir := filepath.Join(top, "ctx")
+	for _, d := range []string{"ctx/app/sub", "ctx/inner"} {
+		if err := os.MkdirAll(filepath.Join(top, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const secret = "TOPSECRET-outside-the-context"
+	os.WriteFile(filepath.Join(top, "x"), []byte(secret), 0o644)
+	os.WriteFile(filepath.Join(ctxDir, "app", "main.py"), []byte("print(1)\n"), 0o644)
+	os.WriteFile(filepath.Join(ctxDir, "inner", "ok"), []byte("inside\n"), 0o644)
+	os.Symlink("/etc", filepath.Join(ctxDir, "etclink"))
+	os.Symlink("../x", filepath.Join(ctxDir, "app", "up"))
+	os.Symlink(filepath.Join(top, "x"), filepath.Join(ctxDir, "app", "abs"))
+	os.Symlink("inner", filepath.Join(ctxDir, "innerlink"))
+	recipe := func(src string) []byte {
+		return []byte("from: x\nsteps:\n  - run: true\n  - copy: {src: '" + src + "', dest: /app}\n")
+	}
+
+	for _, tc := range []struct{ src, want string }{
+		{"../x", `recipe step 2 (copy): src "../x": has a ".." component`},
+		{"/etc/hostname", `recipe step 2 (copy): src "/etc/hostname": is an absolute path`},
+		{"sub/../../x", `recipe step 2 (copy): src "sub/../../x": has a ".." component`},
+		{"app/../inner", `recipe step 2 (copy): src "app/../inner": has a ".." component`},
+		{"etclink/hostname", `recipe step 2 (copy): src "etclink/hostname": etclink/hostname leads out of the build context `},
+		{"missing", `recipe step 2 (copy): src "missing" in build context`},
+	} {
+		_, err := parseRecipe(recipe(tc.src), ctxDir)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("copy src %q: got %v; want an error containing %q", tc.src, err, tc.want)
+		}
+	}
+
+	// Links are archived as links: nothing from outside the context is read.
+	for _, tc := range []struct {
+		src   string
+		names []string
+	}{
+		{"etclink", []string{"etclink:/etc"}},
+		{"app/up/", []string{"up:../x"}},
+		{"app", []string{"abs:" + filepath.Join(top, "x"), "main.py:", "sub/:", "up:../x"}},
+		{".", []string{"app/:", "app/abs:" + filepath.Join(top, "x"), "app/main.py:", "app/sub/:", "app/up:../x",
+			"etclink:/etc", "inner/:", "inner/ok:", "innerlink:inner"}},
+		{"innerlink/ok", []string{"ok:"}}, // a link inside the context may be gone through
+		{"./inner/", []string{"ok:"}},
+	} {
+		r, err := parseRecipe(recipe(tc.src), ctxDir)
+		if err != nil {
+			t.Errorf("copy src %q: %v", tc.src, err)
+			continue
+		}
+		data := r.GetSteps()[1].GetCopy().GetTar()
+		if bytes.Contains(data, []byte(secret)) || bytes.Contains(data, []byte("root:x:0:0")) {
+			t.Errorf("copy src %q: the tar holds a file from outside the context", tc.src)
+		}
+		var names []string
+		tr := tar.NewReader(bytes.NewReader(data))
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, h.Name+":"+h.Linkname)
+		}
+		if diff := cmp.Diff(tc.names, names); diff != "" {
+			t.Errorf("copy src %q: tar entries (-want +got):\n%s", tc.src, diff)
+		}
+	}
+
+	// --context: a recipe elsewhere reads only the given directory.
+	r, err := parseRecipe(recipe("ok"), filepath.Join(ctxDir, "inner"))
+	if err != nil || len(r.GetSteps()[1].GetCopy().GetTar()) == 0 {
+		t.Errorf("copy from another context: %v", err)
+	}
+}
