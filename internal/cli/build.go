@@ -23,10 +23,10 @@ func newBuild(a *app) *cobra.Command {
 
 Copy steps read only the build context: the recipe file's directory, or
 the directory --context names. A copy's src must be a relative path inside
-it (no absolute paths, no ".." components); symlinks are copied as
-symlinks, never followed, and a src leading out of the context through one
-is refused. The recipe is treated as untrusted: it cannot read other host
-files.`,
+it (no absolute paths, no ".." components). Symlinks are never followed:
+one pointing inside what is copied is copied as a link, one pointing out of
+it is refused, as is a src that leads out of the context through one. The
+recipe is treated as untrusted: it cannot read other host files.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" || tag == "" {

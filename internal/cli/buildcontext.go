@@ -20,12 +20,13 @@ import (
 // copy's src is a relative, slash-separated path that stays inside it: no
 // absolute path, no ".." component. The context is read through an
 // os.Root, which never resolves a name outside the directory, whatever
-// symlinks it holds or gains meanwhile. Symlinks are archived as links,
-// never followed: one inside the context pointing at /etc becomes a link
-// in the image (to the image's /etc), and a src that goes through a
-// symlink leading out of the context is refused. Only directories,
-// regular files and symlinks are copied. os.Root rather than
-// internal/safepath, because the CLI also runs off Linux.
+// symlinks it holds or gains meanwhile. Symlinks are never followed: one
+// pointing inside what is copied is archived as a link; one pointing out of
+// it (absolute, or climbing out with "..", such as a link to /etc) is
+// refused with its name, as the daemon's extractor would refuse it later;
+// a src that goes through a symlink leading out of the context is refused
+// too. Only directories, regular files and symlinks are copied. os.Root
+// rather than internal/safepath, because the CLI also runs off Linux.
 
 // buildContext reads copy sources from the build context directory.
 type buildContext struct {
@@ -86,6 +87,9 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			if link, err = fsys.ReadLink(p); err != nil {
 				return err
+			}
+			if !linkInside(name, link) {
+				return fmt.Errorf("symlink %s -> %q points out of what is copied; symlinks are copied as links only when they point inside it, never followed", p, link)
 			}
 		case fi.IsDir(), fi.Mode().IsRegular():
 		default:
@@ -154,6 +158,17 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 	}
 	bc.sent += int64(buf.Len())
 	return buf.Bytes(), nil
+}
+
+// linkInside reports whether the symlink name (a path in the copied tree)
+// with target points inside the tree, by the rule the daemon's extractor
+// applies.
+func linkInside(name, target string) bool {
+	if target == "" || path.IsAbs(target) {
+		return false
+	}
+	p := path.Join(path.Dir(name), target)
+	return p != ".." && !strings.HasPrefix(p, "../")
 }
 
 // contextErr explains a failure to read src from the build context.

@@ -28,8 +28,9 @@ import (
 // A copy's src is a relative path inside the build context (the recipe
 // file's directory unless `sbx build --context DIR`; see buildcontext.go):
 // a directory is copied with its contents into dest; a single file lands in
-// the directory dest. Symlinks are copied as symlinks, never followed;
-// files are owned by root in the image.
+// the directory dest. Symlinks are never followed: those pointing inside
+// what is copied are copied as links, others are refused. Files are owned
+// by root in the image.
 
 type yamlRecipe struct {
 	From  string                 `yaml:"from"`
