@@ -2,6 +2,9 @@ package permrules
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -287,5 +290,43 @@ func TestEffectiveMatchesNaive(t *testing.T) {
 			}
 		}
 		walk("", 0)
+	}
+}
+
+// TestPresetsDocumented checks that the secrets row of the presets table in
+// docs/ARCHITECTURE.md lists exactly secretPatterns, directories marked.
+func TestPresetsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "| *secrets* (both) |") {
+			row = line
+		}
+	}
+	if row == "" {
+		t.Fatal("docs/ARCHITECTURE.md has no \"| *secrets* (both) |\" row in its presets table")
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([^`]+)`( \\(directory\\))?").FindAllStringSubmatch(row, -1) {
+		documented[m[1]+m[2]] = true
+	}
+	for _, s := range secretPatterns {
+		name := s.pattern
+		if s.typ == dirType {
+			name += " (directory)"
+		}
+		if !documented[name] {
+			t.Errorf("secret pattern %q is not in the docs' presets table", name)
+		}
+		delete(documented, name)
+	}
+	for name := range documented {
+		t.Errorf("the docs' presets table lists %q, which is no secret pattern", name)
+	}
+	if n := len(presets["agent-safe"].rules); !strings.Contains(string(b), fmt.Sprintf("agent-safe's %d rules", n)) {
+		t.Errorf("docs/ARCHITECTURE.md does not say \"agent-safe's %d rules\"", n)
 	}
 }

@@ -227,7 +227,10 @@ func (x *PermissionRule) GetCaseInsensitive() bool {
 // PathPolicy guards one directory of a sandbox: every path below `path` is
 // filtered through the rules. The preset's rules come first; `rules` extend
 // or override them (a rule with the same pattern and type replaces the
-// preset's).
+// preset's). Policies for the same path (two entries, or an entry and a
+// CodebaseMount's guard) are merged: rules in request order, the preset and
+// default permission of whichever sets them (two different ones are
+// refused).
 type PathPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Absolute directory inside the sandbox, e.g. "/workspace".
