@@ -40,7 +40,7 @@ def test_bad_policies_are_refused(make_sandbox) -> None:
 
 
 def test_case_insensitive_rule(make_sandbox) -> None:
-    rule = sbx.PermissionRule("*.sqlite", "none", case_insensitive=True)
+    rule = sbx.PermissionRule("*.sqlite", "none", priority=100, case_insensitive=True)
     assert sbx.PermissionRule.from_json(rule.to_json()) == rule
     sb = make_sandbox(path_policies=[sbx.PathPolicy("/workspace", preset="agent-safe", rules=[rule])])
     assert sb.info.path_policies[0].rules == [rule]
