@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"path"
 	"slices"
 	"strings"
@@ -37,6 +38,17 @@ func TestAgentSafeHidesSecrets(t *testing.T) {
 	if _, err := c.CreateVolume(ctx, "secrets", 32<<20); err != nil {
 		t.Fatal(err)
 	}
+	// On failure too: the harness destroys sandboxes but leaves volumes
+	// (and their loop mounts) behind.
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(ctx)
+		if list, err := c.List(ctx); err == nil {
+			for _, sb := range list {
+				_ = sb.Destroy(ctx)
+			}
+		}
+		_ = c.RemoveVolume(ctx, "secrets")
+	})
 	fill, err := c.Create(ctx, sbx.CreateOptions{Volumes: []sbx.VolumeMount{{Volume: "secrets", Path: "/t"}}})
 	if err != nil {
 		t.Fatal(err)
