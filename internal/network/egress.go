@@ -17,7 +17,6 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,9 +47,10 @@ import (
 // allow_cidrs cover it. In ModePublic the box may reach any public address
 // anyway, so the proxy connects to the original destination except for
 // hosts of secrets, which are resolved. Every address connected to must
-// pass the policy's address rules (permitted): never the host itself, the
-// sandbox subnet, loopback, or — unless allow_cidrs say so — private,
-// link-local (metadata) and other blocked ranges.
+// pass the policy's address rules (permitted): never the host itself (any
+// of its addresses, whatever allow_cidrs say), the sandbox subnet,
+// loopback, or — unless allow_cidrs say so — private, link-local
+// (metadata) and other blocked ranges.
 
 // egressBox is what the proxy knows of the box behind a source address.
 type egressBox struct {
@@ -63,8 +63,6 @@ type egressProxy struct {
 	ln     net.Listener
 	port   uint16
 	subnet netip.Prefix
-	// blockedPorts are host ports never reachable (the API).
-	blockedPorts []uint16
 	// localAddr, if set, replaces the host's interface addresses (tests).
 	localAddr func(netip.Addr) bool
 	lookup    func(src netip.Addr) (egressBox, bool)
@@ -289,19 +287,16 @@ func (p *egressProxy) checked(pol Policy, ap netip.AddrPort) (netip.AddrPort, er
 }
 
 // permitted applies a policy's address rules to a destination the proxy
-// would connect to, as the box's own chains would (rules.go): the host's
-// addresses only where allow_cidrs cover them (as the input chain), never
-// on the blocked ports (the API) or the proxy's own; never other boxes,
-// loopback or deny_cidrs; blocked ranges unless allow_cidrs cover them.
+// would connect to, as the box's own chains would (rules.go): never the
+// host's own addresses (whatever allow_cidrs say: the input chain opens
+// nothing but DNS and this proxy), other boxes, loopback or deny_cidrs;
+// blocked ranges only where allow_cidrs cover them.
 func (p *egressProxy) permitted(pol Policy, ap netip.AddrPort) bool {
 	a := ap.Addr().Unmap()
 	if !a.Is4() || a.IsLoopback() || a.IsUnspecified() || inPrefixes(pol.DenyCIDRs, a) {
 		return false
 	}
-	if p.isLocal(a) {
-		return inPrefixes(pol.AllowCIDRs, a) && ap.Port() != p.port && !slices.Contains(p.blockedPorts, ap.Port())
-	}
-	if p.subnet.Contains(a) {
+	if p.isLocal(a) || p.subnet.Contains(a) {
 		return false
 	}
 	if inPrefixes(pol.AllowCIDRs, a) {

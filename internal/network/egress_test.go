@@ -82,8 +82,10 @@ func TestRoute(t *testing.T) {
 		"priv.wild.test":  {netip.MustParseAddr("10.0.0.5")},
 		"api.secret.test": {netip.MustParseAddr("198.51.100.3")},
 	}
-	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second, blockedPorts: []uint16{7070},
-		localAddr: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.213.0.1") },
+	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second,
+		localAddr: func(a netip.Addr) bool {
+			return a == netip.MustParseAddr("10.213.0.1") || a == netip.MustParseAddr("192.0.2.77")
+		},
 		resolve: func(_ context.Context, h string) ([]netip.Addr, error) {
 			if a, ok := zone[h]; ok {
 				return a, nil
@@ -95,6 +97,10 @@ func TestRoute(t *testing.T) {
 	public := Policy{Mode: ModePublic, Secrets: []Secret{{Name: "K", Domains: []string{"api.secret.test"}}}}
 	evil := netip.MustParseAddrPort("198.51.100.66:443")
 	gwAllowed := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.213.0.1/32")}}
+	everything := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
+	publicAll := Policy{Mode: ModePublic, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")},
+		Secrets: []Secret{{Name: "K", Domains: []string{"api.secret.test"}}}}
+	tenSlash8 := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	tests := []struct {
 		name string
 		pol  Policy
@@ -121,8 +127,15 @@ func TestRoute(t *testing.T) {
 		{"public: the sandbox subnet", public, netip.MustParseAddrPort("10.213.0.9:80"), "", "blocked"},
 		{"public: loopback", public, netip.MustParseAddrPort("127.0.0.1:80"), "", "blocked"},
 		{"public: the gateway", public, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
-		{"allow: the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:80"), "", "10.213.0.1:80"},
-		{"allow: the API port of the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:7070"), "", "blocked"},
+		// allow_cidrs never open the host: the gateway and its other addresses.
+		{"allow: the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow: the gateway by literal inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:443"), "10.213.0.1", "blocked"},
+		{"allow 10/8: the gateway", tenSlash8, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow 0/0: the gateway", everything, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow 0/0: another host address", everything, netip.MustParseAddrPort("192.0.2.77:80"), "", "blocked"},
+		{"allow 0/0: a private address elsewhere", everything, netip.MustParseAddrPort("10.79.0.10:80"), "", "10.79.0.10:80"},
+		{"public 0/0: the gateway", publicAll, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"public 0/0: another host address", publicAll, netip.MustParseAddrPort("192.0.2.77:443"), "", "blocked"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -84,12 +84,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.egress = &egressProxy{subnet: m.subnet, blockedPorts: cfg.BlockedPorts, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
+	m.egress = &egressProxy{subnet: m.subnet, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
 		log: m.log.With("component", "egress")}
 	if err := startEgress(netip.AddrPortFrom(m.gw, 0).String(), m.egress); err != nil {
 		return nil, err
 	}
-	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw, blockedPorts: cfg.BlockedPorts,
+	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw,
 		egressPorts: cfg.EgressPorts, proxyPort: m.egress.port}
 	if m.fw, err = newFirewall(cfg.Table, params); err != nil {
 		m.egress.close()

@@ -62,7 +62,8 @@ const (
 type Policy struct {
 	Mode Mode `json:"mode"`
 	// AllowCIDRs: with ModeAllow the reachable destinations; with
-	// ModePublic holes punched into the blocked ranges.
+	// ModePublic holes punched into the blocked ranges. Never the host's
+	// own addresses, whatever they cover (see boxRules).
 	AllowCIDRs []netip.Prefix `json:"allow_cidrs,omitempty"`
 	// AllowDomains (ModeAllow): names or "*.suffix" wildcards the DNS
 	// forwarder answers; their addresses become reachable.
@@ -272,9 +273,6 @@ type Config struct {
 	DNSUpstreams []string
 	// PoolSize is how many ready namespaces with a veth to keep (0: none).
 	PoolSize int
-	// BlockedPorts are host TCP ports boxes can never reach even when
-	// allow_cidrs cover a host address (the daemon's API).
-	BlockedPorts []uint16
 	// EgressPorts are the TCP destination ports sent through the egress
 	// proxy (HTTP Host / TLS SNI checks, secret substitution); default 80
 	// and 443.
