@@ -8,12 +8,16 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,17 +56,41 @@ func upstreamCA(t *testing.T, names ...string) (caFile string, cert tls.Certific
 
 // startEgressDaemon is a network daemon whose test internet also serves
 // HTTPS (port 443, certificates of a test CA the daemon is told to trust).
+// d.tlsConns counts the connections open at each HTTPS server.
 func startEgressDaemon(t *testing.T) *netDaemon {
 	t.Helper()
 	caFile, cert := upstreamCA(t, "api.secret.test", "other.test", "a.allowed.test", "public.test")
 	d := startNetDaemon(t, "--egress-ca", caFile)
+	d.tlsConns = map[string]*atomic.Int32{}
 	for _, a := range []string{inetPublic, inetAllowed, inetBlocked} {
 		ln := listenIn(t, "/run/netns/"+d.inet.ns, "tcp", a+":443").(net.Listener)
-		srv := &http.Server{Handler: echoHandler(a)}
+		n := new(atomic.Int32)
+		d.tlsConns[a] = n
+		srv := &http.Server{Handler: echoHandler(a), ErrorLog: log.New(io.Discard, "", 0), ConnState: func(_ net.Conn, s http.ConnState) {
+			switch s {
+			case http.StateNew:
+				n.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				n.Add(-1)
+			}
+		}}
 		go func() { _ = srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})) }()
 		t.Cleanup(func() { srv.Close() })
 	}
 	return d
+}
+
+// waitTLSConns waits up to within for the HTTPS server at addr to have
+// want connections open.
+func (d *netDaemon) waitTLSConns(t *testing.T, addr string, want int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for int(d.tlsConns[addr].Load()) != want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := int(d.tlsConns[addr].Load()); got != want {
+		t.Fatalf("HTTPS server %s has %d connections open after %v, want %d", addr, got, within, want)
+	}
 }
 
 func TestEgressDomainSecretsE2E(t *testing.T) {
@@ -165,5 +193,59 @@ func TestEgressAllowModeE2E(t *testing.T) {
 		if got := code(tt.args); got != tt.want {
 			t.Errorf("%s: curl %s: got %s, want %s", tt.name, tt.args, got, tt.want)
 		}
+	}
+}
+
+// holdTLS is a box's main process: it opens a TLS connection to
+// a.allowed.test:443 (through the egress proxy, spliced), sends nothing and
+// waits; the test watches the connection from the server's side.
+const holdTLS = `import socket, ssl, time
+while True:
+    try:
+        s = socket.create_connection(("a.allowed.test", 443), timeout=5)
+        break
+    except OSError:
+        time.sleep(0.2)
+c = ssl._create_unverified_context().wrap_socket(s, server_hostname="a.allowed.test")
+c.settimeout(None)
+try:
+    c.recv(1)
+except OSError:
+    pass
+time.sleep(3600)
+`
+
+// TestEgressPolicyChangeCutsStreamsE2E: a TLS stream the egress proxy
+// splices is cut when its domain is revoked, when the box goes to mode
+// none and when it is destroyed, as nftables cuts direct connections.
+func TestEgressPolicyChangeCutsStreamsE2E(t *testing.T) {
+	d := startEgressDaemon(t)
+	ctx := ctxT(t, 5*time.Minute)
+	const cutWithin = 5 * time.Second
+	pol := &sbx.NetworkPolicy{Mode: "allow", AllowDomains: []string{"*.allowed.test", "public.test"}}
+	for _, tt := range []struct {
+		name   string
+		change func(sb *sbx.Sandbox) error
+	}{
+		{"domain revoked", func(sb *sbx.Sandbox) error {
+			return sb.UpdateNetwork(ctx, sbx.NetworkPolicy{Mode: "allow", AllowDomains: []string{"public.test"}})
+		}},
+		{"mode none", func(sb *sbx.Sandbox) error {
+			_, _, code := d.cli("", "network", sb.ID, "--mode", "none")
+			if code != 0 {
+				return errors.New("sbx network --mode none failed")
+			}
+			return nil
+		}},
+		{"destroyed", func(sb *sbx.Sandbox) error { return sb.Destroy(ctx) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sb := createNet(t, ctx, d, pol, "python3", "-c", holdTLS)
+			d.waitTLSConns(t, inetAllowed, 1, 60*time.Second)
+			if err := tt.change(sb); err != nil {
+				t.Fatal(err)
+			}
+			d.waitTLSConns(t, inetAllowed, 0, cutWithin)
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,9 @@ type netDaemon struct {
 	*daemon
 	bridge, table, gateway string
 	inet                   *testInternet
+	// tlsConns counts open connections at the test internet's HTTPS
+	// servers, by address (startEgressDaemon).
+	tlsConns map[string]*atomic.Int32
 }
 
 func startNetDaemon(t *testing.T, extraArgs ...string) *netDaemon {

@@ -78,8 +78,7 @@ type egressProxy struct {
 	wg sync.WaitGroup
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	conns  map[net.Conn]struct{} // open connections (box and upstream side)
-	perBox map[netip.Addr]int    // open box connections by source
+	boxes map[netip.Addr]map[*proxyConn]struct{} // open box connections by source (egressconns.go)
 }
 
 // maxConnsPerBox bounds the connections one box holds open through the
@@ -112,8 +111,7 @@ func startEgress(addr string, p *egressProxy) error {
 	}
 	p.ln = ln
 	p.port = uint16(ln.Addr().(*net.TCPAddr).Port)
-	p.conns = map[net.Conn]struct{}{}
-	p.perBox = map[netip.Addr]int{}
+	p.boxes = map[netip.Addr]map[*proxyConn]struct{}{}
 	p.errLog = log.New(io.Discard, "", 0)
 	if p.dialTimeout == 0 {
 		p.dialTimeout = 10 * time.Second
@@ -130,9 +128,7 @@ func startEgress(addr string, p *egressProxy) error {
 func (p *egressProxy) close() {
 	p.ln.Close()
 	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
+	p.closeAllLocked()
 	p.mu.Unlock()
 	p.wg.Wait()
 }
@@ -148,30 +144,20 @@ func (p *egressProxy) serve() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-		p.mu.Lock()
-		if p.perBox[src] >= maxConnsPerBox {
-			p.mu.Unlock()
-			p.log.Warn("egress: too many connections from one box", "src", src, "max", maxConnsPerBox)
+		pc := &proxyConn{src: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()}
+		if !p.track(pc, c) {
+			p.log.Warn("egress: too many connections from one box", "src", pc.src, "max", maxConnsPerBox)
 			c.Close()
 			continue
 		}
-		p.perBox[src]++
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer func() {
-				p.mu.Lock()
-				delete(p.conns, c)
-				if p.perBox[src]--; p.perBox[src] <= 0 {
-					delete(p.perBox, src)
-				}
-				p.mu.Unlock()
+				p.untrack(pc)
 				c.Close()
 			}()
-			p.handle(c.(*net.TCPConn))
+			p.handle(pc, c.(*net.TCPConn))
 		}()
 	}
 }
@@ -181,10 +167,11 @@ type clientConn struct {
 	src  netip.Addr
 	orig netip.AddrPort // where the box wanted to go
 	box  egressBox
+	pc   *proxyConn // its entry in the proxy's table
 }
 
-func (p *egressProxy) handle(c *net.TCPConn) {
-	src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+func (p *egressProxy) handle(pc *proxyConn, c *net.TCPConn) {
+	src := pc.src
 	box, ok := p.lookup(src)
 	if !ok || !box.policy.proxied() {
 		return // not a proxied box (or one going away)
@@ -193,7 +180,7 @@ func (p *egressProxy) handle(c *net.TCPConn) {
 	if err != nil || orig.Port() == p.port && p.isLocal(orig.Addr()) {
 		return // not redirected: someone dialled the proxy directly
 	}
-	cc := &clientConn{src: src, orig: orig, box: box}
+	cc := &clientConn{src: src, orig: orig, box: box, pc: pc}
 	log := p.log.With("sandbox", box.owner, "dst", orig)
 	br := bufio.NewReaderSize(c, 4096)
 	_ = c.SetReadDeadline(time.Now().Add(p.peekTimeout))
@@ -207,11 +194,14 @@ func (p *egressProxy) handle(c *net.TCPConn) {
 		p.serveHTTP(cc, conn, false, log)
 	default: // no name: a silent client or another protocol
 		target, err := p.route(cc, "")
+		if err == nil {
+			err = p.setRoute(pc, "", target)
+		}
 		if err != nil {
 			log.Info("egress: blocked", "reason", err)
 			return
 		}
-		p.splice(conn, target, log)
+		p.splice(pc, conn, target, log)
 	}
 }
 
@@ -375,11 +365,14 @@ func (p *egressProxy) handleTLS(cc *clientConn, conn *peekedConn, log *slog.Logg
 		return
 	}
 	target, err := p.route(cc, sni)
+	if err == nil {
+		err = p.setRoute(cc.pc, sni, target)
+	}
 	if err != nil {
 		log.Info("egress: blocked", "sni", sni, "reason", err)
 		return
 	}
-	p.splice(conn, target, log)
+	p.splice(cc.pc, conn, target, log)
 }
 
 // readClientHello reads a TLS ClientHello from r and returns its server
@@ -417,8 +410,10 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 			if !ok {
 				return nil, errors.New("no route")
 			}
-			d := net.Dialer{Timeout: p.dialTimeout}
-			return d.DialContext(ctx, "tcp4", target.String())
+			return p.dialUpstream(cc.pc, func() (net.Conn, error) {
+				d := net.Dialer{Timeout: p.dialTimeout}
+				return d.DialContext(ctx, "tcp4", target.String())
+			})
 		},
 		TLSClientConfig:       &tls.Config{RootCAs: p.roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:     false,
@@ -456,6 +451,9 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 		}
 		cc.box = box
 		target, err := p.route(cc, host)
+		if err == nil && host != "" {
+			err = p.setRoute(cc.pc, host, target)
+		}
 		if err != nil {
 			var b errBlocked
 			code := http.StatusBadGateway
@@ -561,26 +559,20 @@ func urlQueryEscape(s string) string {
 
 // splice connects to target, sends what the box sent so far and copies
 // both ways until either side is done.
-func (p *egressProxy) splice(conn *peekedConn, target netip.AddrPort, log *slog.Logger) {
-	d := net.Dialer{Timeout: p.dialTimeout}
-	up, err := d.Dial("tcp4", target.String())
+func (p *egressProxy) splice(pc *proxyConn, conn *peekedConn, target netip.AddrPort, log *slog.Logger) {
+	up, err := p.dialUpstream(pc, func() (net.Conn, error) {
+		d := net.Dialer{Timeout: p.dialTimeout}
+		return d.Dial("tcp4", target.String())
+	})
 	if err != nil {
 		log.Info("egress: connect failed", "target", target, "err", err)
 		return
 	}
 	defer up.Close()
-	p.mu.Lock()
-	p.conns[up] = struct{}{}
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.conns, up)
-		p.mu.Unlock()
-	}()
 	errc := make(chan error, 2)
 	go func() {
 		_, err := io.Copy(up, conn.r)
-		if tc, ok := up.(*net.TCPConn); ok {
+		if tc, ok := up.(*trackedConn).Conn.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		errc <- err

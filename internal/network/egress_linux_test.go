@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
@@ -21,6 +22,8 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,10 +104,22 @@ var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Get("Authorization"), r.Header.Get("X-Key"), r.URL.RawQuery)
 })
 
+// upstreamConns counts the connections open at each server of the test
+// internet ("addr:port"), as the servers see them.
+type upstreamConns struct{ m sync.Map }
+
+func (u *upstreamConns) counter(key string) *atomic.Int32 {
+	c, _ := u.m.LoadOrStore(key, new(atomic.Int32))
+	return c.(*atomic.Int32)
+}
+
+// open is the number of connections open at addr ("ip:port").
+func (u *upstreamConns) open(addr string) int { return int(u.counter(addr).Load()) }
+
 // newEgressInternet builds the namespace, routes and servers (HTTP on 80
 // and 8080, HTTPS on 443 with a certificate of caPEM) and returns the
-// upstream CA file.
-func newEgressInternet(t *testing.T) (caFile string) {
+// upstream CA file and the servers' open connections.
+func newEgressInternet(t *testing.T) (caFile string, conns *upstreamConns) {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs the ip command (iproute2)")
@@ -150,18 +165,27 @@ func newEgressInternet(t *testing.T) (caFile string) {
 		t.Fatal(err)
 	}
 	nsPath := "/run/netns/" + ns
+	conns = &upstreamConns{}
 	for _, a := range served {
 		for _, port := range []string{"80", "8080", "443"} {
 			ln := listenInNS(t, nsPath, a+":"+port)
 			if port == "443" {
 				ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 			}
-			srv := &http.Server{Handler: echo, ErrorLog: nil}
+			n := conns.counter(a + ":" + port)
+			srv := &http.Server{Handler: echo, ErrorLog: log.New(io.Discard, "", 0), ConnState: func(_ net.Conn, s http.ConnState) {
+				switch s {
+				case http.StateNew:
+					n.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					n.Add(-1)
+				}
+			}}
 			go func() { _ = srv.Serve(ln) }()
 			t.Cleanup(func() { srv.Close() })
 		}
 	}
-	return caFile
+	return caFile, conns
 }
 
 func listenInNS(t *testing.T, nsPath, addr string) net.Listener {
@@ -296,7 +320,7 @@ func newEgressManager(t *testing.T, upstreamCA string) **Manager {
 
 func TestEgressAllowMode(t *testing.T) {
 	testutil.RequiresRoot(t)
-	caFile := newEgressInternet(t)
+	caFile, _ := newEgressInternet(t)
 	caPEM, _ := os.ReadFile(caFile)
 	upstreamRoots := poolOf(t, caPEM)
 	m := *newEgressManager(t, caFile)
@@ -456,7 +480,7 @@ func TestEgressAllowMode(t *testing.T) {
 
 func TestEgressDomainSecrets(t *testing.T) {
 	testutil.RequiresRoot(t)
-	caFile := newEgressInternet(t)
+	caFile, _ := newEgressInternet(t)
 	caPEM, _ := os.ReadFile(caFile)
 	cur := newEgressManager(t, caFile)
 	m := *cur

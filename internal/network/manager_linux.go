@@ -309,8 +309,14 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (Attachment, 
 		m.mu.Unlock()
 		return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
 	}
-	hadIP, old := sl.IP.IsValid(), sl.Policy
+	hadIP, oldIP, old := sl.IP.IsValid(), sl.IP, sl.Policy
 	m.mu.Unlock()
+	if hadIP {
+		// What the egress proxy holds for the box is re-checked against
+		// the new policy, as nftables re-checks the box's direct packets
+		// (after any return below: the policy in force is then settled).
+		defer m.egress.recheck(oldIP)
+	}
 	switch {
 	case hadIP && p.Mode != ModeNone:
 		m.mu.Lock()
@@ -404,6 +410,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		if err = m.fw.removeBox(sl.Name, ip); err != nil {
 			err = fmt.Errorf("remove rules of %s: %w", id, err)
 		}
+		m.egress.recheck(ip) // the box is gone for the proxy: cuts all
 	}
 	m.wg.Add(1)
 	go func() {
