@@ -129,37 +129,75 @@ func TestEgressDomainSecretsE2E(t *testing.T) {
 		}
 	})
 
-	curl := func(url string, extra ...string) string {
+	// The box puts the placeholder in Authorization, X-Api-Key and the
+	// query; the servers echo all of it back.
+	curl := func(sb *sbx.Sandbox, env, url string, extra ...string) string {
 		t.Helper()
-		res, err := sb.RunShell(ctx, `curl -sS --max-time 5 `+strings.Join(extra, " ")+` -H "Authorization: Bearer $API_KEY" "`+url+`?key=$API_KEY"`)
+		res, err := sb.RunShell(ctx, `curl -sS --max-time 5 `+strings.Join(extra, " ")+` -H "Authorization: Bearer $`+env+`" -H "X-Api-Key: $`+env+`" "`+url+`?key=$`+env+`"`)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(res.Stdout) + string(res.Stderr)
 	}
-	check := func(t *testing.T, out, from, cred string) {
+	// check wants a reply from the server at from that saw auth in
+	// Authorization, key in X-Api-Key and query in the query string.
+	check := func(t *testing.T, out, from, auth, key, query string) {
 		t.Helper()
-		if want := "hello from " + from + "\n"; !strings.HasPrefix(out, want) || !strings.Contains(out, "auth=Bearer "+cred+"\nquery=key="+cred+"\n") {
-			t.Errorf("got %q, want a reply from %s that saw %q", out, from, cred)
+		want := "hello from " + from + "\n"
+		if !strings.HasPrefix(out, want) || !strings.Contains(out, "\nauth=Bearer "+auth+"\nquery=key="+query+"\n") ||
+			!strings.Contains(out, "\nhdr X-Api-Key="+key+"\n") {
+			t.Errorf("got %q, want a reply from %s that saw Authorization %q, X-Api-Key %q, query %q", out, from, auth, key, query)
 		}
 	}
-	t.Run("http", func(t *testing.T) {
-		check(t, curl("http://api.secret.test/"), inetPublic, value)
-		check(t, curl("http://other.test/"), inetBlocked, ph)
-	})
-	t.Run("https", func(t *testing.T) {
+	t.Run("https: an echoing host gets the value in Authorization only", func(t *testing.T) {
 		// Intercepted: curl trusts the egress CA through CURL_CA_BUNDLE.
-		check(t, curl("https://api.secret.test/"), inetPublic, value)
+		out := curl(sb, "API_KEY", "https://api.secret.test/")
+		check(t, out, inetPublic, value, ph, ph)
+		if n := strings.Count(out, value); n != 1 {
+			t.Errorf("the value comes back %d times, want once (Authorization):\n%s", n, out)
+		}
+	})
+	t.Run("plain http to the secret's host is refused", func(t *testing.T) {
+		out := curl(sb, "API_KEY", "http://api.secret.test/")
+		if strings.Contains(out, value) || strings.Contains(out, "hello from") || !strings.Contains(out, "only sent over HTTPS") {
+			t.Errorf("got %q, want the proxy's refusal (HTTPS only) and nothing from the server", out)
+		}
+		check(t, curl(sb, "API_KEY", "http://other.test/"), inetBlocked, ph, ph, ph)
+	})
+	t.Run("https to another host is not intercepted", func(t *testing.T) {
 		// Passed through: the server's own certificate, which the box does
 		// not trust (only the daemon does): -k to see what it was sent.
-		if out := curl("https://other.test/"); !strings.Contains(out, "certificate") {
+		if out := curl(sb, "API_KEY", "https://other.test/"); !strings.Contains(out, "certificate") {
 			t.Errorf("other.test over TLS: got %q, want curl to reject the upstream's own certificate (no interception)", out)
 		}
-		check(t, curl("https://other.test/", "-k"), inetBlocked, ph)
+		check(t, curl(sb, "API_KEY", "https://other.test/", "-k"), inetBlocked, ph, ph, ph)
 	})
 	t.Run("python trusts the bundle", func(t *testing.T) {
-		out := mustRun(t, ctx, sb, `/usr/bin/python3 -c 'import os,urllib.request as u; r=u.Request("https://api.secret.test/?key="+os.environ["API_KEY"], headers={"Authorization": "Bearer "+os.environ["API_KEY"]}); print(u.urlopen(r, timeout=5).read().decode())'`)
-		check(t, out, inetPublic, value)
+		out := mustRun(t, ctx, sb, `/usr/bin/python3 -c 'import os,urllib.request as u; k=os.environ["API_KEY"]; r=u.Request("https://api.secret.test/?key="+k, headers={"Authorization": "Bearer "+k, "X-Api-Key": k}); print(u.urlopen(r, timeout=5).read().decode())'`)
+		check(t, out, inetPublic, value, ph, ph)
+	})
+	t.Run("cli: named header and the query, opted in", func(t *testing.T) {
+		const optValue = "sk-opt-in-e2e"
+		id, errOut, code := d.cli("", "create", "--secret-for", "OPT_KEY="+optValue+"@api.secret.test;header=X-Api-Key;query")
+		id = strings.TrimSpace(id)
+		if code != 0 {
+			t.Fatalf("sbx create --secret-for with options: exit %d: %s", code, errOut)
+		}
+		d.remember(id)
+		opt, err := d.client().Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := opt.Info.GetDomainSecrets()
+		if len(ds) != 1 || len(ds[0].GetHeaders()) != 1 || ds[0].GetHeaders()[0] != "X-Api-Key" || !ds[0].GetAllowQuery() || ds[0].GetValue() != "" {
+			t.Errorf("domain_secrets = %v, want OPT_KEY with header X-Api-Key and the query, no value", ds)
+		}
+		optPh := mustRun(t, ctx, opt, `printf %s "$OPT_KEY"`)
+		out := curl(opt, "OPT_KEY", "https://api.secret.test/")
+		check(t, out, inetPublic, optPh, optValue, optValue)
+		if n := strings.Count(out, optValue); n != 2 {
+			t.Errorf("the value comes back %d times, want twice (X-Api-Key and query):\n%s", n, out)
+		}
 	})
 	t.Run("after a daemon crash", func(t *testing.T) {
 		d.kill9()
@@ -167,7 +205,7 @@ func TestEgressDomainSecretsE2E(t *testing.T) {
 		if sb, err = d.client().Get(ctx, sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		check(t, curl("https://api.secret.test/"), inetPublic, value)
+		check(t, curl(sb, "API_KEY", "https://api.secret.test/"), inetPublic, value, ph, ph)
 	})
 }
 

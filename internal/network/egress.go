@@ -32,11 +32,14 @@ import (
 //   - TLS: the ClientHello's SNI is the host name. Hosts of the box's domain
 //     secrets are intercepted (TLS terminated with a certificate from the
 //     daemon's CA, requests handled as for HTTP below, TLS re-originated to
-//     the real server, verified); every other host is passed through
-//     untouched.
+//     the real server, verified); there, placeholders of secrets whose
+//     domains match the request's Host are replaced in the headers each
+//     secret names (Authorization by default) and, if it opts in, the URL
+//     query — nowhere else. Every other host is passed through untouched.
 //   - HTTP: every request's Host is checked (keep-alive connections may
-//     switch hosts), placeholders of secrets whose domains match the host
-//     are replaced in headers and the URL query, and the request is sent on.
+//     switch hosts) and the request is sent on. Secrets are never put in
+//     plain HTTP: a request carrying a placeholder to a secret's host is
+//     refused (403 saying to use HTTPS).
 //   - Anything else has no host name.
 //
 // Which host names may pass and where the proxy connects (route): in
@@ -470,7 +473,20 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 			return
 		}
 		for _, s := range secretsFor(box.policy, host) {
-			substitute(r, s.Placeholder, s.Value)
+			if !isTLS {
+				// Plain HTTP: the value would cross the network in clear
+				// (and to whoever answers for the address). Never sent;
+				// a request that carries the placeholder is refused so
+				// that the user sees why.
+				if carries(r, s.Placeholder) {
+					log.Info("egress: refused a domain secret over plain HTTP", "host", host, "secret", s.Name)
+					w.Header().Set("Connection", "close")
+					http.Error(w, "sbx egress proxy: domain secret "+s.Name+" is only sent over HTTPS: use https://"+host, http.StatusForbidden)
+					return
+				}
+				continue
+			}
+			substitute(r, s)
 		}
 		r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target))
 		rp.ServeHTTP(w, r)
@@ -510,25 +526,44 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 
 type targetKey struct{}
 
-// substitute replaces placeholder by value in r's headers (including
-// inside Basic credentials) and URL query.
-func substitute(r *http.Request, placeholder, value string) {
-	if placeholder == "" {
+// substitute replaces s's placeholder by its value where s allows it: in
+// the headers it names (also inside Basic credentials) and, with
+// AllowQuery, in the URL query. Every other header, the path and the body
+// keep the placeholder: an upstream that echoes a request can hand back
+// only what the user chose to send it.
+func substitute(r *http.Request, s Secret) {
+	if s.Placeholder == "" {
 		return
 	}
-	for k, vs := range r.Header {
+	for _, k := range s.headers() {
+		vs := r.Header[k]
 		for i, v := range vs {
-			if strings.Contains(v, placeholder) {
-				vs[i] = strings.ReplaceAll(v, placeholder, value)
-			}
-			if k == "Authorization" || k == "Proxy-Authorization" {
-				vs[i] = substituteBasic(vs[i], placeholder, value)
+			v = strings.ReplaceAll(v, s.Placeholder, s.Value)
+			vs[i] = substituteBasic(v, s.Placeholder, s.Value)
+		}
+	}
+	if s.AllowQuery && strings.Contains(r.URL.RawQuery, s.Placeholder) {
+		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, s.Placeholder, urlQueryEscape(s.Value))
+	}
+}
+
+// carries reports whether placeholder appears anywhere substitute could
+// put a value: any header (also inside Basic credentials), the URL.
+func carries(r *http.Request, placeholder string) bool {
+	if placeholder == "" {
+		return false
+	}
+	if strings.Contains(r.URL.String(), placeholder) {
+		return true
+	}
+	for _, vs := range r.Header {
+		for _, v := range vs {
+			if strings.Contains(v, placeholder) || substituteBasic(v, placeholder, "") != v {
+				return true
 			}
 		}
 	}
-	if strings.Contains(r.URL.RawQuery, placeholder) {
-		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, placeholder, urlQueryEscape(value))
-	}
+	return false
 }
 
 func substituteBasic(v, placeholder, value string) string {

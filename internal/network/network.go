@@ -77,13 +77,31 @@ type Policy struct {
 }
 
 // Secret is a value kept out of a sandbox: the box sees Placeholder (in
-// its env), and the egress proxy puts Value in its place in HTTP requests
-// (headers and URL query) to hosts matching Domains only.
+// its env), and the egress proxy puts Value in its place only in HTTPS
+// requests (TLS it intercepts, re-originated to a server whose certificate
+// verified) to hosts matching Domains, and there only in the Headers named
+// and, with AllowQuery, the URL query. Over plain HTTP a request carrying
+// the placeholder to those hosts is refused.
 type Secret struct {
 	Name        string   `json:"name"`
 	Placeholder string   `json:"placeholder"`
 	Value       string   `json:"-"`
 	Domains     []string `json:"domains"`
+	// Headers are canonical header names (textproto); empty means
+	// DefaultSecretHeader only.
+	Headers    []string `json:"headers,omitempty"`
+	AllowQuery bool     `json:"allow_query,omitempty"`
+}
+
+// DefaultSecretHeader is where a domain secret goes when no header is named.
+const DefaultSecretHeader = "Authorization"
+
+// headers returns the header names s's value may go in.
+func (s Secret) headers() []string {
+	if len(s.Headers) == 0 {
+		return []string{DefaultSecretHeader}
+	}
+	return s.Headers
 }
 
 // proxied reports whether a box's TCP to the egress ports goes through the
