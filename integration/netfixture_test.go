@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,10 +57,16 @@ var testZone = map[string]string{
 }
 
 // echoHandler says which server answered and what it was sent (the
-// headers and query the egress proxy may have rewritten).
+// headers and query the egress proxy may have rewritten): it is the
+// echoing host that would hand a secret back to a box.
 func echoHandler(addr string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from %s\nhost=%s\nauth=%s\nquery=%s\n", addr, r.Host, r.Header.Get("Authorization"), r.URL.RawQuery)
+		for _, k := range slices.Sorted(maps.Keys(r.Header)) {
+			if k != "Authorization" {
+				fmt.Fprintf(w, "hdr %s=%s\n", k, strings.Join(r.Header[k], ","))
+			}
+		}
 	})
 }
 

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +25,9 @@ type netDaemon struct {
 	*daemon
 	bridge, table, gateway string
 	inet                   *testInternet
+	// tlsConns counts open connections at the test internet's HTTPS
+	// servers, by address (startEgressDaemon).
+	tlsConns map[string]*atomic.Int32
 }
 
 func startNetDaemon(t *testing.T, extraArgs ...string) *netDaemon {
@@ -106,16 +111,10 @@ func TestNetworkPolicies(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprint(c, "HTTP/1.0 200 OK\r\n\r\nhello from the host\n")
-				c.Close()
-			}
-		}()
+		// It reads the request before answering: a server that closes with
+		// the request unread resets the connection, and curl may then fail
+		// even though the service was reached.
+		go func() { _ = http.Serve(ln, echoHandler("the host")) }()
 	}
 
 	pub := createNet(t, ctx, d, nil)
@@ -335,5 +334,57 @@ func TestNetworkSurvivesDaemonCrash(t *testing.T) {
 		if !veths[filepath.Base(p)] {
 			t.Errorf("veth %s on the bridge belongs to no slot", filepath.Base(p))
 		}
+	}
+}
+
+// TestAllowCIDRNeverOpensHost: allow_cidrs that cover the gateway (or every
+// address) must not open host services, in allow and public mode; only the
+// DNS forwarder (and the egress proxy) stay reachable on the host.
+func TestAllowCIDRNeverOpensHost(t *testing.T) {
+	d := startNetDaemon(t)
+	ctx := ctxT(t, 5*time.Minute)
+	in := d.inet
+	// A host service on every address (0.0.0.0), on a port that is neither
+	// DNS nor an egress port.
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	// A real HTTP server: it reads the request before answering, so a
+	// reachable service is never mistaken for a reset one.
+	go func() { _ = http.Serve(ln, echoHandler("the host")) }()
+	port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+	for _, tt := range []struct {
+		name          string
+		pol           sbx.NetworkPolicy
+		name2resolve  string
+		wantResolved  string
+		reachableHole string // an address the allow_cidrs entry does open
+	}{
+		{"allow 10.0.0.0/8", sbx.NetworkPolicy{Mode: "allow", AllowCIDRs: []string{"10.0.0.0/8"}, AllowDomains: []string{"*.allowed.test"}},
+			"a.allowed.test", in.allowed, in.private},
+		{"allow 0.0.0.0/0", sbx.NetworkPolicy{Mode: "allow", AllowCIDRs: []string{"0.0.0.0/0"}, AllowDomains: []string{"*.allowed.test"}},
+			"a.allowed.test", in.allowed, in.private},
+		{"public 0.0.0.0/0", sbx.NetworkPolicy{Mode: "public", AllowCIDRs: []string{"0.0.0.0/0"}},
+			"public.test", in.public, in.private},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sb := createNet(t, ctx, d, &tt.pol)
+			// The box's network works (so a failure below is the policy's):
+			// DNS through the forwarder on the gateway, and what the entry
+			// is for.
+			if got := resolve(t, ctx, sb, tt.name2resolve); got != tt.wantResolved {
+				t.Errorf("%s resolves to %q through the forwarder, want %s", tt.name2resolve, got, tt.wantResolved)
+			}
+			if !reach(t, ctx, sb, tt.reachableHole) {
+				t.Fatalf("box with %v cannot reach %s, which the entry covers", tt.pol.AllowCIDRs, tt.reachableHole)
+			}
+			for _, a := range []string{d.gateway, in.hostAddr} {
+				if reach(t, ctx, sb, a+":"+port) {
+					t.Errorf("box with %v reaches the host service at %s:%s", tt.pol.AllowCIDRs, a, port)
+				}
+			}
+		})
 	}
 }

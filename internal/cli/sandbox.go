@@ -39,7 +39,7 @@ type netFlags struct {
 
 func (n *netFlags) add(f *pflag.FlagSet, modeFlag string) {
 	f.StringVar(&n.mode, modeFlag, "", "network mode: none, public (default) or allow")
-	f.StringArrayVar(&n.allowCIDRs, "allow-cidr", nil, "reachable CIDR (mode allow), or a hole in the blocked ranges (public); repeatable")
+	f.StringArrayVar(&n.allowCIDRs, "allow-cidr", nil, "reachable CIDR (mode allow), or a hole in the blocked ranges (public); never opens the host's own addresses; repeatable")
 	f.StringArrayVar(&n.allowDomains, "allow-domain", nil, `reachable domain, "*.example.com" wildcards allowed (mode allow); repeatable`)
 	f.StringArrayVar(&n.deny, "deny-cidr", nil, "CIDR blocked in every mode; repeatable")
 }
@@ -58,7 +58,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.StringArrayVarP(&c.labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&c.env, "env", "e", nil, "environment KEY=VALUE or KEY (repeatable)")
 	f.StringArrayVar(&c.secrets, "secret", nil, "secret KEY=VALUE, injected as env but never shown (repeatable)")
-	f.StringArrayVar(&c.secretFor, "secret-for", nil, "domain secret NAME=VALUE@host,*.host (or NAME@hosts: the value of $NAME here): the sandbox sees a placeholder, the egress proxy sends VALUE to those hosts only (repeatable)")
+	f.StringArrayVar(&c.secretFor, "secret-for", nil, secretForHelp)
 	f.StringVarP(&c.workdir, "workdir", "w", "", "working directory")
 	f.StringVarP(&c.memory, "memory", "m", "", "memory limit, e.g. 512M")
 	f.Float64Var(&c.cpus, "cpus", 0, "CPU limit, e.g. 0.5")

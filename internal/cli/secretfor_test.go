@@ -26,8 +26,16 @@ func TestParseSecretFor(t *testing.T) {
 		{in: "FROM_ENV@a.test", want: sbx.DomainSecret{Name: "FROM_ENV", Value: "env-value", Domains: []string{"a.test"}}},
 		{in: "UNSET@a.test", wantErr: "$UNSET is not set"},
 		{in: "K=topsecret", wantErr: "K=…"},
-		{in: "K=v@", wantErr: "no domains"},
+		{in: "K=v@", wantErr: "no hosts"},
 		{in: "=v@a.test", wantErr: "no name"},
+		{in: "K=v@a.test;header=X-Api-Key", want: sbx.DomainSecret{Name: "K", Value: "v", Domains: []string{"a.test"}, Headers: []string{"X-Api-Key"}}},
+		{in: "K=v;x@a.test,b.test;header=X-A, X-B;header=Authorization;query", want: sbx.DomainSecret{Name: "K", Value: "v;x",
+			Domains: []string{"a.test", "b.test"}, Headers: []string{"X-A", "X-B", "Authorization"}, AllowQuery: true}},
+		{in: "K=v@a.test;query", want: sbx.DomainSecret{Name: "K", Value: "v", Domains: []string{"a.test"}, AllowQuery: true}},
+		{in: "K=topsecret@a.test;header=", wantErr: "names no header"},
+		{in: "K=topsecret@a.test;query=yes", wantErr: "takes no value"},
+		{in: "K=topsecret@a.test;headers=X", wantErr: `unknown option "headers"`},
+		{in: "K=topsecret@;query", wantErr: "no hosts"},
 	}
 	for _, tt := range tests {
 		got, err := parseSecretForEnv([]string{tt.in}, env)

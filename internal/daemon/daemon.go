@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 
-	// Listen early: the firewall needs the API port.
+	// Listen early: a port in use fails the start before anything is set up.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 		netMgr, err = network.New(ctx, network.Config{
 			StateDir: filepath.Join(dataDir, "network"), Bridge: cfg.NetBridge, Subnet: cfg.NetSubnet,
 			Table: cfg.NetTable, DNSUpstreams: cfg.DNSUpstreams, PoolSize: cfg.NetPool,
-			BlockedPorts: []uint16{uint16(ln.Addr().(*net.TCPAddr).Port)}, Logger: log,
+			Logger:      log,
 			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots,
 		})
 		if err != nil {

@@ -17,7 +17,6 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,11 +32,14 @@ import (
 //   - TLS: the ClientHello's SNI is the host name. Hosts of the box's domain
 //     secrets are intercepted (TLS terminated with a certificate from the
 //     daemon's CA, requests handled as for HTTP below, TLS re-originated to
-//     the real server, verified); every other host is passed through
-//     untouched.
+//     the real server, verified); there, placeholders of secrets whose
+//     domains match the request's Host are replaced in the headers each
+//     secret names (Authorization by default) and, if it opts in, the URL
+//     query — nowhere else. Every other host is passed through untouched.
 //   - HTTP: every request's Host is checked (keep-alive connections may
-//     switch hosts), placeholders of secrets whose domains match the host
-//     are replaced in headers and the URL query, and the request is sent on.
+//     switch hosts) and the request is sent on. Secrets are never put in
+//     plain HTTP: a request carrying a placeholder to a secret's host is
+//     refused (403 saying to use HTTPS).
 //   - Anything else has no host name.
 //
 // Which host names may pass and where the proxy connects (route): in
@@ -48,9 +50,10 @@ import (
 // allow_cidrs cover it. In ModePublic the box may reach any public address
 // anyway, so the proxy connects to the original destination except for
 // hosts of secrets, which are resolved. Every address connected to must
-// pass the policy's address rules (permitted): never the host itself, the
-// sandbox subnet, loopback, or — unless allow_cidrs say so — private,
-// link-local (metadata) and other blocked ranges.
+// pass the policy's address rules (permitted): never the host itself (any
+// of its addresses, whatever allow_cidrs say), the sandbox subnet,
+// loopback, or — unless allow_cidrs say so — private, link-local
+// (metadata) and other blocked ranges.
 
 // egressBox is what the proxy knows of the box behind a source address.
 type egressBox struct {
@@ -63,8 +66,6 @@ type egressProxy struct {
 	ln     net.Listener
 	port   uint16
 	subnet netip.Prefix
-	// blockedPorts are host ports never reachable (the API).
-	blockedPorts []uint16
 	// localAddr, if set, replaces the host's interface addresses (tests).
 	localAddr func(netip.Addr) bool
 	lookup    func(src netip.Addr) (egressBox, bool)
@@ -80,8 +81,7 @@ type egressProxy struct {
 	wg sync.WaitGroup
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	conns  map[net.Conn]struct{} // open connections (box and upstream side)
-	perBox map[netip.Addr]int    // open box connections by source
+	boxes map[netip.Addr]map[*proxyConn]struct{} // open box connections by source (egressconns.go)
 }
 
 // maxConnsPerBox bounds the connections one box holds open through the
@@ -114,8 +114,7 @@ func startEgress(addr string, p *egressProxy) error {
 	}
 	p.ln = ln
 	p.port = uint16(ln.Addr().(*net.TCPAddr).Port)
-	p.conns = map[net.Conn]struct{}{}
-	p.perBox = map[netip.Addr]int{}
+	p.boxes = map[netip.Addr]map[*proxyConn]struct{}{}
 	p.errLog = log.New(io.Discard, "", 0)
 	if p.dialTimeout == 0 {
 		p.dialTimeout = 10 * time.Second
@@ -132,9 +131,7 @@ func startEgress(addr string, p *egressProxy) error {
 func (p *egressProxy) close() {
 	p.ln.Close()
 	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
+	p.closeAllLocked()
 	p.mu.Unlock()
 	p.wg.Wait()
 }
@@ -150,30 +147,20 @@ func (p *egressProxy) serve() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-		p.mu.Lock()
-		if p.perBox[src] >= maxConnsPerBox {
-			p.mu.Unlock()
-			p.log.Warn("egress: too many connections from one box", "src", src, "max", maxConnsPerBox)
+		pc := &proxyConn{src: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()}
+		if !p.track(pc, c) {
+			p.log.Warn("egress: too many connections from one box", "src", pc.src, "max", maxConnsPerBox)
 			c.Close()
 			continue
 		}
-		p.perBox[src]++
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer func() {
-				p.mu.Lock()
-				delete(p.conns, c)
-				if p.perBox[src]--; p.perBox[src] <= 0 {
-					delete(p.perBox, src)
-				}
-				p.mu.Unlock()
+				p.untrack(pc)
 				c.Close()
 			}()
-			p.handle(c.(*net.TCPConn))
+			p.handle(pc, c.(*net.TCPConn))
 		}()
 	}
 }
@@ -183,10 +170,11 @@ type clientConn struct {
 	src  netip.Addr
 	orig netip.AddrPort // where the box wanted to go
 	box  egressBox
+	pc   *proxyConn // its entry in the proxy's table
 }
 
-func (p *egressProxy) handle(c *net.TCPConn) {
-	src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+func (p *egressProxy) handle(pc *proxyConn, c *net.TCPConn) {
+	src := pc.src
 	box, ok := p.lookup(src)
 	if !ok || !box.policy.proxied() {
 		return // not a proxied box (or one going away)
@@ -195,7 +183,7 @@ func (p *egressProxy) handle(c *net.TCPConn) {
 	if err != nil || orig.Port() == p.port && p.isLocal(orig.Addr()) {
 		return // not redirected: someone dialled the proxy directly
 	}
-	cc := &clientConn{src: src, orig: orig, box: box}
+	cc := &clientConn{src: src, orig: orig, box: box, pc: pc}
 	log := p.log.With("sandbox", box.owner, "dst", orig)
 	br := bufio.NewReaderSize(c, 4096)
 	_ = c.SetReadDeadline(time.Now().Add(p.peekTimeout))
@@ -209,11 +197,14 @@ func (p *egressProxy) handle(c *net.TCPConn) {
 		p.serveHTTP(cc, conn, false, log)
 	default: // no name: a silent client or another protocol
 		target, err := p.route(cc, "")
+		if err == nil {
+			err = p.setRoute(pc, "", target)
+		}
 		if err != nil {
 			log.Info("egress: blocked", "reason", err)
 			return
 		}
-		p.splice(conn, target, log)
+		p.splice(pc, conn, target, log)
 	}
 }
 
@@ -289,19 +280,16 @@ func (p *egressProxy) checked(pol Policy, ap netip.AddrPort) (netip.AddrPort, er
 }
 
 // permitted applies a policy's address rules to a destination the proxy
-// would connect to, as the box's own chains would (rules.go): the host's
-// addresses only where allow_cidrs cover them (as the input chain), never
-// on the blocked ports (the API) or the proxy's own; never other boxes,
-// loopback or deny_cidrs; blocked ranges unless allow_cidrs cover them.
+// would connect to, as the box's own chains would (rules.go): never the
+// host's own addresses (whatever allow_cidrs say: the input chain opens
+// nothing but DNS and this proxy), other boxes, loopback or deny_cidrs;
+// blocked ranges only where allow_cidrs cover them.
 func (p *egressProxy) permitted(pol Policy, ap netip.AddrPort) bool {
 	a := ap.Addr().Unmap()
 	if !a.Is4() || a.IsLoopback() || a.IsUnspecified() || inPrefixes(pol.DenyCIDRs, a) {
 		return false
 	}
-	if p.isLocal(a) {
-		return inPrefixes(pol.AllowCIDRs, a) && ap.Port() != p.port && !slices.Contains(p.blockedPorts, ap.Port())
-	}
-	if p.subnet.Contains(a) {
+	if p.isLocal(a) || p.subnet.Contains(a) {
 		return false
 	}
 	if inPrefixes(pol.AllowCIDRs, a) {
@@ -380,11 +368,14 @@ func (p *egressProxy) handleTLS(cc *clientConn, conn *peekedConn, log *slog.Logg
 		return
 	}
 	target, err := p.route(cc, sni)
+	if err == nil {
+		err = p.setRoute(cc.pc, sni, target)
+	}
 	if err != nil {
 		log.Info("egress: blocked", "sni", sni, "reason", err)
 		return
 	}
-	p.splice(conn, target, log)
+	p.splice(cc.pc, conn, target, log)
 }
 
 // readClientHello reads a TLS ClientHello from r and returns its server
@@ -422,8 +413,10 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 			if !ok {
 				return nil, errors.New("no route")
 			}
-			d := net.Dialer{Timeout: p.dialTimeout}
-			return d.DialContext(ctx, "tcp4", target.String())
+			return p.dialUpstream(cc.pc, func() (net.Conn, error) {
+				d := net.Dialer{Timeout: p.dialTimeout}
+				return d.DialContext(ctx, "tcp4", target.String())
+			})
 		},
 		TLSClientConfig:       &tls.Config{RootCAs: p.roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:     false,
@@ -461,6 +454,9 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 		}
 		cc.box = box
 		target, err := p.route(cc, host)
+		if err == nil && host != "" {
+			err = p.setRoute(cc.pc, host, target)
+		}
 		if err != nil {
 			var b errBlocked
 			code := http.StatusBadGateway
@@ -477,7 +473,20 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 			return
 		}
 		for _, s := range secretsFor(box.policy, host) {
-			substitute(r, s.Placeholder, s.Value)
+			if !isTLS {
+				// Plain HTTP: the value would cross the network in clear
+				// (and to whoever answers for the address). Never sent;
+				// a request that carries the placeholder is refused so
+				// that the user sees why.
+				if carries(r, s.Placeholder) {
+					log.Info("egress: refused a domain secret over plain HTTP", "host", host, "secret", s.Name)
+					w.Header().Set("Connection", "close")
+					http.Error(w, "sbx egress proxy: domain secret "+s.Name+" is only sent over HTTPS: use https://"+host, http.StatusForbidden)
+					return
+				}
+				continue
+			}
+			substitute(r, s)
 		}
 		r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target))
 		rp.ServeHTTP(w, r)
@@ -517,25 +526,44 @@ func (p *egressProxy) serveHTTP(cc *clientConn, conn net.Conn, isTLS bool, log *
 
 type targetKey struct{}
 
-// substitute replaces placeholder by value in r's headers (including
-// inside Basic credentials) and URL query.
-func substitute(r *http.Request, placeholder, value string) {
-	if placeholder == "" {
+// substitute replaces s's placeholder by its value where s allows it: in
+// the headers it names (also inside Basic credentials) and, with
+// AllowQuery, in the URL query. Every other header, the path and the body
+// keep the placeholder: an upstream that echoes a request can hand back
+// only what the user chose to send it.
+func substitute(r *http.Request, s Secret) {
+	if s.Placeholder == "" {
 		return
 	}
-	for k, vs := range r.Header {
+	for _, k := range s.headers() {
+		vs := r.Header[k]
 		for i, v := range vs {
-			if strings.Contains(v, placeholder) {
-				vs[i] = strings.ReplaceAll(v, placeholder, value)
-			}
-			if k == "Authorization" || k == "Proxy-Authorization" {
-				vs[i] = substituteBasic(vs[i], placeholder, value)
+			v = strings.ReplaceAll(v, s.Placeholder, s.Value)
+			vs[i] = substituteBasic(v, s.Placeholder, s.Value)
+		}
+	}
+	if s.AllowQuery && strings.Contains(r.URL.RawQuery, s.Placeholder) {
+		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, s.Placeholder, urlQueryEscape(s.Value))
+	}
+}
+
+// carries reports whether placeholder appears anywhere substitute could
+// put a value: any header (also inside Basic credentials), the URL.
+func carries(r *http.Request, placeholder string) bool {
+	if placeholder == "" {
+		return false
+	}
+	if strings.Contains(r.URL.String(), placeholder) {
+		return true
+	}
+	for _, vs := range r.Header {
+		for _, v := range vs {
+			if strings.Contains(v, placeholder) || substituteBasic(v, placeholder, "") != v {
+				return true
 			}
 		}
 	}
-	if strings.Contains(r.URL.RawQuery, placeholder) {
-		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, placeholder, urlQueryEscape(value))
-	}
+	return false
 }
 
 func substituteBasic(v, placeholder, value string) string {
@@ -566,26 +594,20 @@ func urlQueryEscape(s string) string {
 
 // splice connects to target, sends what the box sent so far and copies
 // both ways until either side is done.
-func (p *egressProxy) splice(conn *peekedConn, target netip.AddrPort, log *slog.Logger) {
-	d := net.Dialer{Timeout: p.dialTimeout}
-	up, err := d.Dial("tcp4", target.String())
+func (p *egressProxy) splice(pc *proxyConn, conn *peekedConn, target netip.AddrPort, log *slog.Logger) {
+	up, err := p.dialUpstream(pc, func() (net.Conn, error) {
+		d := net.Dialer{Timeout: p.dialTimeout}
+		return d.Dial("tcp4", target.String())
+	})
 	if err != nil {
 		log.Info("egress: connect failed", "target", target, "err", err)
 		return
 	}
 	defer up.Close()
-	p.mu.Lock()
-	p.conns[up] = struct{}{}
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.conns, up)
-		p.mu.Unlock()
-	}()
 	errc := make(chan error, 2)
 	go func() {
 		_, err := io.Copy(up, conn.r)
-		if tc, ok := up.(*net.TCPConn); ok {
+		if tc, ok := up.(*trackedConn).Conn.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		errc <- err

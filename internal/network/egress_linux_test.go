@@ -9,10 +9,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -20,7 +23,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,6 +56,7 @@ var egZone = map[string][]netip.Addr{
 	"meta.wild.test":  {netip.MustParseAddr(egMetadata)},
 	"priv.wild.test":  {netip.MustParseAddr(egPrivate)},
 	"api.secret.test": {netip.MustParseAddr(egSecret)},
+	"nocert.test":     {netip.MustParseAddr(egEvil)}, // its certificate does not name it
 }
 
 func runCmd(t *testing.T, args ...string) {
@@ -97,14 +104,32 @@ var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	la := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	fmt.Fprintf(w, "addr=%s\nhost=%s\nauth=%s\nkey=%s\nquery=%s\n", strings.Split(la.String(), ":")[0], r.Host,
-		r.Header.Get("Authorization"), r.Header.Get("X-Key"), r.URL.RawQuery)
+	fmt.Fprintf(w, "addr=%s\nhost=%s\nauth=%s\nkey=%s\nquery=%s\npath=%s\n", strings.Split(la.String(), ":")[0], r.Host,
+		r.Header.Get("Authorization"), r.Header.Get("X-Key"), r.URL.RawQuery, r.URL.Path)
+	// Every other header too: what an echoing host would hand back.
+	for _, k := range slices.Sorted(maps.Keys(r.Header)) {
+		if k != "Authorization" && k != "X-Key" {
+			fmt.Fprintf(w, "hdr %s=%s\n", k, strings.Join(r.Header[k], ","))
+		}
+	}
 })
+
+// upstreamConns counts the connections open at each server of the test
+// internet ("addr:port"), as the servers see them.
+type upstreamConns struct{ m sync.Map }
+
+func (u *upstreamConns) counter(key string) *atomic.Int32 {
+	c, _ := u.m.LoadOrStore(key, new(atomic.Int32))
+	return c.(*atomic.Int32)
+}
+
+// open is the number of connections open at addr ("ip:port").
+func (u *upstreamConns) open(addr string) int { return int(u.counter(addr).Load()) }
 
 // newEgressInternet builds the namespace, routes and servers (HTTP on 80
 // and 8080, HTTPS on 443 with a certificate of caPEM) and returns the
-// upstream CA file.
-func newEgressInternet(t *testing.T) (caFile string) {
+// upstream CA file and the servers' open connections.
+func newEgressInternet(t *testing.T) (caFile string, conns *upstreamConns) {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs the ip command (iproute2)")
@@ -150,18 +175,27 @@ func newEgressInternet(t *testing.T) (caFile string) {
 		t.Fatal(err)
 	}
 	nsPath := "/run/netns/" + ns
+	conns = &upstreamConns{}
 	for _, a := range served {
 		for _, port := range []string{"80", "8080", "443"} {
 			ln := listenInNS(t, nsPath, a+":"+port)
 			if port == "443" {
 				ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
 			}
-			srv := &http.Server{Handler: echo, ErrorLog: nil}
+			n := conns.counter(a + ":" + port)
+			srv := &http.Server{Handler: echo, ErrorLog: log.New(io.Discard, "", 0), ConnState: func(_ net.Conn, s http.ConnState) {
+				switch s {
+				case http.StateNew:
+					n.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					n.Add(-1)
+				}
+			}}
 			go func() { _ = srv.Serve(ln) }()
 			t.Cleanup(func() { srv.Close() })
 		}
 	}
-	return caFile
+	return caFile, conns
 }
 
 func listenInNS(t *testing.T, nsPath, addr string) net.Listener {
@@ -237,9 +271,15 @@ func boxHTTP(t *testing.T, nsPath, addr, host, path string, hdr map[string]strin
 	return get(c, bufio.NewReader(c), host, path, hdr)
 }
 
-// boxHTTPS makes one HTTPS request from the box to addr with SNI sni
-// ("" for none), trusting roots.
+// boxHTTPS makes one HTTPS request for / from the box to addr with SNI
+// sni ("" for none), trusting roots.
 func boxHTTPS(t *testing.T, nsPath, addr, sni string, roots *x509.CertPool, hdr map[string]string) (int, string, error) {
+	t.Helper()
+	return boxHTTPSPath(t, nsPath, addr, sni, "/", roots, hdr)
+}
+
+// boxHTTPSPath is boxHTTPS for path.
+func boxHTTPSPath(t *testing.T, nsPath, addr, sni, path string, roots *x509.CertPool, hdr map[string]string) (int, string, error) {
 	t.Helper()
 	c, err := dialFrom(t, nsPath, addr)
 	if err != nil {
@@ -258,7 +298,7 @@ func boxHTTPS(t *testing.T, nsPath, addr, sni string, roots *x509.CertPool, hdr 
 	if host == "" {
 		host = strings.Split(addr, ":")[0]
 	}
-	return get(tc, bufio.NewReader(tc), host, "/", hdr)
+	return get(tc, bufio.NewReader(tc), host, path, hdr)
 }
 
 func poolOf(t *testing.T, pems ...[]byte) *x509.CertPool {
@@ -296,7 +336,7 @@ func newEgressManager(t *testing.T, upstreamCA string) **Manager {
 
 func TestEgressAllowMode(t *testing.T) {
 	testutil.RequiresRoot(t)
-	caFile := newEgressInternet(t)
+	caFile, _ := newEgressInternet(t)
 	caPEM, _ := os.ReadFile(caFile)
 	upstreamRoots := poolOf(t, caPEM)
 	m := *newEgressManager(t, caFile)
@@ -456,12 +496,12 @@ func TestEgressAllowMode(t *testing.T) {
 
 func TestEgressDomainSecrets(t *testing.T) {
 	testutil.RequiresRoot(t)
-	caFile := newEgressInternet(t)
+	caFile, _ := newEgressInternet(t)
 	caPEM, _ := os.ReadFile(caFile)
 	cur := newEgressManager(t, caFile)
 	m := *cur
 	ctx := context.Background()
-	const value = "s3cr3t-VALUE/with+chars"
+	const value, optValue = "s3cr3t-VALUE/with+chars", "opt-in-VALUE"
 	ph := m.Placeholder("sb-sec", "API_KEY")
 	if !strings.HasPrefix(ph, "sbx-secret-api_key-") || strings.Contains(ph, value) {
 		t.Fatalf("placeholder %q: want sbx-secret-api_key-<random>", ph)
@@ -469,20 +509,78 @@ func TestEgressDomainSecrets(t *testing.T) {
 	if again := m.Placeholder("sb-sec", "API_KEY"); again != ph {
 		t.Errorf("placeholder not stable: %q then %q", ph, again)
 	}
-	pol := Policy{Mode: ModePublic, Secrets: []Secret{{Name: "API_KEY", Placeholder: ph, Value: value, Domains: []string{"api.secret.test"}}}}
+	optPh := m.Placeholder("sb-sec", "OPT_KEY")
+	pol := Policy{Mode: ModePublic, Secrets: []Secret{
+		// Default: the Authorization header only.
+		{Name: "API_KEY", Placeholder: ph, Value: value, Domains: []string{"api.secret.test", "nocert.test"}},
+		// Opted in: X-Key and the query, not Authorization.
+		{Name: "OPT_KEY", Placeholder: optPh, Value: optValue, Domains: []string{"api.secret.test"}, Headers: []string{"X-Key"}, AllowQuery: true},
+	}}
 	att, err := m.Attach(ctx, "sb-sec", pol)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ns := att.NetNS
-	hdr := map[string]string{"Authorization": "Bearer " + ph, "X-Key": ph}
-	path := "/v1?key=" + ph + "&x=1"
+	egressCA := poolOf(t, m.EgressCA())
+	// The box puts each placeholder everywhere it can: only what the
+	// secret names may come back with the value.
+	everywhere := func(p string) (map[string]string, string) {
+		return map[string]string{"Authorization": "Bearer " + p, "X-Key": p, "X-Other": p, "Cookie": "s=" + p}, "/v1/" + p + "?key=" + p + "&x=1"
+	}
+	hdr, path := everywhere(ph)
+	optHdr, optPath := everywhere(optPh)
 
-	t.Run("http to the secret's domain gets the value", func(t *testing.T) {
-		code, body, err := boxHTTP(t, ns, egSecret+":80", "api.secret.test", path, hdr)
-		want := "auth=Bearer " + value + "\nkey=" + value + "\nquery=key=s3cr3t-VALUE/with%2Bchars&x=1\n"
-		if err != nil || code != 200 || !strings.Contains(body, want) {
-			t.Errorf("got %d %q (err %v), want a body with %q", code, body, err, want)
+	t.Run("an echoing https host gets the value in Authorization only", func(t *testing.T) {
+		code, body, err := boxHTTPSPath(t, ns, egSecret+":443", "api.secret.test", path, egressCA, hdr)
+		if err != nil || code != 200 || !strings.Contains(body, "addr="+egSecret) || !strings.Contains(body, "auth=Bearer "+value+"\n") {
+			t.Fatalf("got %d %q (err %v), want the value in Authorization at %s", code, body, err, egSecret)
+		}
+		if n := strings.Count(body, value); n != 1 {
+			t.Errorf("the value comes back %d times, want once (Authorization only):\n%s", n, body)
+		}
+		for _, want := range []string{"key=" + ph + "\n", "query=key=" + ph + "&x=1\n", "hdr X-Other=" + ph + "\n", "hdr Cookie=s=" + ph + "\n", "path=/v1/" + ph + "\n"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("echo lacks %q (the placeholder left alone):\n%s", want, body)
+			}
+		}
+	})
+	t.Run("named headers and the query only when opted in", func(t *testing.T) {
+		code, body, err := boxHTTPSPath(t, ns, egSecret+":443", "api.secret.test", optPath, egressCA, optHdr)
+		want := []string{"auth=Bearer " + optPh + "\n", "key=" + optValue + "\n", "query=key=" + optValue + "&x=1\n", "hdr X-Other=" + optPh + "\n"}
+		for _, w := range want {
+			if err != nil || code != 200 || !strings.Contains(body, w) {
+				t.Errorf("got %d %q (err %v), want a body with %q", code, body, err, w)
+			}
+		}
+		if n := strings.Count(body, optValue); n != 2 {
+			t.Errorf("the opted-in value comes back %d times, want twice (X-Key and query):\n%s", n, body)
+		}
+	})
+	t.Run("plain http to the secret's host is refused, the value never sent", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			hdr  map[string]string
+			path string
+		}{
+			{"header", map[string]string{"Authorization": "Bearer " + ph}, "/"},
+			{"basic credentials", map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+ph))}, "/"},
+			{"opted-in query", nil, "/?key=" + optPh},
+		} {
+			code, body, err := boxHTTP(t, ns, egSecret+":80", "api.secret.test", tc.path, tc.hdr)
+			if err != nil || code != http.StatusForbidden || strings.Contains(body, value) || strings.Contains(body, optValue) ||
+				!strings.Contains(body, "only sent over HTTPS") || strings.Contains(body, "addr=") {
+				t.Errorf("%s: got %d %q (err %v), want the proxy's 403 (HTTPS only), nothing from upstream", tc.name, code, body, err)
+			}
+		}
+		// Without a placeholder plain HTTP to the host works.
+		if code, body, err := boxHTTP(t, ns, egSecret+":80", "api.secret.test", "/", nil); err != nil || code != 200 || !strings.Contains(body, "addr="+egSecret) {
+			t.Errorf("plain request without a placeholder: got %d %q (err %v), want 200 from %s", code, body, err, egSecret)
+		}
+	})
+	t.Run("https to a secret's host whose certificate does not verify gets nothing", func(t *testing.T) {
+		code, body, err := boxHTTPSPath(t, ns, egEvil+":443", "nocert.test", "/", egressCA, hdr)
+		if err != nil || code != http.StatusBadGateway || strings.Contains(body, value) || strings.Contains(body, "addr=") {
+			t.Errorf("got %d %q (err %v), want the proxy's 502 and nothing sent", code, body, err)
 		}
 	})
 	t.Run("http to another domain keeps the placeholder", func(t *testing.T) {
@@ -492,17 +590,9 @@ func TestEgressDomainSecrets(t *testing.T) {
 		}
 	})
 	t.Run("a secret-domain Host sent to an evil address goes to the real host", func(t *testing.T) {
-		code, body, err := boxHTTP(t, ns, egEvil+":80", "api.secret.test", path, hdr)
+		code, body, err := boxHTTP(t, ns, egEvil+":80", "api.secret.test", "/", nil)
 		if err != nil || code != 200 || !strings.Contains(body, "addr="+egSecret) {
 			t.Errorf("got %d %q (err %v), want it served by %s", code, body, err, egSecret)
-		}
-	})
-	t.Run("https to the secret's domain is intercepted", func(t *testing.T) {
-		// The box trusts the egress CA (its bundle); the proxy trusts the
-		// upstream's test CA (EgressRoots).
-		code, body, err := boxHTTPS(t, ns, egSecret+":443", "api.secret.test", poolOf(t, m.EgressCA()), hdr)
-		if err != nil || code != 200 || !strings.Contains(body, "key="+value) || !strings.Contains(body, "addr="+egSecret) {
-			t.Errorf("got %d %q (err %v), want the value at %s", code, body, err, egSecret)
 		}
 	})
 	t.Run("https to another domain is passed through", func(t *testing.T) {
@@ -533,12 +623,12 @@ func TestEgressDomainSecrets(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, _ := os.ReadFile(filepath.Join(m.cfg.StateDir, "state.json"))
-		if strings.Contains(string(b), value) {
-			t.Error("state.json holds the secret's value")
+		if strings.Contains(string(b), value) || !strings.Contains(string(b), `"X-Key"`) {
+			t.Errorf("state.json holds the secret's value or lacks its headers:\n%s", b)
 		}
-		code, body, err := boxHTTP(t, ns, egSecret+":80", "api.secret.test", path, hdr)
-		if err != nil || code != 200 || !strings.Contains(body, "key="+value) {
-			t.Errorf("got %d %q (err %v), want the value", code, body, err)
+		code, body, err := boxHTTPSPath(t, ns, egSecret+":443", "api.secret.test", optPath, egressCA, optHdr)
+		if err != nil || code != 200 || !strings.Contains(body, "key="+optValue+"\n") || !strings.Contains(body, "auth=Bearer "+optPh+"\n") {
+			t.Errorf("got %d %q (err %v), want the value in X-Key only", code, body, err)
 		}
 	})
 }

@@ -18,28 +18,97 @@ import (
 func TestSubstitute(t *testing.T) {
 	const ph, val = "sbx-secret-k-0123", "v&al=ue+1"
 	basic := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
-	r := &http.Request{
-		Header: http.Header{
-			"Authorization": {basic("user:" + ph)},
-			"X-Api-Key":     {ph},
-			"X-Other":       {"prefix-" + ph + "-suffix"},
-			"X-Untouched":   {"nothing"},
-		},
-		URL: &url.URL{Path: "/p", RawQuery: "key=" + ph + "&a=1"},
-	}
-	substitute(r, ph, val)
-	for k, want := range map[string]string{
-		"Authorization": basic("user:" + val), "X-Api-Key": val, "X-Other": "prefix-" + val + "-suffix", "X-Untouched": "nothing",
-	} {
-		if got := r.Header.Get(k); got != want {
-			t.Errorf("header %s: got %q, want %q", k, got, want)
+	request := func() *http.Request {
+		return &http.Request{
+			Header: http.Header{
+				"Authorization": {"Bearer " + ph},
+				"X-Api-Key":     {ph},
+				"X-Other":       {"prefix-" + ph + "-suffix"},
+				"X-Untouched":   {"nothing"},
+			},
+			URL: &url.URL{Path: "/p/" + ph, RawQuery: "key=" + ph + "&a=1"},
 		}
 	}
-	if got, want := r.URL.RawQuery, "key=v%26al%3Due%2B1&a=1"; got != want {
-		t.Errorf("query: got %q, want %q", got, want)
+	tests := []struct {
+		name      string
+		secret    Secret
+		auth      string // Authorization wanted ("" means Bearer + value)
+		wantHdr   map[string]string
+		wantQuery string
+	}{
+		{
+			name:   "default: Authorization only",
+			secret: Secret{Placeholder: ph, Value: val},
+			wantHdr: map[string]string{"Authorization": "Bearer " + val, "X-Api-Key": ph, "X-Other": "prefix-" + ph + "-suffix",
+				"X-Untouched": "nothing"},
+			wantQuery: "key=" + ph + "&a=1",
+		},
+		{
+			name:      "default: inside Basic credentials",
+			secret:    Secret{Placeholder: ph, Value: val},
+			auth:      basic("user:" + ph),
+			wantHdr:   map[string]string{"Authorization": basic("user:" + val), "X-Api-Key": ph},
+			wantQuery: "key=" + ph + "&a=1",
+		},
+		{
+			name:      "named headers, not Authorization",
+			secret:    Secret{Placeholder: ph, Value: val, Headers: []string{"X-Api-Key", "X-Other"}},
+			wantHdr:   map[string]string{"Authorization": "Bearer " + ph, "X-Api-Key": val, "X-Other": "prefix-" + val + "-suffix"},
+			wantQuery: "key=" + ph + "&a=1",
+		},
+		{
+			name:      "query opted in, escaped",
+			secret:    Secret{Placeholder: ph, Value: val, AllowQuery: true},
+			wantHdr:   map[string]string{"Authorization": "Bearer " + val, "X-Api-Key": ph},
+			wantQuery: "key=v%26al%3Due%2B1&a=1",
+		},
 	}
-	if q, _ := url.ParseQuery(r.URL.RawQuery); q.Get("key") != val {
-		t.Errorf("query decodes to %q, want %q", q.Get("key"), val)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := request()
+			if tt.auth != "" {
+				r.Header.Set("Authorization", tt.auth)
+			}
+			substitute(r, tt.secret)
+			for k, want := range tt.wantHdr {
+				if got := r.Header.Get(k); got != want {
+					t.Errorf("header %s: got %q, want %q", k, got, want)
+				}
+			}
+			if got := r.URL.RawQuery; got != tt.wantQuery {
+				t.Errorf("query: got %q, want %q", got, tt.wantQuery)
+			}
+			if tt.secret.AllowQuery {
+				if q, _ := url.ParseQuery(r.URL.RawQuery); q.Get("key") != val {
+					t.Errorf("query decodes to %q, want %q", q.Get("key"), val)
+				}
+			}
+			if r.URL.Path != "/p/"+ph {
+				t.Errorf("path: got %q, want the placeholder left alone", r.URL.Path)
+			}
+		})
+	}
+}
+
+func TestCarries(t *testing.T) {
+	const ph = "sbx-secret-k-0123"
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+ph))
+	for _, tc := range []struct {
+		name string
+		hdr  http.Header
+		url  string
+		want bool
+	}{
+		{"nothing", http.Header{"X": {"y"}}, "/?a=b", false},
+		{"a header", http.Header{"X-Api-Key": {ph}}, "/", true},
+		{"basic credentials", http.Header{"Authorization": {basic}}, "/", true},
+		{"the query", nil, "/?k=" + ph, true},
+		{"the path", nil, "/" + ph, true},
+	} {
+		u, _ := url.Parse(tc.url)
+		if got := carries(&http.Request{Header: tc.hdr, URL: u}, ph); got != tc.want {
+			t.Errorf("%s: carries = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -82,8 +151,10 @@ func TestRoute(t *testing.T) {
 		"priv.wild.test":  {netip.MustParseAddr("10.0.0.5")},
 		"api.secret.test": {netip.MustParseAddr("198.51.100.3")},
 	}
-	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second, blockedPorts: []uint16{7070},
-		localAddr: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.213.0.1") },
+	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second,
+		localAddr: func(a netip.Addr) bool {
+			return a == netip.MustParseAddr("10.213.0.1") || a == netip.MustParseAddr("192.0.2.77")
+		},
 		resolve: func(_ context.Context, h string) ([]netip.Addr, error) {
 			if a, ok := zone[h]; ok {
 				return a, nil
@@ -95,6 +166,10 @@ func TestRoute(t *testing.T) {
 	public := Policy{Mode: ModePublic, Secrets: []Secret{{Name: "K", Domains: []string{"api.secret.test"}}}}
 	evil := netip.MustParseAddrPort("198.51.100.66:443")
 	gwAllowed := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.213.0.1/32")}}
+	everything := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
+	publicAll := Policy{Mode: ModePublic, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")},
+		Secrets: []Secret{{Name: "K", Domains: []string{"api.secret.test"}}}}
+	tenSlash8 := Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	tests := []struct {
 		name string
 		pol  Policy
@@ -121,8 +196,15 @@ func TestRoute(t *testing.T) {
 		{"public: the sandbox subnet", public, netip.MustParseAddrPort("10.213.0.9:80"), "", "blocked"},
 		{"public: loopback", public, netip.MustParseAddrPort("127.0.0.1:80"), "", "blocked"},
 		{"public: the gateway", public, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
-		{"allow: the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:80"), "", "10.213.0.1:80"},
-		{"allow: the API port of the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:7070"), "", "blocked"},
+		// allow_cidrs never open the host: the gateway and its other addresses.
+		{"allow: the gateway inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow: the gateway by literal inside allow_cidrs", gwAllowed, netip.MustParseAddrPort("10.213.0.1:443"), "10.213.0.1", "blocked"},
+		{"allow 10/8: the gateway", tenSlash8, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow 0/0: the gateway", everything, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"allow 0/0: another host address", everything, netip.MustParseAddrPort("192.0.2.77:80"), "", "blocked"},
+		{"allow 0/0: a private address elsewhere", everything, netip.MustParseAddrPort("10.79.0.10:80"), "", "10.79.0.10:80"},
+		{"public 0/0: the gateway", publicAll, netip.MustParseAddrPort("10.213.0.1:80"), "", "blocked"},
+		{"public 0/0: another host address", publicAll, netip.MustParseAddrPort("192.0.2.77:443"), "", "blocked"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -84,12 +84,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.egress = &egressProxy{subnet: m.subnet, blockedPorts: cfg.BlockedPorts, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
+	m.egress = &egressProxy{subnet: m.subnet, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
 		log: m.log.With("component", "egress")}
 	if err := startEgress(netip.AddrPortFrom(m.gw, 0).String(), m.egress); err != nil {
 		return nil, err
 	}
-	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw, blockedPorts: cfg.BlockedPorts,
+	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw,
 		egressPorts: cfg.EgressPorts, proxyPort: m.egress.port}
 	if m.fw, err = newFirewall(cfg.Table, params); err != nil {
 		m.egress.close()
@@ -309,8 +309,14 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (Attachment, 
 		m.mu.Unlock()
 		return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
 	}
-	hadIP, old := sl.IP.IsValid(), sl.Policy
+	hadIP, oldIP, old := sl.IP.IsValid(), sl.IP, sl.Policy
 	m.mu.Unlock()
+	if hadIP {
+		// What the egress proxy holds for the box is re-checked against
+		// the new policy, as nftables re-checks the box's direct packets
+		// (after any return below: the policy in force is then settled).
+		defer m.egress.recheck(oldIP)
+	}
 	switch {
 	case hadIP && p.Mode != ModeNone:
 		m.mu.Lock()
@@ -404,6 +410,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		if err = m.fw.removeBox(sl.Name, ip); err != nil {
 			err = fmt.Errorf("remove rules of %s: %w", id, err)
 		}
+		m.egress.recheck(ip) // the box is gone for the proxy: cuts all
 	}
 	m.wg.Add(1)
 	go func() {

@@ -29,7 +29,7 @@ func testConfig(t *testing.T, upstream string) Config {
 	tag := hex.EncodeToString(b)
 	return Config{
 		StateDir: t.TempDir(), Bridge: "sbxt" + tag, Subnet: fmt.Sprintf("10.214.%d.0/24", b[0]),
-		Table: "sbxt" + tag, DNSUpstreams: []string{upstream}, BlockedPorts: []uint16{7070}, Logger: slog.Default(),
+		Table: "sbxt" + tag, DNSUpstreams: []string{upstream}, Logger: slog.Default(),
 	}
 }
 

@@ -62,7 +62,8 @@ const (
 type Policy struct {
 	Mode Mode `json:"mode"`
 	// AllowCIDRs: with ModeAllow the reachable destinations; with
-	// ModePublic holes punched into the blocked ranges.
+	// ModePublic holes punched into the blocked ranges. Never the host's
+	// own addresses, whatever they cover (see boxRules).
 	AllowCIDRs []netip.Prefix `json:"allow_cidrs,omitempty"`
 	// AllowDomains (ModeAllow): names or "*.suffix" wildcards the DNS
 	// forwarder answers; their addresses become reachable.
@@ -76,13 +77,31 @@ type Policy struct {
 }
 
 // Secret is a value kept out of a sandbox: the box sees Placeholder (in
-// its env), and the egress proxy puts Value in its place in HTTP requests
-// (headers and URL query) to hosts matching Domains only.
+// its env), and the egress proxy puts Value in its place only in HTTPS
+// requests (TLS it intercepts, re-originated to a server whose certificate
+// verified) to hosts matching Domains, and there only in the Headers named
+// and, with AllowQuery, the URL query. Over plain HTTP a request carrying
+// the placeholder to those hosts is refused.
 type Secret struct {
 	Name        string   `json:"name"`
 	Placeholder string   `json:"placeholder"`
 	Value       string   `json:"-"`
 	Domains     []string `json:"domains"`
+	// Headers are canonical header names (textproto); empty means
+	// DefaultSecretHeader only.
+	Headers    []string `json:"headers,omitempty"`
+	AllowQuery bool     `json:"allow_query,omitempty"`
+}
+
+// DefaultSecretHeader is where a domain secret goes when no header is named.
+const DefaultSecretHeader = "Authorization"
+
+// headers returns the header names s's value may go in.
+func (s Secret) headers() []string {
+	if len(s.Headers) == 0 {
+		return []string{DefaultSecretHeader}
+	}
+	return s.Headers
 }
 
 // proxied reports whether a box's TCP to the egress ports goes through the
@@ -272,9 +291,6 @@ type Config struct {
 	DNSUpstreams []string
 	// PoolSize is how many ready namespaces with a veth to keep (0: none).
 	PoolSize int
-	// BlockedPorts are host TCP ports boxes can never reach even when
-	// allow_cidrs cover a host address (the daemon's API).
-	BlockedPorts []uint16
 	// EgressPorts are the TCP destination ports sent through the egress
 	// proxy (HTTP Host / TLS SNI checks, secret substitution); default 80
 	// and 443.

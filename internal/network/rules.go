@@ -101,12 +101,11 @@ const (
 
 // ruleParams is what the generated rules depend on besides a policy.
 type ruleParams struct {
-	bridge       string
-	subnet       netip.Prefix
-	gateway      netip.Addr
-	blockedPorts []uint16 // host TCP ports never reachable (the API)
-	egressPorts  []uint16 // TCP ports redirected to the egress proxy
-	proxyPort    uint16   // the egress proxy's port on the gateway (0: none)
+	bridge      string
+	subnet      netip.Prefix
+	gateway     netip.Addr
+	egressPorts []uint16 // TCP ports redirected to the egress proxy
+	proxyPort   uint16   // the egress proxy's port on the gateway (0: none)
 }
 
 // baseRules returns the rules of the shared chains.
@@ -154,6 +153,10 @@ func baseRules(p ruleParams) map[string][]rule {
 // and forward chain (traffic through it). dnsSet names the set of addresses
 // the DNS forwarder learned for the box.
 func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
+	// The host: only the DNS forwarder and (for proxied boxes) the egress
+	// proxy, on the gateway. No allow_cidrs entry opens any other host
+	// address or port, the gateway's included: a box reaching host services
+	// is what the sandbox boundary forbids.
 	gw := netip.PrefixFrom(p.gateway, 32)
 	in = []rule{
 		{daddr: gw, l4proto: "udp", dport: 53, verdict: "accept"},
@@ -163,9 +166,8 @@ func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
 		// Connections the prerouting chain redirected to the egress proxy.
 		in = append(in, rule{daddr: gw, l4proto: "tcp", dport: p.proxyPort, verdict: "accept"})
 	}
-	for _, port := range p.blockedPorts {
-		in = append(in, rule{l4proto: "tcp", dport: port, verdict: "drop"})
-	}
+	in = append(in, rule{verdict: "drop"})
+
 	var deny, allow []rule
 	for _, c := range pol.DenyCIDRs {
 		deny = append(deny, rule{daddr: c, verdict: "drop"})
@@ -173,10 +175,6 @@ func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
 	for _, c := range pol.AllowCIDRs {
 		allow = append(allow, rule{daddr: c, verdict: "accept"})
 	}
-	in = append(in, deny...)
-	in = append(in, allow...)
-	in = append(in, rule{verdict: "drop"})
-
 	// Never reachable whatever allow_cidrs say: other boxes and loopback.
 	fwd = append(fwd, deny...)
 	fwd = append(fwd,

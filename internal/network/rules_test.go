@@ -8,11 +8,10 @@ import (
 )
 
 func TestBoxRules(t *testing.T) {
-	p := ruleParams{bridge: "sbx0", subnet: pfx("10.213.0.0/16"), gateway: netip.MustParseAddr("10.213.0.1"), blockedPorts: []uint16{7070}}
+	p := ruleParams{bridge: "sbx0", subnet: pfx("10.213.0.0/16"), gateway: netip.MustParseAddr("10.213.0.1")}
 	dnsIn := []string{
 		"ip daddr 10.213.0.1/32 udp dport 53 accept",
 		"ip daddr 10.213.0.1/32 tcp dport 53 accept",
-		"tcp dport 7070 drop",
 	}
 	pp := p
 	pp.proxyPort, pp.egressPorts = 3128, []uint16{80, 443}
@@ -39,29 +38,44 @@ func TestBoxRules(t *testing.T) {
 		{
 			name:   "public with holes and denials",
 			pol:    Policy{Mode: ModePublic, AllowCIDRs: []netip.Prefix{pfx("10.77.0.0/24")}, DenyCIDRs: []netip.Prefix{pfx("8.8.8.8/32")}},
-			wantIn: cat(dnsIn, []string{"ip daddr 8.8.8.8/32 drop", "ip daddr 10.77.0.0/24 accept", "drop"}),
+			wantIn: cat(dnsIn, []string{"drop"}),
 			wantFwd: cat([]string{"ip daddr 8.8.8.8/32 drop"}, never,
 				[]string{"ip daddr 10.77.0.0/24 accept", "jump blocked", "accept"}),
 		},
 		{
 			name:    "allow",
 			pol:     Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{pfx("198.51.100.10/32")}, AllowDomains: []string{"*.allowed.test"}},
-			wantIn:  cat(dnsIn, []string{"ip daddr 198.51.100.10/32 accept", "drop"}),
+			wantIn:  cat(dnsIn, []string{"drop"}),
 			wantFwd: cat(never, []string{"ip daddr 198.51.100.10/32 accept", "jump blocked", "ip daddr @dns_n1 accept", "drop"}),
 		},
 		{
 			name:    "allow, proxied",
 			params:  &pp,
 			pol:     Policy{Mode: ModeAllow, AllowDomains: []string{"*.allowed.test"}},
-			wantIn:  cat(dnsIn[:2], []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept"}, dnsIn[2:], []string{"drop"}),
+			wantIn:  cat(dnsIn, []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept", "drop"}),
 			wantFwd: cat(never, []string{"udp dport 443 drop", "jump blocked", "ip daddr @dns_n1 accept", "drop"}),
 		},
 		{
 			name:    "public with secrets, proxied",
 			params:  &pp,
 			pol:     Policy{Mode: ModePublic, Secrets: []Secret{{Name: "K", Domains: []string{"api.test"}}}},
-			wantIn:  cat(dnsIn[:2], []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept"}, dnsIn[2:], []string{"drop"}),
+			wantIn:  cat(dnsIn, []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept", "drop"}),
 			wantFwd: cat(never, []string{"udp dport 443 drop", "jump blocked", "accept"}),
+		},
+		{
+			// The host (the gateway and every other address of it) stays
+			// closed whatever allow_cidrs cover: only DNS and the proxy.
+			name:    "allow 0.0.0.0/0 and 10.0.0.0/8 open nothing on the host",
+			params:  &pp,
+			pol:     Policy{Mode: ModeAllow, AllowCIDRs: []netip.Prefix{pfx("0.0.0.0/0"), pfx("10.0.0.0/8")}},
+			wantIn:  cat(dnsIn, []string{"ip daddr 10.213.0.1/32 tcp dport 3128 accept", "drop"}),
+			wantFwd: cat(never, []string{"ip daddr 0.0.0.0/0 accept", "ip daddr 10.0.0.0/8 accept", "udp dport 443 drop", "jump blocked", "ip daddr @dns_n1 accept", "drop"}),
+		},
+		{
+			name:    "public 0.0.0.0/0 opens nothing on the host",
+			pol:     Policy{Mode: ModePublic, AllowCIDRs: []netip.Prefix{pfx("0.0.0.0/0")}},
+			wantIn:  cat(dnsIn, []string{"drop"}),
+			wantFwd: cat(never, []string{"ip daddr 0.0.0.0/0 accept", "jump blocked", "accept"}),
 		},
 		{
 			name:    "public without secrets, proxy on",

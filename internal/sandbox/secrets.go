@@ -2,7 +2,10 @@ package sandbox
 
 import (
 	"fmt"
+	"net/textproto"
 	"path"
+	"slices"
+	"strings"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -12,7 +15,9 @@ import (
 
 // Domain secrets: the box's env holds a placeholder (network.Manager's
 // Placeholder: stable per sandbox and name, unguessable), and the egress
-// proxy puts the value in its place in requests to the secret's domains.
+// proxy puts the value in its place in HTTPS requests to the secret's
+// domains, in the headers the secret names (Authorization by default) and,
+// if it opts in, the query; never over plain HTTP.
 // For HTTPS to those domains the proxy terminates TLS with the daemon's CA,
 // so boxes with domain secrets get a CA bundle (the host's roots plus that
 // CA) mounted read-only at caBundleDir and the usual variables pointing at it.
@@ -27,8 +32,51 @@ const (
 // caBundleEnv are the variables common TLS stacks read a CA file from.
 var caBundleEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"}
 
-// maxDomainSecrets bounds a request (each one costs work per request).
-const maxDomainSecrets = 64
+// maxDomainSecrets bounds a request (each one costs work per request);
+// maxSecretHeaders the headers one secret may name.
+const (
+	maxDomainSecrets = 64
+	maxSecretHeaders = 16
+)
+
+// unsubstitutableHeaders are headers a domain secret may not name: the
+// proxy drops or rewrites them (hop-by-hop, framing, Host), so a value put
+// there would go nowhere or somewhere unexpected.
+var unsubstitutableHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Host": true, "Content-Length": true,
+}
+
+// isHeaderName reports whether h is an HTTP field name (RFC 9110 token).
+func isHeaderName(h string) bool {
+	if h == "" || len(h) > 256 {
+		return false
+	}
+	for _, c := range []byte(h) {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// validateSecretHeaders checks the header names of domain secret name.
+func validateSecretHeaders(name string, headers []string) error {
+	if len(headers) > maxSecretHeaders {
+		return invalid("domain secret %q: %d headers given, at most %d", name, len(headers), maxSecretHeaders)
+	}
+	for _, h := range headers {
+		if !isHeaderName(h) {
+			return invalid("domain secret %q: header %q is not a valid HTTP header name", name, h)
+		}
+		if unsubstitutableHeaders[textproto.CanonicalMIMEHeaderKey(h)] {
+			return invalid("domain secret %q: header %q cannot carry a secret (the proxy drops or rewrites it)", name, h)
+		}
+	}
+	return nil
+}
 
 // validateDomainSecrets checks the domain secrets of a create request.
 func validateDomainSecrets(req *sbxv1.CreateSandboxRequest) error {
@@ -70,6 +118,9 @@ func validateDomainSecrets(req *sbxv1.CreateSandboxRequest) error {
 				return invalid("domain secret %q: domain %q: want a host name or *.suffix", name, d)
 			}
 		}
+		if err := validateSecretHeaders(name, s.GetHeaders()); err != nil {
+			return err
+		}
 		seen[name] = true
 	}
 	return nil
@@ -97,8 +148,14 @@ func (m *Manager) domainSecrets(id string, spec *sbxv1.CreateSandboxRequest) []n
 			n, _ := network.NormalizeDomain(d) // validated at create
 			domains = append(domains, n)
 		}
+		var headers []string
+		for _, h := range s.GetHeaders() {
+			if h = textproto.CanonicalMIMEHeaderKey(h); !slices.Contains(headers, h) {
+				headers = append(headers, h)
+			}
+		}
 		out = append(out, network.Secret{Name: s.GetName(), Placeholder: m.cfg.Network.Placeholder(id, s.GetName()),
-			Value: s.GetValue(), Domains: domains})
+			Value: s.GetValue(), Domains: domains, Headers: headers, AllowQuery: s.GetAllowQuery()})
 	}
 	return out
 }
@@ -131,11 +188,12 @@ func (m *Manager) addDomainSecrets(rs *runtime.Spec, spec *sbxv1.CreateSandboxRe
 	return nil
 }
 
-// domainSecretsProto is the API view: names and domains, never values.
+// domainSecretsProto is the API view: names, domains, headers and the
+// query opt-in, never values.
 func domainSecretsProto(spec *sbxv1.CreateSandboxRequest) []*sbxv1.DomainSecret {
 	var out []*sbxv1.DomainSecret
 	for _, s := range spec.GetDomainSecrets() {
-		out = append(out, &sbxv1.DomainSecret{Name: s.GetName(), Domains: s.GetDomains()})
+		out = append(out, &sbxv1.DomainSecret{Name: s.GetName(), Domains: s.GetDomains(), Headers: s.GetHeaders(), AllowQuery: s.GetAllowQuery()})
 	}
 	return out
 }

@@ -173,7 +173,7 @@ type CreateOptions struct {
 	Volumes []VolumeMount
 	// DomainSecrets are kept out of the sandbox: it sees a placeholder in
 	// env Name, and the daemon's egress proxy puts Value in its place in
-	// HTTP(S) requests to Domains only.
+	// HTTPS requests to Domains only (see DomainSecret).
 	DomainSecrets []DomainSecret
 	// PathPolicies guard directories with permission rules.
 	PathPolicies []PathPolicy
@@ -181,13 +181,22 @@ type CreateOptions struct {
 	Codebases []CodebaseMount
 }
 
-// DomainSecret is a secret only the listed hosts receive.
+// DomainSecret is a secret only the listed hosts receive, over HTTPS (a
+// verified certificate) and only where the user says: the Headers named
+// (Authorization when none is) and, with AllowQuery, the URL query. A host
+// that echoes those headers back hands the value to the sandbox: list only
+// hosts you trust with it. Over plain HTTP the proxy refuses a request that
+// carries the placeholder to these hosts.
 type DomainSecret struct {
 	Name  string
 	Value string
 	// Domains are host names, "*.example.com" wildcards allowed (they
 	// match names below example.com, not example.com itself).
 	Domains []string
+	// Headers the value goes in (e.g. "X-Api-Key"); empty: Authorization.
+	Headers []string
+	// AllowQuery also puts the value in the URL query string.
+	AllowQuery bool
 }
 
 // Request converts the options to the API request.
@@ -211,7 +220,8 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 		req.Volumes = append(req.Volumes, v.Proto())
 	}
 	for _, d := range o.DomainSecrets {
-		req.DomainSecrets = append(req.DomainSecrets, &sbxv1.DomainSecret{Name: d.Name, Value: d.Value, Domains: d.Domains})
+		req.DomainSecrets = append(req.DomainSecrets, &sbxv1.DomainSecret{Name: d.Name, Value: d.Value, Domains: d.Domains,
+			Headers: d.Headers, AllowQuery: d.AllowQuery})
 	}
 	for _, p := range o.PathPolicies {
 		req.PathPolicies = append(req.PathPolicies, p.Proto())

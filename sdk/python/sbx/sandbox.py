@@ -101,7 +101,8 @@ class Sandbox:
             secrets: environment variables whose values the API never returns.
             domain_secrets: secrets kept out of the sandbox (:class:`~sbx.DomainSecret`):
                 it sees a placeholder, and the egress proxy sends the value to the
-                listed domains only. Needs a daemon with networking on.
+                listed domains only, over HTTPS, in the headers named (Authorization
+                by default). Needs a daemon with networking on.
             cpu: CPU limit in CPUs (0.5 is half a CPU).
             memory: memory limit, bytes or a size like ``"512M"``.
             pids: maximum number of processes and threads.

@@ -254,27 +254,47 @@ class PathPolicy:
 
 @dataclass(frozen=True)
 class DomainSecret:
-    """A secret only the listed hosts receive.
+    """A secret only the listed hosts receive, over HTTPS, where you say.
 
-    The sandbox sees a placeholder in environment variable ``name``; the
-    daemon's egress proxy puts ``value`` in its place in HTTP(S) requests
-    (headers and URL query) to ``domains`` only. ``"*.example.com"`` matches
-    the names below example.com, not example.com itself. The daemon never
-    returns ``value``: in :class:`SandboxInfo` it is ``""``.
+    The sandbox sees a placeholder (``sbx-secret-<name>-<random>``) in
+    environment variable ``name``. The daemon's egress proxy puts ``value``
+    in its place only in HTTPS requests (re-originated to a server whose
+    certificate verified) to ``domains``, and there only in the ``headers``
+    named (``Authorization`` when none is) and, with ``allow_query``, in the
+    URL query string; everything else keeps the placeholder. Over plain HTTP
+    a request carrying the placeholder to those hosts is refused. A host
+    that echoes request headers hands the value back to the sandbox: list
+    only hosts you trust with it. ``"*.example.com"`` matches the names
+    below example.com, not example.com itself. The daemon never returns
+    ``value``: in :class:`SandboxInfo` it is ``""``.
     """
 
     name: str
     value: str = field(default="", repr=False)
     domains: List[str] = field(default_factory=list)
+    headers: List[str] = field(default_factory=list)
+    allow_query: bool = False
 
     def to_json(self) -> Dict[str, Any]:
         if isinstance(self.domains, str):
             raise TypeError("DomainSecret.domains must be a list of host names")
-        return {"name": self.name, "value": self.value, "domains": list(self.domains)}
+        if isinstance(self.headers, str):
+            raise TypeError("DomainSecret.headers must be a list of header names")
+        out: Dict[str, Any] = {"name": self.name, "value": self.value, "domains": list(self.domains)}
+        if self.headers:
+            out["headers"] = list(self.headers)
+        if self.allow_query:
+            out["allowQuery"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "DomainSecret":
-        return cls(name=str(obj.get("name", "")), domains=list(obj.get("domains") or []))
+        return cls(
+            name=str(obj.get("name", "")),
+            domains=list(obj.get("domains") or []),
+            headers=list(obj.get("headers") or []),
+            allow_query=bool(obj.get("allowQuery", False)),
+        )
 
 
 @dataclass(frozen=True)

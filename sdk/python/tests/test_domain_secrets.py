@@ -26,6 +26,22 @@ def test_domain_secret_json() -> None:
     assert info.domain_secrets == [sbx.DomainSecret("API_KEY", "", ["a.test"])]
 
 
+def test_domain_secret_headers_and_query_json() -> None:
+    d = sbx.DomainSecret("API_KEY", VALUE, ["api.example.com"], headers=["X-Api-Key"], allow_query=True)
+    assert d.to_json() == {
+        "name": "API_KEY",
+        "value": VALUE,
+        "domains": ["api.example.com"],
+        "headers": ["X-Api-Key"],
+        "allowQuery": True,
+    }
+    with pytest.raises(TypeError):
+        sbx.DomainSecret("K", "v", ["a.test"], headers="X-Api-Key").to_json()  # type: ignore[arg-type]
+    obj = {"name": "API_KEY", "domains": ["a.test"], "headers": ["X-Api-Key"], "allowQuery": True}
+    info = sbx.SandboxInfo.from_json({"id": "sb-x", "domainSecrets": [obj]})
+    assert info.domain_secrets == [sbx.DomainSecret("API_KEY", "", ["a.test"], ["X-Api-Key"], True)]
+
+
 @pytest.mark.parametrize(
     "secret, message",
     [
@@ -33,6 +49,8 @@ def test_domain_secret_json() -> None:
         (sbx.DomainSecret("BAD-NAME", VALUE, ["a.test"]), "BAD-NAME"),
         (sbx.DomainSecret("API_KEY", VALUE, []), "no domains"),
         (sbx.DomainSecret("API_KEY", VALUE, ["*.com"]), "*.com"),
+        (sbx.DomainSecret("API_KEY", VALUE, ["a.test"], headers=["Bad Header"]), "Bad Header"),
+        (sbx.DomainSecret("API_KEY", VALUE, ["a.test"], headers=["Connection"]), "Connection"),
     ],
 )
 def test_bad_domain_secrets_are_rejected(make_sandbox, secret: sbx.DomainSecret, message: str) -> None:

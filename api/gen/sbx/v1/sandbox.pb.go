@@ -638,7 +638,17 @@ type DomainSecret struct {
 	Name  string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Host names ("api.openai.com", "*.github.com") the real value may go to.
-	Domains       []string `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
+	Domains []string `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
+	// Request headers whose placeholder the egress proxy replaces with the
+	// value (canonical or any case, e.g. "X-Api-Key"); empty means
+	// "Authorization" only. Other headers, bodies and paths keep the
+	// placeholder. Values are only ever sent over TLS to a host whose
+	// certificate verified: over plain HTTP a request carrying the
+	// placeholder to the secret's hosts is refused.
+	Headers []string `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
+	// Also replace the placeholder in the URL query string (off by default:
+	// URLs are logged and echoed more often than headers).
+	AllowQuery    bool `protobuf:"varint,5,opt,name=allow_query,json=allowQuery,proto3" json:"allow_query,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -692,6 +702,20 @@ func (x *DomainSecret) GetDomains() []string {
 		return x.Domains
 	}
 	return nil
+}
+
+func (x *DomainSecret) GetHeaders() []string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *DomainSecret) GetAllowQuery() bool {
+	if x != nil {
+		return x.AllowQuery
+	}
+	return false
 }
 
 type NetworkPolicy struct {
@@ -1879,11 +1903,14 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"R\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8d\x01\n" +
 	"\fDomainSecret\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x18\n" +
-	"\adomains\x18\x03 \x03(\tR\adomains\"\x9d\x01\n" +
+	"\adomains\x18\x03 \x03(\tR\adomains\x12\x18\n" +
+	"\aheaders\x18\x04 \x03(\tR\aheaders\x12\x1f\n" +
+	"\vallow_query\x18\x05 \x01(\bR\n" +
+	"allowQuery\"\x9d\x01\n" +
 	"\rNetworkPolicy\x12'\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x13.sbx.v1.NetworkModeR\x04mode\x12\x1f\n" +
 	"\vallow_cidrs\x18\x02 \x03(\tR\n" +
