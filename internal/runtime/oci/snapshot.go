@@ -322,9 +322,9 @@ func (dw *diffWriter) copyRange(f *os.File, rel string, fr fragment) error {
 // dataFragments lists the data segments of f (size bytes): its holes are
 // what lies between them. data is the bytes they hold. A file with more
 // than maxFragments segments has its shortest holes merged into data (as
-// zeros), so its sparse map stays readable; data counts only real data.
+// zeros), so that its sparse map stays readable; data counts only real
+// data, and the merged zeros are within the file's apparent size.
 func dataFragments(f *os.File, size int64) (frags []fragment, data int64, err error) {
-	gap := int64(1)
 	for off := int64(0); off < size; {
 		start, end, err := boxcopy.NextData(f, off, size)
 		if err != nil {
@@ -336,9 +336,8 @@ func dataFragments(f *os.File, size int64) (frags []fragment, data int64, err er
 		frags = append(frags, fragment{off: start, n: end - start})
 		data += end - start
 		off = end
-		for len(frags) > maxFragments {
-			gap *= 2
-			frags = mergeFragments(frags, gap)
+		if len(frags) > maxFragments {
+			frags = shrinkFragments(frags, maxFragments*3/4)
 		}
 	}
 	return frags, data, nil

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,8 +34,9 @@ const blockSize = 512
 type fragment struct{ off, n int64 }
 
 // maxFragments bounds the sparse map of one entry: archive/tar refuses maps
-// over 1 MiB, and a map line costs up to 40 bytes.
-const maxFragments = 8192
+// over 1 MiB, and a map line pair costs at most 40 bytes. (A variable for
+// tests.)
+var maxFragments = 1 << 20 / 40
 
 // sparseMap is the text block of a GNU sparse 1.0 map, padded to a block.
 func sparseMap(frags []fragment, size int64) []byte {
@@ -133,19 +135,37 @@ func writeSparseHeader(tw *tar.Writer, w io.Writer, hdr *tar.Header, frags []fra
 	return m, nil
 }
 
-// mergeFragments joins fragments separated by holes shorter than gap (the
-// hole's zeros then travel as data) and returns the merged list.
-func mergeFragments(frags []fragment, gap int64) []fragment {
-	out := frags[:0]
-	for _, f := range frags {
-		if len(out) > 0 {
-			last := &out[len(out)-1]
-			if f.off-(last.off+last.n) < gap {
-				last.n = f.off + f.n - last.off
-				continue
-			}
+// shrinkFragments joins fragments across their shortest holes (whose zeros
+// then travel as data) until target are left.
+func shrinkFragments(frags []fragment, target int) []fragment {
+	merges := len(frags) - target
+	if merges <= 0 {
+		return frags
+	}
+	gaps := make([]int64, len(frags)-1)
+	for i := 1; i < len(frags); i++ {
+		gaps[i-1] = frags[i].off - (frags[i-1].off + frags[i-1].n)
+	}
+	sorted := slices.Clone(gaps)
+	slices.Sort(sorted)
+	limit := sorted[merges-1] // merge every gap below it, and some equal to it
+	equal := merges
+	for _, g := range sorted[:merges] {
+		if g < limit {
+			equal--
 		}
-		out = append(out, f)
+	}
+	out := frags[:1]
+	for i := 1; i < len(frags); i++ {
+		if g := gaps[i-1]; g < limit || g == limit && equal > 0 {
+			if g == limit {
+				equal--
+			}
+			last := &out[len(out)-1]
+			last.n = frags[i].off + frags[i].n - last.off
+			continue
+		}
+		out = append(out, frags[i])
 	}
 	return out
 }
