@@ -130,3 +130,48 @@ func TestExtractSparseBombRejected(t *testing.T) {
 		t.Errorf("the rejected bomb allocated %d bytes", alloc)
 	}
 }
+
+// TestCommitSparseLayerPrune: a committed layer with a 1 GiB sparse file
+// (and a symlink to a host dir) takes next to nothing on the host; Prune
+// reports the blocks it freed, not the file's size, and never follows the
+// symlink.
+func TestCommitSparseLayerPrune(t *testing.T) {
+	ctx := t.Context()
+	s := openStore(t, t.TempDir())
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "keep"), bytes.Repeat([]byte("k"), 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	f, err := os.Create(filepath.Join(src, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("end"), 1<<30-3); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Symlink(host, filepath.Join(src, "hostdir")); err != nil {
+		t.Fatal(err)
+	}
+	img, err := s.Commit(ctx, "", bytes.NewReader(gnuSparseTar(t, src, "big", "hostdir")), ImageConfig{}, "local/sparse:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size, alloc := allocated(t, filepath.Join(img.Layers[0], "big")); size != 1<<30 || alloc > 64<<10 {
+		t.Errorf("committed big: size %d, %d bytes allocated; want 1 GiB, sparse", size, alloc)
+	}
+	if err := s.Remove(ctx, img.Digest); err != nil {
+		t.Fatal(err)
+	}
+	freed, err := s.Prune(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if freed <= 0 || freed > 1<<20 {
+		t.Errorf("Prune freed %d bytes; want the layer's few blocks (not the sparse file's 1 GiB, nor the host dir's 1 MiB)", freed)
+	}
+	if b, err := os.ReadFile(filepath.Join(host, "keep")); err != nil || len(b) != 1<<20 {
+		t.Errorf("host file behind the layer's symlink: %d bytes, %v", len(b), err)
+	}
+}

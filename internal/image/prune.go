@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/sbxdev/sbx/internal/safepath"
 )
 
 // Prune deletes what no stored image references: layer dirs (unless listed
@@ -15,7 +17,8 @@ import (
 // them) and blobs. It waits for running pulls, imports and exports, and
 // blocks new ones while it runs. Images held by a Lease are kept. The
 // caller must make sure no sandbox is being created from a layer not in
-// inUse meanwhile. It returns the bytes freed (file sizes).
+// inUse meanwhile. It returns the bytes freed (disk blocks: a sparse
+// file's holes free nothing).
 func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, err error) {
 	s.gc.Lock()
 	defer s.gc.Unlock()
@@ -110,19 +113,28 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 	return freed, nil
 }
 
-// removeAll removes p and returns the size of the files it held.
+// removeAll removes p and returns the disk space its files held. A layer
+// dir's tree came out of a tar (a sandbox's snapshot, a registry's layer):
+// it is measured and removed through safepath, never following a symlink
+// in it, and sparse files count for the blocks they take, not their size.
 func removeAll(p string) (int64, error) {
+	parent, err := safepath.OpenRoot(filepath.Dir(p))
+	if err != nil {
+		return 0, err
+	}
+	defer parent.Close()
+	base := filepath.Base(p)
 	var n int64
-	_ = filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
+	if fi, err := parent.Lstat(base); err == nil {
+		n += safepath.Stat(fi).Blocks * 512
+		if fi.IsDir() {
+			_ = parent.Walk(base, func(_ string, e fs.DirEntry) error {
+				n += e.(safepath.Entry).Stat().Blocks * 512
+				return nil
+			})
 		}
-		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n, os.RemoveAll(p)
+	}
+	return n, parent.RemoveAll(base)
 }
 
 // DiskUsage reports how many images and unpacked layers the store holds and
