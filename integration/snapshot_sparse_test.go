@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -165,8 +164,76 @@ func TestSnapshotSparseFiles(t *testing.T) {
 	if err := neighbour.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(d.dataDir); err != nil {
+	d.assertNoLeaks()
+}
+
+// TestSnapshotSparseFilesRaisedCap: with --max-layer-size raised past their
+// apparent size, ten 1 GiB sparse files snapshot fine: the host keeps their
+// holes, a new sandbox sees their contents, and the daemon keeps serving a
+// neighbour while the layer (10 GiB as a reader sees it) is unpacked.
+func TestSnapshotSparseFilesRaisedCap(t *testing.T) {
+	d := startDaemon(t, "--max-layer-size", "16G")
+	ctx := ctxT(t, 5*time.Minute)
+	c := d.client()
+	neighbour, err := c.Create(ctx, sbx.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
+	}
+	d.remember(neighbour.ID)
+	sb, err := c.Create(ctx, sbx.CreateOptions{DiskBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	const script = "mkdir /many && for i in 0 1 2 3 4 5 6 7 8 9; do truncate -s 1G /many/$i && " +
+		"printf x$i | dd of=/many/$i bs=1 seek=536870912 conv=notrunc status=none; done"
+	const check = "for i in 0 1 2 3 4 5 6 7 8 9; do stat -c '%s %b' /many/$i; dd if=/many/$i bs=1 skip=536870912 count=2 status=none; echo; done"
+	mustRun(t, ctx, sb, script)
+	want := mustRun(t, ctx, sb, check)
+
+	before := hostAllocated(t, d.dataDir)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := sb.Snapshot(ctx, "local/sparse:many")
+		done <- err
+	}()
+	rounds := 0
+	for err = nil; ; rounds++ {
+		select {
+		case err = <-done:
+		default:
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			res, rerr := neighbour.RunShell(cctx, "echo alive")
+			cancel()
+			if rerr != nil || string(res.Stdout) != "alive\n" {
+				t.Fatalf("neighbour exec during the snapshot (round %d): %v %v", rounds, res, rerr)
+			}
+			continue
+		}
+		break
+	}
+	if err != nil {
+		t.Fatalf("snapshot under a 16 GiB cap: %v", err)
+	}
+	grew := hostAllocated(t, d.dataDir) - before
+	t.Logf("snapshot of 10 × 1 GiB sparse files: %v, %d neighbour execs meanwhile, host allocation grew by %d KiB",
+		time.Since(start).Round(time.Millisecond), rounds, grew>>10)
+	if grew > 64<<20 {
+		t.Errorf("host allocation grew by %d MiB; want ≤ 64 MiB", grew>>20)
+	}
+	sb2, err := c.Create(ctx, sbx.CreateOptions{Image: "local/sparse:many"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb2.ID)
+	if got := mustRun(t, ctx, sb2, check); got != want {
+		t.Errorf("in a sandbox of the snapshot:\n%s\nwant\n%s", got, want)
+	}
+	for _, s := range []*sbx.Sandbox{sb, sb2, neighbour} {
+		if err := s.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d.assertNoLeaks()
 }
