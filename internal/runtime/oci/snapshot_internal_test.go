@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -75,10 +76,11 @@ func mkSparse(t *testing.T, p string, size int64, data []byte, offs ...int64) *o
 }
 
 type tarFile struct {
-	size int64
-	sum  [32]byte
-	typ  byte
-	link string
+	size  int64
+	mtime time.Time
+	sum   [32]byte
+	typ   byte
+	link  string
 }
 
 // readTar reads every entry of a layer tar back with archive/tar.
@@ -102,7 +104,7 @@ func readTar(t *testing.T, b []byte) map[string]tarFile {
 		if n != hdr.Size && hdr.Typeflag == tar.TypeReg {
 			t.Errorf("%s: read %d bytes, header says %d", hdr.Name, n, hdr.Size)
 		}
-		out[hdr.Name] = tarFile{size: hdr.Size, sum: [32]byte(h.Sum(nil)), typ: hdr.Typeflag, link: hdr.Linkname}
+		out[hdr.Name] = tarFile{size: hdr.Size, mtime: hdr.ModTime, sum: [32]byte(h.Sum(nil)), typ: hdr.Typeflag, link: hdr.Linkname}
 	}
 }
 
@@ -120,6 +122,13 @@ func TestDiffSparseFiles(t *testing.T) {
 	}
 	sums[strings.Repeat("n", 200)] = sums["long-name"]
 	delete(sums, "long-name")
+	// Names and times a ustar header cannot hold travel in our PAX header.
+	odd := "new\nline=\xff \u00e9"
+	sums[odd] = sparseFile(t, filepath.Join(dir, odd), 8<<20, data, 4<<20)
+	old := time.Date(1950, 1, 2, 3, 4, 5, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(dir, odd), old, old); err != nil {
+		t.Fatal(err)
+	}
 	// More data segments than a sparse map may hold (lowered for the
 	// test): the shortest holes are merged into data, and only those.
 	defer func(n int) { maxFragments = n }(maxFragments)
@@ -150,6 +159,9 @@ func TestDiffSparseFiles(t *testing.T) {
 		t.Errorf("layer tar is %d bytes; want holes left out (< 4 MiB)", len(b))
 	}
 	got := readTar(t, b)
+	if g := got[odd]; !g.mtime.Equal(old) {
+		t.Errorf("%q: mtime %v, want %v", odd, g.mtime, old)
+	}
 	for name, sum := range sums {
 		fi, _ := os.Stat(filepath.Join(dir, name))
 		if g, ok := got[name]; !ok || g.size != fi.Size() || g.sum != sum {
