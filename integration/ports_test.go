@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -238,6 +239,37 @@ func TestPortProxyAuthAndRouting(t *testing.T) {
 		_ = json.Unmarshal([]byte(body), &e)
 		if got := e.header("Authorization"); got != "Basic YXBwOnB3" {
 			t.Errorf("got %q, want the app's own header", got)
+		}
+	})
+
+	// A browser sends the URL of the page it came from, which may still
+	// carry ?sbx_token= (a POST or an upgrade keeps it): the sandbox must
+	// see that Referer without the token, and the token nowhere else either.
+	t.Run("token in Referer and other headers", func(t *testing.T) {
+		basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+portToken))
+		_, body := do(t, newReq(t, "GET", p.URL+"ref?next="+url.QueryEscape("/x?sbx_token="+portToken)+"&q=1", map[string]string{
+			"X-Sbx-Token":      portToken,
+			"Referer":          p.URL + "page?a=1&sbx_token=" + portToken,
+			"Cookie":           "app=1; copy=" + portToken,
+			"Authorization":    basic,
+			"X-Forwarded-Host": "h?sbx_token=" + portToken,
+			"X-App":            "kept",
+		}))
+		var e echoed
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			t.Fatalf("body %q: %v", body, err)
+		}
+		if strings.Contains(body, portToken) {
+			t.Errorf("the token reached the sandbox: %s", body)
+		}
+		if got, want := e.header("Referer"), p.URL+"page?a=1"; got != want {
+			t.Errorf("Referer seen by the sandbox: got %q, want %q", got, want)
+		}
+		if got := e.header("Cookie"); got != "app=1" {
+			t.Errorf("Cookie seen by the sandbox: got %q, want \"app=1\"", got)
+		}
+		if got := e.header("X-App"); got != "kept" || e.Path != "/ref?q=1" {
+			t.Errorf("the sandbox got X-App %q and path %q, want \"kept\" and /ref?q=1", got, e.Path)
 		}
 	})
 

@@ -274,12 +274,23 @@ func devNull() (int, error) {
 	return int(devNullFD.Load()), nil
 }
 
-// credential is what the child runs as: nil (the agent's own, root) for the
-// default user. Setting it makes ForkExec call setgroups, setgid and setuid
-// in the child; a non-zero uid loses every capability there.
+// rootCredential makes a child of the default user (root) set its uids to
+// 0 again: the agent's saved uid is not 0 (see harden), and no user process
+// should carry it. One setgid and one setuid in the child, no setgroups. Nil
+// (inherit) when the agent is not root (its tests, run unprivileged).
+var rootCredential = func() *syscall.Credential {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	return &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+}()
+
+// credential is what the child runs as: root for the default user. It makes
+// ForkExec call setgid and setuid (and setgroups, for other users) in the
+// child; a non-zero uid loses every capability there.
 func (u *userInfo) credential() *syscall.Credential {
 	if u == nil {
-		return nil
+		return rootCredential
 	}
 	return &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
 }

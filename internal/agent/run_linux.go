@@ -60,12 +60,14 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer ln.Close()
+	ln = patient(ln, log)
 	var execLn net.Listener
 	if opts.ExecFD >= 0 {
 		if execLn, err = listenFD(opts.ExecFD, "exec-fd"); err != nil {
 			return err
 		}
 		defer execLn.Close()
+		execLn = patient(execLn, log)
 	}
 	closeOnExecAll()
 

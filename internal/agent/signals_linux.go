@@ -10,12 +10,24 @@ import (
 )
 
 // harden protects the agent from user code running as the same uid in the
-// same pid namespace: it cannot be ptraced or have its memory read, and no
-// signal that can be caught stops it. SIGKILL and SIGSTOP are not delivered
-// to a pid namespace's init from inside it anyway.
+// same pid namespace: it cannot be ptraced or have its memory read, its
+// resource limits cannot be changed (prlimit), and no signal that can be
+// caught stops it. SIGKILL and SIGSTOP are not delivered to a pid
+// namespace's init from inside it anyway.
 func harden() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %w", err)
+	}
+	// prlimit(2) on another process needs CAP_SYS_RESOURCE (which sandbox
+	// root lacks) unless the caller's real uid equals the target's real,
+	// effective and saved uids. A saved uid no user process holds as its
+	// real uid at the same time as 0 makes that impossible, so user code
+	// cannot lower the agent's RLIMIT_NOFILE or NPROC to starve it. The
+	// agent keeps its real and effective uid 0, and with them its
+	// capabilities; children get all three back to their user's (see
+	// userInfo.credential).
+	if err := unix.Setresuid(-1, -1, agentSavedUID); err != nil {
+		return fmt.Errorf("setresuid(saved %d): %w", agentSavedUID, err)
 	}
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, fatalSignals...)
@@ -38,6 +50,10 @@ func harden() error {
 // Asking for every signal, as this once did, cost 1–2 ms of the agent's
 // start: each signal.Notify of a new signal is a round trip with the
 // runtime's signal thread. TestBinary sends every signal.
+// agentSavedUID is the agent's saved uid (nobody): any uid other than 0
+// mapped in every sandbox's user namespace.
+const agentSavedUID = 65534
+
 var fatalSignals = []os.Signal{
 	unix.SIGHUP, unix.SIGINT, unix.SIGTERM,
 	unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT, unix.SIGSTKFLT, unix.SIGSYS,

@@ -14,12 +14,20 @@ import (
 )
 
 func newBuild(a *app) *cobra.Command {
-	var file, tag string
+	var file, tag, contextDir string
 	var noCache, quiet bool
 	cmd := &cobra.Command{
-		Use:   "build -f RECIPE.yaml -t REF [--no-cache]",
+		Use:   "build -f RECIPE.yaml -t REF [--context DIR] [--no-cache]",
 		Short: "Build an image from a recipe, one sandbox per step, caching unchanged steps",
-		Args:  cobra.NoArgs,
+		Long: `Build an image from a recipe, one sandbox per step, caching unchanged steps.
+
+Copy steps read only the build context: the recipe file's directory, or
+the directory --context names. A copy's src must be a relative path inside
+it (no absolute paths, no ".." components). Symlinks are never followed:
+one pointing inside what is copied is copied as a link, one pointing out of
+it is refused, as is a src that leads out of the context through one. The
+recipe is treated as untrusted: it cannot read other host files.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" || tag == "" {
 				return fmt.Errorf("build: give a recipe with -f and a name with -t")
@@ -28,11 +36,14 @@ func newBuild(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			abs, err := filepath.Abs(file)
-			if err != nil {
-				return err
+			if contextDir == "" {
+				abs, err := filepath.Abs(file)
+				if err != nil {
+					return err
+				}
+				contextDir = filepath.Dir(abs)
 			}
-			recipe, err := parseRecipe(data, filepath.Dir(abs))
+			recipe, err := parseRecipe(data, contextDir)
 			if err != nil {
 				return err
 			}
@@ -52,6 +63,7 @@ func newBuild(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&file, "file", "f", "", "recipe (YAML)")
 	f.StringVarP(&tag, "tag", "t", "", "reference to give the built image")
+	f.StringVar(&contextDir, "context", "", "build context: the only directory copy steps read (default: the recipe's directory)")
 	f.BoolVar(&noCache, "no-cache", false, "rerun every step")
 	f.BoolVarP(&quiet, "quiet", "q", false, "no progress output")
 	return cmd

@@ -12,6 +12,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/sandbox"
+	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
 func newPull(a *app) *cobra.Command {
@@ -96,11 +97,18 @@ func newImages(a *app) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	var tag string
+	var impOpts sbx.ImportOptions
 	imp := &cobra.Command{
 		Use:   "import FILE|-",
 		Short: "Import a docker-save or OCI-layout tarball",
-		Args:  cobra.ExactArgs(1),
+		Long: `Import a docker-save or OCI-layout tarball.
+
+The image is named by --tag only. The names inside the archive (docker-save
+RepoTags, OCI layout annotations) were chosen by whoever made it, so they
+are listed but not applied unless --use-archive-tags is given; then each
+must be a valid image reference, and one that already names another image
+fails the import unless --replace-archive-tags is given too.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = a.stdin
 			if args[0] != "-" {
@@ -111,17 +119,29 @@ func newImages(a *app) *cobra.Command {
 				defer f.Close()
 				r = f
 			}
-			imgs, err := a.client().Images().Import(cmd.Context(), r, tag)
+			resp, err := a.client().Images().ImportWith(cmd.Context(), r, impOpts)
 			if err != nil {
 				return err
 			}
-			for _, i := range imgs {
-				fmt.Fprintf(a.stdout, "%s %s\n", i.GetRef(), i.GetDigest())
+			names := resp.GetArchiveNames()
+			for i, img := range resp.GetImages() {
+				fmt.Fprintf(a.stdout, "%s %s\n", img.GetRef(), img.GetDigest())
+				if i >= len(names) {
+					continue
+				}
+				if t := names[i].GetTags(); len(t) > 0 && !impOpts.UseArchiveTags {
+					fmt.Fprintf(a.stderr, "  archive names it %s (not applied; see --use-archive-tags)\n", strings.Join(t, ", "))
+				}
+				if bad := names[i].GetRejected(); len(bad) > 0 {
+					fmt.Fprintf(a.stderr, "  archive names it %s: not valid image references, ignored\n", strings.Join(bad, ", "))
+				}
 			}
 			return nil
 		},
 	}
-	imp.Flags().StringVarP(&tag, "tag", "t", "", "reference to give the imported image")
+	imp.Flags().StringVarP(&impOpts.Tag, "tag", "t", "", "reference to give the imported image (moved here if it names another image)")
+	imp.Flags().BoolVar(&impOpts.UseArchiveTags, "use-archive-tags", false, "also apply the names inside the archive (each checked; an existing name is not moved)")
+	imp.Flags().BoolVar(&impOpts.ReplaceArchiveTags, "replace-archive-tags", false, "with --use-archive-tags: move names that already name another image")
 	var output string
 	exp := &cobra.Command{
 		Use:   "export REF",

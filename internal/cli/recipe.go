@@ -1,16 +1,9 @@
 package cli
 
 import (
-	"archive/tar"
 	"bytes"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -25,16 +18,19 @@ import (
 //	  - pip_install: [requests]
 //	  - npm_install: [typescript]
 //	  - run: make install
-//	  - copy: {src: ./app, dest: /app}          # src relative to the recipe file
+//	  - copy: {src: ./app, dest: /app}          # src inside the build context
 //	  - env: {APP_ENV: prod}
 //	  - workdir: /app
 //	  - entrypoint: [python3]
 //	  - cmd: [main.py]
 //	  - user: app
 //
-// A copy's src directory is copied with its contents into dest; a single
-// file lands in the directory dest. Symlinks are copied as symlinks; files
-// are owned by root in the image.
+// A copy's src is a relative path inside the build context (the recipe
+// file's directory unless `sbx build --context DIR`; see buildcontext.go):
+// a directory is copied with its contents into dest; a single file lands in
+// the directory dest. Symlinks are never followed: those pointing inside
+// what is copied are copied as links, others are refused. Files are owned
+// by root in the image.
 
 type yamlRecipe struct {
 	From  string                 `yaml:"from"`
@@ -44,8 +40,9 @@ type yamlRecipe struct {
 // maxCopyBytes bounds what copy steps of one recipe may send.
 const maxCopyBytes = 1 << 30
 
-// parseRecipe reads a YAML recipe; dir is where copy sources are resolved.
-func parseRecipe(data []byte, dir string) (*sbxv1.Recipe, error) {
+// parseRecipe reads a YAML recipe; contextDir is the build context, the
+// only directory copy steps may read.
+func parseRecipe(data []byte, contextDir string) (*sbxv1.Recipe, error) {
 	var y yamlRecipe
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -56,13 +53,14 @@ func parseRecipe(data []byte, dir string) (*sbxv1.Recipe, error) {
 		return nil, fmt.Errorf("recipe: `from` is missing")
 	}
 	r := &sbxv1.Recipe{From: y.From}
-	var copied int64
+	bc := &buildContext{dir: contextDir}
+	defer bc.Close()
 	for i, m := range y.Steps {
 		if len(m) != 1 {
 			return nil, fmt.Errorf("recipe step %d: want exactly one of apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd, user; got %d keys", i+1, len(m))
 		}
 		for k, n := range m {
-			s, err := parseStep(k, &n, dir, &copied)
+			s, err := parseStep(k, &n, bc)
 			if err != nil {
 				return nil, fmt.Errorf("recipe step %d (%s): %w", i+1, k, err)
 			}
@@ -72,7 +70,7 @@ func parseRecipe(data []byte, dir string) (*sbxv1.Recipe, error) {
 	return r, nil
 }
 
-func parseStep(kind string, n *yaml.Node, dir string, copied *int64) (*sbxv1.RecipeStep, error) {
+func parseStep(kind string, n *yaml.Node, bc *buildContext) (*sbxv1.RecipeStep, error) {
 	str := func() (string, error) {
 		var s string
 		if err := n.Decode(&s); err != nil || s == "" {
@@ -140,104 +138,17 @@ func parseStep(kind string, n *yaml.Node, dir string, copied *int64) (*sbxv1.Rec
 			Dest string `yaml:"dest"`
 		}
 		if err := n.Decode(&c); err != nil || c.Src == "" || c.Dest == "" {
-			return nil, fmt.Errorf("want {src: LOCAL_PATH, dest: /ABSOLUTE/DIR} (line %d)", n.Line)
+			return nil, fmt.Errorf("want {src: PATH_IN_BUILD_CONTEXT, dest: /ABSOLUTE/DIR} (line %d)", n.Line)
 		}
-		src := c.Src
-		if !filepath.IsAbs(src) {
-			src = filepath.Join(dir, src)
-		}
-		data, err := tarPath(src)
+		src, err := checkCopySrc(c.Src)
 		if err != nil {
 			return nil, err
 		}
-		if *copied += int64(len(data)); *copied > maxCopyBytes {
-			return nil, fmt.Errorf("copy steps send more than %d bytes", maxCopyBytes)
+		data, err := bc.tar(src)
+		if err != nil {
+			return nil, err
 		}
 		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Copy{Copy: &sbxv1.CopyStep{Dest: c.Dest, Tar: data}}}, nil
 	}
 	return nil, fmt.Errorf("unknown step (want apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd or user)")
-}
-
-// tarPath tars a local file (as its base name) or a directory's contents,
-// in a stable order, without following symlinks.
-func tarPath(src string) ([]byte, error) {
-	fi, err := os.Lstat(src)
-	if err != nil {
-		return nil, fmt.Errorf("copy: %w", err)
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(p, name string, fi fs.FileInfo) error {
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return nil // sockets and such: left out
-		}
-		hdr.Name, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = name, 0, 0, "", ""
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{} // only content and mtime count
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if !fi.IsDir() && !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0 {
-			return nil
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
-				return err
-			}
-		}
-		if buf.Len() > maxCopyBytes {
-			return fmt.Errorf("more than %d bytes", maxCopyBytes)
-		}
-		return nil
-	}
-	if !fi.IsDir() {
-		err = add(src, filepath.Base(src), fi)
-	} else {
-		err = walkSorted(src, "", add)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("copy %s: %w", src, err)
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-func walkSorted(dir, prefix string, add func(p, name string, fi fs.FileInfo) error) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-	for _, e := range ents {
-		p, name := filepath.Join(dir, e.Name()), prefix+e.Name()
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		if err := add(p, name, fi); err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			if err := walkSorted(p, name+"/", add); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

@@ -104,11 +104,11 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
-	guards, err := c.guard.policies()
+	cbs, err := parseCodebaseMounts(c.codebases)
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}
-	cbs, err := parseCodebaseMounts(c.codebases)
+	guards, err := c.guard.policies(cbs)
 	if err != nil {
 		return sbx.CreateOptions{}, err
 	}

@@ -24,7 +24,6 @@
 package codebase
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -32,7 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -40,11 +38,11 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/safepath"
 	"github.com/sbxdev/sbx/internal/store"
 )
 
@@ -223,28 +221,6 @@ func (m *Manager) Create(ctx context.Context, hdr *sbxv1.CreateCodebaseHeader, r
 	return cb, skipped, err
 }
 
-// countTree counts the regular files of a tree and their size.
-func countTree(dir string) (files, size int64, err error) {
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Type().IsRegular() {
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			files++
-			size += fi.Size()
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("count codebase files: %w", err)
-	}
-	return files, size, nil
-}
-
 func (m *Manager) toProto(ctx context.Context, rec *store.CodebaseRecord) (*sbxv1.Codebase, error) {
 	mounts, err := m.cfg.Store.CodebaseMounts(ctx, "")
 	if err != nil {
@@ -345,72 +321,20 @@ func (m *Manager) Download(ctx context.Context, ref string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return writeTar(ctx, m.tree(rec.ID, rec.Revision), w, m.cfg.UIDShift, m.cfg.IDRange)
+	tree, err := safepath.OpenRoot(m.tree(rec.ID, rec.Revision))
+	if err != nil {
+		return fmt.Errorf("open codebase tree: %w", err)
+	}
+	defer tree.Close()
+	return writeTar(ctx, tree, w, m.cfg.UIDShift, m.cfg.IDRange)
 }
 
-// writeTar writes the tree at dir (never following symlinks) as a tar.
-func writeTar(ctx context.Context, dir string, w io.Writer, shift, idRange uint32) error {
-	tw := tar.NewWriter(w)
-	unshift := func(id uint32) int {
-		if id >= shift && id < shift+idRange {
-			return int(id - shift)
-		}
-		return 0
-	}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
-			return nil
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			h.Uid, h.Gid = unshift(st.Uid), unshift(st.Gid)
-		}
-		h.Uname, h.Gname = "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("write codebase tar: %w", err)
-	}
-	return tw.Close()
-}
+// removeTree removes one of the manager's own directories (a revision tree,
+// a sync in progress) and everything in it. dir itself is the daemon's
+// path; what is below it came from sandboxes, and os.RemoveAll removes that
+// through directory handles (unlinkat, openat with O_NOFOLLOW), never
+// following a symlink it holds.
+func removeTree(dir string) error { return os.RemoveAll(dir) }
 
 // gcLocked removes revision trees that are neither current nor the lower
 // layer of a mount, and trees of codebases that no longer exist.

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -168,13 +167,3 @@ func unescapeMount(s string) string {
 func isWhiteout(mode uint32, rdev uint64) bool {
 	return mode&unix.S_IFMT == unix.S_IFCHR && rdev == 0
 }
-
-// isOpaque reports whether an upper directory is marked opaque.
-func isOpaque(path string) bool {
-	buf := make([]byte, 4)
-	n, err := unix.Lgetxattr(path, "trusted.overlay.opaque", buf)
-	return err == nil && n >= 1 && buf[0] == 'y'
-}
-
-func mtimeNs(st *syscall.Stat_t) int64 { return st.Mtim.Nano() }
-func ctimeNs(st *syscall.Stat_t) int64 { return st.Ctim.Nano() }

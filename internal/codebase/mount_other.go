@@ -3,8 +3,12 @@
 package codebase
 
 import (
+	"context"
 	"errors"
-	"syscall"
+	"io"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/safepath"
 )
 
 var errNeedsLinux = errors.New("codebase mounts need Linux")
@@ -12,7 +16,9 @@ var errNeedsLinux = errors.New("codebase mounts need Linux")
 func mountLayer(string, string, int64, int) (string, error) { return "", errNeedsLinux }
 func unmountLayer(string) error                             { return errNeedsLinux }
 func removeUnmounted(string) error                          { return errNeedsLinux }
-func isWhiteout(uint32, uint64) bool                        { return false }
-func isOpaque(string) bool                                  { return false }
-func mtimeNs(st *syscall.Stat_t) int64                      { return st.Mtimespec.Nano() }
-func ctimeNs(st *syscall.Stat_t) int64                      { return st.Ctimespec.Nano() }
+
+func (m *Manager) Sync(context.Context, string, string, bool, bool) (*sbxv1.SyncCodebaseResponse, error) {
+	return nil, errNeedsLinux
+}
+
+func writeTar(context.Context, *safepath.Root, io.Writer, uint32, uint32) error { return errNeedsLinux }

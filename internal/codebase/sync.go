@@ -1,3 +1,7 @@
+//go:build linux
+
+//sbx:hostile-tree
+
 package codebase
 
 import (
@@ -13,11 +17,15 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
+	"unicode/utf8"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/boxcopy"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/safepath"
 	"github.com/sbxdev/sbx/internal/store"
+	"golang.org/x/sys/unix"
 )
 
 // Sync writes the changes a sandbox made under one codebase mount (its
@@ -30,6 +38,14 @@ import (
 // without force nothing is written. Entries unchanged since this mount's
 // last sync (same fingerprint) and entries equal to the codebase's current
 // content are not written again.
+//
+// Every tree involved is hostile: the sandbox's layer, and the codebase's
+// trees too, which hold what earlier syncs (of other sandboxes) put there,
+// symlinks included. All of them are read and written through
+// internal/safepath, so no symlink in any component is ever followed: a path
+// below a symlink does not exist as such. File data is copied with its holes
+// kept and bounded by the mount's layer size (the sandbox's disk limit) and
+// Config.MaxBytes.
 func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, force bool) (*sbxv1.SyncCodebaseResponse, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -49,18 +65,31 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 	if err != nil {
 		return nil, err
 	}
-	upper := filepath.Join(mt.Dir, "rw", "upper")
-	entries, err := scanUpper(upper)
+	up, err := safepath.OpenRoot(filepath.Join(mt.Dir, "rw", "upper"))
+	if err != nil {
+		return nil, fmt.Errorf("open sandbox layer: %w", err)
+	}
+	defer up.Close()
+	entries, err := scanUpper(up)
 	if err != nil {
 		return nil, err
 	}
-	cur := m.tree(rec.ID, rec.Revision)
+	cur, err := safepath.OpenRoot(m.tree(rec.ID, rec.Revision))
+	if err != nil {
+		return nil, fmt.Errorf("open codebase tree: %w", err)
+	}
+	defer cur.Close()
+	lower, err := safepath.OpenRoot(m.tree(rec.ID, mt.LowerRev))
+	if err != nil {
+		return nil, fmt.Errorf("open codebase tree: %w", err)
+	}
+	defer lower.Close()
 	cs := &conflictState{synced: synced, changes: changes, lower: mt.LowerRev}
-	p, err := planSync(entries, cs, cur, upper)
+	p, err := planSync(entries, cs, cur, up)
 	if err != nil {
 		return nil, err
 	}
-	err = planVanished(p, entries, cs, cur, m.tree(rec.ID, mt.LowerRev))
+	err = planVanished(p, entries, cs, cur, lower)
 	if err != nil {
 		return nil, err
 	}
@@ -80,20 +109,18 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 	}
 	newRev := rec.Revision + 1
 	tmp := filepath.Join(m.treesDir(), rec.ID, ".sync")
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := removeTree(tmp); err != nil {
 		return nil, fmt.Errorf("remove leftover sync tree: %w", err)
 	}
-	if err := m.applySync(cur, tmp, upper, p.ops); err != nil {
-		os.RemoveAll(tmp)
+	budget := boxcopy.NewBudget(m.syncLimit(mt.Dir), fmt.Sprintf("the sandbox's disk limit for %s", mt.Path))
+	files, size, err := m.applySync(cur, tmp, up, p.ops, budget)
+	if err != nil {
+		removeTree(tmp)
 		return nil, fmt.Errorf("write sync of sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
 	}
-	files, size, err := countTree(tmp)
-	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
+	// safepath:ok: both are the daemon's own names in the trees dir.
 	if err := os.Rename(tmp, m.tree(rec.ID, newRev)); err != nil {
-		os.RemoveAll(tmp)
+		removeTree(tmp)
 		return nil, fmt.Errorf("store synced tree: %w", err)
 	}
 	newSynced := p.equal
@@ -105,7 +132,7 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		Changed: p.changed, SandboxID: sandboxID, MountPath: mt.Path, Synced: newSynced,
 	}
 	if err := m.cfg.Store.CommitCodebase(ctx, commit); err != nil {
-		os.RemoveAll(m.tree(rec.ID, newRev))
+		removeTree(m.tree(rec.ID, newRev))
 		return nil, err
 	}
 	m.gcLocked(ctx)
@@ -140,40 +167,37 @@ type upperEntry struct {
 }
 
 // scanUpper lists an upper dir, parents before children. It never follows
-// symlinks; sockets, FIFOs and devices other than whiteouts are ignored.
-func scanUpper(upper string) ([]upperEntry, error) {
+// symlinks; sockets, FIFOs and devices other than whiteouts are ignored. A
+// name that is not UTF-8 refuses the sync before anything is written (the
+// API and the state database carry paths as UTF-8 strings).
+func scanUpper(up *safepath.Root) ([]upperEntry, error) {
 	var out []upperEntry
-	err := filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	err := up.Walk(".", func(rel string, d safepath.Entry) error {
+		if !utf8.ValidString(rel) {
+			return fmt.Errorf("%w: sandbox path %q is not valid UTF-8: rename or remove it in the sandbox to sync", errdefs.ErrInvalidArgument, rel)
 		}
-		rel, err := filepath.Rel(upper, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("stat %s: no stat_t", rel)
-		}
-		e := upperEntry{rel: filepath.ToSlash(rel), mode: fi.Mode(), uid: st.Uid, gid: st.Gid, size: fi.Size(), mtime: fi.ModTime()}
+		fi, _ := d.Info()
+		st := d.Stat()
+		e := upperEntry{rel: rel, mode: fi.Mode(), uid: st.Uid, gid: st.Gid, size: st.Size, mtime: fi.ModTime()}
 		switch {
 		case fi.IsDir():
 			e.kind = kindDir
-			e.opaque = isOpaque(p)
-		case fi.Mode().IsRegular():
-			e.kind = kindFile
-			e.fp = fmt.Sprintf("f:%d:%d:%d:%d:%o", st.Ino, st.Size, mtimeNs(st), ctimeNs(st), st.Mode)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			e.kind = kindSymlink
-			if e.target, err = os.Readlink(p); err != nil {
+			v, ok, err := up.Getxattr(rel, "trusted.overlay.opaque")
+			if err != nil {
 				return err
 			}
-			e.fp = fmt.Sprintf("l:%d:%d:%s", st.Ino, ctimeNs(st), e.target)
-		case isWhiteout(uint32(st.Mode), uint64(st.Rdev)):
+			e.opaque = ok && len(v) >= 1 && v[0] == 'y'
+		case fi.Mode().IsRegular():
+			e.kind = kindFile
+			e.fp = fmt.Sprintf("f:%d:%d:%d:%d:%o", st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(), st.Mode)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			e.kind = kindSymlink
+			var err error
+			if e.target, err = up.Readlink(rel); err != nil {
+				return err
+			}
+			e.fp = fmt.Sprintf("l:%d:%d:%s", st.Ino, st.Ctim.Nano(), e.target)
+		case isWhiteout(st.Mode, st.Rdev):
 			e.kind = kindWhiteout
 			e.fp = "w"
 		default:
@@ -182,10 +206,27 @@ func scanUpper(upper string) ([]upperEntry, error) {
 		out = append(out, e)
 		return nil
 	})
+	if errdefs.IsInvalidArgument(err) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read sandbox layer: %w", err)
 	}
 	return out, nil
+}
+
+// lstatTree describes rel in a codebase tree, or returns nil when it does
+// not exist there as such: missing, or below a file or a symlink (a symlink
+// in a codebase is an entry of its own, never a way into anything).
+func lstatTree(r *safepath.Root, rel string) (fs.FileInfo, error) {
+	fi, err := r.Lstat(rel)
+	switch {
+	case err == nil:
+		return fi, nil
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ENOTDIR), errors.Is(err, safepath.ErrSymlink):
+		return nil, nil
+	}
+	return nil, fmt.Errorf("stat codebase path %s: %w", rel, err)
 }
 
 // conflictState answers "did the codebase change this path after the
@@ -251,7 +292,7 @@ type syncPlan struct {
 
 // planSync decides what a sync writes. cur is the codebase's current tree,
 // upper the sandbox's layer (for comparing contents).
-func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*syncPlan, error) {
+func planSync(entries []upperEntry, cs *conflictState, cur, up *safepath.Root) (*syncPlan, error) {
 	p := &syncPlan{equal: map[string]store.SyncedPath{}}
 	seenConflict := map[string]bool{}
 	addConflicts := func(cfs ...*sbxv1.SyncConflict) {
@@ -274,12 +315,11 @@ func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*sync
 		return false
 	}
 	for _, e := range entries {
-		curPath := filepath.Join(cur, filepath.FromSlash(e.rel))
-		cfi, cerr := os.Lstat(curPath)
-		exists := cerr == nil
-		if cerr != nil && !errors.Is(cerr, fs.ErrNotExist) && !errors.Is(cerr, syscall.ENOTDIR) {
-			return nil, fmt.Errorf("stat codebase path %s: %w", e.rel, cerr)
+		cfi, err := lstatTree(cur, e.rel)
+		if err != nil {
+			return nil, err
 		}
+		exists := cfi != nil
 		if underReplaced(e.rel) {
 			exists = false
 		}
@@ -288,7 +328,7 @@ func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*sync
 			if e.opaque {
 				if exists {
 					addConflicts(cs.subtree(e.rel)...)
-					dels, err := listTree(curPath, e.rel)
+					dels, err := listTree(cur, e.rel)
 					if err != nil {
 						return nil, err
 					}
@@ -317,7 +357,7 @@ func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*sync
 				continue // unchanged since this mount synced it
 			}
 			if exists {
-				same, err := sameContent(e, cfi, curPath, upper)
+				same, err := sameContent(e, cfi, cur, up)
 				if err != nil {
 					return nil, err
 				}
@@ -327,7 +367,7 @@ func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*sync
 				}
 				if cfi.IsDir() {
 					addConflicts(cs.subtree(e.rel)...)
-					dels, err := listTree(curPath, e.rel)
+					dels, err := listTree(cur, e.rel)
 					if err != nil {
 						return nil, err
 					}
@@ -351,7 +391,7 @@ func planSync(entries []upperEntry, cs *conflictState, cur, upper string) (*sync
 				continue // deleted here and (no longer) in the codebase either
 			}
 			addConflicts(cs.subtree(e.rel)...)
-			dels, err := listTree(curPath, e.rel)
+			dels, err := listTree(cur, e.rel)
 			if err != nil {
 				return nil, err
 			}
@@ -375,7 +415,7 @@ const fpGone = "gone"
 // no longer in its layer and not in its lower tree either: a file or
 // directory the sandbox created, synced and then removed leaves no whiteout
 // (overlayfs needs none when the lower layer lacks the name).
-func planVanished(p *syncPlan, entries []upperEntry, cs *conflictState, cur, lower string) error {
+func planVanished(p *syncPlan, entries []upperEntry, cs *conflictState, cur, lower *safepath.Root) error {
 	inUpper := make(map[string]*upperEntry, len(entries))
 	for i := range entries {
 		inUpper[entries[i].rel] = &entries[i]
@@ -402,15 +442,18 @@ func planVanished(p *syncPlan, entries []upperEntry, cs *conflictState, cur, low
 		if hidden {
 			continue
 		}
-		if _, err := os.Lstat(filepath.Join(lower, filepath.FromSlash(sp))); err == nil {
+		if fi, err := lstatTree(lower, sp); err != nil {
+			return err
+		} else if fi != nil {
 			continue // the sandbox sees the lower layer's version: nothing it changed
 		}
-		curPath := filepath.Join(cur, filepath.FromSlash(sp))
-		if _, err := os.Lstat(curPath); err != nil {
+		if fi, err := lstatTree(cur, sp); err != nil {
+			return err
+		} else if fi == nil {
 			continue // not in the codebase either
 		}
 		p.conflicts = append(p.conflicts, cs.subtree(sp)...)
-		dels, err := listTree(curPath, sp)
+		dels, err := listTree(cur, sp)
 		if err != nil {
 			return err
 		}
@@ -432,22 +475,15 @@ func planVanished(p *syncPlan, entries []upperEntry, cs *conflictState, cur, low
 	return nil
 }
 
-// listTree lists rel and everything below it (cur is its path in a tree).
-func listTree(cur, rel string) ([]string, error) {
+// listTree lists rel and everything below it in a codebase tree.
+func listTree(cur *safepath.Root, rel string) ([]string, error) {
 	out := []string{rel}
-	fi, err := os.Lstat(cur)
-	if err != nil || !fi.IsDir() {
-		return out, nil
+	fi, err := lstatTree(cur, rel)
+	if err != nil || fi == nil || !fi.IsDir() {
+		return out, err
 	}
-	err = filepath.WalkDir(cur, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		r, err := filepath.Rel(cur, p)
-		if err != nil || r == "." {
-			return err
-		}
-		out = append(out, rel+"/"+filepath.ToSlash(r))
+	err = cur.Walk(rel, func(r string, _ safepath.Entry) error {
+		out = append(out, r)
 		return nil
 	})
 	if err != nil {
@@ -474,24 +510,24 @@ func notIn(dels []string, entries []upperEntry, dir string) []string {
 }
 
 // sameContent reports whether an upper file or symlink equals the codebase's.
-func sameContent(e upperEntry, cfi fs.FileInfo, curPath, upper string) (bool, error) {
+func sameContent(e upperEntry, cfi fs.FileInfo, cur, up *safepath.Root) (bool, error) {
 	switch e.kind {
 	case kindSymlink:
 		if cfi.Mode()&fs.ModeSymlink == 0 {
 			return false, nil
 		}
-		t, err := os.Readlink(curPath)
+		t, err := cur.Readlink(e.rel)
 		return err == nil && t == e.target, nil
 	case kindFile:
 		if !cfi.Mode().IsRegular() || cfi.Size() != e.size || cfi.Mode().Perm() != e.mode.Perm() {
 			return false, nil
 		}
-		a, err := openUpper(upper, e.rel)
+		a, err := openUpper(up, e.rel)
 		if err != nil {
 			return false, err
 		}
 		defer a.Close()
-		b, err := os.Open(curPath)
+		b, err := cur.Open(e.rel)
 		if err != nil {
 			return false, fmt.Errorf("open codebase file %s: %w", e.rel, err)
 		}
@@ -523,15 +559,10 @@ func sameReaders(a, b io.Reader) (bool, error) {
 	}
 }
 
-// openUpper opens a regular file of the sandbox's layer without following
-// any symlink (the layer is the sandbox's: hostile).
-func openUpper(upper, rel string) (*os.File, error) {
-	root, err := os.OpenRoot(upper)
-	if err != nil {
-		return nil, fmt.Errorf("open sandbox layer: %w", err)
-	}
-	defer root.Close()
-	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// openUpper opens a regular file of the sandbox's layer (O_NONBLOCK: a
+// FIFO swapped in must not hang the daemon).
+func openUpper(up *safepath.Root, rel string) (*os.File, error) {
+	f, err := up.OpenFile(rel, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open sandbox file %s: %w", rel, err)
 	}
@@ -551,74 +582,99 @@ func (m *Manager) owner(id uint32) int {
 	return int(m.cfg.UIDShift)
 }
 
-// applySync makes dst a hardlink copy of cur with ops applied.
-func (m *Manager) applySync(cur, dst, upper string, ops []syncOp) error {
-	if err := linkCopy(cur, dst); err != nil {
-		return err
+// syncLimit is what one sync may write: the mount's layer size (the
+// sandbox's disk limit) and at most Config.MaxBytes.
+func (m *Manager) syncLimit(mountDir string) int64 {
+	limit := m.cfg.MaxBytes
+	var st unix.Statfs_t
+	// safepath:ok: the mount's rw dir is the daemon's tmpfs mount point.
+	if err := unix.Statfs(filepath.Join(mountDir, "rw"), &st); err == nil && st.Blocks > 0 {
+		limit = min(limit, int64(st.Blocks)*st.Bsize)
+	}
+	return limit
+}
+
+// applySync makes the tree dst (a new directory) a hardlink copy of cur with
+// ops applied, and counts its files and bytes.
+func (m *Manager) applySync(cur *safepath.Root, dst string, up *safepath.Root, ops []syncOp, budget *boxcopy.Budget) (files, size int64, err error) {
+	// safepath:ok: dst is the daemon's own new tree dir.
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return 0, 0, fmt.Errorf("create sync tree: %w", err)
+	}
+	out, err := safepath.OpenRoot(dst)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer out.Close()
+	if err := linkCopy(cur, out); err != nil {
+		return 0, 0, err
 	}
 	for _, o := range ops {
-		e := o.e
-		p := filepath.Join(dst, filepath.FromSlash(e.rel))
-		uid, gid := m.owner(e.uid), m.owner(e.gid)
-		switch o.kind {
-		case opDir, opReplaceDir:
-			fi, err := os.Lstat(p)
-			if o.kind == opReplaceDir || (err == nil && !fi.IsDir()) {
-				if err := os.RemoveAll(p); err != nil {
-					return err
-				}
-				err = fs.ErrNotExist
-			}
-			if err != nil {
-				if err := os.Mkdir(p, 0o700); err != nil {
-					return err
-				}
-			}
-			if err := os.Lchown(p, uid, gid); err != nil {
+		if err := m.applyOp(out, up, o, budget); err != nil {
+			return 0, 0, err
+		}
+	}
+	return countTree(out)
+}
+
+func (m *Manager) applyOp(out, up *safepath.Root, o syncOp, budget *boxcopy.Budget) error {
+	e := o.e
+	uid, gid := m.owner(e.uid), m.owner(e.gid)
+	switch o.kind {
+	case opDir, opReplaceDir:
+		fi, err := lstatTree(out, e.rel)
+		if err != nil {
+			return err
+		}
+		if o.kind == opReplaceDir || (fi != nil && !fi.IsDir()) {
+			if err := out.RemoveAll(e.rel); err != nil {
 				return err
 			}
-			if err := os.Chmod(p, e.mode&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid)); err != nil {
-				return err
-			}
-		case opFile:
-			if err := os.RemoveAll(p); err != nil {
-				return err
-			}
-			if err := copyFromUpper(upper, e, p, uid, gid); err != nil {
-				return err
-			}
-		case opSymlink:
-			if err := os.RemoveAll(p); err != nil {
-				return err
-			}
-			if err := os.Symlink(e.target, p); err != nil {
-				return err
-			}
-			if err := os.Lchown(p, uid, gid); err != nil {
-				return err
-			}
-		case opDelete:
-			if err := os.RemoveAll(p); err != nil {
+			fi = nil
+		}
+		if fi == nil {
+			if err := out.Mkdir(e.rel, 0o700); err != nil {
 				return err
 			}
 		}
+		if err := out.Lchown(e.rel, uid, gid); err != nil {
+			return err
+		}
+		return out.Chmod(e.rel, e.mode&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid))
+	case opFile:
+		if err := out.RemoveAll(e.rel); err != nil {
+			return err
+		}
+		return copyFromUpper(up, e, out, uid, gid, budget)
+	case opSymlink:
+		if err := out.RemoveAll(e.rel); err != nil {
+			return err
+		}
+		if err := out.Symlink(e.target, e.rel); err != nil {
+			return err
+		}
+		return out.Lchown(e.rel, uid, gid)
+	case opDelete:
+		return out.RemoveAll(e.rel)
 	}
 	return nil
 }
 
-func copyFromUpper(upper string, e upperEntry, dst string, uid, gid int) error {
-	src, err := openUpper(upper, e.rel)
+// copyFromUpper copies a file of the sandbox's layer into out, keeping its
+// holes, within budget.
+func copyFromUpper(up *safepath.Root, e upperEntry, out *safepath.Root, uid, gid int, budget *boxcopy.Budget) error {
+	src, err := openUpper(up, e.rel)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := out.OpenFile(e.rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, src); err != nil {
+	if _, err := boxcopy.CopyFile(f, src, budget); err != nil {
 		f.Close()
-		return err
+		return fmt.Errorf("copy %s: %w", e.rel, err)
 	}
 	if err := f.Chown(uid, gid); err != nil {
 		f.Close()
@@ -632,43 +688,46 @@ func copyFromUpper(upper string, e upperEntry, dst string, uid, gid int) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return os.Chtimes(dst, e.mtime, e.mtime)
+	return out.Chtimes(e.rel, e.mtime, e.mtime)
 }
 
-// linkCopy copies the tree src to dst: directories are made anew (same
-// mode and owner), everything else is hardlinked.
-func linkCopy(src, dst string) error {
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+// linkCopy copies the tree src into dst: directories are made anew (same
+// mode, owner and times), everything else is hardlinked.
+func linkCopy(src, dst *safepath.Root) error {
+	err := src.Walk(".", func(rel string, e safepath.Entry) error {
+		if !e.IsDir() {
+			return dst.Link(src, rel, rel)
+		}
+		fi, _ := e.Info()
+		st := e.Stat()
+		if err := dst.Mkdir(rel, 0o700); err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
+		if err := dst.Lchown(rel, int(st.Uid), int(st.Gid)); err != nil {
 			return err
 		}
-		t := filepath.Join(dst, rel)
-		if !d.IsDir() {
-			return os.Link(p, t)
-		}
-		fi, err := d.Info()
-		if err != nil {
+		if err := dst.Chmod(rel, fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid)); err != nil {
 			return err
 		}
-		if err := os.Mkdir(t, 0o700); err != nil {
-			return err
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			if err := os.Lchown(t, int(st.Uid), int(st.Gid)); err != nil {
-				return err
-			}
-		}
-		if err := os.Chmod(t, fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetgid)); err != nil {
-			return err
-		}
-		return os.Chtimes(t, fi.ModTime(), fi.ModTime())
+		return dst.Chtimes(rel, fi.ModTime(), fi.ModTime())
 	})
 	if err != nil {
 		return fmt.Errorf("copy codebase tree: %w", err)
 	}
 	return nil
+}
+
+// countTree counts the regular files of a tree and their (apparent) size.
+func countTree(r *safepath.Root) (files, size int64, err error) {
+	err = r.Walk(".", func(_ string, e safepath.Entry) error {
+		if e.Type().IsRegular() {
+			files++
+			size += e.Stat().Size
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("count codebase files: %w", err)
+	}
+	return files, size, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	goruntime "runtime"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -26,16 +27,62 @@ import (
 // maxMetaFile bounds manifests, configs and index files read from archives.
 const maxMetaFile = 16 << 20
 
+// ImportOptions says which names an import gives the images it stores.
+//
+// Names inside an archive (a docker-save manifest's RepoTags, an OCI
+// layout's io.containerd.image.name and org.opencontainers.image.ref.name
+// annotations) are chosen by whoever made the archive, so they are never
+// applied unless the caller asks: by default they are only reported
+// (ImportResult.ArchiveTags), and the images are named by Tags alone.
+type ImportOptions struct {
+	// Tags name the archive's image (an archive holding more than one is
+	// refused when Tags is set). Each must be a valid tag reference
+	// (checkRef), or the import fails before reading the archive. A tag
+	// that names another image already is moved to the imported one, as
+	// Tag does: the caller chose it.
+	Tags []string
+	// UseArchiveTags applies the archive's own names as well. Each must be
+	// a valid tag reference: the import fails, naming it, if one is not.
+	// A name that already belongs to another image fails the import with
+	// errdefs.ErrAlreadyExists, before anything is stored, unless
+	// ReplaceArchiveTags.
+	UseArchiveTags     bool
+	ReplaceArchiveTags bool
+	// Progress (may be nil) sees each layer's progress.
+	Progress func(Progress)
+}
+
+// ImportResult is one image an import stored.
+type ImportResult struct {
+	Image *Image
+	// ArchiveTags are the valid names the archive gives the image,
+	// normalised; they were applied only with UseArchiveTags.
+	ArchiveTags []string
+	// RejectedTags are names the archive gives the image that are not
+	// valid tag references, quoted (and cut) for display; never applied.
+	RejectedTags []string
+}
+
+// maxReportedNames bounds the archive names reported per image: an
+// archive may carry any number.
+const maxReportedNames = 16
+
 // Import stores the images of a tarball: an OCI image layout (index.json +
 // oci-layout + blobs/, as `docker save` writes since Docker 25 and skopeo,
 // crane and buildkit can) or a classic `docker save` archive (manifest.json).
 // An archive with both is read as an OCI layout, which keeps manifests
 // byte for byte. For a classic archive the manifest is rebuilt (Docker
-// schema 2), as `docker load` does. Images are named by the archive's
-// RepoTags or, in a layout, the io.containerd.image.name annotation (or
-// org.opencontainers.image.ref.name when it is a full reference); an image
-// without a name is stored untagged and found by digest.
-func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)) ([]*Image, error) {
+// schema 2), as `docker load` does. The images are named as opts says; an
+// image without a name is stored untagged and found by digest.
+func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) ([]ImportResult, error) {
+	var userRefs []string
+	for _, t := range opts.Tags {
+		n, err := normalizeTag(t)
+		if err != nil {
+			return nil, fmt.Errorf("import: --tag: %w", err)
+		}
+		userRefs = append(userRefs, n)
+	}
 	s.gc.RLock()
 	defer s.gc.RUnlock()
 	// The archive is spooled to disk: its members come in any order.
@@ -57,8 +104,8 @@ func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)
 		return nil, fmt.Errorf("import: %w", err)
 	}
 	type found struct {
-		src  source
-		refs []string
+		src   source
+		names []string // as the archive spells them: hostile
 	}
 	var imgs []found
 	switch {
@@ -76,7 +123,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)
 			if err != nil {
 				return nil, fmt.Errorf("import %s: %w", d.Digest, err)
 			}
-			imgs = append(imgs, found{src, layoutRefs(d)})
+			imgs = append(imgs, found{src, layoutNames(d)})
 		}
 	case ar.has("manifest.json"):
 		b, err := ar.readJSON("manifest.json")
@@ -90,15 +137,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)
 		for _, d := range m {
 			src, err := ar.dockerImage(d)
 			if err != nil {
-				return nil, fmt.Errorf("import %s: %w", d.Config, err)
+				return nil, fmt.Errorf("import %s: %w", quoteRef(d.Config), err)
 			}
-			var refs []string
-			for _, t := range d.RepoTags {
-				if n, err := normalize(t); err == nil {
-					refs = append(refs, n)
-				}
-			}
-			imgs = append(imgs, found{src, refs})
+			imgs = append(imgs, found{src, d.RepoTags})
 		}
 	default:
 		return nil, fmt.Errorf("import: neither an OCI layout nor a docker-save archive: %w", errdefs.ErrInvalidArgument)
@@ -106,33 +147,82 @@ func (s *Store) Import(ctx context.Context, r io.Reader, progress func(Progress)
 	if len(imgs) == 0 {
 		return nil, fmt.Errorf("import: archive holds no image: %w", errdefs.ErrInvalidArgument)
 	}
-	var out []*Image
-	for _, fi := range imgs {
-		rec, err := s.putLocked(ctx, fi.src, fi.refs, progress)
+	if len(userRefs) > 0 && len(imgs) != 1 {
+		return nil, fmt.Errorf("import: --tag needs an archive with one image, this one has %d: %w", len(imgs), errdefs.ErrInvalidArgument)
+	}
+	// Sort the archive's names into valid and not, and check (before
+	// storing anything) what applying them would do.
+	out := make([]ImportResult, len(imgs))
+	refs := make([][]string, len(imgs))
+	claimed := map[string]string{} // archive tag → digest of the image claiming it
+	for i, fi := range imgs {
+		refs[i] = slices.Clone(userRefs)
+		dgst := digestOf(fi.src.manifest)
+		for _, name := range fi.names {
+			t, err := normalizeTag(name)
+			if err != nil {
+				if opts.UseArchiveTags {
+					return nil, fmt.Errorf("import: archive name: %w", err)
+				}
+				if len(out[i].RejectedTags) < maxReportedNames {
+					out[i].RejectedTags = append(out[i].RejectedTags, quoteRef(name))
+				}
+				continue
+			}
+			if slices.Contains(out[i].ArchiveTags, t) {
+				continue
+			}
+			if len(out[i].ArchiveTags) < maxReportedNames {
+				out[i].ArchiveTags = append(out[i].ArchiveTags, t)
+			}
+			if !opts.UseArchiveTags {
+				continue
+			}
+			if d, ok := claimed[t]; ok && d != dgst {
+				return nil, fmt.Errorf("import: the archive gives %s to two images: %w", t, errdefs.ErrInvalidArgument)
+			}
+			claimed[t] = dgst
+			if !slices.Contains(refs[i], t) {
+				refs[i] = append(refs[i], t)
+			}
+		}
+	}
+	exclusive := map[string]bool{} // archive tags that may not move an existing tag
+	if opts.UseArchiveTags && !opts.ReplaceArchiveTags {
+		s.mu.Lock()
+		for t, d := range claimed {
+			if slices.Contains(userRefs, t) {
+				continue // the caller named it too
+			}
+			exclusive[t] = true
+			if cur, ok := s.refs[t]; ok && cur != d {
+				s.mu.Unlock()
+				return nil, fmt.Errorf("import: the archive names its image %s, which names another image already (replace it explicitly): %w", t, errdefs.ErrAlreadyExists)
+			}
+		}
+		s.mu.Unlock()
+	}
+	for i, fi := range imgs {
+		rec, err := s.putLocked(ctx, fi.src, refs[i], exclusive, opts.Progress)
 		if err != nil {
-			return out, fmt.Errorf("import: %w", err)
+			return out[:i], fmt.Errorf("import: %w", err)
 		}
-		ref := ""
-		if len(fi.refs) > 0 {
-			ref = fi.refs[0]
-		}
-		out = append(out, s.imageOf(rec, ref))
+		out[i].Image = s.imageOf(rec, firstOr(refs[i], ""))
 	}
 	return out, nil
 }
 
-// layoutRefs names an image of an OCI layout from its annotations.
-func layoutRefs(d v1.Descriptor) []string {
+// layoutNames returns the names an image of an OCI layout has in its
+// annotations. A bare ref.name ("latest") names no repository and is not
+// one.
+func layoutNames(d v1.Descriptor) []string {
+	var out []string
 	for _, k := range []string{"io.containerd.image.name", "org.opencontainers.image.ref.name"} {
-		v := d.Annotations[k]
-		if !strings.ContainsAny(v, "/:@") { // a bare tag ("latest") names no repository
-			continue
-		}
-		if n, err := normalize(v); err == nil {
-			return []string{n}
+		if v, ok := d.Annotations[k]; ok && strings.ContainsAny(v, "/:@") {
+			out = append(out, v)
 		}
 	}
-	return nil
+	return out
 }
 
 // archive is a random-access view of a spooled tar: regular files by name.

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,7 +49,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 	}
 
 	fresh := openStore(t, t.TempDir())
-	imgs, err := fresh.Import(ctx, bytes.NewReader(buf.Bytes()), nil)
+	imgs, err := importedImages(fresh.Import(ctx, bytes.NewReader(buf.Bytes()), ImportOptions{UseArchiveTags: true}))
 	if err != nil {
 		t.Fatalf("import: %v", err)
 	}
@@ -61,6 +62,15 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if imgs[0].Config.WorkingDir != "/work" {
 		t.Errorf("imported config %+v", imgs[0].Config)
 	}
+}
+
+// importedImages returns the images of an import's results.
+func importedImages(res []ImportResult, err error) ([]*Image, error) {
+	var out []*Image
+	for _, r := range res {
+		out = append(out, r.Image)
+	}
+	return out, err
 }
 
 // tarDir packs a directory (an OCI layout) into a tar.
@@ -119,7 +129,7 @@ func TestImportOCILayout(t *testing.T) {
 	if err := p.AppendImage(named, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "latest"})); err != nil {
 		t.Fatal(err)
 	}
-	imgs, err := s.Import(context.Background(), bytes.NewReader(tarDir(t, dir)), nil)
+	imgs, err := importedImages(s.Import(context.Background(), bytes.NewReader(tarDir(t, dir)), ImportOptions{UseArchiveTags: true}))
 	if err != nil {
 		t.Fatalf("import: %v", err)
 	}
@@ -153,7 +163,7 @@ func TestImportDockerSave(t *testing.T) {
 	})
 	ar := tarOf(t, file("cfg.json", string(cb)), file("aaa/layer.tar", string(layer)),
 		symlink("bbb/layer.tar", "../aaa/layer.tar"), file("manifest.json", string(mj)))
-	imgs, err := s.Import(context.Background(), bytes.NewReader(ar), nil)
+	imgs, err := importedImages(s.Import(context.Background(), bytes.NewReader(ar), ImportOptions{UseArchiveTags: true}))
 	if err != nil {
 		t.Fatalf("import: %v", err)
 	}
@@ -169,11 +179,13 @@ func TestImportDockerSave(t *testing.T) {
 	if err := s.Export(context.Background(), "sbx/saved:v2", &buf); err != nil {
 		t.Fatal(err)
 	}
-	again, err := openStore(t, t.TempDir()).Import(context.Background(), &buf, nil)
-	if err != nil || len(again) != 1 || again[0].Digest != imgs[0].Digest || again[0].Ref != "index.docker.io/sbx/saved:v2" {
-		t.Errorf("re-import = %+v, %v; want digest %s", again, err, imgs[0].Digest)
+	// Without UseArchiveTags the archive's name is reported, not applied.
+	again, err := openStore(t, t.TempDir()).Import(context.Background(), &buf, ImportOptions{})
+	if err != nil || len(again) != 1 || again[0].Image.Digest != imgs[0].Digest || again[0].Image.Ref != "" ||
+		!slices.Equal(again[0].ArchiveTags, []string{"index.docker.io/sbx/saved:v2"}) {
+		t.Errorf("re-import = %+v, %v; want digest %s, untagged, archive tag sbx/saved:v2", again, err, imgs[0].Digest)
 	}
-	if _, err := s.Import(context.Background(), bytes.NewReader(tarOf(t, file("hello", "x"))), nil); !errdefs.IsInvalidArgument(err) {
+	if _, err := s.Import(context.Background(), bytes.NewReader(tarOf(t, file("hello", "x"))), ImportOptions{}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("import of a random tar = %v; want ErrInvalidArgument", err)
 	}
 }
@@ -246,7 +258,7 @@ func TestImportTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	_, err = s.Import(context.Background(), io.LimitReader(zeroReader{}, 8<<20), nil)
+	_, err = s.Import(context.Background(), io.LimitReader(zeroReader{}, 8<<20), ImportOptions{})
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "larger than the limit") {
 		t.Errorf("got %v, want an InvalidArgument naming the limit", err)
 	}

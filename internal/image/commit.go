@@ -15,7 +15,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
@@ -124,12 +123,9 @@ func refsOf(tag string) ([]string, error) {
 	if tag == "" {
 		return nil, nil
 	}
-	n, err := normalize(tag)
+	n, err := normalizeTag(tag)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := name.NewTag(n); err != nil {
-		return nil, fmt.Errorf("tag %q: not a tag: %w", tag, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("tag: %w", err)
 	}
 	return []string{n}, nil
 }
@@ -297,7 +293,7 @@ func (s *Store) composeLocked(ctx context.Context, base *record, layers []LayerD
 	}
 	s.mu.Unlock()
 	if existing != nil {
-		if err := s.addImage(existing, refs); err != nil {
+		if err := s.addImage(existing, refs, nil); err != nil {
 			return nil, err
 		}
 		return s.imageOf(existing, firstOr(refs, "")), nil
@@ -318,7 +314,7 @@ func (s *Store) composeLocked(ctx context.Context, base *record, layers []LayerD
 		return nil, err
 	}
 	rec.Intermediate = spec.Intermediate
-	if err := s.addImage(rec, refs); err != nil {
+	if err := s.addImage(rec, refs, nil); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()

@@ -1,3 +1,5 @@
+//sbx:hostile-tree
+
 package image
 
 import (
@@ -34,6 +36,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 	}
 	for d, r := range s.records {
 		if r.Intermediate && !tagged[d] && !s.leasedLocked(d) {
+			// safepath:ok: an image record, named by its digest.
 			if err := os.Remove(s.recordPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				s.mu.Unlock()
 				return 0, fmt.Errorf("prune: %w", err)
@@ -56,6 +59,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 
 	var errs []error
 	layers := filepath.Join(s.cfg.Dir, "layers")
+	// safepath:ok: the store's own layers dir.
 	ents, err := os.ReadDir(layers)
 	if err != nil {
 		return 0, fmt.Errorf("prune: %w", err)
@@ -71,6 +75,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		p := filepath.Join(layers, e.Name())
 		if e.IsDir() {
 			// Metadata first: a dir without metadata counts as absent.
+			// safepath:ok: a layer's metadata file, named by the store.
 			if err := os.Remove(p + ".json"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 				continue
@@ -83,6 +88,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		}
 	}
 	blobs := filepath.Join(s.cfg.Dir, "blobs", "sha256")
+	// safepath:ok: the store's own blobs dir.
 	ents, err = os.ReadDir(blobs)
 	if err != nil {
 		return freed, fmt.Errorf("prune: %w", err)
@@ -98,6 +104,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		}
 	}
 	// Nothing is in progress while we hold gc: whatever is in tmp is junk.
+	// safepath:ok: the store's own tmp dir.
 	tmps, _ := os.ReadDir(s.tmpDir())
 	for _, e := range tmps {
 		n, err := removeAll(filepath.Join(s.tmpDir(), e.Name()))
@@ -128,8 +135,8 @@ func removeAll(p string) (int64, error) {
 	if fi, err := parent.Lstat(base); err == nil {
 		n += safepath.Stat(fi).Blocks * 512
 		if fi.IsDir() {
-			_ = parent.Walk(base, func(_ string, e fs.DirEntry) error {
-				n += e.(safepath.Entry).Stat().Blocks * 512
+			_ = parent.Walk(base, func(_ string, e safepath.Entry) error {
+				n += e.Stat().Blocks * 512
 				return nil
 			})
 		}
@@ -143,6 +150,7 @@ func (s *Store) DiskUsage(ctx context.Context) (images, layers int64, bytes int6
 	s.mu.Lock()
 	images = int64(len(s.records))
 	s.mu.Unlock()
+	// safepath:ok: the store's own layers dir.
 	ents, err := os.ReadDir(filepath.Join(s.cfg.Dir, "layers"))
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("disk usage: %w", err)
@@ -159,6 +167,7 @@ func (s *Store) DiskUsage(ctx context.Context) (images, layers int64, bytes int6
 		layers++
 		bytes += m.Size
 	}
+	// safepath:ok: the store's own blobs dir.
 	ents, err = os.ReadDir(filepath.Join(s.cfg.Dir, "blobs", "sha256"))
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("disk usage: %w", err)

@@ -73,7 +73,7 @@ func (s *Store) Pull(ctx context.Context, ref string, progress func(Progress)) (
 	}
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	rec, err := s.putLocked(ctx, src, []string{r.Name()}, progress)
+	rec, err := s.putLocked(ctx, src, []string{r.Name()}, nil, progress)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", r.Name(), remoteErr(err))
 	}
@@ -82,16 +82,16 @@ func (s *Store) Pull(ctx context.Context, ref string, progress func(Progress)) (
 
 // parseRemoteRef parses ref, allowing plain HTTP only for loopback registries.
 func parseRemoteRef(ref string) (name.Reference, error) {
-	r, err := name.ParseReference(ref)
+	r, err := parseRef(ref)
 	if err != nil {
-		return nil, fmt.Errorf("parse image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+		return nil, err
 	}
 	host := r.Context().RegistryStr()
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
-		return name.ParseReference(ref, name.Insecure)
+		return parseRef(ref, name.Insecure)
 	}
 	return r, nil
 }
@@ -148,16 +148,17 @@ func remoteSource(img v1.Image) (source, error) {
 	}}, nil
 }
 
-// putLocked stores an image and points refs at it. The caller holds s.gc
-// shared from before it writes anything to tmp/ until this returns.
-func (s *Store) putLocked(ctx context.Context, src source, refs []string, progress func(Progress)) (*record, error) {
+// putLocked stores an image and points refs at it (see addImage for
+// exclusive). The caller holds s.gc shared from before it writes anything
+// to tmp/ until this returns.
+func (s *Store) putLocked(ctx context.Context, src source, refs []string, exclusive map[string]bool, progress func(Progress)) (*record, error) {
 	start := time.Now()
 	unpacked := s.unpacked.Load()
 	rec, err := s.ingestLocked(ctx, src, progress)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.addImage(rec, refs); err != nil {
+	if err := s.addImage(rec, refs, exclusive); err != nil {
 		return nil, err
 	}
 	s.log.Info("image stored", "refs", refs, "digest", rec.Digest, "layers", len(rec.Layers),

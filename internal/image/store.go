@@ -36,7 +36,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -254,6 +253,12 @@ func (s *Store) load() error {
 		s.records[r.Digest] = &r
 	}
 	for ref, dgst := range idx.Refs {
+		// Stores written before refs were checked may hold names taken
+		// from archives, such as "../../evil:1": they are forgotten.
+		if n, err := normalize(ref); err != nil || n != ref {
+			s.log.Warn("dropping an invalid image ref", "ref", quoteRef(ref), "digest", dgst)
+			continue
+		}
 		if s.records[dgst] == nil {
 			s.log.Warn("dropping ref to a missing image", "ref", ref, "digest", dgst)
 			continue
@@ -268,10 +273,17 @@ func (s *Store) writeIndexLocked() error {
 	return writeJSON(s.indexPath(), indexFile{Version: 1, Refs: s.refs})
 }
 
-// addImage records rec and points refs at it.
-func (s *Store) addImage(rec *record, refs []string) error {
+// addImage records rec and points refs at it. A ref in exclusive that
+// names another image already fails with errdefs.ErrAlreadyExists before
+// anything is written.
+func (s *Store) addImage(rec *record, refs []string, exclusive map[string]bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, r := range refs {
+		if d, ok := s.refs[r]; ok && d != rec.Digest && exclusive[r] {
+			return fmt.Errorf("%s names another image already (replace it explicitly): %w", r, errdefs.ErrAlreadyExists)
+		}
+	}
 	if err := writeJSON(s.recordPath(rec.Digest), rec); err != nil {
 		return fmt.Errorf("write image record: %w", err)
 	}
@@ -287,10 +299,12 @@ func (s *Store) addImage(rec *record, refs []string) error {
 
 // normalize turns a user's reference into its canonical form
 // ("alpine" → "index.docker.io/library/alpine:latest").
+// It refuses what the distribution spec's grammar does not allow (see
+// checkRef).
 func normalize(ref string) (string, error) {
-	r, err := name.ParseReference(ref)
+	r, err := parseRef(ref)
 	if err != nil {
-		return "", fmt.Errorf("parse image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+		return "", err
 	}
 	return r.Name(), nil
 }
@@ -403,12 +417,9 @@ func (s *Store) List(ctx context.Context) ([]*Image, error) {
 
 // Tag makes dst refer to the image src refers to.
 func (s *Store) Tag(ctx context.Context, src, dst string) error {
-	n, err := normalize(dst)
+	n, err := normalizeTag(dst)
 	if err != nil {
-		return err
-	}
-	if _, err := name.NewTag(n); err != nil {
-		return fmt.Errorf("tag %q: not a tag: %w", dst, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("tag: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

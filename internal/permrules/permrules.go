@@ -22,6 +22,11 @@
 //     "src/*.go"); "**" as a whole component matches zero or more components.
 //     A trailing "/" is ignored.
 //
+// A case-insensitive rule (PermissionRule.case_insensitive) compares its
+// pattern and the path after Unicode simple case folding, so "*.pem" also
+// matches "KEY.PEM" (a character range folds by its ends: use [a-z], not
+// [Z-a]). The presets' hiding rules are all case-insensitive.
+//
 // The winner among matching rules is the one with the highest priority, then
 // the most specific type (file over directory over glob), then the longest
 // pattern, then the later rule (user rules come after the preset's). No
@@ -42,6 +47,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
@@ -110,11 +117,50 @@ type rule struct {
 	typ      sbxv1.PatternType
 	perm     Perm
 	priority int64
-	// comps are the pattern's components; anchored is false for a
-	// single-component glob or directory pattern without "/", which matches
-	// a name at any depth.
+	// comps are the pattern's components (case-folded if fold); anchored is
+	// false for a single-component glob or directory pattern without "/",
+	// which matches a name at any depth.
 	comps    []string
 	anchored bool
+	// fold: match against the case-folded path (see foldCase).
+	fold bool
+	// idx is the rule's place in its policy (the last tie-break).
+	idx int
+	// name matches one component for an unanchored rule.
+	name nameMatcher
+}
+
+// nameMatcher matches a path component against one pattern component,
+// without path.Match for the common shapes ("x", "*x", "x*").
+type nameMatcher struct {
+	kind byte // '=' literal, '>' suffix ("*x"), '<' prefix ("x*"), 'm' path.Match
+	s    string
+}
+
+func newNameMatcher(pat string) nameMatcher {
+	const meta = `*?[\`
+	switch {
+	case !strings.ContainsAny(pat, meta):
+		return nameMatcher{'=', pat}
+	case len(pat) > 1 && pat[0] == '*' && !strings.ContainsAny(pat[1:], meta):
+		return nameMatcher{'>', pat[1:]}
+	case len(pat) > 1 && pat[len(pat)-1] == '*' && !strings.ContainsAny(pat[:len(pat)-1], meta):
+		return nameMatcher{'<', pat[:len(pat)-1]}
+	}
+	return nameMatcher{'m', pat}
+}
+
+func (m nameMatcher) match(c string) bool {
+	switch m.kind {
+	case '=':
+		return c == m.s
+	case '>':
+		return strings.HasSuffix(c, m.s)
+	case '<':
+		return strings.HasPrefix(c, m.s)
+	}
+	ok, _ := path.Match(m.s, c)
+	return ok
 }
 
 // rank orders rules for precedence: higher wins.
@@ -129,8 +175,8 @@ func (r *rule) rank() (int64, int, int) {
 	return r.priority, t, len(r.pattern)
 }
 
-// beats reports whether r wins over o (o may be nil). Ties go to r, which
-// callers pass in rule order, so the later rule wins.
+// beats reports whether r wins over o (o may be nil). A full tie goes to
+// the later rule.
 func (r *rule) beats(o *rule) bool {
 	if o == nil {
 		return true
@@ -143,7 +189,10 @@ func (r *rule) beats(o *rule) bool {
 	if a2 != b2 {
 		return a2 > b2
 	}
-	return a3 >= b3
+	if a3 != b3 {
+		return a3 > b3
+	}
+	return r.idx > o.idx
 }
 
 // Policy is a compiled PathPolicy.
@@ -153,6 +202,11 @@ type Policy struct {
 	// Default is the permission of paths no rule matches.
 	Default Perm
 	rules   []*rule
+	// fold: some rule is case-insensitive.
+	fold bool
+	// loose are the unanchored rules (a name at any depth), anchored the
+	// others; both in rule order.
+	loose, anchored []*rule
 }
 
 // defaultPriority is below every rule's.
@@ -201,6 +255,16 @@ func Compile(p *sbxv1.PathPolicy) (*Policy, error) {
 			return o.pattern == r.pattern && o.typ == r.typ
 		})
 		out.rules = append(out.rules, r)
+	}
+	for i, r := range out.rules {
+		r.idx = i
+		out.fold = out.fold || r.fold
+		if r.anchored {
+			out.anchored = append(out.anchored, r)
+		} else {
+			r.name = newNameMatcher(r.comps[0])
+			out.loose = append(out.loose, r)
+		}
 	}
 	return out, nil
 }
@@ -284,7 +348,7 @@ func compileRule(pr *sbxv1.PermissionRule) (*rule, error) {
 	if typ < sbxv1.PatternType_PATTERN_TYPE_GLOB || typ > sbxv1.PatternType_PATTERN_TYPE_FILE {
 		return nil, fmt.Errorf("unknown pattern type %d", typ)
 	}
-	r := &rule{pattern: pat, typ: typ, perm: Perm(perm), priority: int64(pr.GetPriority())}
+	r := &rule{pattern: pat, typ: typ, perm: Perm(perm), priority: int64(pr.GetPriority()), fold: pr.GetCaseInsensitive()}
 	trimmed := strings.Trim(pat, "/")
 	r.anchored = strings.Contains(trimmed, "/") || strings.HasPrefix(pat, "/") || typ == sbxv1.PatternType_PATTERN_TYPE_FILE
 	if trimmed == "" {
@@ -312,6 +376,9 @@ func compileRule(pr *sbxv1.PermissionRule) (*rule, error) {
 				return nil, fmt.Errorf("bad pattern: %v", err)
 			}
 		}
+		if r.fold {
+			c = foldCase(c)
+		}
 		r.comps = append(r.comps, c)
 	}
 	return r, nil
@@ -326,18 +393,73 @@ func splitPath(p string) []string {
 	return strings.Split(p, "/")
 }
 
-// matches reports whether r matches the path comps or one of its ancestors.
-func (r *rule) matches(comps []string) bool {
+// foldCase maps every rune of s to the smallest rune of its Unicode simple
+// case folding orbit, so that two strings fold to the same one exactly when
+// strings.EqualFold says they are equal ("key.PEM", "KEY.pem" and "KEY.PEM"
+// all fold to "KEY.PEM"; "ſ" (long s) folds like "s"). path.Match's
+// metacharacters have no case and are kept.
+func foldCase(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return strings.ToUpper(s)
+	}
+	return strings.Map(func(r rune) rune {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		return m
+	}, s)
+}
+
+// pathComps is a path's components and, if the policy has a
+// case-insensitive rule, their case-folded form.
+type pathComps struct {
+	raw, folded []string
+}
+
+func (p *Policy) pathComps(rel string) pathComps {
+	pc := pathComps{raw: splitPath(rel)}
+	if p.fold {
+		pc.folded = make([]string, len(pc.raw))
+		for i, c := range pc.raw {
+			pc.folded[i] = foldCase(c)
+		}
+	}
+	return pc
+}
+
+// prefix is the path of the first k components.
+func (pc pathComps) prefix(k int) pathComps {
+	out := pathComps{raw: pc.raw[:k]}
+	if pc.folded != nil {
+		out.folded = pc.folded[:k]
+	}
+	return out
+}
+
+// of returns the components r matches against.
+func (pc pathComps) of(r *rule) []string {
+	if r.fold {
+		return pc.folded
+	}
+	return pc.raw
+}
+
+// matches reports whether r matches the path pc or one of its ancestors.
+func (r *rule) matches(pc pathComps) bool {
+	comps := pc.of(r)
 	switch {
 	case r.typ == sbxv1.PatternType_PATTERN_TYPE_FILE:
 		return slices.Equal(r.comps, comps)
 	case !r.anchored:
-		for _, c := range comps {
-			if ok, _ := path.Match(r.comps[0], c); ok {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(comps, r.name.match)
 	case len(r.comps) == 0: // directory "/"
 		return true
 	}
@@ -371,12 +493,12 @@ func matchComps(pat, p []string) bool {
 	return len(p) == 0
 }
 
-// mayMatchBelow reports whether r could match a path strictly below comps.
-func (r *rule) mayMatchBelow(comps []string) bool {
+// mayMatchBelow reports whether r could match a path strictly below pc.
+func (r *rule) mayMatchBelow(pc pathComps) bool {
 	if !r.anchored || len(r.comps) == 0 {
 		return true
 	}
-	return couldExtend(r.comps, comps)
+	return couldExtend(r.comps, pc.of(r))
 }
 
 // couldExtend reports whether pat matches some path that is p plus at least
@@ -397,11 +519,11 @@ func couldExtend(pat, p []string) bool {
 	return couldExtend(pat[1:], p[1:])
 }
 
-// winner returns the winning rule for comps, or nil for the default.
-func (p *Policy) winner(comps []string) *rule {
+// winner returns the winning rule for pc, or nil for the default.
+func (p *Policy) winner(pc pathComps) *rule {
 	var w *rule
 	for _, r := range p.rules {
-		if r.matches(comps) && r.beats(w) {
+		if r.matches(pc) && r.beats(w) {
 			w = r
 		}
 	}
@@ -415,12 +537,35 @@ func (p *Policy) permOf(w *rule) (Perm, int64) {
 	return w.perm, w.priority
 }
 
-// effective is the permission of comps after hidden ancestors are applied,
-// and the priority that decided it.
-func (p *Policy) effective(comps []string) (Perm, int64) {
-	perm, prio := p.permOf(p.winner(comps))
-	for k := 1; k < len(comps); k++ {
-		aperm, aprio := p.permOf(p.winner(comps[:k]))
+// effective is the permission of pc after hidden ancestors are applied,
+// and the priority that decided it. It finds the winner of every prefix
+// of pc in one pass: an unanchored rule matches a prefix when it matches
+// one of its components, so the best of those only grows with the prefix.
+func (p *Policy) effective(pc pathComps) (Perm, int64) {
+	n := len(pc.raw)
+	if n == 0 {
+		return p.permOf(p.winner(pc))
+	}
+	var buf [16]*rule
+	wins := buf[:0]
+	var loose *rule // best unanchored rule matching a component so far
+	for k := 1; k <= n; k++ {
+		for _, r := range p.loose {
+			if r.beats(loose) && r.name.match(pc.of(r)[k-1]) {
+				loose = r
+			}
+		}
+		w, pre := loose, pc.prefix(k)
+		for _, r := range p.anchored {
+			if r.beats(w) && r.matches(pre) {
+				w = r
+			}
+		}
+		wins = append(wins, w)
+	}
+	perm, prio := p.permOf(wins[n-1])
+	for _, w := range wins[:n-1] {
+		aperm, aprio := p.permOf(w)
 		if aperm == None && aprio >= prio {
 			return None, aprio
 		}
@@ -432,20 +577,20 @@ func (p *Policy) effective(comps []string) (Perm, int64) {
 // directory's root); isDir says whether it is a directory (a hidden
 // directory may be shown as View, see the package doc).
 func (p *Policy) Decide(rel string, isDir bool) Perm {
-	comps := splitPath(rel)
-	perm, prio := p.effective(comps)
+	pc := p.pathComps(rel)
+	perm, prio := p.effective(pc)
 	if perm != None || !isDir {
-		if len(comps) == 0 && perm < View {
+		if len(pc.raw) == 0 && perm < View {
 			return View
 		}
 		return perm
 	}
 	for _, r := range p.rules {
-		if r.perm != None && r.priority > prio && r.mayMatchBelow(comps) {
+		if r.perm != None && r.priority > prio && r.mayMatchBelow(pc) {
 			return View
 		}
 	}
-	if len(comps) == 0 {
+	if len(pc.raw) == 0 {
 		return View
 	}
 	return None

@@ -2,6 +2,9 @@ package permrules
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -102,6 +105,7 @@ func TestPresets(t *testing.T) {
 		{"development", "/.env", false, None},
 		{"development", "/secrets/x", false, None},
 		{"full-access", "/.env", false, Write},
+		{"full-access", "/.ssh/id_rsa", false, Write},
 	}
 	for _, tt := range tests {
 		t.Run(tt.preset+tt.path, func(t *testing.T) {
@@ -160,5 +164,169 @@ func TestCheckPoliciesOverlap(t *testing.T) {
 	}
 	if _, err := CheckPolicies([]*sbxv1.PathPolicy{{Path: "/w"}, {Path: "/w2"}}); err != nil {
 		t.Errorf("got %v for disjoint guards, want nil", err)
+	}
+}
+
+// TestPresetSecrets checks that agent-safe and development hide the common
+// secret files, whatever their case and depth, and leave their neighbours
+// alone.
+func TestPresetSecrets(t *testing.T) {
+	hidden := []string{
+		"/.ssh/id_rsa", "/.ssh/id_ed25519.pub", "/.ssh/config", "/.SSH/authorized_keys", "/home/u/.ssh/known_hosts",
+		"/deploy/id_rsa", "/deploy/ID_ED25519", "/keys/id_ecdsa_sk",
+		"/.env", "/.ENV", "/.Env.local", "/app/.envrc",
+		"/secrets", "/Secrets/x", "/SECRETS/deep/x", "/config/secrets.yaml", "/Secrets.json",
+		"/key.PEM", "/a/b/server.Key", "/cert.pem", "/credentials.json", "/.aws/credentials", "/.aws/config", "/.AWS/credentials",
+		"/.netrc", "/.NETRC", "/_netrc", "/.npmrc", "/web/.npmrc", "/.pypirc", "/.pgpass", "/.my.cnf", "/.htpasswd",
+		"/.git-credentials", "/.gitcookies", "/.vault-token", "/.terraformrc",
+		"/.docker/config.json", "/home/u/.docker/config.json", "/.Docker/Config.JSON", "/.dockercfg",
+		"/.kube/config", "/x/.kube/config", "/.KUBE/CONFIG", "/kubeconfig", "/prod.kubeconfig",
+		"/.config/gcloud", "/.config/gcloud/application_default_credentials.json", "/home/u/.config/gcloud/x",
+		"/.azure/accessTokens.json", "/.gnupg/private-keys-v1.d/x.key", "/.s3cfg", "/.boto",
+		"/cert.p12", "/cert.P12", "/cert.pfx", "/AuthKey_X.p8", "/app/release.jks", "/release.keystore", "/putty.ppk", "/db.kdbx",
+		"/terraform.tfstate", "/infra/Terraform.TFSTATE", "/terraform.tfstate.backup", "/output/id_rsa",
+	}
+	visible := []string{
+		"/id_rsa.pub", "/deploy/id_ed25519.pub", "/id_data.json", "/keyboard.go", "/src/key.go", "/env.go", "/environment.md",
+		"/config.json", "/.docker/Dockerfile", "/.kube/cache/x", "/.config/other/x", "/certs/ca.crt",
+		"/secret_santa.md", "/docs/how-to-rotate-credentials.md", "/main.tf", "/terraform.tfvars", "/service-account.json",
+	}
+	for _, preset := range []string{"agent-safe", "development"} {
+		p := mustCompile(t, &sbxv1.PathPolicy{Path: "/workspace", Preset: preset})
+		for _, path := range hidden {
+			if got := p.Decide(path, false); got != None {
+				t.Errorf("%s: Decide(%q) = %v, want none", preset, path, got)
+			}
+		}
+		for _, path := range visible {
+			if got := p.Decide(path, false); got == None {
+				t.Errorf("%s: Decide(%q) = none, want it visible", preset, path)
+			}
+		}
+	}
+}
+
+func TestCaseInsensitiveRule(t *testing.T) {
+	ci := func(pat string, typ sbxv1.PatternType, perm Perm, prio int32) *sbxv1.PermissionRule {
+		pr := r(pat, typ, perm, prio)
+		pr.CaseInsensitive = true
+		return pr
+	}
+	tests := []struct {
+		name  string
+		rules []*sbxv1.PermissionRule
+		path  string
+		want  Perm
+	}{
+		{"case-sensitive by default", []*sbxv1.PermissionRule{r("*.pem", glob, None, 0)}, "/KEY.PEM", Write},
+		{"glob", []*sbxv1.PermissionRule{ci("*.pem", glob, None, 0)}, "/KEY.PEM", None},
+		{"glob pattern upper", []*sbxv1.PermissionRule{ci("*.PEM", glob, None, 0)}, "/a/key.pem", None},
+		{"glob class", []*sbxv1.PermissionRule{ci("[a-c]*.txt", glob, None, 0)}, "/B.TXT", None},
+		{"glob class no match", []*sbxv1.PermissionRule{ci("[a-c]*.txt", glob, None, 0)}, "/D.TXT", Write},
+		{"glob anchored", []*sbxv1.PermissionRule{ci("/Src/*.go", glob, Read, 0)}, "/src/A.GO", Read},
+		{"doublestar", []*sbxv1.PermissionRule{ci("**/.kube/config", glob, None, 0)}, "/a/.Kube/Config", None},
+		{"directory inherits", []*sbxv1.PermissionRule{ci("secrets", dir, None, 0)}, "/a/SeCrEtS/k", None},
+		{"file", []*sbxv1.PermissionRule{ci("/config/prod.yaml", file, View, 0)}, "/CONFIG/Prod.yaml", View},
+		{"unicode", []*sbxv1.PermissionRule{ci("straße*", glob, None, 0)}, "/STRASSE", Write},
+		{"unicode simple fold", []*sbxv1.PermissionRule{ci("ÄRGER", glob, None, 0)}, "/ärger", None},
+		{"long s folds like s", []*sbxv1.PermissionRule{ci("secret", glob, None, 0)}, "/ſecret", None},
+		{"kelvin sign folds like k", []*sbxv1.PermissionRule{ci("*.key", glob, None, 0)}, "/a.\u212aey", None},
+		{"sensitive rule beside insensitive", []*sbxv1.PermissionRule{ci("*.pem", glob, None, 0), r("/Pub.pem", file, Read, 5)}, "/pub.pem", None},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustCompile(t, &sbxv1.PathPolicy{Path: "/w", Rules: tt.rules})
+			if got := p.Decide(tt.path, false); got != tt.want {
+				t.Errorf("Decide(%q) = %v, want %v", tt.path, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFoldCase(t *testing.T) {
+	for _, pair := range [][2]string{{"key.pem", "KEY.PEM"}, {"Secrets", "sEcReTs"}, {"ſ", "S"}, {"\u212a", "k"}, {"Ärger", "äRGER"}} {
+		if a, b := foldCase(pair[0]), foldCase(pair[1]); a != b {
+			t.Errorf("foldCase(%q) = %q, foldCase(%q) = %q, want equal", pair[0], a, pair[1], b)
+		}
+	}
+	if a, b := foldCase("a"), foldCase("b"); a == b {
+		t.Errorf("foldCase(a) == foldCase(b) = %q", a)
+	}
+}
+
+// TestEffectiveMatchesNaive compares Decide's one-pass evaluation with the
+// definition (the winner of every prefix, rule by rule) on generated paths.
+func TestEffectiveMatchesNaive(t *testing.T) {
+	naive := func(p *Policy, rel string) (Perm, int64) {
+		pc := p.pathComps(rel)
+		perm, prio := p.permOf(p.winner(pc))
+		for k := 1; k < len(pc.raw); k++ {
+			if aperm, aprio := p.permOf(p.winner(pc.prefix(k))); aperm == None && aprio >= prio {
+				return None, aprio
+			}
+		}
+		return perm, prio
+	}
+	pols := []*sbxv1.PathPolicy{
+		{Path: "/w", Preset: "agent-safe"},
+		{Path: "/w", Preset: "development", Rules: []*sbxv1.PermissionRule{r("/secrets/pub", file, Read, 101), r("*.md", glob, View, 100)}},
+		{Path: "/w", Rules: []*sbxv1.PermissionRule{r("a", dir, Read, 0), r("a", glob, View, 0), r("/a/**/b", glob, None, 0), r("b*", glob, Write, 0), r("*b", glob, None, 0)}},
+	}
+	names := []string{"a", "b", "ab", "ba", "secrets", "Secrets", ".git", "x.md", "pub", "output", ".ssh", "id_rsa", "k.PEM", ".kube", "config"}
+	for i, pol := range pols {
+		p := mustCompile(t, pol)
+		var walk func(rel string, depth int)
+		walk = func(rel string, depth int) {
+			gotPerm, gotPrio := p.effective(p.pathComps(rel))
+			wantPerm, wantPrio := naive(p, rel)
+			if gotPerm != wantPerm || gotPrio != wantPrio {
+				t.Errorf("policy %d: effective(%q) = %v/%d, want %v/%d", i, rel, gotPerm, gotPrio, wantPerm, wantPrio)
+			}
+			if depth == 3 {
+				return
+			}
+			for _, n := range names {
+				walk(rel+"/"+n, depth+1)
+			}
+		}
+		walk("", 0)
+	}
+}
+
+// TestPresetsDocumented checks that the secrets row of the presets table in
+// docs/ARCHITECTURE.md lists exactly secretPatterns, directories marked.
+func TestPresetsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "| *secrets* (both) |") {
+			row = line
+		}
+	}
+	if row == "" {
+		t.Fatal("docs/ARCHITECTURE.md has no \"| *secrets* (both) |\" row in its presets table")
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([^`]+)`( \\(directory\\))?").FindAllStringSubmatch(row, -1) {
+		documented[m[1]+m[2]] = true
+	}
+	for _, s := range secretPatterns {
+		name := s.pattern
+		if s.typ == dirType {
+			name += " (directory)"
+		}
+		if !documented[name] {
+			t.Errorf("secret pattern %q is not in the docs' presets table", name)
+		}
+		delete(documented, name)
+	}
+	for name := range documented {
+		t.Errorf("the docs' presets table lists %q, which is no secret pattern", name)
+	}
+	if n := len(presets["agent-safe"].rules); !strings.Contains(string(b), fmt.Sprintf("agent-safe's %d rules", n)) {
+		t.Errorf("docs/ARCHITECTURE.md does not say \"agent-safe's %d rules\"", n)
 	}
 }

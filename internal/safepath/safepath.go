@@ -73,4 +73,4 @@ func split(rel string) (dir, name string) {
 // parents before children, with the entry's slash-separated path relative to
 // the root. Returning fs.SkipDir from a directory skips its contents; any
 // other error ends the walk.
-type WalkFunc func(rel string, d fs.DirEntry) error
+type WalkFunc func(rel string, e Entry) error

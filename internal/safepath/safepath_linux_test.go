@@ -149,7 +149,7 @@ func TestWalk(t *testing.T) {
 	r, dir, canary := tree(t)
 	must(t, os.MkdirAll(filepath.Join(dir, "d", "e"), 0o755))
 	var got []string
-	must(t, r.Walk(".", func(rel string, d fs.DirEntry) error {
+	must(t, r.Walk(".", func(rel string, e Entry) error {
 		got = append(got, rel)
 		return nil
 	}))
@@ -158,7 +158,7 @@ func TestWalk(t *testing.T) {
 		t.Errorf("walk = %q, want %q (symlinks listed, not entered)", strings.Join(got, " "), want)
 	}
 	// A directory swapped for a symlink while the walk runs ends it.
-	err := r.Walk(".", func(rel string, d fs.DirEntry) error {
+	err := r.Walk(".", func(rel string, e Entry) error {
 		if rel == "d" {
 			must(t, os.Rename(filepath.Join(dir, "d"), filepath.Join(dir, "d.old")))
 			must(t, os.Symlink(canary, filepath.Join(dir, "d")))
@@ -188,7 +188,7 @@ func TestDeeperThanPathMax(t *testing.T) {
 		t.Fatalf("Lstat deep file = %v, %v", fi, err)
 	}
 	n := 0
-	must(t, r.Walk("d", func(string, fs.DirEntry) error { n++; return nil }))
+	must(t, r.Walk("d", func(string, Entry) error { n++; return nil }))
 	if n < 3*unix.PathMax/201 {
 		t.Errorf("walk saw %d entries", n)
 	}

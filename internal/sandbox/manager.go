@@ -178,12 +178,13 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := validateCreate(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
-	if err := validatePathPolicies(req); err != nil {
+	guards, err := validatePathPolicies(req)
+	if err != nil {
 		return nil, err
 	}
 	spec := proto.Clone(req).(*sbxv1.CreateSandboxRequest)
 	// Every guard, codebases' included, is a path policy of the sandbox.
-	spec.PathPolicies = guardPolicies(req)
+	spec.PathPolicies = guards
 	img, releaseImage, err := m.resolveImage(ctx, spec)
 	if err != nil {
 		return nil, err

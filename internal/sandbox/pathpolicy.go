@@ -16,11 +16,33 @@ const defaultCodebasePath = "/workspace"
 
 // guardPolicies returns the path policies of a create request: its own, then
 // one per codebase mount that has a preset, rules or a default permission
-// (guarding the mount's path).
-func guardPolicies(req *sbxv1.CreateSandboxRequest) []*sbxv1.PathPolicy {
+// (guarding the mount's path). Policies for the same path are merged into
+// one (see mergePolicy), so rules extend a codebase's preset; two different
+// presets or defaults for one path are an error naming both.
+func guardPolicies(req *sbxv1.CreateSandboxRequest) ([]*sbxv1.PathPolicy, error) {
 	out := make([]*sbxv1.PathPolicy, 0, len(req.GetPathPolicies()))
-	for _, p := range req.GetPathPolicies() {
-		out = append(out, proto.Clone(p).(*sbxv1.PathPolicy))
+	var from []string // what each of out came from, for errors
+	byPath := map[string]int{}
+	add := func(p *sbxv1.PathPolicy, source string) error {
+		// An invalid path is left alone, for CheckPolicies to report.
+		if clean, err := permrules.CheckGuardPath(p.GetPath()); err == nil {
+			if i, ok := byPath[clean]; ok {
+				if err := mergePolicy(out[i], p, from[i], source); err != nil {
+					return err
+				}
+				from[i] += " and " + source
+				return nil
+			}
+			byPath[clean] = len(out)
+		}
+		out = append(out, p)
+		from = append(from, source)
+		return nil
+	}
+	for i, p := range req.GetPathPolicies() {
+		if err := add(proto.Clone(p).(*sbxv1.PathPolicy), fmt.Sprintf("path_policies[%d]", i)); err != nil {
+			return nil, err
+		}
 	}
 	for _, cb := range req.GetCodebases() {
 		if cb.GetPreset() == "" && len(cb.GetRules()) == 0 && cb.GetDefaultPermission() == sbxv1.Permission_PERMISSION_UNSPECIFIED {
@@ -30,12 +52,40 @@ func guardPolicies(req *sbxv1.CreateSandboxRequest) []*sbxv1.PathPolicy {
 		if p == "" {
 			p = defaultCodebasePath
 		}
-		out = append(out, &sbxv1.PathPolicy{
+		pol := &sbxv1.PathPolicy{
 			Path: p, Preset: cb.GetPreset(), DefaultPermission: cb.GetDefaultPermission(),
 			Rules: cloneRules(cb.GetRules()),
-		})
+		}
+		if err := add(pol, fmt.Sprintf("codebase %q", cb.GetCodebase())); err != nil {
+			return nil, err
+		}
 	}
-	return out
+	return out, nil
+}
+
+// mergePolicy merges src (from srcName) into dst (from dstName), two
+// policies for the same path: dst's rules, then src's; the preset and the
+// default permission of whichever sets them, which both may only do if they
+// agree.
+func mergePolicy(dst, src *sbxv1.PathPolicy, dstName, srcName string) error {
+	switch {
+	case src.GetPreset() == "":
+	case dst.GetPreset() == "":
+		dst.Preset = src.GetPreset()
+	case dst.GetPreset() != src.GetPreset():
+		return fmt.Errorf("guard %s: preset %q of %s and preset %q of %s conflict (one preset per path; extend it with rules): %w",
+			dst.GetPath(), dst.GetPreset(), dstName, src.GetPreset(), srcName, errdefs.ErrInvalidArgument)
+	}
+	switch d, s := dst.GetDefaultPermission(), src.GetDefaultPermission(); {
+	case s == sbxv1.Permission_PERMISSION_UNSPECIFIED:
+	case d == sbxv1.Permission_PERMISSION_UNSPECIFIED:
+		dst.DefaultPermission = s
+	case d != s:
+		return fmt.Errorf("guard %s: default permission %s of %s and %s of %s conflict: %w",
+			dst.GetPath(), d, dstName, s, srcName, errdefs.ErrInvalidArgument)
+	}
+	dst.Rules = append(dst.Rules, src.GetRules()...)
+	return nil
 }
 
 func cloneRules(rs []*sbxv1.PermissionRule) []*sbxv1.PermissionRule {
@@ -47,12 +97,17 @@ func cloneRules(rs []*sbxv1.PermissionRule) []*sbxv1.PermissionRule {
 }
 
 // validatePathPolicies checks every guard of a create request (presets,
-// patterns, permissions, paths, overlaps).
-func validatePathPolicies(req *sbxv1.CreateSandboxRequest) error {
-	if _, err := permrules.CheckPolicies(guardPolicies(req)); err != nil {
-		return fmt.Errorf("path policies: %w: %w", err, errdefs.ErrInvalidArgument)
+// patterns, permissions, paths, overlaps) and returns them merged (see
+// guardPolicies).
+func validatePathPolicies(req *sbxv1.CreateSandboxRequest) ([]*sbxv1.PathPolicy, error) {
+	ps, err := guardPolicies(req)
+	if err != nil {
+		return nil, fmt.Errorf("path policies: %w", err)
 	}
-	return nil
+	if _, err := permrules.CheckPolicies(ps); err != nil {
+		return nil, fmt.Errorf("path policies: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return ps, nil
 }
 
 // configuredByAgent reports whether the sandbox's command must be started

@@ -2,6 +2,12 @@ package seccomp
 
 import "slices"
 
+// socketFamilies are the address families socket(2) may create: AF_UNIX,
+// AF_INET, AF_INET6, AF_NETLINK (getaddrinfo, ip) and AF_PACKET (with
+// CAP_NET_RAW, as in Docker). Everything else (AF_VSOCK, AF_ALG, AF_KEY,
+// AF_XDP, AF_TIPC, AF_RDS, AF_CAN, Bluetooth...) fails with EPERM.
+var socketFamilies = []uint64{1, 2, 10, 16, 17}
+
 // Linux errno values (this file builds on every OS; x/sys/unix's values
 // are the host's).
 const (
@@ -39,6 +45,12 @@ const (
 //
 // personality is limited to the harmless personas Docker allows.
 //
+// socket is limited to the address families sandboxed programs use (see
+// socketFamilies). AF_VSOCK in particular ignores network namespaces: a box
+// could bind vsock ports that collide with the host's and other boxes'
+// (Docker's profile refuses it too). The check compares all 64 bits, so
+// garbage in the upper half of the argument cannot smuggle a family past it.
+//
 // Each call returns a new Profile; callers may modify it.
 func Default() Profile {
 	p := Profile{
@@ -49,6 +61,9 @@ func Default() Profile {
 			{Name: "unshare", Op: OpMaskedZero, Index: 0, Value: cloneNSFlags | cloneNewTime},
 			{Name: "clone3", Op: OpErrno, Errno: enosys},
 		},
+	}
+	for _, f := range socketFamilies {
+		p.Rules = append(p.Rules, Rule{Name: "socket", Op: OpEqual, Index: 0, Value: f})
 	}
 	// As Docker: PER_LINUX (0), PER_LINUX32 (0x8), UNAME26 (0x20000),
 	// UNAME26|PER_LINUX32, and 0xffffffff, which only queries the persona.
@@ -137,7 +152,7 @@ var allowedSyscalls = []string{
 	// sockets
 	"accept", "accept4", "bind", "connect", "getpeername", "getsockname", "getsockopt", "listen",
 	"recv", "recvfrom", "recvmmsg", "recvmmsg_time64", "recvmsg", "send", "sendmmsg", "sendmsg",
-	"sendto", "setsockopt", "shutdown", "socket", "socketcall", "socketpair",
+	"sendto", "setsockopt", "shutdown", "socketcall", "socketpair",
 	// system information
 	"getrandom", "sysinfo", "uname",
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -212,7 +215,12 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) bool {
 
 // stripCredentials removes everything of the daemon's from a request bound
 // for a sandbox: its token (wherever it came) and its routing headers. The
-// token must never reach sandbox code.
+// token must never reach sandbox code: besides the places it is accepted
+// from (Authorization: Bearer, X-Sbx-Token, the sbx_token cookie and query
+// parameter) it is taken out of the Referer's query (a browser sends the
+// URL of the page it came from, which may still carry ?sbx_token=) and,
+// as a backstop, any header, trailer, cookie or query parameter whose value
+// still holds it (plain, URL-escaped or in Basic credentials) is dropped.
 func (f *Front) stripCredentials(out *http.Request) {
 	h := out.Header
 	if tok := bearer(out); f.token != nil && f.validToken(tok) {
@@ -225,13 +233,22 @@ func (f *Front) stripCredentials(out *http.Request) {
 	for _, k := range []string{HeaderToken, HeaderSandbox, HeaderPort, HeaderE2BSandboxID, HeaderE2BSandboxPort} {
 		h.Del(k)
 	}
+	if refs := h.Values("Referer"); len(refs) > 0 {
+		h.Del("Referer")
+		for _, ref := range refs {
+			if clean, ok := stripTokenParam(ref); ok {
+				h.Add("Referer", clean)
+			}
+		}
+	}
 	if cookies := h.Values("Cookie"); len(cookies) > 0 {
 		var keep []string
 		for _, line := range cookies {
 			for _, part := range strings.Split(line, ";") {
-				name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
-				if name != TokenCookie && strings.TrimSpace(part) != "" {
-					keep = append(keep, strings.TrimSpace(part))
+				part = strings.TrimSpace(part)
+				name, _, _ := strings.Cut(part, "=")
+				if name != TokenCookie && part != "" && !f.holdsToken(part) {
+					keep = append(keep, part)
 				}
 			}
 		}
@@ -240,6 +257,87 @@ func (f *Front) stripCredentials(out *http.Request) {
 			h.Set("Cookie", strings.Join(keep, "; "))
 		}
 	}
+	if f.cfg.Token == "" {
+		return
+	}
+	f.dropTokenValues(h)
+	f.dropTokenValues(out.Trailer)
+	if q := out.URL.Query(); f.holdsToken(out.URL.RawQuery) {
+		for k, vs := range q {
+			if f.holdsToken(k) || slices.ContainsFunc(vs, f.holdsToken) {
+				q.Del(k)
+			}
+		}
+		out.URL.RawQuery = q.Encode()
+	}
+}
+
+// stripTokenParam removes the sbx_token query parameter from a URL (a
+// Referer); ok is false if the URL cannot be parsed (then it is dropped).
+func stripTokenParam(raw string) (string, bool) {
+	if !strings.Contains(raw, TokenQueryParam) && !strings.Contains(raw, "%") {
+		return raw, true
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", false
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return "", false
+	}
+	if !q.Has(TokenQueryParam) {
+		return raw, true
+	}
+	q.Del(TokenQueryParam)
+	u.RawQuery = q.Encode()
+	return u.String(), true
+}
+
+// dropTokenValues removes every value of h that holds the daemon's token
+// (and a header whose name holds it).
+func (f *Front) dropTokenValues(h http.Header) {
+	for k, vs := range h {
+		if f.holdsToken(k) {
+			delete(h, k)
+			continue
+		}
+		if !slices.ContainsFunc(vs, f.holdsToken) {
+			continue
+		}
+		vs = slices.DeleteFunc(slices.Clone(vs), f.holdsToken)
+		if len(vs) == 0 {
+			delete(h, k)
+		} else {
+			h[k] = vs
+		}
+	}
+}
+
+// holdsToken reports whether s contains the daemon's token: as is,
+// URL-escaped, or as the user or password of Basic credentials.
+func (f *Front) holdsToken(s string) bool {
+	tok := f.cfg.Token
+	if tok == "" {
+		return false
+	}
+	if strings.Contains(s, tok) {
+		return true
+	}
+	if strings.Contains(s, "%") || strings.Contains(s, "+") {
+		if u, err := url.QueryUnescape(s); err == nil && strings.Contains(u, tok) {
+			return true
+		}
+		if u, err := url.PathUnescape(s); err == nil && strings.Contains(u, tok) {
+			return true
+		}
+	}
+	if len(s) > 6 && strings.EqualFold(s[:6], "basic ") {
+		if b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s[6:])); err == nil && strings.Contains(string(b), tok) {
+			return true
+		}
+	}
+	return false
 }
 
 func isUpgrade(r *http.Request) bool {

@@ -91,25 +91,19 @@ func (s *ImageServer) ImportImage(ctx context.Context, in *connect.ClientStream[
 		}
 		pw.CloseWithError(in.Err())
 	}()
-	imgs, err := s.store.Import(ctx, pr, nil)
+	opts := image.ImportOptions{UseArchiveTags: hdr.GetUseArchiveTags(), ReplaceArchiveTags: hdr.GetReplaceArchiveTags()}
+	if tag := hdr.GetTag(); tag != "" {
+		opts.Tags = []string{tag}
+	}
+	res, err := s.store.Import(ctx, pr, opts)
 	pr.CloseWithError(errors.New("import finished"))
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	if tag := hdr.GetTag(); tag != "" {
-		if len(imgs) != 1 {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("import image: --tag needs a tarball with one image, it has %d", len(imgs)))
-		}
-		if err := s.store.Tag(ctx, imgs[0].Digest, tag); err != nil {
-			return nil, toConnect(err)
-		}
-		if imgs[0], err = s.store.Get(ctx, tag); err != nil {
-			return nil, toConnect(err)
-		}
-	}
 	resp := &sbxv1.ImportImageResponse{}
-	for _, img := range imgs {
-		resp.Images = append(resp.Images, ImageInfo(img))
+	for _, r := range res {
+		resp.Images = append(resp.Images, ImageInfo(r.Image))
+		resp.ArchiveNames = append(resp.ArchiveNames, &sbxv1.ArchiveNames{Tags: r.ArchiveTags, Rejected: r.RejectedTags})
 	}
 	return connect.NewResponse(resp), nil
 }

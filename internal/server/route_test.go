@@ -1,9 +1,11 @@
 package server
 
 import (
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -76,8 +78,9 @@ func TestParseRoute(t *testing.T) {
 const testToken = "0123456789abcdef0123456789abcdef"
 
 func TestStripCredentials(t *testing.T) {
-	f := &Front{}
-	f.token = (&Front{}).hash(testToken)
+	f := &Front{cfg: FrontConfig{Token: testToken}}
+	f.token = f.hash(testToken)
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("user:"+testToken))
 	for _, tc := range []struct {
 		name        string
 		headers     map[string][]string
@@ -101,6 +104,39 @@ func TestStripCredentials(t *testing.T) {
 			headers:     map[string][]string{"Authorization": {"Bearer app-token"}, "Cookie": {"sbx_token=" + testToken}},
 			url:         "/",
 			wantHeaders: map[string][]string{"Authorization": {"Bearer app-token"}},
+		},
+		{
+			name: "Referer keeps everything but the token",
+			headers: map[string][]string{"Referer": {
+				"http://d/proxy/s/80/page?a=1&sbx_token=" + testToken + "&b=2#frag",
+				"http://d/x?sbx%5Ftoken=" + testToken,
+				"https://other.example/?q=1",
+			}},
+			url: "/",
+			wantHeaders: map[string][]string{"Referer": {
+				"http://d/proxy/s/80/page?a=1&b=2#frag", "http://d/x", "https://other.example/?q=1",
+			}},
+		},
+		{
+			name: "the token anywhere else is dropped",
+			headers: map[string][]string{
+				"Referer":                {"http://d/page?next=%2Fp%3Fsbx_token%3D" + testToken + "&a=1", "not a url %zz " + testToken},
+				"Cookie":                 {"a=1; other=" + testToken + "; SBX_TOKEN=" + testToken + "; b=2"},
+				"Proxy-Authorization":    {"Bearer " + testToken},
+				"Authorization":          {basic},
+				"X-Forwarded-Host":       {"evil?sbx_token=" + testToken},
+				"X-Custom":               {"keep", "pre-" + testToken + "-post"},
+				"Origin":                 {"http://d"},
+				"X-" + testToken[:8]:     {"harmless name"},
+				"X-Escaped":              {url.QueryEscape("t=" + testToken + "/")},
+				"X-Tok-" + testToken[:4]: {"1"},
+			},
+			url: "/x?next=" + url.QueryEscape("/p?sbx_token="+testToken) + "&q=1&" + testToken + "=1",
+			wantHeaders: map[string][]string{
+				"Cookie": {"a=1; b=2"}, "X-Custom": {"keep"}, "Origin": {"http://d"},
+				"X-" + testToken[:8]: {"harmless name"}, "X-Tok-" + testToken[:4]: {"1"},
+			},
+			wantQuery: "q=1",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

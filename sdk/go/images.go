@@ -38,10 +38,38 @@ func (im *Images) Pull(ctx context.Context, ref string, progress func(*sbxv1.Ima
 }
 
 // Import reads a docker-save or OCI-layout tarball; tag (optional) names a
-// single-image archive.
+// single-image archive. The names the archive itself carries are not
+// applied (see ImportWith).
 func (im *Images) Import(ctx context.Context, r io.Reader, tag string) ([]*sbxv1.ImageInfo, error) {
+	resp, err := im.ImportWith(ctx, r, ImportOptions{Tag: tag})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetImages(), nil
+}
+
+// ImportOptions says how ImportWith names the imported images.
+type ImportOptions struct {
+	// Tag names the archive's one image (an archive with more is refused).
+	// It must be a valid tag reference; if it names another image already,
+	// it is moved to this one.
+	Tag string
+	// UseArchiveTags applies the names inside the archive (docker-save
+	// RepoTags, OCI layout annotations) too. The archive's author chose
+	// them: each must be a valid tag reference, and one that names another
+	// image already fails the import (AlreadyExists) unless
+	// ReplaceArchiveTags. Without it they are only reported
+	// (ImportImageResponse.ArchiveNames).
+	UseArchiveTags     bool
+	ReplaceArchiveTags bool
+}
+
+// ImportWith reads a docker-save or OCI-layout tarball and returns the
+// images stored and, for each, the names the archive gives it.
+func (im *Images) ImportWith(ctx context.Context, r io.Reader, opts ImportOptions) (*sbxv1.ImportImageResponse, error) {
 	stream := im.api.ImportImage(ctx)
-	hdr := &sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Header{Header: &sbxv1.ImportImageHeader{Tag: tag}}}
+	hdr := &sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Header{Header: &sbxv1.ImportImageHeader{
+		Tag: opts.Tag, UseArchiveTags: opts.UseArchiveTags, ReplaceArchiveTags: opts.ReplaceArchiveTags}}}
 	if err := sendChunks(stream.Send, hdr, r, func(b []byte) *sbxv1.ImportImageRequest {
 		return &sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Data{Data: b}}
 	}); err != nil {
@@ -52,7 +80,7 @@ func (im *Images) Import(ctx context.Context, r io.Reader, tag string) ([]*sbxv1
 	if err != nil {
 		return nil, wrap("import image", err)
 	}
-	return resp.Msg.GetImages(), nil
+	return resp.Msg, nil
 }
 
 // Export writes ref as a docker-save tarball to w.

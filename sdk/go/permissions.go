@@ -35,6 +35,14 @@ type PermissionRule struct {
 	Type       PatternType
 	Permission Permission
 	Priority   int32
+	// CaseInsensitive matches the pattern regardless of case ("*.pem" also
+	// matches "KEY.PEM"), as the presets' hiding rules do.
+	CaseInsensitive bool
+}
+
+func (r PermissionRule) proto() *sbxv1.PermissionRule {
+	return &sbxv1.PermissionRule{Pattern: r.Pattern, Type: r.Type, Permission: r.Permission, Priority: r.Priority,
+		CaseInsensitive: r.CaseInsensitive}
 }
 
 // PathPolicy guards a directory of the sandbox: every process in it, and the
@@ -55,7 +63,7 @@ type PathPolicy struct {
 func (p PathPolicy) Proto() *sbxv1.PathPolicy {
 	out := &sbxv1.PathPolicy{Path: p.Path, Preset: p.Preset, DefaultPermission: p.Default}
 	for _, r := range p.Rules {
-		out.Rules = append(out.Rules, &sbxv1.PermissionRule{Pattern: r.Pattern, Type: r.Type, Permission: r.Permission, Priority: r.Priority})
+		out.Rules = append(out.Rules, r.proto())
 	}
 	return out
 }

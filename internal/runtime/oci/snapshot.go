@@ -1,5 +1,7 @@
 //go:build linux
 
+//sbx:hostile-tree
+
 package oci
 
 import (
@@ -133,7 +135,7 @@ func newDiffWriter(ctx context.Context, root *safepath.Root, w io.Writer, id str
 const headerCost = 3 * blockSize
 
 // visit is the safepath.WalkFunc writing each entry.
-func (dw *diffWriter) visit(rel string, e fs.DirEntry) error {
+func (dw *diffWriter) visit(rel string, e safepath.Entry) error {
 	if err := dw.ctx.Err(); err != nil {
 		return err
 	}
@@ -144,7 +146,7 @@ func (dw *diffWriter) visit(rel string, e fs.DirEntry) error {
 		}
 		return nil
 	}
-	st := e.(safepath.Entry).Stat()
+	st := e.Stat()
 	if err := dw.apparent.Take(headerCost + int64(len(rel))); err != nil {
 		return err
 	}

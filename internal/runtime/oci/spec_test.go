@@ -115,13 +115,13 @@ func TestSeccompProfile(t *testing.T) {
 		"request_key", "userfaultfd", "unshare", "clone", "clone3", "personality", "open_by_handle_at",
 		"name_to_handle_at", "reboot", "swapon", "syslog", "acct", "settimeofday", "clock_settime",
 		"quotactl", "setns", "fanotify_init", "lookup_dcookie", "iopl", "ioperm", "vm86", "io_uring_setup",
-		"fsopen", "open_tree", "move_mount",
+		"fsopen", "open_tree", "move_mount", "socket",
 	} {
 		if allowed[n] {
 			t.Errorf("%s allowed unconditionally", n)
 		}
 	}
-	for _, n := range []string{"read", "write", "newfstatat", "execve", "wait4", "socket", "statx", "rseq"} {
+	for _, n := range []string{"read", "write", "newfstatat", "execve", "wait4", "socketpair", "statx", "rseq"} {
 		if !allowed[n] {
 			t.Errorf("%s not allowed", n)
 		}
@@ -141,6 +141,11 @@ func TestSeccompRules(t *testing.T) {
 		{Names: []string{"clone"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: nsFlags, Op: specs.OpMaskedEqual}}},
 		{Names: []string{"unshare"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: nsFlags | 0x80, Op: specs.OpMaskedEqual}}},
 		{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},
+	}
+	// AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET; not AF_VSOCK.
+	for _, family := range []uint64{1, 2, 10, 16, 17} {
+		want = append(want, specs.LinuxSyscall{Names: []string{"socket"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: family, Op: specs.OpEqualTo}}})
 	}
 	for _, persona := range []uint64{0x0, 0x8, 0x20000, 0x20008, 0xffffffff} {
 		want = append(want, specs.LinuxSyscall{Names: []string{"personality"}, Action: specs.ActAllow,

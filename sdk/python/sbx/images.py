@@ -73,18 +73,36 @@ class Images:
         resp = self._t.unary(_SERVICE, "PruneImages", {}, op="prune images")
         return int(resp.get("freedBytes") or 0)
 
-    def import_tar(self, source: PathOrFile, tag: str = "") -> List[ImageInfo]:
+    def import_tar(
+        self,
+        source: PathOrFile,
+        tag: str = "",
+        *,
+        use_archive_tags: bool = False,
+        replace_archive_tags: bool = False,
+    ) -> List[ImageInfo]:
         """Import a docker-save or OCI-layout tarball (a path or a binary file).
-        ``tag`` optionally names a single-image archive. Returns the images."""
+        ``tag`` optionally names a single-image archive (it must be a valid
+        image reference). The names inside the archive (RepoTags, OCI
+        annotations) are chosen by its author and are not applied unless
+        ``use_archive_tags``; then each must be valid, and one that names
+        another image already fails the import unless
+        ``replace_archive_tags``. Returns the images."""
         if isinstance(source, (str, os.PathLike)):
             with open(source, "rb") as f:
-                return self.import_tar(f, tag)
+                return self.import_tar(
+                    f, tag, use_archive_tags=use_archive_tags, replace_archive_tags=replace_archive_tags
+                )
         fileobj = source
 
         def messages() -> Iterator[Dict[str, Any]]:
             header: Dict[str, Any] = {}
             if tag:
                 header["tag"] = tag
+            if use_archive_tags:
+                header["useArchiveTags"] = True
+            if replace_archive_tags:
+                header["replaceArchiveTags"] = True
             yield {"header": header}
             while True:
                 chunk = fileobj.read(_CHUNK)

@@ -176,12 +176,15 @@ class PermissionRule:
     (hidden), ``"view"`` (listed, not readable), ``"read"`` or ``"write"``;
     ``type`` is ``"glob"`` (gitignore-like), ``"directory"`` (it and
     everything below) or ``"file"``. The highest ``priority`` wins, then file
-    over directory over glob, then the longer pattern."""
+    over directory over glob, then the longer pattern. ``case_insensitive``
+    matches the pattern regardless of case (``"*.pem"`` also matches
+    ``"KEY.PEM"``), as the presets' hiding rules do."""
 
     pattern: str
     permission: str
     type: str = "glob"
     priority: int = 0
+    case_insensitive: bool = False
 
     def __post_init__(self) -> None:
         if self.permission not in _PERMISSIONS:
@@ -197,6 +200,7 @@ class PermissionRule:
             permission=_enum(obj.get("permission"), "PERMISSION_"),
             type="glob" if typ == "unspecified" else typ,
             priority=int(obj.get("priority") or 0),
+            case_insensitive=bool(obj.get("caseInsensitive", False)),
         )
 
     def to_json(self) -> Dict[str, Any]:
@@ -205,6 +209,7 @@ class PermissionRule:
             "permission": "PERMISSION_" + self.permission.upper(),
             "type": "PATTERN_TYPE_" + self.type.upper(),
             "priority": int(self.priority),
+            "caseInsensitive": bool(self.case_insensitive),
         }
 
 

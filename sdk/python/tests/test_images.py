@@ -43,3 +43,52 @@ def test_pull_export_import(client: sbx.Client, tmp_path) -> None:
     imported = client.images.import_tar(str(out), tag="sbx-pytest/alpine:copy")
     assert imported and imported[0].digest
     client.images.remove("sbx-pytest/alpine:copy")
+
+
+def _docker_save(path, body: bytes, repo_tags) -> None:
+    """A docker-save archive of a one-file image named ``repo_tags`` (which,
+    as in an attacker's archive, may be anything)."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    def tar_of(members) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for name, data in members:
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+        return buf.getvalue()
+
+    layer = tar_of([("id", body)])
+    cfg = json.dumps({"os": "linux", "architecture": "amd64", "config": {},
+                      "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": repo_tags, "Layers": ["l/layer.tar"]}]).encode()
+    path.write_bytes(tar_of([("config.json", cfg), ("l/layer.tar", layer), ("manifest.json", manifest)]))
+
+
+def test_import_applies_only_the_given_tag(client: sbx.Client, tmp_path) -> None:
+    victim_tar, hostile_tar = tmp_path / "victim.tar", tmp_path / "hostile.tar"
+    _docker_save(victim_tar, b"victim", [])
+    _docker_save(hostile_tar, b"hostile", ["sbx-pytest/victim:1", "../../evil:1"])
+    victim = client.images.import_tar(str(victim_tar), tag="sbx-pytest/victim:1")[0]
+    try:
+        mine = client.images.import_tar(str(hostile_tar), tag="sbx-pytest/mine:1")[0]
+        assert mine.ref.endswith("sbx-pytest/mine:1")
+        assert client.images.get("sbx-pytest/victim:1").digest == victim.digest
+        assert not any("evil" in i.ref for i in client.images.list())
+        with pytest.raises(sbx.SbxError) as ei:
+            client.images.import_tar(str(hostile_tar), use_archive_tags=True)
+        assert ei.value.code == "invalid_argument" and "../../evil:1" in str(ei.value)
+        with pytest.raises(sbx.SbxError) as ei:
+            client.images.import_tar(str(hostile_tar), tag="../../evil:1")
+        assert ei.value.code == "invalid_argument"
+        assert client.images.get("sbx-pytest/victim:1").digest == victim.digest
+    finally:
+        for ref in ("sbx-pytest/victim:1", "sbx-pytest/mine:1"):
+            try:
+                client.images.remove(ref)
+            except sbx.NotFoundError:
+                pass

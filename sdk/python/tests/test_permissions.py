@@ -37,3 +37,14 @@ def test_bad_policies_are_refused(make_sandbox) -> None:
         make_sandbox(path_policies=[sbx.PathPolicy("relative")])
     with pytest.raises(ValueError):
         sbx.PermissionRule("*.pem", "hidden")
+
+
+def test_case_insensitive_rule(make_sandbox) -> None:
+    rule = sbx.PermissionRule("*.sqlite", "none", priority=100, case_insensitive=True)
+    assert sbx.PermissionRule.from_json(rule.to_json()) == rule
+    sb = make_sandbox(path_policies=[sbx.PathPolicy("/workspace", preset="agent-safe", rules=[rule])])
+    assert sb.info.path_policies[0].rules == [rule]
+    # The preset hides secrets whatever their case; the user's rule too.
+    r = sb.run("mkdir -p /workspace/output && cd /workspace/output && "
+               "for f in .ENV key.PEM DB.SQLite ok.txt; do echo x > $f; done 2>/dev/null; echo $(ls -A)")
+    assert r.stdout == "ok.txt\n", r.stdout + r.stderr

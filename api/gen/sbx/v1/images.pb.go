@@ -1025,12 +1025,24 @@ func (x *PullImageRequest) GetRef() string {
 	return ""
 }
 
+// The names inside an archive (docker-save RepoTags, OCI layout
+// annotations) come from whoever made it: they are applied only when
+// use_archive_tags is set, and otherwise reported in the response.
 type ImportImageHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Optional reference to tag the (single) imported image with.
-	Tag           string `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Optional reference to tag the (single) imported image with. It must be
+	// a valid tag reference (as for PullImage) or the import fails with
+	// InvalidArgument before the archive is read; if it names another image
+	// already, it is moved to the imported one (as TagImage does).
+	Tag string `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Apply the archive's own names too. Each must be a valid tag reference
+	// (InvalidArgument names the first that is not). One that names another
+	// image already fails the import with AlreadyExists, before anything is
+	// stored, unless replace_archive_tags.
+	UseArchiveTags     bool `protobuf:"varint,2,opt,name=use_archive_tags,json=useArchiveTags,proto3" json:"use_archive_tags,omitempty"`
+	ReplaceArchiveTags bool `protobuf:"varint,3,opt,name=replace_archive_tags,json=replaceArchiveTags,proto3" json:"replace_archive_tags,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ImportImageHeader) Reset() {
@@ -1068,6 +1080,20 @@ func (x *ImportImageHeader) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *ImportImageHeader) GetUseArchiveTags() bool {
+	if x != nil {
+		return x.UseArchiveTags
+	}
+	return false
+}
+
+func (x *ImportImageHeader) GetReplaceArchiveTags() bool {
+	if x != nil {
+		return x.ReplaceArchiveTags
+	}
+	return false
 }
 
 type ImportImageRequest struct {
@@ -1153,8 +1179,10 @@ func (*ImportImageRequest_Header) isImportImageRequest_Msg() {}
 func (*ImportImageRequest_Data) isImportImageRequest_Msg() {}
 
 type ImportImageResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Images        []*ImageInfo           `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Images []*ImageInfo           `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// archive_names[i] are the names the archive gives images[i].
+	ArchiveNames  []*ArchiveNames `protobuf:"bytes,2,rep,name=archive_names,json=archiveNames,proto3" json:"archive_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1196,6 +1224,68 @@ func (x *ImportImageResponse) GetImages() []*ImageInfo {
 	return nil
 }
 
+func (x *ImportImageResponse) GetArchiveNames() []*ArchiveNames {
+	if x != nil {
+		return x.ArchiveNames
+	}
+	return nil
+}
+
+type ArchiveNames struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Valid tag references, normalised; applied only with use_archive_tags.
+	Tags []string `protobuf:"bytes,1,rep,name=tags,proto3" json:"tags,omitempty"`
+	// Names that are not valid tag references, quoted and cut for display;
+	// never applied. At most 16 of each are reported.
+	Rejected      []string `protobuf:"bytes,2,rep,name=rejected,proto3" json:"rejected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveNames) Reset() {
+	*x = ArchiveNames{}
+	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveNames) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveNames) ProtoMessage() {}
+
+func (x *ArchiveNames) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveNames.ProtoReflect.Descriptor instead.
+func (*ArchiveNames) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ArchiveNames) GetTags() []string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *ArchiveNames) GetRejected() []string {
+	if x != nil {
+		return x.Rejected
+	}
+	return nil
+}
+
 type ExportImageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -1205,7 +1295,7 @@ type ExportImageRequest struct {
 
 func (x *ExportImageRequest) Reset() {
 	*x = ExportImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	mi := &file_sbx_v1_images_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1307,7 @@ func (x *ExportImageRequest) String() string {
 func (*ExportImageRequest) ProtoMessage() {}
 
 func (x *ExportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[16]
+	mi := &file_sbx_v1_images_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1320,7 @@ func (x *ExportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportImageRequest.ProtoReflect.Descriptor instead.
 func (*ExportImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{16}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExportImageRequest) GetRef() string {
@@ -1248,7 +1338,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[17]
+	mi := &file_sbx_v1_images_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1350,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[17]
+	mi := &file_sbx_v1_images_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1363,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{17}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{18}
 }
 
 type ListImagesResponse struct {
@@ -1287,7 +1377,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[18]
+	mi := &file_sbx_v1_images_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1389,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[18]
+	mi := &file_sbx_v1_images_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1402,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{18}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListImagesResponse) GetImages() []*ImageInfo {
@@ -1338,7 +1428,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[19]
+	mi := &file_sbx_v1_images_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1440,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[19]
+	mi := &file_sbx_v1_images_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1453,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{19}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetImageRequest) GetRef() string {
@@ -1382,7 +1472,7 @@ type GetImageResponse struct {
 
 func (x *GetImageResponse) Reset() {
 	*x = GetImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[20]
+	mi := &file_sbx_v1_images_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1484,7 @@ func (x *GetImageResponse) String() string {
 func (*GetImageResponse) ProtoMessage() {}
 
 func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[20]
+	mi := &file_sbx_v1_images_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1497,7 @@ func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageResponse.ProtoReflect.Descriptor instead.
 func (*GetImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{20}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetImageResponse) GetImage() *ImageInfo {
@@ -1427,7 +1517,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[21]
+	mi := &file_sbx_v1_images_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1529,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[21]
+	mi := &file_sbx_v1_images_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1542,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{21}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -1477,7 +1567,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[22]
+	mi := &file_sbx_v1_images_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1579,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[22]
+	mi := &file_sbx_v1_images_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1592,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{22}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{23}
 }
 
 type RemoveImageRequest struct {
@@ -1514,7 +1604,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[23]
+	mi := &file_sbx_v1_images_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1616,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[23]
+	mi := &file_sbx_v1_images_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1629,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{23}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveImageRequest) GetRef() string {
@@ -1557,7 +1647,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[24]
+	mi := &file_sbx_v1_images_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1659,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[24]
+	mi := &file_sbx_v1_images_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1672,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{24}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{25}
 }
 
 type PruneImagesRequest struct {
@@ -1593,7 +1683,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_sbx_v1_images_proto_msgTypes[25]
+	mi := &file_sbx_v1_images_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1695,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[25]
+	mi := &file_sbx_v1_images_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1708,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{25}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{26}
 }
 
 type PruneImagesResponse struct {
@@ -1630,7 +1720,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_sbx_v1_images_proto_msgTypes[26]
+	mi := &file_sbx_v1_images_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1732,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_images_proto_msgTypes[26]
+	mi := &file_sbx_v1_images_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1745,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_images_proto_rawDescGZIP(), []int{26}
+	return file_sbx_v1_images_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PruneImagesResponse) GetFreedBytes() int64 {
@@ -1749,15 +1839,21 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"totalBytes\x12\x14\n" +
 	"\x05phase\x18\x04 \x01(\tR\x05phase\"$\n" +
 	"\x10PullImageRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"%\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x81\x01\n" +
 	"\x11ImportImageHeader\x12\x10\n" +
-	"\x03tag\x18\x01 \x01(\tR\x03tag\"f\n" +
+	"\x03tag\x18\x01 \x01(\tR\x03tag\x12(\n" +
+	"\x10use_archive_tags\x18\x02 \x01(\bR\x0euseArchiveTags\x120\n" +
+	"\x14replace_archive_tags\x18\x03 \x01(\bR\x12replaceArchiveTags\"f\n" +
 	"\x12ImportImageRequest\x123\n" +
 	"\x06header\x18\x01 \x01(\v2\x19.sbx.v1.ImportImageHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"@\n" +
+	"\x03msg\"{\n" +
 	"\x13ImportImageResponse\x12)\n" +
-	"\x06images\x18\x01 \x03(\v2\x11.sbx.v1.ImageInfoR\x06images\"&\n" +
+	"\x06images\x18\x01 \x03(\v2\x11.sbx.v1.ImageInfoR\x06images\x129\n" +
+	"\rarchive_names\x18\x02 \x03(\v2\x14.sbx.v1.ArchiveNamesR\farchiveNames\">\n" +
+	"\fArchiveNames\x12\x12\n" +
+	"\x04tags\x18\x01 \x03(\tR\x04tags\x12\x1a\n" +
+	"\brejected\x18\x02 \x03(\tR\brejected\"&\n" +
 	"\x12ExportImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x13\n" +
 	"\x11ListImagesRequest\"b\n" +
@@ -1804,7 +1900,7 @@ func file_sbx_v1_images_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_images_proto_rawDescData
 }
 
-var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_sbx_v1_images_proto_goTypes = []any{
 	(*Recipe)(nil),              // 0: sbx.v1.Recipe
 	(*RecipeStep)(nil),          // 1: sbx.v1.RecipeStep
@@ -1822,20 +1918,21 @@ var file_sbx_v1_images_proto_goTypes = []any{
 	(*ImportImageHeader)(nil),   // 13: sbx.v1.ImportImageHeader
 	(*ImportImageRequest)(nil),  // 14: sbx.v1.ImportImageRequest
 	(*ImportImageResponse)(nil), // 15: sbx.v1.ImportImageResponse
-	(*ExportImageRequest)(nil),  // 16: sbx.v1.ExportImageRequest
-	(*ListImagesRequest)(nil),   // 17: sbx.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),  // 18: sbx.v1.ListImagesResponse
-	(*GetImageRequest)(nil),     // 19: sbx.v1.GetImageRequest
-	(*GetImageResponse)(nil),    // 20: sbx.v1.GetImageResponse
-	(*TagImageRequest)(nil),     // 21: sbx.v1.TagImageRequest
-	(*TagImageResponse)(nil),    // 22: sbx.v1.TagImageResponse
-	(*RemoveImageRequest)(nil),  // 23: sbx.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil), // 24: sbx.v1.RemoveImageResponse
-	(*PruneImagesRequest)(nil),  // 25: sbx.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil), // 26: sbx.v1.PruneImagesResponse
-	nil,                         // 27: sbx.v1.EnvStep.EnvEntry
-	nil,                         // 28: sbx.v1.ImageConfig.LabelsEntry
-	(*FileChunk)(nil),           // 29: sbx.v1.FileChunk
+	(*ArchiveNames)(nil),        // 16: sbx.v1.ArchiveNames
+	(*ExportImageRequest)(nil),  // 17: sbx.v1.ExportImageRequest
+	(*ListImagesRequest)(nil),   // 18: sbx.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),  // 19: sbx.v1.ListImagesResponse
+	(*GetImageRequest)(nil),     // 20: sbx.v1.GetImageRequest
+	(*GetImageResponse)(nil),    // 21: sbx.v1.GetImageResponse
+	(*TagImageRequest)(nil),     // 22: sbx.v1.TagImageRequest
+	(*TagImageResponse)(nil),    // 23: sbx.v1.TagImageResponse
+	(*RemoveImageRequest)(nil),  // 24: sbx.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil), // 25: sbx.v1.RemoveImageResponse
+	(*PruneImagesRequest)(nil),  // 26: sbx.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil), // 27: sbx.v1.PruneImagesResponse
+	nil,                         // 28: sbx.v1.EnvStep.EnvEntry
+	nil,                         // 29: sbx.v1.ImageConfig.LabelsEntry
+	(*FileChunk)(nil),           // 30: sbx.v1.FileChunk
 }
 var file_sbx_v1_images_proto_depIdxs = []int32{
 	1,  // 0: sbx.v1.Recipe.steps:type_name -> sbx.v1.RecipeStep
@@ -1846,40 +1943,41 @@ var file_sbx_v1_images_proto_depIdxs = []int32{
 	4,  // 5: sbx.v1.RecipeStep.env:type_name -> sbx.v1.EnvStep
 	3,  // 6: sbx.v1.RecipeStep.entrypoint:type_name -> sbx.v1.StringList
 	3,  // 7: sbx.v1.RecipeStep.cmd:type_name -> sbx.v1.StringList
-	27, // 8: sbx.v1.EnvStep.env:type_name -> sbx.v1.EnvStep.EnvEntry
+	28, // 8: sbx.v1.EnvStep.env:type_name -> sbx.v1.EnvStep.EnvEntry
 	0,  // 9: sbx.v1.BuildImageRequest.recipe:type_name -> sbx.v1.Recipe
-	28, // 10: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
+	29, // 10: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
 	7,  // 11: sbx.v1.ImageInfo.config:type_name -> sbx.v1.ImageConfig
 	11, // 12: sbx.v1.ImageProgress.layer:type_name -> sbx.v1.LayerProgress
 	8,  // 13: sbx.v1.ImageProgress.done:type_name -> sbx.v1.ImageInfo
 	10, // 14: sbx.v1.ImageProgress.step:type_name -> sbx.v1.BuildStep
 	13, // 15: sbx.v1.ImportImageRequest.header:type_name -> sbx.v1.ImportImageHeader
 	8,  // 16: sbx.v1.ImportImageResponse.images:type_name -> sbx.v1.ImageInfo
-	8,  // 17: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
-	8,  // 18: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
-	12, // 19: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
-	14, // 20: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
-	16, // 21: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
-	17, // 22: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
-	19, // 23: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
-	21, // 24: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
-	23, // 25: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
-	25, // 26: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
-	6,  // 27: sbx.v1.ImageService.BuildImage:input_type -> sbx.v1.BuildImageRequest
-	9,  // 28: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
-	15, // 29: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
-	29, // 30: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
-	18, // 31: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
-	20, // 32: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
-	22, // 33: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
-	24, // 34: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
-	26, // 35: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
-	9,  // 36: sbx.v1.ImageService.BuildImage:output_type -> sbx.v1.ImageProgress
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	16, // 17: sbx.v1.ImportImageResponse.archive_names:type_name -> sbx.v1.ArchiveNames
+	8,  // 18: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
+	8,  // 19: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
+	12, // 20: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
+	14, // 21: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
+	17, // 22: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
+	18, // 23: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
+	20, // 24: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
+	22, // 25: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
+	24, // 26: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
+	26, // 27: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
+	6,  // 28: sbx.v1.ImageService.BuildImage:input_type -> sbx.v1.BuildImageRequest
+	9,  // 29: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
+	15, // 30: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
+	30, // 31: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
+	19, // 32: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
+	21, // 33: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
+	23, // 34: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
+	25, // 35: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
+	27, // 36: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
+	9,  // 37: sbx.v1.ImageService.BuildImage:output_type -> sbx.v1.ImageProgress
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_images_proto_init() }
@@ -1917,7 +2015,7 @@ func file_sbx_v1_images_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_images_proto_rawDesc), len(file_sbx_v1_images_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

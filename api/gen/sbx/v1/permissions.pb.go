@@ -145,13 +145,18 @@ func (PatternType) EnumDescriptor() ([]byte, []int) {
 // the longer pattern. Patterns are relative to the guarded directory's root
 // ("/" is that root).
 type PermissionRule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pattern       string                 `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
-	Type          PatternType            `protobuf:"varint,2,opt,name=type,proto3,enum=sbx.v1.PatternType" json:"type,omitempty"`
-	Permission    Permission             `protobuf:"varint,3,opt,name=permission,proto3,enum=sbx.v1.Permission" json:"permission,omitempty"`
-	Priority      int32                  `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Pattern    string                 `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	Type       PatternType            `protobuf:"varint,2,opt,name=type,proto3,enum=sbx.v1.PatternType" json:"type,omitempty"`
+	Permission Permission             `protobuf:"varint,3,opt,name=permission,proto3,enum=sbx.v1.Permission" json:"permission,omitempty"`
+	Priority   int32                  `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Match the pattern regardless of case (Unicode simple case folding), so
+	// "*.pem" also matches "KEY.PEM". The presets' hiding rules are all
+	// case-insensitive: a differently cased name (or a case-insensitive file
+	// system, where ".ENV" opens ".env") does not get around them.
+	CaseInsensitive bool `protobuf:"varint,5,opt,name=case_insensitive,json=caseInsensitive,proto3" json:"case_insensitive,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PermissionRule) Reset() {
@@ -212,10 +217,20 @@ func (x *PermissionRule) GetPriority() int32 {
 	return 0
 }
 
+func (x *PermissionRule) GetCaseInsensitive() bool {
+	if x != nil {
+		return x.CaseInsensitive
+	}
+	return false
+}
+
 // PathPolicy guards one directory of a sandbox: every path below `path` is
 // filtered through the rules. The preset's rules come first; `rules` extend
 // or override them (a rule with the same pattern and type replaces the
-// preset's).
+// preset's). Policies for the same path (two entries, or an entry and a
+// CodebaseMount's guard) are merged: rules in request order, the preset and
+// default permission of whichever sets them (two different ones are
+// refused).
 type PathPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Absolute directory inside the sandbox, e.g. "/workspace".
@@ -374,14 +389,15 @@ var File_sbx_v1_permissions_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_permissions_proto_rawDesc = "" +
 	"\n" +
-	"\x18sbx/v1/permissions.proto\x12\x06sbx.v1\"\xa3\x01\n" +
+	"\x18sbx/v1/permissions.proto\x12\x06sbx.v1\"\xce\x01\n" +
 	"\x0ePermissionRule\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12'\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x13.sbx.v1.PatternTypeR\x04type\x122\n" +
 	"\n" +
 	"permission\x18\x03 \x01(\x0e2\x12.sbx.v1.PermissionR\n" +
 	"permission\x12\x1a\n" +
-	"\bpriority\x18\x04 \x01(\x05R\bpriority\"\xa9\x01\n" +
+	"\bpriority\x18\x04 \x01(\x05R\bpriority\x12)\n" +
+	"\x10case_insensitive\x18\x05 \x01(\bR\x0fcaseInsensitive\"\xa9\x01\n" +
 	"\n" +
 	"PathPolicy\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +

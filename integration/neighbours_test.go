@@ -1,0 +1,88 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// newBox creates a sandbox that is destroyed with the test.
+func newBox(t *testing.T, ctx context.Context, d *daemon, opts sbx.CreateOptions) *sbx.Sandbox {
+	t.Helper()
+	sb, err := d.client().Create(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	return sb
+}
+
+// execWorks runs a few commands with a bounded wait: a box whose agent
+// stopped accepting would hang, not fail.
+func execWorks(t *testing.T, sb *sbx.Sandbox, what string) {
+	t.Helper()
+	for i := 0; i < 10; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		res, err := sb.Run(ctx, "true")
+		cancel()
+		if err != nil || res.Code != 0 {
+			t.Fatalf("%s: exec %d in %s: %v %v", what, i, sb.ID, res, err)
+		}
+	}
+}
+
+// TestAgentOutOfUserCodesReach: user code (root in the box, the agent's own
+// uid) cannot lower the agent's resource limits with prlimit, which used to
+// end its exec accept loop for good; its own processes run with all uids 0.
+func TestAgentOutOfUserCodesReach(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{})
+	for _, lim := range []string{"NOFILE", "NPROC", "AS"} {
+		res, err := sb.RunShell(ctx, `python3 -c "
+import resource, sys
+try:
+    resource.prlimit(1, resource.RLIMIT_`+lim+`, (4, 4))
+except PermissionError:
+    sys.exit(0)
+sys.exit('prlimit on the agent succeeded')
+"`)
+		if err != nil || res.Code != 0 {
+			t.Errorf("prlimit RLIMIT_%s of PID 1: %v, exit %d, stderr %q", lim, err, res.Code, res.Stderr)
+		}
+	}
+	execWorks(t, sb, "after prlimit attempts")
+	if got := mustRun(t, ctx, sb, "grep -E '^(Uid|Gid):' /proc/self/status | tr -s '\\t ' ' '"); got != "Uid: 0 0 0 0\nGid: 0 0 0 0\n" {
+		t.Errorf("user process ids: %q", got)
+	}
+}
+
+// TestNoVsock: AF_VSOCK ignores network namespaces, so a box could bind
+// ports that collide with the host's and other boxes'. socket(AF_VSOCK) (and
+// other families sandboxes do not need) fails; the usual families work.
+func TestNoVsock(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{})
+	out := mustRun(t, ctx, sb, `python3 -c "
+import socket
+for name in ['AF_VSOCK', 'AF_ALG', 'AF_UNIX', 'AF_INET', 'AF_INET6', 'AF_NETLINK']:
+    fam = getattr(socket, name)
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM if name in ('AF_NETLINK',) else (socket.SOCK_SEQPACKET if name == 'AF_ALG' else socket.SOCK_STREAM)).close()
+        print(name, 'ok')
+    except OSError as e:
+        print(name, e.errno)
+"`)
+	want := "AF_VSOCK 1\nAF_ALG 1\nAF_UNIX ok\nAF_INET ok\nAF_INET6 ok\nAF_NETLINK ok\n"
+	if out != want {
+		t.Errorf("socket families in a box:\n%s\nwant:\n%s", out, want)
+	}
+	if strings.Contains(out, "AF_VSOCK ok") {
+		t.Error("a box can open vsock sockets")
+	}
+}
