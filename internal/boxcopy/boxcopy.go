@@ -76,7 +76,7 @@ func CopyFile(dst, src *os.File, b *Budget) (written int64, err error) {
 	size := fi.Size()
 	buf := make([]byte, blockSize)
 	for off := int64(0); off < size; {
-		start, end, err := nextData(src, off, size)
+		start, end, err := NextData(src, off, size)
 		if err != nil {
 			return written, err
 		}

@@ -8,10 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nextData returns the next data segment [start, end) of f at or after off
-// (start == size when only a hole is left). File systems without
+// NextData returns the next data segment [start, end) of f at or after off
+// (start == size when only a hole is left), for writers of formats that
+// record holes themselves (sparse tar entries). File systems without
 // SEEK_DATA report the whole rest as data.
-func nextData(f *os.File, off, size int64) (start, end int64, err error) {
+func NextData(f *os.File, off, size int64) (start, end int64, err error) {
 	fd := int(f.Fd())
 	start, err = unix.Seek(fd, off, unix.SEEK_DATA)
 	if errors.Is(err, unix.ENXIO) {

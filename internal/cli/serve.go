@@ -17,7 +17,7 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile string
+	var logLevel, tokenFile, maxLayer string
 	var egressPorts []uint
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -39,6 +39,9 @@ func newServe(a *app) *cobra.Command {
 				return err
 			}
 			cfg.AuthToken = tok
+			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
+				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -64,6 +67,7 @@ func newServe(a *app) *cobra.Command {
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
+	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -74,6 +74,11 @@ type Config struct {
 	// PublicURL is the daemon's URL as clients see it, used in port URLs
 	// ("" = taken from each request).
 	PublicURL string
+	// MaxLayerBytes caps one layer's uncompressed size: a pulled layer's,
+	// and a snapshot's or build step's apparent size (its files with their
+	// holes), whatever the sandbox's own disk limit (0 =
+	// image.DefaultMaxLayerBytes).
+	MaxLayerBytes int64
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -164,11 +169,15 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail)
 
 	var gcLock sync.RWMutex
+	maxLayer := cfg.MaxLayerBytes
+	fill(&maxLayer, image.DefaultMaxLayerBytes)
 	images, err := image.Open(ctx, image.Config{
 		Dir:      filepath.Join(dataDir, "images"),
 		Logger:   log.With("component", "images"),
 		UIDShift: oci.HostUIDBase,
 		IDRange:  oci.IDRange,
+		// Snapshots are capped by the same figure (sandbox.Config below).
+		MaxLayerBytes: maxLayer,
 	})
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
@@ -209,6 +218,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
 		Images:         imageResolver{store: images, gc: &gcLock},
+		MaxLayerBytes:  maxLayer,
 	})
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxdev/sbx/internal/boxcopy"
 	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
@@ -44,7 +45,10 @@ import (
 //     (trusted.overlay.opaque=y); other ".wh..wh." entries are ignored.
 //   - Ownership: a tar uid/gid u < IDRange becomes UIDShift+u; anything else
 //     (or negative) becomes the overflow id UIDShift+65534.
-//   - Budgets: at most maxBytes of file data and maxEntries entries.
+//   - Budgets: at most maxBytes of file contents (apparent sizes: a sparse
+//     entry's holes count) and maxEntries entries.
+//   - Holes: aligned 4 KiB blocks of zeros (a sparse entry's holes, or
+//     zeros written out) are not written, so they stay holes on the host.
 //
 // The caller extracts into a fresh private directory and only moves it into
 // place once the stream's digests are verified, so a rejected layer leaves
@@ -78,7 +82,8 @@ type extractOptions struct {
 // extractStats reports what an extraction did.
 type extractStats struct {
 	Entries     int
-	Bytes       int64 // file data written
+	Bytes       int64 // file contents read (apparent sizes, holes included)
+	Written     int64 // file data written (blocks of zeros are left as holes)
 	Skipped     int   // devices, FIFOs, unknown types
 	OverflowIDs int   // entries whose uid or gid was mapped to the overflow id
 	Stripped    int   // files that lost setuid/setgid/sticky bits
@@ -352,15 +357,8 @@ func (e *extractor) file(name string, hdr *tar.Header, tr io.Reader) error {
 		return err
 	}
 	defer f.Close()
-	left := e.opt.MaxBytes - e.st.Bytes
-	// Hide os.File's ReadFrom so that our large buffer is used.
-	n, err := io.CopyBuffer(struct{ io.Writer }{f}, io.LimitReader(tr, left+1), e.buf)
-	e.st.Bytes += n
-	if err != nil {
-		return fmt.Errorf("write %q: %w", name, err)
-	}
-	if n > left {
-		return fmt.Errorf("more than %d bytes of file data: %w", e.opt.MaxBytes, errLayerRejected)
+	if err := e.copySparse(f, name, tr); err != nil {
+		return err
 	}
 	uid, gid := e.owner(hdr)
 	if err := f.Chown(uid, gid); err != nil {
@@ -377,6 +375,91 @@ func (e *extractor) file(name string, hdr *tar.Header, tr io.Reader) error {
 		return err
 	}
 	return f.Close()
+}
+
+// holeBlock is the unit the extractor looks for zeros in: an aligned block
+// of zeros is not written, so it stays a hole. It is a page (and the usual
+// file system block), so that data scattered one byte per page in a box
+// (a page of its disk each) takes no more than that on the host.
+const holeBlock = 4 << 10
+
+// copySparse writes the entry's contents into f (empty, just created),
+// leaving every aligned block of zeros a hole: a layer's sparse files (and
+// its runs of zeros) take on the host only the space of their data. The
+// apparent size counts against MaxBytes, which bounds the time spent too.
+func (e *extractor) copySparse(f *os.File, name string, r io.Reader) error {
+	left := e.opt.MaxBytes - e.st.Bytes
+	var off int64
+	for {
+		n, err := readFull(r, e.buf)
+		if int64(n) > left-off {
+			e.st.Bytes += off + int64(n)
+			return fmt.Errorf("more than %d bytes of file data: %w", e.opt.MaxBytes, errLayerRejected)
+		}
+		if n > 0 {
+			if werr := e.writeData(f, e.buf[:n], off); werr != nil {
+				return fmt.Errorf("write %q: %w", name, werr)
+			}
+			off += int64(n)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			e.st.Bytes += off
+			return fmt.Errorf("write %q: %w", name, err)
+		}
+	}
+	e.st.Bytes += off
+	// The size, whether the file ends in data or in a hole.
+	if err := f.Truncate(off); err != nil {
+		return fmt.Errorf("write %q: %w", name, err)
+	}
+	return nil
+}
+
+// writeData writes the blocks of b (at offset off of f) that are not all
+// zeros, joining neighbours into one write.
+func (e *extractor) writeData(f *os.File, b []byte, off int64) error {
+	start := -1 // start of the pending run of data blocks
+	for i := 0; i < len(b); i += holeBlock {
+		blk := b[i:min(i+holeBlock, len(b))]
+		if boxcopy.Zero(blk) {
+			if start >= 0 {
+				if _, err := f.WriteAt(b[start:i], off+int64(start)); err != nil {
+					return err
+				}
+				e.st.Written += int64(i - start)
+				start = -1
+			}
+			continue
+		}
+		if start < 0 {
+			start = i
+		}
+	}
+	if start >= 0 {
+		if _, err := f.WriteAt(b[start:], off+int64(start)); err != nil {
+			return err
+		}
+		e.st.Written += int64(len(b) - start)
+	}
+	return nil
+}
+
+// readFull reads into b until it is full or r ends: io.EOF with the bytes
+// of the last, short read; any other error as it is (a truncated archive's
+// io.ErrUnexpectedEOF included).
+func readFull(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func (e *extractor) symlink(name string, hdr *tar.Header) error {

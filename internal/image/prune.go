@@ -1,3 +1,5 @@
+//sbx:hostile-tree
+
 package image
 
 import (
@@ -8,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/sbxdev/sbx/internal/safepath"
 )
 
 // Prune deletes what no stored image references: layer dirs (unless listed
@@ -15,7 +19,8 @@ import (
 // them) and blobs. It waits for running pulls, imports and exports, and
 // blocks new ones while it runs. Images held by a Lease are kept. The
 // caller must make sure no sandbox is being created from a layer not in
-// inUse meanwhile. It returns the bytes freed (file sizes).
+// inUse meanwhile. It returns the bytes freed (disk blocks: a sparse
+// file's holes free nothing).
 func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, err error) {
 	s.gc.Lock()
 	defer s.gc.Unlock()
@@ -31,6 +36,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 	}
 	for d, r := range s.records {
 		if r.Intermediate && !tagged[d] && !s.leasedLocked(d) {
+			// safepath:ok: an image record, named by its digest.
 			if err := os.Remove(s.recordPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				s.mu.Unlock()
 				return 0, fmt.Errorf("prune: %w", err)
@@ -53,6 +59,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 
 	var errs []error
 	layers := filepath.Join(s.cfg.Dir, "layers")
+	// safepath:ok: the store's own layers dir.
 	ents, err := os.ReadDir(layers)
 	if err != nil {
 		return 0, fmt.Errorf("prune: %w", err)
@@ -68,6 +75,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		p := filepath.Join(layers, e.Name())
 		if e.IsDir() {
 			// Metadata first: a dir without metadata counts as absent.
+			// safepath:ok: a layer's metadata file, named by the store.
 			if err := os.Remove(p + ".json"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 				continue
@@ -80,6 +88,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		}
 	}
 	blobs := filepath.Join(s.cfg.Dir, "blobs", "sha256")
+	// safepath:ok: the store's own blobs dir.
 	ents, err = os.ReadDir(blobs)
 	if err != nil {
 		return freed, fmt.Errorf("prune: %w", err)
@@ -95,6 +104,7 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 		}
 	}
 	// Nothing is in progress while we hold gc: whatever is in tmp is junk.
+	// safepath:ok: the store's own tmp dir.
 	tmps, _ := os.ReadDir(s.tmpDir())
 	for _, e := range tmps {
 		n, err := removeAll(filepath.Join(s.tmpDir(), e.Name()))
@@ -110,19 +120,28 @@ func (s *Store) Prune(ctx context.Context, inUse map[string]bool) (freed int64, 
 	return freed, nil
 }
 
-// removeAll removes p and returns the size of the files it held.
+// removeAll removes p and returns the disk space its files held. A layer
+// dir's tree came out of a tar (a sandbox's snapshot, a registry's layer):
+// it is measured and removed through safepath, never following a symlink
+// in it, and sparse files count for the blocks they take, not their size.
 func removeAll(p string) (int64, error) {
+	parent, err := safepath.OpenRoot(filepath.Dir(p))
+	if err != nil {
+		return 0, err
+	}
+	defer parent.Close()
+	base := filepath.Base(p)
 	var n int64
-	_ = filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
+	if fi, err := parent.Lstat(base); err == nil {
+		n += safepath.Stat(fi).Blocks * 512
+		if fi.IsDir() {
+			_ = parent.Walk(base, func(_ string, e safepath.Entry) error {
+				n += e.Stat().Blocks * 512
+				return nil
+			})
 		}
-		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n, os.RemoveAll(p)
+	}
+	return n, parent.RemoveAll(base)
 }
 
 // DiskUsage reports how many images and unpacked layers the store holds and
@@ -131,6 +150,7 @@ func (s *Store) DiskUsage(ctx context.Context) (images, layers int64, bytes int6
 	s.mu.Lock()
 	images = int64(len(s.records))
 	s.mu.Unlock()
+	// safepath:ok: the store's own layers dir.
 	ents, err := os.ReadDir(filepath.Join(s.cfg.Dir, "layers"))
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("disk usage: %w", err)
@@ -147,6 +167,7 @@ func (s *Store) DiskUsage(ctx context.Context) (images, layers int64, bytes int6
 		layers++
 		bytes += m.Size
 	}
+	// safepath:ok: the store's own blobs dir.
 	ents, err = os.ReadDir(filepath.Join(s.cfg.Dir, "blobs", "sha256"))
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("disk usage: %w", err)

@@ -194,6 +194,28 @@ type Updater interface {
 // already was) and thawed afterwards; it works on running and paused boxes.
 // Per-box files the driver itself writes into the layer (hostname, hosts,
 // the agent's mount point) are left out.
+//
+// The layer is written by the box, so Diff treats it as hostile: it never
+// follows a symlink in it, keeps holes as holes (a file's holes and runs of
+// zeros are not copied as data: the oci driver writes PAX GNU sparse 1.0
+// entries), and stops with errdefs.ErrResourceExhausted, naming the limit,
+// once the layer's data passes lim.DataBytes or its apparent size (files
+// with their holes, plus tar headers) passes lim.ApparentBytes.
 type Snapshotter interface {
-	Diff(ctx context.Context, h Handle, w io.Writer) error
+	Diff(ctx context.Context, h Handle, w io.Writer, lim DiffLimits) error
+}
+
+// DiffLimits bound what Snapshotter.Diff copies out of a box. Zero fields
+// are unbounded.
+type DiffLimits struct {
+	// DataBytes bounds the bytes of file data (holes and zero runs not
+	// counted): the box's own disk limit.
+	DataBytes int64
+	// ApparentBytes bounds the layer as a reader of the tar sees it: the
+	// sum of file sizes, holes included, and of tar headers (a daemon-wide
+	// cap, `sbx serve --max-layer-size`).
+	ApparentBytes int64
+	// DataWhat and ApparentWhat name the limits in errors ("sandbox
+	// sb-1's disk limit"); "" gives a generic name.
+	DataWhat, ApparentWhat string
 }

@@ -23,6 +23,8 @@ const Directive = "//sbx:hostile-tree"
 var mustCarry = []string{
 	"internal/codebase/sync.go",
 	"internal/codebase/download_linux.go",
+	"internal/runtime/oci/snapshot.go",
+	"internal/image/prune.go",
 }
 
 // pathCalls are the path-based calls refused in hostile-tree files, by

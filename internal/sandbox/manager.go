@@ -54,6 +54,10 @@ type Config struct {
 	Volumes Volumes
 	// Codebases mounts codebases (nil: requests with codebases fail).
 	Codebases Codebases
+	// MaxLayerBytes caps the apparent size (holes included) of the layer
+	// Diff and Snapshot copy out of a sandbox, whatever its disk limit
+	// (0: unbounded; the daemon sets `sbx serve --max-layer-size`).
+	MaxLayerBytes int64
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle

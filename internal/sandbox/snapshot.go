@@ -61,8 +61,26 @@ func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
 	b.mu.Lock()
 	h := b.handle
 	b.mu.Unlock()
-	return snap.Diff(ctx, h, w)
+	return snap.Diff(ctx, h, w, m.diffLimits(b))
 }
+
+// diffLimits bounds what a diff copies out of b: its data by b's own disk
+// limit, its apparent size (sparse files' holes included) by the daemon's
+// layer cap.
+func (m *Manager) diffLimits(b *box) runtime.DiffLimits {
+	lim := runtime.DiffLimits{
+		DataBytes: b.spec.GetResources().GetDiskBytes(),
+		DataWhat:  fmt.Sprintf("sandbox %s's disk limit (%s)", b.id, FormatBytes(b.spec.GetResources().GetDiskBytes())),
+	}
+	if c := m.cfg.MaxLayerBytes; c > 0 {
+		lim.ApparentBytes = c
+		lim.ApparentWhat = fmt.Sprintf("the daemon's largest layer (%s, sbx serve --max-layer-size)", FormatBytes(c))
+	}
+	return lim
+}
+
+// errCommitEnded ends a snapshot's diff when its commit returned first.
+var errCommitEnded = errors.New("snapshot: commit ended")
 
 // Snapshot makes an image of a running or stopped sandbox: its image's
 // layers plus its changes as a new layer, with the sandbox's env (without
@@ -101,8 +119,10 @@ func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error)
 		done <- err
 	}()
 	digest, err := committer.Commit(ctx, base, pr, cfg, tag)
-	pr.CloseWithError(errors.New("snapshot: commit ended"))
-	if derr := <-done; derr != nil {
+	pr.CloseWithError(errCommitEnded)
+	// A diff cut short by the commit's end says only that: the commit's
+	// error is the one worth reporting then.
+	if derr := <-done; derr != nil && (err == nil || !errors.Is(derr, errCommitEnded)) {
 		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, derr)
 	}
 	if err != nil {

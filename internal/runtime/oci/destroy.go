@@ -45,11 +45,22 @@ func (d *Driver) destroy(ctx context.Context, id string, data *boxData) error {
 	box := d.boxDir(id)
 	mounts, err := mountsUnder(box)
 	errs = append(errs, err)
+	mounted := err != nil
 	for _, m := range mounts {
-		errs = append(errs, unmount(m))
+		if err := unmount(m); err != nil {
+			errs = append(errs, err)
+			mounted = true
+		}
 	}
-	if err := os.RemoveAll(box); err != nil {
-		errs = append(errs, fmt.Errorf("remove box dir: %w", err))
+	// The box dir is the driver's, but its tmpfs (the box's upper dir) and
+	// the overlay are the box's: never remove through a mount that is still
+	// there (Cleanup retries). os.RemoveAll opens only its argument's
+	// parent by path and goes on fd-relative with O_NOFOLLOW (Go 1.26,
+	// os/removeall_at.go), so nothing below box is ever followed either.
+	if !mounted {
+		if err := os.RemoveAll(box); err != nil {
+			errs = append(errs, fmt.Errorf("remove box dir: %w", err))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy box %s: %w", id, err)

@@ -1,5 +1,7 @@
 //go:build linux
 
+//sbx:hostile-tree
+
 package oci
 
 import (
@@ -8,17 +10,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/boxcopy"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/safepath"
 )
 
 var _ runtime.Snapshotter = (*Driver)(nil)
@@ -42,9 +46,11 @@ var diffEmptied = map[string]bool{"proc": true, "sys": true, "dev": true}
 
 // Diff implements runtime.Snapshotter: it writes the box's overlayfs upper
 // dir as an OCI layer tar. The upper dir is written by the box, so it is
-// walked with openat/fstatat relative to directory fds and O_NOFOLLOW: no
-// symlink in it is ever followed, and a symlink is captured as a symlink.
-func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer) (err error) {
+// walked through internal/safepath: no symlink in any component is ever
+// followed, and a symlink is captured as a symlink. Files with holes become
+// GNU sparse entries (see sparsetar.go): their holes are neither read nor
+// written, and only their data counts against lim.DataBytes.
+func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer, lim runtime.DiffLimits) (err error) {
 	if err := checkID(h.ID); err != nil {
 		return err
 	}
@@ -63,17 +69,18 @@ func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer) (err e
 			}
 		}()
 	}
-	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// The path up to upper is the driver's own; only what is below it is
+	// the box's.
+	root, err := safepath.OpenRoot(upper)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
+		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("snapshot box %s: no writable layer: %w", h.ID, errdefs.ErrNotFound)
 		}
 		return fmt.Errorf("snapshot box %s: open writable layer: %w", h.ID, err)
 	}
-	dw := &diffWriter{ctx: ctx, tw: tar.NewWriter(w), links: map[fileID]string{}, buf: make([]byte, 1<<20)}
-	err = dw.dir(fd, "")
-	unix.Close(fd)
-	if err != nil {
+	defer root.Close()
+	dw := newDiffWriter(ctx, root, w, h.ID, lim)
+	if err := root.Walk(".", dw.visit); err != nil {
 		return fmt.Errorf("snapshot box %s: %w", h.ID, err)
 	}
 	if err := dw.tw.Close(); err != nil {
@@ -82,6 +89,8 @@ func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer) (err e
 	if dw.skipped > 0 {
 		d.log.Debug("snapshot: entries left out (sockets, FIFOs, devices, literal .wh. names)", "id", h.ID, "count", dw.skipped)
 	}
+	d.log.Debug("snapshot written", "id", h.ID, "data_bytes", dw.data.Used(), "apparent_bytes", dw.apparent.Used(),
+		"sparse_files", dw.sparse)
 	return nil
 }
 
@@ -89,44 +98,59 @@ type fileID struct{ dev, ino uint64 }
 
 // diffWriter turns one upper dir into tar entries.
 type diffWriter struct {
-	ctx     context.Context
-	tw      *tar.Writer
-	links   map[fileID]string // first name of each multiply-linked file
-	buf     []byte
-	skipped int
+	ctx  context.Context
+	root *safepath.Root
+	w    io.Writer // under tw, for the sparse entries' own PAX headers
+	tw   *tar.Writer
+	// data counts file data (holes left out) against the box's disk
+	// limit, apparent the layer's size as extracted (holes included).
+	data, apparent *boxcopy.Budget
+	links          map[fileID]string // first name of each multiply-linked file
+	buf            []byte
+	skipped        int
+	sparse         int
 }
 
-// dir writes the entries of the directory open at fd, whose name in the
-// layer is rel ("" for the root).
-func (dw *diffWriter) dir(fd int, rel string) error {
-	names, err := readDirNames(fd)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", displayName(rel), err)
+func newDiffWriter(ctx context.Context, root *safepath.Root, w io.Writer, id string, lim runtime.DiffLimits) *diffWriter {
+	dw := &diffWriter{ctx: ctx, root: root, w: w, tw: tar.NewWriter(w), links: map[fileID]string{}, buf: make([]byte, 1<<20)}
+	if lim.DataBytes > 0 {
+		what := lim.DataWhat
+		if what == "" {
+			what = "box " + id + "'s disk limit"
+		}
+		dw.data = boxcopy.NewBudget(lim.DataBytes, what)
 	}
-	slices.Sort(names) // the same tree gives the same tar
-	for _, name := range names {
-		if err := dw.ctx.Err(); err != nil {
-			return err
+	if lim.ApparentBytes > 0 {
+		what := lim.ApparentWhat
+		if what == "" {
+			what = "the largest layer allowed"
 		}
-		child := name
-		if rel != "" {
-			child = rel + "/" + name
-		}
-		if diffExcluded[child] {
-			continue
-		}
-		if err := dw.entry(fd, name, child); err != nil {
-			return err
-		}
+		dw.apparent = boxcopy.NewBudget(lim.ApparentBytes, what)
 	}
-	return nil
+	return dw
 }
 
-func (dw *diffWriter) entry(dirfd int, name, rel string) error {
-	var st unix.Stat_t
-	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("stat %s: %w", displayName(rel), err)
+// headerCost is what one entry's headers are counted as against the
+// apparent budget (a ustar block, with room for a PAX header).
+const headerCost = 3 * blockSize
+
+// visit is the safepath.WalkFunc writing each entry.
+func (dw *diffWriter) visit(rel string, e safepath.Entry) error {
+	if err := dw.ctx.Err(); err != nil {
+		return err
 	}
+	isDir := e.IsDir()
+	if diffExcluded[rel] {
+		if isDir {
+			return fs.SkipDir
+		}
+		return nil
+	}
+	st := e.Stat()
+	if err := dw.apparent.Take(headerCost + int64(len(rel))); err != nil {
+		return err
+	}
+	name := path.Base(rel)
 	hdr := &tar.Header{
 		Name:    rel,
 		Mode:    int64(st.Mode & 0o7777),
@@ -144,52 +168,73 @@ func (dw *diffWriter) entry(dirfd int, name, rel string) error {
 		return dw.tw.WriteHeader(&tar.Header{Name: path.Join(path.Dir(rel), ".wh."+name), Typeflag: tar.TypeReg,
 			Mode: 0o600, ModTime: hdr.ModTime})
 	case unix.S_IFLNK:
-		target, err := readLinkAt(dirfd, name)
+		target, err := dw.root.Readlink(rel)
 		if err != nil {
 			return fmt.Errorf("read link %s: %w", displayName(rel), err)
+		}
+		if len(target) > 1<<16 {
+			return fmt.Errorf("symlink %s: target too long", displayName(rel))
 		}
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		return dw.tw.WriteHeader(hdr)
 	case unix.S_IFDIR:
-		return dw.subdir(dirfd, name, rel, hdr)
+		return dw.dir(rel, hdr)
 	case unix.S_IFREG:
 		if strings.HasPrefix(name, ".wh.") {
 			dw.skipped++ // cannot be told apart from a whiteout in a layer
 			return nil
 		}
-		return dw.file(dirfd, name, rel, hdr, &st)
+		return dw.file(rel, hdr, st)
 	}
 	dw.skipped++ // sockets, FIFOs, device nodes
 	return nil
 }
 
-func (dw *diffWriter) subdir(dirfd int, name, rel string, hdr *tar.Header) error {
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", displayName(rel), err)
-	}
-	defer unix.Close(fd)
-	if hasXattr(fd, "trusted.overlay.redirect") || hasXattr(fd, "user.overlay.redirect") {
-		return fmt.Errorf("%s is a renamed lower directory (overlayfs redirect_dir): not supported: %w",
-			displayName(rel), errdefs.ErrFailedPrecondition)
+func (dw *diffWriter) dir(rel string, hdr *tar.Header) error {
+	for _, attr := range []string{"trusted.overlay.redirect", "user.overlay.redirect"} {
+		if _, ok, err := dw.root.Getxattr(rel, attr); err != nil {
+			return fmt.Errorf("read attributes of %s: %w", displayName(rel), err)
+		} else if ok {
+			return fmt.Errorf("%s is a renamed lower directory (overlayfs redirect_dir): not supported: %w",
+				displayName(rel), errdefs.ErrFailedPrecondition)
+		}
 	}
 	hdr.Typeflag, hdr.Name = tar.TypeDir, rel+"/"
 	if err := dw.tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	if isOpaque(fd) {
+	opaque, err := dw.opaque(rel)
+	if err != nil {
+		return err
+	}
+	if opaque {
 		if err := dw.tw.WriteHeader(&tar.Header{Name: rel + "/.wh..wh..opq", Typeflag: tar.TypeReg,
 			Mode: 0o600, ModTime: hdr.ModTime}); err != nil {
 			return err
 		}
 	}
 	if diffEmptied[rel] {
-		return nil
+		return fs.SkipDir
 	}
-	return dw.dir(fd, rel)
+	return nil
 }
 
-func (dw *diffWriter) file(dirfd int, name, rel string, hdr *tar.Header, st *unix.Stat_t) error {
+// opaque reports whether the directory rel hides the lower directories of
+// the same name.
+func (dw *diffWriter) opaque(rel string) (bool, error) {
+	for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+		v, ok, err := dw.root.Getxattr(rel, attr)
+		if err != nil {
+			return false, fmt.Errorf("read attributes of %s: %w", displayName(rel), err)
+		}
+		if ok && string(v) == "y" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (dw *diffWriter) file(rel string, hdr *tar.Header, st *unix.Stat_t) error {
 	id := fileID{dev: st.Dev, ino: st.Ino}
 	if st.Nlink > 1 {
 		if first, ok := dw.links[id]; ok {
@@ -197,12 +242,13 @@ func (dw *diffWriter) file(dirfd int, name, rel string, hdr *tar.Header, st *uni
 			return dw.tw.WriteHeader(hdr)
 		}
 	}
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	// O_NONBLOCK: a FIFO swapped in since the listing must not hang us.
+	f, err := dw.root.OpenFile(rel, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", displayName(rel), err)
 	}
-	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
+	fd := int(f.Fd())
 	var fst unix.Stat_t
 	if err := unix.Fstat(fd, &fst); err != nil {
 		return fmt.Errorf("stat %s: %w", displayName(rel), err)
@@ -215,21 +261,88 @@ func (dw *diffWriter) file(dirfd int, name, rel string, hdr *tar.Header, st *uni
 			displayName(rel), errdefs.ErrFailedPrecondition)
 	}
 	hdr.Typeflag, hdr.Size = tar.TypeReg, fst.Size
-	if err := dw.tw.WriteHeader(hdr); err != nil {
+	if err := dw.apparent.Take(fst.Size); err != nil {
 		return err
 	}
-	// Hide os.File's WriterTo so that our buffer is used.
-	n, err := io.CopyBuffer(dw.tw, io.LimitReader(struct{ io.Reader }{f}, fst.Size), dw.buf)
+	frags, data, err := dataFragments(f, fst.Size)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", displayName(rel), err)
 	}
-	if n != fst.Size {
-		return fmt.Errorf("%s shrank while being read", displayName(rel))
+	if err := dw.data.Take(data); err != nil {
+		return err
+	}
+	var mapBlock []byte
+	if len(frags) == 1 && frags[0].off == 0 && frags[0].n == fst.Size || fst.Size == 0 {
+		if err := dw.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+	} else {
+		if len(frags) == 0 {
+			frags = []fragment{{off: fst.Size, n: 0}} // all hole
+		}
+		if mapBlock, err = writeSparseHeader(dw.tw, dw.w, hdr, frags); err != nil {
+			return err
+		}
+		if _, err := dw.tw.Write(mapBlock); err != nil {
+			return err
+		}
+		dw.sparse++
+	}
+	for _, fr := range frags {
+		if err := dw.copyRange(f, rel, fr); err != nil {
+			return err
+		}
 	}
 	if st.Nlink > 1 {
 		dw.links[id] = rel
 	}
 	return nil
+}
+
+// copyRange writes the bytes [fr.off, fr.off+fr.n) of f to the tar.
+func (dw *diffWriter) copyRange(f *os.File, rel string, fr fragment) error {
+	for pos, end := fr.off, fr.off+fr.n; pos < end; {
+		if err := dw.ctx.Err(); err != nil {
+			return err
+		}
+		b := dw.buf[:min(int64(len(dw.buf)), end-pos)]
+		n, err := f.ReadAt(b, pos)
+		if n < len(b) {
+			if err == nil || errors.Is(err, io.EOF) {
+				return fmt.Errorf("%s shrank while being read", displayName(rel))
+			}
+			return fmt.Errorf("read %s: %w", displayName(rel), err)
+		}
+		if _, err := dw.tw.Write(b); err != nil {
+			return err
+		}
+		pos += int64(n)
+	}
+	return nil
+}
+
+// dataFragments lists the data segments of f (size bytes): its holes are
+// what lies between them. data is the bytes they hold. A file with more
+// than maxFragments segments has its shortest holes merged into data (as
+// zeros), so that its sparse map stays readable; data counts only real
+// data, and the merged zeros are within the file's apparent size.
+func dataFragments(f *os.File, size int64) (frags []fragment, data int64, err error) {
+	for off := int64(0); off < size; {
+		start, end, err := boxcopy.NextData(f, off, size)
+		if err != nil {
+			return nil, 0, err
+		}
+		if start >= size {
+			break
+		}
+		frags = append(frags, fragment{off: start, n: end - start})
+		data += end - start
+		off = end
+		if len(frags) > maxFragments {
+			frags = shrinkFragments(frags, maxFragments*3/4)
+		}
+	}
+	return frags, data, nil
 }
 
 // boxID maps a host uid or gid back to the box's view: the mapped range
@@ -241,49 +354,9 @@ func boxID(id uint32) int {
 	return 65534
 }
 
-func readDirNames(fd int) ([]string, error) {
-	// A dup, so that closing the os.File leaves fd to the caller.
-	nfd, err := unix.Dup(fd)
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(nfd), "dir")
-	defer f.Close()
-	if _, err := unix.Seek(nfd, 0, io.SeekStart); err != nil {
-		return nil, err
-	}
-	return f.Readdirnames(-1)
-}
-
-func readLinkAt(dirfd int, name string) (string, error) {
-	for size := 256; size <= 1<<16; size *= 4 {
-		buf := make([]byte, size)
-		n, err := unix.Readlinkat(dirfd, name, buf)
-		if err != nil {
-			return "", err
-		}
-		if n < size {
-			return string(buf[:n]), nil
-		}
-	}
-	return "", fmt.Errorf("symlink target too long")
-}
-
 func hasXattr(fd int, attr string) bool {
 	n, err := unix.Fgetxattr(fd, attr, nil)
 	return err == nil && n >= 0
-}
-
-// isOpaque reports whether the directory open at fd hides the lower
-// directories of the same name.
-func isOpaque(fd int) bool {
-	buf := make([]byte, 8)
-	for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
-		if n, err := unix.Fgetxattr(fd, attr, buf); err == nil && n == 1 && buf[0] == 'y' {
-			return true
-		}
-	}
-	return false
 }
 
 // displayName keeps names chosen inside the box short in error messages.
