@@ -2,9 +2,12 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -84,5 +87,51 @@ for name in ['AF_VSOCK', 'AF_ALG', 'AF_UNIX', 'AF_INET', 'AF_INET6', 'AF_NETLINK
 	}
 	if strings.Contains(out, "AF_VSOCK ok") {
 		t.Error("a box can open vsock sockets")
+	}
+}
+
+// TestHugeRequestsRefused: requests past the daemon's bounds get a clear
+// InvalidArgument (they used to be accepted — 100k labels took 18 s and
+// 515 MB — or gave a 500), and limits past what the host has are refused.
+func TestHugeRequestsRefused(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	c := d.client()
+	many := func(n int) map[string]string {
+		m := make(map[string]string, n)
+		for i := range n {
+			m[fmt.Sprintf("k%d", i)] = "v"
+		}
+		return m
+	}
+	cidrs := make([]string, 100_000)
+	for i := range cidrs {
+		cidrs[i] = fmt.Sprintf("203.0.%d.%d/32", i/256%256, i%256)
+	}
+	for _, tc := range []struct {
+		name string
+		opts sbx.CreateOptions
+		want string
+	}{
+		{"100k labels", sbx.CreateOptions{Labels: many(100_000)}, "labels: 100000 given"},
+		{"100k env vars", sbx.CreateOptions{Env: many(100_000)}, "100000 environment variables"},
+		{"100k arguments", sbx.CreateOptions{Command: make([]string, 100_000)}, "100000 arguments"},
+		{"10k-byte workdir", sbx.CreateOptions{Workdir: "/" + strings.Repeat("w", 10_000)}, "workdir: 10001 bytes"},
+		{"100k allow cidrs", sbx.CreateOptions{Network: &sbx.NetworkPolicy{Mode: "allow", AllowCIDRs: cidrs}}, "allow_cidrs: 100000 entries"},
+		{"pids above the host", sbx.CreateOptions{Pids: 1 << 22}, "above this host's maximum"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Create(ctx, tc.opts)
+			wantCode(t, tc.name, err, connect.CodeInvalidArgument)
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	sb := newBox(t, ctx, d, sbx.CreateOptions{})
+	_, err := sb.Run(ctx, append([]string{"true"}, make([]string, 100_000)...)...)
+	wantCode(t, "exec with 100k arguments", err, connect.CodeInvalidArgument)
+	if list, err := c.List(ctx); err != nil || len(list) != 1 {
+		t.Errorf("list after refused creates: %d sandboxes, %v", len(list), err)
 	}
 }

@@ -301,7 +301,7 @@ func hostLimits() sandbox.Limits {
 	return sandbox.Limits{
 		MinMemoryBytes: 16 << 20, MaxMemoryBytes: mem,
 		MinCPUMillis: 10, MaxCPUMillis: int64(goruntime.NumCPU()) * 1000,
-		MinPids: 16, MaxPids: 1 << 22,
+		MinPids: 16, MaxPids: maxBoxPids(),
 		MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40,
 		MaxTimeoutMs: (7 * 24 * time.Hour).Milliseconds(),
 	}

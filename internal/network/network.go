@@ -115,9 +115,18 @@ func (p Policy) proxied() bool {
 // it lower-cased without a trailing dot; errors wrap ErrInvalidArgument.
 func NormalizeDomain(s string) (string, error) { return normalizePattern(s) }
 
+// MaxPolicyEntries bounds each list of a policy: every entry becomes
+// firewall state, set elements and proxy checks for the box.
+const MaxPolicyEntries = 1024
+
 // ParsePolicy validates a policy given as strings (mode "" means public).
 // Errors wrap errdefs.ErrInvalidArgument and name the bad entry.
 func ParsePolicy(mode string, allowCIDRs, allowDomains, denyCIDRs []string) (Policy, error) {
+	for field, n := range map[string]int{"allow_cidrs": len(allowCIDRs), "allow_domains": len(allowDomains), "deny_cidrs": len(denyCIDRs)} {
+		if n > MaxPolicyEntries {
+			return Policy{}, fmt.Errorf("%s: %d entries, at most %d: %w", field, n, MaxPolicyEntries, errdefs.ErrInvalidArgument)
+		}
+	}
 	p := Policy{Mode: Mode(strings.ToLower(mode))}
 	if p.Mode == "" {
 		p.Mode = ModePublic

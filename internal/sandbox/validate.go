@@ -48,7 +48,83 @@ type Limits struct {
 	MaxTimeoutMs                   int64
 }
 
+// Bounds on what one request may carry. A create or exec is data the daemon
+// keeps in memory, stores and relays; past these it is refused with
+// InvalidArgument before any work (100k labels or env vars once cost the
+// daemon 515 MB and an 18 s create).
+const (
+	maxLabels = 256
+	// maxEnv bounds env and secrets together.
+	maxEnv  = 4096
+	maxArgs = 4096
+	// maxValueBytes bounds one env value or argument: Linux's
+	// MAX_ARG_STRLEN, past which execve fails anyway.
+	maxValueBytes = 128 << 10
+	// maxExecBytes bounds argv and env together, well under ARG_MAX.
+	maxExecBytes = 1 << 20
+	// maxPathBytes bounds paths (workdir, mount paths): PATH_MAX - 1.
+	maxPathBytes = 4095
+	// maxMounts bounds volumes, codebases and path policies, each.
+	maxMounts = 64
+)
+
+// CheckArgsEnv bounds a command's arguments and environment (what names the
+// request in errors: "command", "exec").
+func CheckArgsEnv(what string, args []string, env ...map[string]string) error {
+	if len(args) > maxArgs {
+		return invalid("%s: %d arguments, at most %d", what, len(args), maxArgs)
+	}
+	total := 0
+	for i, a := range args {
+		if len(a) > maxValueBytes {
+			return invalid("%s argument %d: %d bytes, at most %d", what, i, len(a), maxValueBytes)
+		}
+		total += len(a) + 1
+	}
+	n := 0
+	for _, m := range env {
+		n += len(m)
+	}
+	if n > maxEnv {
+		return invalid("%s: %d environment variables, at most %d", what, n, maxEnv)
+	}
+	for _, m := range env {
+		for k, v := range m {
+			if len(k)+len(v) > maxValueBytes {
+				return invalid("%s environment variable %.64q: %d bytes, at most %d", what, k, len(k)+len(v), maxValueBytes)
+			}
+			total += len(k) + len(v) + 2
+		}
+	}
+	if total > maxExecBytes {
+		return invalid("%s: arguments and environment are %d bytes, at most %d", what, total, maxExecBytes)
+	}
+	return nil
+}
+
+// checkPath bounds a path given in a request.
+func checkPath(what, p string) error {
+	if len(p) > maxPathBytes {
+		return invalid("%s: %d bytes, at most %d", what, len(p), maxPathBytes)
+	}
+	return nil
+}
+
 func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
+	if n := len(req.GetLabels()); n > maxLabels {
+		return invalid("labels: %d given, at most %d", n, maxLabels)
+	}
+	if err := CheckArgsEnv("command", req.GetCommand(), req.GetEnv(), req.GetSecrets()); err != nil {
+		return err
+	}
+	if err := checkPath("workdir", req.GetWorkdir()); err != nil {
+		return err
+	}
+	for what, n := range map[string]int{"volumes": len(req.GetVolumes()), "codebases": len(req.GetCodebases()), "path_policies": len(req.GetPathPolicies())} {
+		if n > maxMounts {
+			return invalid("%s: %d given, at most %d", what, n, maxMounts)
+		}
+	}
 	if req.GetName() != "" {
 		if !nameRe.MatchString(req.GetName()) {
 			return invalid("name %q: must match [a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}", req.GetName())

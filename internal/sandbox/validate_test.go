@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,7 +11,23 @@ import (
 
 var testLimits = Limits{
 	MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
-	MinPids: 16, MaxPids: 1 << 20, MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40, MaxTimeoutMs: 3600_000,
+	MinPids: 16, MaxPids: 16384, MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40, MaxTimeoutMs: 3600_000,
+}
+
+func manyStrings(n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m[fmt.Sprintf("K%d", i)] = "v"
+	}
+	return m
+}
+
+func slicesRepeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
 }
 
 func TestValidateCreate(t *testing.T) {
@@ -54,6 +71,16 @@ func TestValidateCreate(t *testing.T) {
 		{"domain secret clashing with env", &sbxv1.CreateSandboxRequest{Env: map[string]string{"K": "1"}, DomainSecrets: []*sbxv1.DomainSecret{{Name: "K", Value: "v", Domains: []string{"a.test"}}}}, "both as env and as a domain secret"},
 		{"domain secret clashing with a secret", &sbxv1.CreateSandboxRequest{Secrets: map[string]string{"K": "1"}, DomainSecrets: []*sbxv1.DomainSecret{{Name: "K", Value: "v", Domains: []string{"a.test"}}}}, "both as a secret and as a domain secret"},
 		{"domain secret named like the CA bundle", dsReq(&sbxv1.DomainSecret{Name: "SSL_CERT_FILE", Value: "v", Domains: []string{"a.test"}}), "reserved"},
+		{"too many labels", &sbxv1.CreateSandboxRequest{Labels: manyStrings(100_000)}, "labels: 100000 given, at most 256"},
+		{"too many env vars", &sbxv1.CreateSandboxRequest{Env: manyStrings(100_000)}, "command: 100000 environment variables, at most 4096"},
+		{"env and secrets counted together", &sbxv1.CreateSandboxRequest{Env: manyStrings(3000), Secrets: manyStrings(1500)}, "4500 environment variables"},
+		{"too many arguments", &sbxv1.CreateSandboxRequest{Command: make([]string, 100_000)}, "command: 100000 arguments, at most 4096"},
+		{"huge argument", &sbxv1.CreateSandboxRequest{Command: []string{"sh", strings.Repeat("x", 200<<10)}}, "command argument 1: 204800 bytes"},
+		{"huge command in total", &sbxv1.CreateSandboxRequest{Command: slicesRepeat(strings.Repeat("x", 100<<10), 12)}, "arguments and environment are"},
+		{"huge workdir", &sbxv1.CreateSandboxRequest{Workdir: "/" + strings.Repeat("w", 10_000)}, "workdir: 10001 bytes, at most 4095"},
+		{"too many volumes", &sbxv1.CreateSandboxRequest{Volumes: make([]*sbxv1.VolumeMount, 65)}, "volumes: 65 given, at most 64"},
+		{"too many allow cidrs", &sbxv1.CreateSandboxRequest{Network: &sbxv1.NetworkPolicy{Mode: sbxv1.NetworkMode_NETWORK_MODE_ALLOW, AllowCidrs: make([]string, 100_000)}}, "allow_cidrs: 100000 entries, at most 1024"},
+		{"pids above the host", &sbxv1.CreateSandboxRequest{Resources: &sbxv1.Resources{Pids: 40000}}, "pids 40000: above this host's maximum"},
 		{"all good", &sbxv1.CreateSandboxRequest{Name: "ok", Resources: &sbxv1.Resources{MemoryBytes: 64 << 20, CpuMillis: 500, Pids: 64, DiskBytes: 64 << 20}, TimeoutMs: 60000}, ""},
 	}
 	for _, tt := range tests {

@@ -22,6 +22,13 @@ func validateExec(req *sbxv1.ExecRequest) error {
 	if req.GetTimeoutMs() < 0 {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("exec: timeout %dms must not be negative", req.GetTimeoutMs()))
 	}
+	args := req.GetArgv()
+	if sh := req.GetShell(); sh != "" {
+		args = []string{sh}
+	}
+	if err := sandbox.CheckArgsEnv("exec", args, req.GetEnv()); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
 	return nil
 }
 

@@ -240,7 +240,7 @@ func (m *Manager) info(md meta, users []string) *sbxv1.Volume {
 	v := &sbxv1.Volume{Name: md.Name, SizeBytes: md.SizeBytes, CreatedAtMs: md.CreatedAtMs, Sandboxes: users}
 	var st unix.Statfs_t
 	if err := unix.Statfs(m.mntDir(md.Name), &st); err == nil {
-		v.UsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+		v.UsedBytes = int64(st.Blocks-st.Bfree) * int64(st.Bsize) // Bsize is uint32 off Linux
 	}
 	return v
 }
