@@ -90,7 +90,7 @@ func (m *Manager) unmountCodebases(ctx context.Context, id string) {
 // SyncCodebase writes a sandbox's changes under one codebase mount back
 // into the codebase. A running sandbox is frozen while its layer is read.
 func (m *Manager) SyncCodebase(ctx context.Context, ref, path string, dryRun, force bool) (*sbxv1.SyncCodebaseResponse, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func (m *Manager) freezeLocked(ctx context.Context, b *box) (thaw func(), err er
 // DestroySynced syncs every codebase mount of a sandbox back (without
 // force) and then destroys it. A conflict refuses the destroy.
 func (m *Manager) DestroySynced(ctx context.Context, ref string) error {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 // Config wires a Manager.
@@ -54,6 +55,10 @@ type Config struct {
 	Volumes Volumes
 	// Codebases mounts codebases (nil: requests with codebases fail).
 	Codebases Codebases
+	// BoxAPIAddr is host:port of the daemon's API as boxes reach it (on the
+	// network gateway), given to sandboxes with a scoped token as SBX_ADDR
+	// ("": no box can hold a scoped token).
+	BoxAPIAddr string
 	// MaxLayerBytes caps the apparent size (holes included) of the layer
 	// Diff and Snapshot copy out of a sandbox, whatever its disk limit
 	// (0: unbounded; the daemon sets `sbx serve --max-layer-size`).
@@ -70,8 +75,11 @@ type Manager struct {
 	mu sync.RWMutex
 	// boxes holds every sandbox not yet destroyed, by id. Guarded by mu.
 	boxes map[string]*box
-	// names maps names to ids of boxes in boxes. Guarded by mu.
+	// names maps nameKey(tenant, name) to ids of boxes in boxes. Guarded by mu.
 	names map[string]string
+	// scoped maps the hashes of sandboxes' scoped tokens to their ids.
+	// Guarded by mu.
+	scoped map[string]string
 	// tombstones remembers why recently removed sandboxes are gone. Guarded by mu.
 	tombstones map[string]tombstone
 
@@ -85,13 +93,19 @@ type Manager struct {
 }
 
 type tombstone struct {
-	reason string
-	at     time.Time
+	reason         string
+	at             time.Time
+	tenant, parent string
 }
 
 type box struct {
 	id     string
 	driver runtime.Driver
+	// tenant owns the box; parent is the box whose scoped token made it;
+	// tokenHash is the hash of its own scoped token. All immutable.
+	tenant, parent, tokenHash string
+	// token is the scoped token itself, kept only while the box is created.
+	token string
 	// spec is the validated request with defaults applied; immutable.
 	spec *sbxv1.CreateSandboxRequest
 
@@ -135,6 +149,7 @@ func New(cfg Config) (*Manager, error) {
 		log:        cfg.Logger,
 		boxes:      map[string]*box{},
 		names:      map[string]string{},
+		scoped:     map[string]string{},
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
 		poolWake:   make(chan struct{}, 1),
@@ -176,6 +191,9 @@ func isUserError(err error) bool {
 // Create validates req, starts a sandbox and returns it once its agent answers.
 func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*sbxv1.Sandbox, error) {
 	if err := validateCreate(req, m.cfg.Limits); err != nil {
+		return nil, err
+	}
+	if err := m.checkOwner(ctx, req); err != nil {
 		return nil, err
 	}
 	guards, err := validatePathPolicies(req)
@@ -224,7 +242,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		m.log.Warn("warm pool: handing over a box failed; creating one", "err", err)
 	}
 
-	b, rec, err := m.newBox(newID(), spec, drv)
+	b, rec, err := m.newBox(ctx, newID(), spec, drv)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +253,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	// here on leaves a record that Recover cleans up.
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
-	if err := m.reserve(b); err != nil {
+	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		return nil, err
 	}
 	release()
@@ -260,6 +278,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 
 	rs := runtimeSpec(b.id, spec, img)
+	rs.Env = append(rs.Env, m.scopedEnv(b)...)
 	cbMounts, err := m.mountCodebases(ctx, b.id, spec)
 	if err != nil {
 		return fail(err)
@@ -394,14 +413,34 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 	}
 }
 
-func (m *Manager) reserve(b *box) error {
+// reserve registers b, checking its name (per tenant) and, for a create
+// (admit is its Principal), the tenant's quotas; recovery passes nil and
+// re-registers what was admitted before.
+func (m *Manager) reserve(b *box, admit *tenant.Principal) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if name := b.spec.Name; name != "" {
-		if other, taken := m.names[name]; taken {
-			return fmt.Errorf("name %q is already used by sandbox %s: %w", name, other, errdefs.ErrAlreadyExists)
+	key := nameKey(b.tenant, b.spec.Name)
+	if b.spec.Name != "" {
+		if other, taken := m.names[key]; taken {
+			return fmt.Errorf("name %q is already used by sandbox %s: %w", b.spec.Name, other, errdefs.ErrAlreadyExists)
 		}
-		m.names[name] = b.id
+	}
+	if admit != nil {
+		if b.parent != "" {
+			// The parent may have died while its child was being made.
+			if p, ok := m.boxes[b.parent]; !ok || p.tenant != b.tenant {
+				return fmt.Errorf("parent sandbox %s is gone: %w", b.parent, errdefs.ErrFailedPrecondition)
+			}
+		}
+		if err := admit.Quotas.Admit(b.tenant, m.usageLocked(b.tenant), usageOf(b)); err != nil {
+			return err
+		}
+	}
+	if b.spec.Name != "" {
+		m.names[key] = b.id
+	}
+	if b.tokenHash != "" {
+		m.scoped[b.tokenHash] = b.id
 	}
 	m.boxes[b.id] = b
 	return nil
@@ -411,9 +450,13 @@ func (m *Manager) reserve(b *box) error {
 func (m *Manager) forget(id, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if b, ok := m.boxes[id]; ok {
-		if b.spec.Name != "" && m.names[b.spec.Name] == id {
-			delete(m.names, b.spec.Name)
+	b, ok := m.boxes[id]
+	if ok {
+		if key := nameKey(b.tenant, b.spec.Name); b.spec.Name != "" && m.names[key] == id {
+			delete(m.names, key)
+		}
+		if b.tokenHash != "" && m.scoped[b.tokenHash] == id {
+			delete(m.scoped, b.tokenHash)
 		}
 		delete(m.boxes, id)
 	}
@@ -421,24 +464,33 @@ func (m *Manager) forget(id, reason string) {
 		if len(m.tombstones) > 10000 {
 			clear(m.tombstones)
 		}
-		m.tombstones[id] = tombstone{reason: reason, at: time.Now()}
+		t := tombstone{reason: reason, at: time.Now()}
+		if ok {
+			t.tenant, t.parent = b.tenant, b.parent
+		}
+		m.tombstones[id] = t
 	}
 }
 
-// lookup resolves an id or a name.
-func (m *Manager) lookup(ref string) (*box, error) {
+// lookup resolves an id or a name as ctx's Principal sees them: its
+// tenant's names, and only boxes it may touch. A box it may not touch is
+// answered exactly like one that never existed.
+func (m *Manager) lookup(ctx context.Context, ref string) (*box, error) {
 	if ref == "" {
 		return nil, invalid("no sandbox id or name given")
 	}
+	p := tenant.FromContext(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if b, ok := m.boxes[ref]; ok {
+	if b, ok := m.boxes[ref]; ok && visible(p, b.tenant, b.parent) {
 		return b, nil
 	}
-	if id, ok := m.names[ref]; ok {
-		return m.boxes[id], nil
+	if id, ok := m.names[nameKey(p.Tenant, ref)]; ok {
+		if b := m.boxes[id]; visible(p, b.tenant, b.parent) {
+			return b, nil
+		}
 	}
-	if t, ok := m.tombstones[ref]; ok {
+	if t, ok := m.tombstones[ref]; ok && visible(p, t.tenant, t.parent) {
 		return nil, fmt.Errorf("sandbox %s is gone (%s at %s): %w", ref, t.reason, t.at.Format(time.RFC3339), errdefs.ErrNotFound)
 	}
 	return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
@@ -469,7 +521,7 @@ func (m *Manager) setState(ctx context.Context, b *box, st sbxv1.SandboxState, d
 
 // Get returns a sandbox with live stats.
 func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -505,8 +557,9 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 	boxes := slices.Collect(maps.Values(m.boxes))
 	m.mu.RUnlock()
 	var out []*sbxv1.Sandbox
+	p := tenant.FromContext(ctx)
 	for _, b := range boxes {
-		if Matches(sel, b.spec.Labels) {
+		if visible(p, b.tenant, b.parent) && Matches(sel, b.spec.Labels) {
 			out = append(out, m.toProto(b, nil))
 		}
 	}
@@ -521,7 +574,7 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 
 // Stop freezes every process of a running sandbox.
 func (m *Manager) Stop(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -552,7 +605,7 @@ func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
 
 // Start resumes a stopped sandbox.
 func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -580,7 +633,7 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 
 // Destroy kills a sandbox and releases everything it held.
 func (m *Manager) Destroy(ctx context.Context, ref string) error {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -603,6 +656,8 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_DESTROYING, reason); err != nil {
 		return err
 	}
+	// Children die with their parent (first: their tokens are its code's).
+	m.destroyChildren(ctx, b.id)
 	b.mu.Lock()
 	h, conn := b.handle, b.conn
 	b.conn = nil
@@ -631,7 +686,7 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 // The caller must call release when the operation ends; while it runs the
 // sandbox counts as active and does not idle out.
 func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -666,7 +721,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		IdleAction: s.IdleAction, User: s.User, CreatedAtMs: rec.CreatedAtMs, ExpiresAtMs: rec.ExpiresAtMs,
 		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
 		Network: policyProto(att.Policy), IpAddress: ipString(att.IP),
-		Volumes: s.Volumes, Codebases: s.Codebases,
+		Volumes: s.Volumes, Codebases: s.Codebases, Parent: b.parent, ScopedToken: b.tokenHash != "",
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	out.DomainSecrets = domainSecretsProto(s)

@@ -85,7 +85,7 @@ func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest) (network.Pol
 
 // UpdateNetwork replaces a running or stopped sandbox's network policy.
 func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.NetworkPolicy) (*sbxv1.Sandbox, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 // The warm pool keeps Config.WarmPool boxes of the default runtime and the
@@ -116,9 +117,10 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 // takeWarm returns a warm box suitable for spec, or nil.
 func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
 	// Domain secrets need a CA bundle mount, which a running box cannot get;
-	// codebase layers are mounted before the box starts: both cold create.
+	// codebase layers are mounted before the box starts; a scoped token is
+	// in the box's environment from its start: all cold create.
 	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
-		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 {
+		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 || spec.ScopedToken {
 		return nil
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
@@ -149,7 +151,7 @@ func toResources(r *sbxv1.Resources) runtime.Resources {
 // the box is destroyed and nothing is recorded; the caller falls back to a
 // cold create.
 func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver, pol network.Policy) (*sbxv1.Sandbox, error) {
-	b, rec, err := m.newBox(w.id, spec, drv)
+	b, rec, err := m.newBox(ctx, w.id, spec, drv)
 	if err != nil {
 		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
@@ -162,7 +164,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
-	if err := m.reserve(b); err != nil {
+	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		// A name clash is the user's error, not the pool's: put the box back.
 		select {
 		case m.pool <- w:
@@ -235,9 +237,10 @@ func (m *Manager) drainPool() {
 }
 
 // newBox builds the in-memory box and its record for a sandbox about to be created.
-func (m *Manager) newBox(id string, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*box, *store.Record, error) {
+func (m *Manager) newBox(ctx context.Context, id string, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*box, *store.Record, error) {
 	now := nowMs()
-	b := &box{id: id, driver: drv, spec: spec}
+	p := tenant.FromContext(ctx)
+	b := &box{id: id, driver: drv, spec: spec, tenant: p.Tenant, parent: p.Scope}
 	b.lastActive.Store(now)
 	specJSON, err := protojsonMarshal(spec)
 	if err != nil {
@@ -246,6 +249,12 @@ func (m *Manager) newBox(id string, spec *sbxv1.CreateSandboxRequest, drv runtim
 	rec := &store.Record{
 		ID: id, Name: spec.Name, State: stateName(sbxv1.SandboxState_SANDBOX_STATE_CREATING),
 		Spec: specJSON, Labels: spec.Labels, CreatedAtMs: now, LastActiveAtMs: now,
+		Tenant: b.tenant, Parent: b.parent,
+	}
+	if spec.ScopedToken {
+		b.token = tenant.NewToken()
+		b.tokenHash = tenant.HashToken(b.token)
+		rec.ScopedTokenHash = b.tokenHash
 	}
 	if spec.TimeoutMs > 0 {
 		rec.ExpiresAtMs = now + spec.TimeoutMs

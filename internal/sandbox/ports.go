@@ -21,8 +21,8 @@ import (
 )
 
 // ResolveID returns the id of the sandbox with id or name ref.
-func (m *Manager) ResolveID(ref string) (string, error) {
-	b, err := m.lookup(ref)
+func (m *Manager) ResolveID(ctx context.Context, ref string) (string, error) {
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return "", err
 	}
@@ -33,8 +33,8 @@ func (m *Manager) ResolveID(ref string) (string, error) {
 // running: unknown is NotFound, stopped (or not running yet or any more)
 // FailedPrecondition. The port proxy checks it before every request, as a
 // pooled connection to a stopped (frozen) sandbox would hang.
-func (m *Manager) RunningID(ref string) (string, error) {
-	b, err := m.lookup(ref)
+func (m *Manager) RunningID(ctx context.Context, ref string) (string, error) {
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return "", err
 	}

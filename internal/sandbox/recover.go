@@ -50,6 +50,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			keepNet[rec.ID] = true
 		}
 	}
+	m.reapOrphans(ctx)
 	if m.cfg.Network != nil {
 		if err := m.cfg.Network.Cleanup(ctx, keepNet); err != nil {
 			m.log.Error("cleaning up network leftovers", "err", err)
@@ -129,7 +130,8 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			att = network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
 		}
 	}
-	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att}
+	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att,
+		tenant: rec.Tenant, parent: rec.Parent, tokenHash: rec.ScopedTokenHash}
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
 	b.conn = agentConn(drv, nh)
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
@@ -141,7 +143,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			return drop("agent did not answer after daemon restart: " + err.Error())
 		}
 	}
-	if err := m.reserve(b); err != nil {
+	if err := m.reserve(b, nil); err != nil {
 		b.conn.Close()
 		return drop("name clash during recovery: " + err.Error())
 	}

@@ -36,7 +36,7 @@ type SnapshotConfig struct {
 // with the sandbox's other lifecycle operations; the box is frozen while
 // its layer is read.
 func (m *Manager) Diff(ctx context.Context, ref string, w io.Writer) error {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ var errCommitEnded = errors.New("snapshot: commit ended")
 // new image's digest. A snapshot of a host-image sandbox holds only the
 // changes and is marked to stack on the host image again.
 func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error) {
-	b, err := m.lookup(ref)
+	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return "", err
 	}

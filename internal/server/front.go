@@ -19,12 +19,20 @@ import (
 
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/sandbox"
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 // FrontConfig configures the daemon's HTTP front.
 type FrontConfig struct {
-	// Token, when set, is required on every API and proxied request.
+	// Token, when set, is required on every API and proxied request
+	// (single-user mode).
 	Token string
+	// Tenants, when set, replaces Token: each request must carry one of a
+	// tenant's tokens and acts as that tenant (tenant.Principal).
+	Tenants *tenant.Registry
+	// BoxEndpoint makes this the front on the network gateway that boxes
+	// reach: it accepts only scoped tokens, each only from its own box.
+	BoxEndpoint bool
 	// ProxyDomain turns on routing by host name: <port>-<sandbox-id>.<domain>.
 	ProxyDomain string
 	// PublicURL is the daemon's address as clients see it (e.g.
@@ -62,7 +70,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
 	f := &Front{cfg: cfg, mgr: mgr, log: log}
 	f.done, f.stop = context.WithCancel(context.Background())
-	if cfg.Token != "" {
+	if cfg.Token != "" && cfg.Tenants == nil {
 		f.token = f.hash(cfg.Token)
 	}
 	mux := http.NewServeMux()
@@ -93,7 +101,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
 	if err != nil {
 		// Say nothing about sandboxes to strangers.
-		if !f.authProxy(w, r) {
+		if _, ok := f.authProxy(w, r); !ok {
 			return
 		}
 		http.Error(w, "sbx: "+err.Error(), http.StatusBadRequest)
@@ -105,7 +113,8 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.api.ServeHTTP(w, r)
 			return
 		}
-		if !f.authAPI(w, r) {
+		r, ok := f.authAPI(w, r)
+		if !ok {
 			return
 		}
 		if r.URL.Path == ExecPath {
@@ -122,12 +131,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, base)))
 	case routeHTTP:
-		if !f.authProxy(w, r) {
+		r, ok := f.authProxy(w, r)
+		if !ok {
 			return
 		}
 		f.serveProxy(w, r, rt)
 	case routeTCP:
-		if !f.authProxy(w, r) {
+		r, ok := f.authProxy(w, r)
+		if !ok {
 			return
 		}
 		f.serveTCP(w, r, rt)
@@ -141,11 +152,70 @@ func (f *Front) hash(tok string) []byte {
 
 // validToken compares a presented token with the daemon's in constant time.
 func (f *Front) validToken(tok string) bool {
-	if tok == "" {
+	if tok == "" || f.token == nil {
 		return false
 	}
 	sum := sha256.Sum256([]byte(tok))
 	return subtle.ConstantTimeCompare(sum[:], f.token) == 1
+}
+
+// openAccess reports whether requests need no token at all: single-user
+// mode without a token, never on the box endpoint.
+func (f *Front) openAccess() bool {
+	return f.token == nil && f.cfg.Tenants == nil && !f.cfg.BoxEndpoint
+}
+
+type presentedKey struct{}
+
+// authenticate returns who tok acts as. On the box endpoint only a scoped
+// token from its own box's address counts; elsewhere the daemon's token
+// (single-user), a tenant's token, or a scoped token.
+func (f *Front) authenticate(r *http.Request, tok string) (tenant.Principal, bool) {
+	if tok == "" {
+		return tenant.Principal{}, false
+	}
+	if !f.cfg.BoxEndpoint {
+		if f.cfg.Tenants != nil {
+			if p, ok := f.cfg.Tenants.Current().Authenticate(tok); ok {
+				return p, true
+			}
+		} else if f.validToken(tok) {
+			return tenant.Principal{}, true
+		}
+	}
+	if f.mgr == nil {
+		return tenant.Principal{}, false
+	}
+	p, ip, ok := f.mgr.ScopedPrincipal(tok)
+	if !ok {
+		return tenant.Principal{}, false
+	}
+	if f.cfg.BoxEndpoint {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil || !ip.IsValid() || host != ip.String() {
+			return tenant.Principal{}, false
+		}
+	}
+	if p.Tenant != "" {
+		// The tenant's quotas as they are now; a tenant removed from the
+		// file (and reloaded) takes its boxes' tokens' power with it.
+		if f.cfg.Tenants == nil {
+			return tenant.Principal{}, false
+		}
+		q, ok := f.cfg.Tenants.Current().Quotas(p.Tenant)
+		if !ok {
+			return tenant.Principal{}, false
+		}
+		p.Quotas = q
+	}
+	return p, true
+}
+
+// admitted returns r carrying its Principal and the token it presented
+// (stripCredentials removes that one from what a sandbox gets).
+func admitted(r *http.Request, p tenant.Principal, tok string) *http.Request {
+	ctx := tenant.WithPrincipal(r.Context(), p)
+	return r.WithContext(context.WithValue(ctx, presentedKey{}, tok))
 }
 
 // bearer returns the token of an "Authorization: Bearer T" header.
@@ -159,13 +229,13 @@ func bearer(r *http.Request) string {
 
 // authAPI checks an API request (Authorization: Bearer only: cookies would
 // let pages the proxy serves call the API).
-func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) bool {
-	if f.token == nil {
-		return true
+func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if f.openAccess() {
+		return r, true
 	}
 	tok := bearer(r)
-	if f.validToken(tok) {
-		return true
+	if p, ok := f.authenticate(r, tok); ok {
+		return admitted(r, p, tok), true
 	}
 	msg := "missing API token: send Authorization: Bearer <token> (SBX_TOKEN for the CLI and SDKs)"
 	if tok != "" {
@@ -175,42 +245,48 @@ func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
 	w.WriteHeader(http.StatusUnauthorized)
 	_ = json.NewEncoder(w).Encode(map[string]string{"code": "unauthenticated", "message": msg})
-	return false
+	return nil, false
 }
 
 // authProxy checks a proxied request: the token may come as a bearer token,
 // in X-Sbx-Token, in the sbx_token cookie or, once, in the sbx_token query
 // parameter (a GET then gets the cookie and a redirect without it).
-func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) bool {
-	if f.token == nil {
-		return true
+func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if f.openAccess() {
+		return r, true
 	}
-	if f.validToken(bearer(r)) || f.validToken(r.Header.Get(HeaderToken)) {
-		return true
-	}
-	if c, err := r.Cookie(TokenCookie); err == nil && f.validToken(c.Value) {
-		return true
-	}
-	if q := r.URL.Query().Get(TokenQueryParam); q != "" && f.validToken(q) {
-		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
-			http.SetCookie(w, &http.Cookie{
-				Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
-				SameSite: http.SameSiteLaxMode, MaxAge: int((7 * 24 * time.Hour).Seconds()),
-			})
-			u := *r.URL
-			qs := u.Query()
-			qs.Del(TokenQueryParam)
-			u.RawQuery = qs.Encode()
-			u.Scheme, u.Host = "", ""
-			w.Header().Set("Cache-Control", "no-store")
-			http.Redirect(w, r, u.RequestURI(), http.StatusFound)
-			return false
+	for _, tok := range []string{bearer(r), r.Header.Get(HeaderToken)} {
+		if p, ok := f.authenticate(r, tok); ok {
+			return admitted(r, p, tok), true
 		}
-		return true
+	}
+	if c, err := r.Cookie(TokenCookie); err == nil {
+		if p, ok := f.authenticate(r, c.Value); ok {
+			return admitted(r, p, c.Value), true
+		}
+	}
+	if q := r.URL.Query().Get(TokenQueryParam); q != "" {
+		if p, ok := f.authenticate(r, q); ok {
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
+				http.SetCookie(w, &http.Cookie{
+					Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
+					SameSite: http.SameSiteLaxMode, MaxAge: int((7 * 24 * time.Hour).Seconds()),
+				})
+				u := *r.URL
+				qs := u.Query()
+				qs.Del(TokenQueryParam)
+				u.RawQuery = qs.Encode()
+				u.Scheme, u.Host = "", ""
+				w.Header().Set("Cache-Control", "no-store")
+				http.Redirect(w, r, u.RequestURI(), http.StatusFound)
+				return nil, false
+			}
+			return admitted(r, p, q), true
+		}
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
 	http.Error(w, "sbx: this port needs the daemon's token: Authorization: Bearer <token>, X-Sbx-Token, or ?sbx_token=<token> once in a browser", http.StatusUnauthorized)
-	return false
+	return nil, false
 }
 
 // stripCredentials removes everything of the daemon's from a request bound
@@ -223,7 +299,8 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) bool {
 // still holds it (plain, URL-escaped or in Basic credentials) is dropped.
 func (f *Front) stripCredentials(out *http.Request) {
 	h := out.Header
-	if tok := bearer(out); f.token != nil && f.validToken(tok) {
+	secret := presented(out)
+	if tok := bearer(out); tok != "" && tok == secret {
 		h.Del("Authorization")
 	}
 	if q := out.URL.Query(); q.Has(TokenQueryParam) {
@@ -247,7 +324,7 @@ func (f *Front) stripCredentials(out *http.Request) {
 			for _, part := range strings.Split(line, ";") {
 				part = strings.TrimSpace(part)
 				name, _, _ := strings.Cut(part, "=")
-				if name != TokenCookie && part != "" && !f.holdsToken(part) {
+				if name != TokenCookie && part != "" && !holdsToken(part, secret) {
 					keep = append(keep, part)
 				}
 			}
@@ -257,19 +334,26 @@ func (f *Front) stripCredentials(out *http.Request) {
 			h.Set("Cookie", strings.Join(keep, "; "))
 		}
 	}
-	if f.cfg.Token == "" {
+	if secret == "" {
 		return
 	}
-	f.dropTokenValues(h)
-	f.dropTokenValues(out.Trailer)
-	if q := out.URL.Query(); f.holdsToken(out.URL.RawQuery) {
+	holds := func(s string) bool { return holdsToken(s, secret) }
+	dropTokenValues(h, holds)
+	dropTokenValues(out.Trailer, holds)
+	if q := out.URL.Query(); holds(out.URL.RawQuery) {
 		for k, vs := range q {
-			if f.holdsToken(k) || slices.ContainsFunc(vs, f.holdsToken) {
+			if holds(k) || slices.ContainsFunc(vs, holds) {
 				q.Del(k)
 			}
 		}
 		out.URL.RawQuery = q.Encode()
 	}
+}
+
+// presented returns the token r was admitted with ("" without auth).
+func presented(r *http.Request) string {
+	s, _ := r.Context().Value(presentedKey{}).(string)
+	return s
 }
 
 // stripTokenParam removes the sbx_token query parameter from a URL (a
@@ -294,18 +378,18 @@ func stripTokenParam(raw string) (string, bool) {
 	return u.String(), true
 }
 
-// dropTokenValues removes every value of h that holds the daemon's token
+// dropTokenValues removes every value of h that holds the request's token
 // (and a header whose name holds it).
-func (f *Front) dropTokenValues(h http.Header) {
+func dropTokenValues(h http.Header, holds func(string) bool) {
 	for k, vs := range h {
-		if f.holdsToken(k) {
+		if holds(k) {
 			delete(h, k)
 			continue
 		}
-		if !slices.ContainsFunc(vs, f.holdsToken) {
+		if !slices.ContainsFunc(vs, holds) {
 			continue
 		}
-		vs = slices.DeleteFunc(slices.Clone(vs), f.holdsToken)
+		vs = slices.DeleteFunc(slices.Clone(vs), holds)
 		if len(vs) == 0 {
 			delete(h, k)
 		} else {
@@ -314,10 +398,9 @@ func (f *Front) dropTokenValues(h http.Header) {
 	}
 }
 
-// holdsToken reports whether s contains the daemon's token: as is,
-// URL-escaped, or as the user or password of Basic credentials.
-func (f *Front) holdsToken(s string) bool {
-	tok := f.cfg.Token
+// holdsToken reports whether s contains tok: as is, URL-escaped, or as
+// the user or password of Basic credentials.
+func holdsToken(s, tok string) bool {
 	if tok == "" {
 		return false
 	}

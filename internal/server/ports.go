@@ -30,7 +30,7 @@ func (s *PortServer) GetPort(ctx context.Context, req *connect.Request[sbxv1.Get
 	if port == 0 || port > 65535 {
 		return nil, toConnect(portError(port))
 	}
-	id, err := s.mgr.ResolveID(req.Msg.GetSandbox())
+	id, err := s.mgr.ResolveID(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -38,7 +38,7 @@ func (s *PortServer) GetPort(ctx context.Context, req *connect.Request[sbxv1.Get
 }
 
 func (s *PortServer) ListPorts(ctx context.Context, req *connect.Request[sbxv1.ListPortsRequest]) (*connect.Response[sbxv1.ListPortsResponse], error) {
-	id, err := s.mgr.ResolveID(req.Msg.GetSandbox())
+	id, err := s.mgr.ResolveID(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return nil, toConnect(err)
 	}

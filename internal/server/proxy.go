@@ -118,7 +118,7 @@ func (f *Front) serveProxy(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: bad path: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	id, err := f.mgr.RunningID(rt.sandbox)
+	id, err := f.mgr.RunningID(r.Context(), rt.sandbox)
 	if err != nil {
 		f.writeError(w, err)
 		return

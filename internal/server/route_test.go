@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 func TestParseRoute(t *testing.T) {
@@ -142,6 +144,7 @@ func TestStripCredentials(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest("GET", tc.url, nil)
 			r.Header = http.Header(tc.headers).Clone()
+			r = admitted(r, tenant.Principal{}, testToken)
 			f.stripCredentials(r)
 			if d := cmp.Diff(http.Header(tc.wantHeaders), r.Header); d != "" {
 				t.Errorf("headers (-want +got):\n%s", d)
@@ -194,9 +197,9 @@ func TestAuth(t *testing.T) {
 			w := httptest.NewRecorder()
 			var ok bool
 			if tc.api {
-				ok = f.authAPI(w, r)
+				_, ok = f.authAPI(w, r)
 			} else {
-				ok = f.authProxy(w, r)
+				_, ok = f.authProxy(w, r)
 			}
 			if ok != tc.wantOK {
 				t.Fatalf("ok: got %v, want %v (status %d)", ok, tc.wantOK, w.Code)

@@ -45,12 +45,20 @@ type Record struct {
 	StateDetail    string
 	// ImageDigest is the digest of the image the sandbox started from ("" for host).
 	ImageDigest string
+	// Tenant owns the sandbox ("": the single-user owner); names are
+	// unique per tenant.
+	Tenant string
+	// Parent is the id of the sandbox whose scoped token made this one
+	// ("": made with a tenant's token).
+	Parent string
+	// ScopedTokenHash is the hash of the sandbox's own scoped token ("": none).
+	ScopedTokenHash string
 }
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id            TEXT PRIMARY KEY,
-	name          TEXT UNIQUE,
+	name          TEXT,
 	state         TEXT NOT NULL,
 	spec          BLOB NOT NULL,
 	handle        BLOB,
@@ -58,8 +66,41 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	created_at    INTEGER NOT NULL,
 	expires_at    INTEGER NOT NULL DEFAULT 0,
 	last_active   INTEGER NOT NULL DEFAULT 0,
-	state_detail  TEXT NOT NULL DEFAULT ''
+	state_detail  TEXT NOT NULL DEFAULT '',
+	image_digest  TEXT NOT NULL DEFAULT '',
+	tenant        TEXT NOT NULL DEFAULT '',
+	parent        TEXT NOT NULL DEFAULT '',
+	scoped_token  TEXT NOT NULL DEFAULT '',
+	UNIQUE (tenant, name)
 );
+`
+
+// tenantColumns rebuilds a table made before tenants: its names were unique
+// daemon-wide (a column constraint SQLite cannot drop in place), now per
+// tenant. Every existing row keeps its values and belongs to the
+// single-user owner "".
+const tenantColumns = `
+CREATE TABLE sandboxes_tenants (
+	id            TEXT PRIMARY KEY,
+	name          TEXT,
+	state         TEXT NOT NULL,
+	spec          BLOB NOT NULL,
+	handle        BLOB,
+	labels        TEXT NOT NULL DEFAULT '{}',
+	created_at    INTEGER NOT NULL,
+	expires_at    INTEGER NOT NULL DEFAULT 0,
+	last_active   INTEGER NOT NULL DEFAULT 0,
+	state_detail  TEXT NOT NULL DEFAULT '',
+	image_digest  TEXT NOT NULL DEFAULT '',
+	tenant        TEXT NOT NULL DEFAULT '',
+	parent        TEXT NOT NULL DEFAULT '',
+	scoped_token  TEXT NOT NULL DEFAULT '',
+	UNIQUE (tenant, name)
+);
+INSERT INTO sandboxes_tenants (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest)
+	SELECT id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest FROM sandboxes;
+DROP TABLE sandboxes;
+ALTER TABLE sandboxes_tenants RENAME TO sandboxes;
 `
 
 // migrations add columns to databases made by older versions; each is
@@ -89,6 +130,21 @@ func migrate(ctx context.Context, db *sql.DB) error {
 				return fmt.Errorf("add column %s: %w", m.column, err)
 			}
 		}
+	}
+	if have["tenant"] {
+		return nil
+	}
+	// One transaction: a daemon killed half-way leaves the old table.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin tenant migration: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, tenantColumns); err != nil {
+		return fmt.Errorf("add tenant columns: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit tenant migration: %w", err)
 	}
 	return nil
 }
@@ -151,12 +207,12 @@ func (s *Store) Insert(ctx context.Context, r *Record) error {
 		return fmt.Errorf("encode labels: %w", err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest)
-		 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO sandboxes (id, name, state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest, tenant, parent, scoped_token)
+		 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, nullable(r.Name), r.State, []byte(r.Spec), []byte(r.Handle), string(labels),
-		r.CreatedAtMs, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail, r.ImageDigest)
+		r.CreatedAtMs, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail, r.ImageDigest, r.Tenant, r.Parent, r.ScopedTokenHash)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
+		if strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.tenant, sandboxes.name") {
 			return fmt.Errorf("sandbox name %q is taken: %w", r.Name, errdefs.ErrAlreadyExists)
 		}
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
@@ -233,7 +289,7 @@ func (s *Store) List(ctx context.Context) ([]*Record, error) {
 	return scan(rows)
 }
 
-const selectAll = `SELECT id, COALESCE(name, ''), state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest FROM sandboxes`
+const selectAll = `SELECT id, COALESCE(name, ''), state, spec, handle, labels, created_at, expires_at, last_active, state_detail, image_digest, tenant, parent, scoped_token FROM sandboxes`
 
 func scan(rows *sql.Rows) ([]*Record, error) {
 	defer rows.Close()
@@ -242,7 +298,7 @@ func scan(rows *sql.Rows) ([]*Record, error) {
 		var r Record
 		var spec, handle []byte
 		var labels string
-		if err := rows.Scan(&r.ID, &r.Name, &r.State, &spec, &handle, &labels, &r.CreatedAtMs, &r.ExpiresAtMs, &r.LastActiveAtMs, &r.StateDetail, &r.ImageDigest); err != nil {
+		if err := rows.Scan(&r.ID, &r.Name, &r.State, &spec, &handle, &labels, &r.CreatedAtMs, &r.ExpiresAtMs, &r.LastActiveAtMs, &r.StateDetail, &r.ImageDigest, &r.Tenant, &r.Parent, &r.ScopedTokenHash); err != nil {
 			return nil, fmt.Errorf("scan sandbox row: %w", err)
 		}
 		r.Spec = spec

@@ -472,6 +472,13 @@ type CreateSandboxRequest struct {
 	// `name`; the egress proxy puts the real value in place of the placeholder
 	// in requests to the listed domains only.
 	DomainSecrets []*DomainSecret `protobuf:"bytes,18,rep,name=domain_secrets,json=domainSecrets,proto3" json:"domain_secrets,omitempty"`
+	// Give the sandbox a scoped API token: env SBX_TOKEN holds it and
+	// SBX_ADDR the daemon's address as the box reaches it (a port on the
+	// network gateway that accepts only scoped tokens, and each only from its
+	// own box). With it, code in the box may create and manage sandboxes of
+	// its own (children, within its tenant's quotas) and see nothing else.
+	// Children die with their parent. Needs networking.
+	ScopedToken   bool `protobuf:"varint,19,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -630,6 +637,13 @@ func (x *CreateSandboxRequest) GetDomainSecrets() []*DomainSecret {
 		return x.DomainSecrets
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetScopedToken() bool {
+	if x != nil {
+		return x.ScopedToken
+	}
+	return false
 }
 
 type DomainSecret struct {
@@ -871,6 +885,11 @@ type Sandbox struct {
 	PathPolicies []*PathPolicy    `protobuf:"bytes,26,rep,name=path_policies,json=pathPolicies,proto3" json:"path_policies,omitempty"`
 	// Domain secrets: names and domains only (values are never returned).
 	DomainSecrets []*DomainSecret `protobuf:"bytes,27,rep,name=domain_secrets,json=domainSecrets,proto3" json:"domain_secrets,omitempty"`
+	// The id of the sandbox whose scoped token created this one ("" if a
+	// tenant's or the daemon's token did).
+	Parent string `protobuf:"bytes,28,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Whether the sandbox holds a scoped API token (SBX_TOKEN).
+	ScopedToken   bool `protobuf:"varint,29,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1111,20 @@ func (x *Sandbox) GetDomainSecrets() []*DomainSecret {
 		return x.DomainSecrets
 	}
 	return nil
+}
+
+func (x *Sandbox) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Sandbox) GetScopedToken() bool {
+	if x != nil {
+		return x.ScopedToken
+	}
+	return false
 }
 
 type SandboxStats struct {
@@ -1872,7 +1905,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xc9\a\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xec\a\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1894,7 +1927,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\avolumes\x18\x0f \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x123\n" +
 	"\tcodebases\x18\x10 \x03(\v2\x15.sbx.v1.CodebaseMountR\tcodebases\x127\n" +
 	"\rpath_policies\x18\x11 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
-	"\x0edomain_secrets\x18\x12 \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x1a9\n" +
+	"\x0edomain_secrets\x18\x12 \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x12!\n" +
+	"\fscoped_token\x18\x13 \x01(\bR\vscopedToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1919,7 +1953,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"deny_cidrs\x18\x04 \x03(\tR\tdenyCidrs\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\x84\t\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xbf\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1951,7 +1985,9 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\avolumes\x18\x18 \x03(\v2\x13.sbx.v1.VolumeMountR\avolumes\x123\n" +
 	"\tcodebases\x18\x19 \x03(\v2\x15.sbx.v1.CodebaseMountR\tcodebases\x127\n" +
 	"\rpath_policies\x18\x1a \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
-	"\x0edomain_secrets\x18\x1b \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x1a9\n" +
+	"\x0edomain_secrets\x18\x1b \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x12\x16\n" +
+	"\x06parent\x18\x1c \x01(\tR\x06parent\x12!\n" +
+	"\fscoped_token\x18\x1d \x01(\bR\vscopedToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +

@@ -1,0 +1,140 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/tenant"
+)
+
+// Tenancy: every box belongs to a tenant ("" in single-user mode) and may
+// have a parent, the box whose scoped token created it. A Principal
+// (tenant.FromContext) sees a box when the tenants match and, for a scoped
+// Principal, when the box is one of its sandbox's children. lookup and
+// List apply that to every call that names a sandbox, so a box out of
+// sight is indistinguishable from one that does not exist.
+
+// nameKey is the key of names: names are unique per tenant.
+func nameKey(tenantName, name string) string { return tenantName + "\x00" + name }
+
+// visible reports whether p may see a box of tenant t with parent parent.
+func visible(p tenant.Principal, t, parent string) bool {
+	return t == p.Tenant && (p.Scope == "" || parent == p.Scope)
+}
+
+// usageOf is what box b counts against its tenant's quotas.
+func usageOf(b *box) tenant.Usage {
+	r := b.spec.GetResources()
+	return tenant.Usage{Sandboxes: 1, MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), DiskBytes: r.GetDiskBytes()}
+}
+
+// usageLocked sums what tenant t's boxes hold; m.mu must be held.
+func (m *Manager) usageLocked(t string) tenant.Usage {
+	var u tenant.Usage
+	for _, b := range m.boxes {
+		if b.tenant == t {
+			u = u.Add(usageOf(b))
+		}
+	}
+	return u
+}
+
+// Usage returns what ctx's tenant's sandboxes hold.
+func (m *Manager) Usage(ctx context.Context) tenant.Usage {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.usageLocked(tenant.FromContext(ctx).Tenant)
+}
+
+// checkOwner refuses what a create asks that its Principal may not have.
+func (m *Manager) checkOwner(ctx context.Context, req *sbxv1.CreateSandboxRequest) error {
+	p := tenant.FromContext(ctx)
+	if req.GetScopedToken() && m.cfg.BoxAPIAddr == "" {
+		return fmt.Errorf("scoped_token: this daemon gives boxes no API endpoint (it runs without networking): %w", errdefs.ErrFailedPrecondition)
+	}
+	if req.GetScopedToken() && req.GetNetwork().GetMode() == sbxv1.NetworkMode_NETWORK_MODE_NONE {
+		return invalid("scoped_token needs networking: the box reaches the API on the network gateway, and network mode is none")
+	}
+	if p.Tenant == "" {
+		return nil
+	}
+	// Tenants share the daemon's host image only: images, volumes and
+	// codebases are not yet kept per tenant, so a tenant may use none.
+	if img := req.GetImage(); img != "" && img != HostImage {
+		return fmt.Errorf("image %q: tenants may use only the %q image on this daemon: %w", img, HostImage, errdefs.ErrPermissionDenied)
+	}
+	if len(req.GetVolumes()) > 0 {
+		return fmt.Errorf("volumes: not available to tenants on this daemon: %w", errdefs.ErrPermissionDenied)
+	}
+	if len(req.GetCodebases()) > 0 {
+		return fmt.Errorf("codebases: not available to tenants on this daemon: %w", errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// scopedEnv is the environment a box with a scoped token gets.
+func (m *Manager) scopedEnv(b *box) []string {
+	if b.token == "" {
+		return nil
+	}
+	return []string{"SBX_TOKEN=" + b.token, "SBX_ADDR=http://" + m.cfg.BoxAPIAddr}
+}
+
+// ScopedPrincipal returns who a sandbox's scoped token acts as: the box's
+// tenant, scoped to the box's children, and the box's IP address (a scoped
+// token is accepted on the box endpoint only from its own box). ok is false
+// for a token no live box holds.
+func (m *Manager) ScopedPrincipal(tok string) (p tenant.Principal, ip netip.Addr, ok bool) {
+	if tok == "" {
+		return p, ip, false
+	}
+	m.mu.RLock()
+	id, found := m.scoped[tenant.HashToken(tok)]
+	b := m.boxes[id]
+	m.mu.RUnlock()
+	if !found || b == nil {
+		return p, ip, false
+	}
+	b.mu.Lock()
+	ip = b.net.IP
+	b.mu.Unlock()
+	return tenant.Principal{Tenant: b.tenant, Scope: b.id}, ip, true
+}
+
+// destroyChildren destroys the children of box id (and theirs).
+func (m *Manager) destroyChildren(ctx context.Context, id string) {
+	m.mu.RLock()
+	var kids []*box
+	for _, b := range m.boxes {
+		if b.parent == id {
+			kids = append(kids, b)
+		}
+	}
+	m.mu.RUnlock()
+	for _, k := range kids {
+		if err := m.destroyBox(ctx, k, "its parent sandbox "+id+" was destroyed"); err != nil {
+			m.log.Error("destroying a child sandbox", "sandbox", k.id, "parent", id, "err", err)
+		}
+	}
+}
+
+// reapOrphans destroys recovered boxes whose parent did not survive the
+// restart (children die with their parent, also across a crash).
+func (m *Manager) reapOrphans(ctx context.Context) {
+	m.mu.RLock()
+	var orphans []*box
+	for _, b := range m.boxes {
+		if _, ok := m.boxes[b.parent]; b.parent != "" && !ok {
+			orphans = append(orphans, b)
+		}
+	}
+	m.mu.RUnlock()
+	for _, b := range orphans {
+		if err := m.destroyBox(ctx, b, "its parent sandbox "+b.parent+" is gone"); err != nil {
+			m.log.Error("destroying an orphaned child sandbox", "sandbox", b.id, "err", err)
+		}
+	}
+}
