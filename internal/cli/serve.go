@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,12 +13,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sbxdev/sbx/internal/daemon"
+	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile, maxLayer string
+	var logLevel, tokenFile, maxLayer, tenantsFile string
+	var boxAPIPort uint16
 	var egressPorts []uint
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -39,12 +42,24 @@ func newServe(a *app) *cobra.Command {
 				return err
 			}
 			cfg.AuthToken = tok
+			cfg.BoxAPIPort = boxAPIPort
+			if tenantsFile != "" {
+				if tok != "" {
+					return fmt.Errorf("--tenants replaces the single API token: drop --auth-token-file / SBX_AUTH_TOKEN")
+				}
+				if cfg.Tenants, err = tenant.Open(tenantsFile); err != nil {
+					return err
+				}
+			}
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if cfg.Tenants != nil {
+				go reloadOnHUP(ctx, cfg.Tenants, tenantsFile, cfg.Logger)
+			}
 			return daemon.Run(ctx, cfg)
 		},
 	}
@@ -65,6 +80,10 @@ func newServe(a *app) *cobra.Command {
 	f.StringSliceVar(&cfg.EgressRoots, "egress-ca", nil, "PEM file of extra CAs the egress proxy trusts when it re-originates intercepted TLS (repeatable; the host's roots are always trusted)")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
+	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
@@ -89,4 +108,47 @@ func readAuthToken(file string) (string, error) {
 		return "", fmt.Errorf("the auth token in %s is shorter than 16 characters: use a long random one (e.g. openssl rand -hex 32)", from)
 	}
 	return tok, nil
+}
+
+// reloadOnHUP re-reads the tenants file on every SIGHUP until ctx ends; a
+// file that does not parse leaves the tenants in force and is logged.
+func reloadOnHUP(ctx context.Context, reg *tenant.Registry, path string, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := reg.Reload(); err != nil {
+				log.Error("reloading the tenants file; the old tenants stay in force", "file", path, "err", err)
+				continue
+			}
+			log.Info("tenants file reloaded", "file", path)
+		}
+	}
+}
+
+func newTenant(a *app) *cobra.Command {
+	cmd := &cobra.Command{Use: "tenant", Short: "Tenants of a multi-tenant daemon (sbx serve --tenants)"}
+	hash := &cobra.Command{
+		Use:   "hash-token [TOKEN]",
+		Short: "Print a token's hash for the tenants file (without TOKEN: make a new token and print both)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if len(args[0]) < 16 {
+					return fmt.Errorf("token is shorter than 16 characters: use a long random one (or run without TOKEN to make one)")
+				}
+				fmt.Fprintln(a.stdout, tenant.HashToken(args[0]))
+				return nil
+			}
+			tok := tenant.NewToken()
+			fmt.Fprintf(a.stdout, "token: %s\nhash:  %s\n", tok, tenant.HashToken(tok))
+			return nil
+		},
+	}
+	cmd.AddCommand(hash)
+	return cmd
 }

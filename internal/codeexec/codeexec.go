@@ -70,6 +70,13 @@ var (
 // Agents hands out agent clients of running sandboxes (sandbox.Manager).
 type Agents interface {
 	Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error)
+	// Sees reports whether ctx's caller may see sandbox id (tenancy: a
+	// session or context of a sandbox out of sight does not exist for it).
+	Sees(ctx context.Context, id string) bool
+	// ResolveID returns the id of the sandbox with id or name ref as ctx's
+	// caller sees it: sessions and contexts record ids, never names (names
+	// are per tenant).
+	ResolveID(ctx context.Context, ref string) (string, error)
 }
 
 // Sink receives a run's events: output chunks, then the result.

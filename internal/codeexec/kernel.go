@@ -74,7 +74,11 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 	if lang.kernel == "" {
 		return nil, fmt.Errorf("language %s has no stateful contexts (python and javascript do): %w", lang.name, errdefs.ErrInvalidArgument)
 	}
-	conn, release, err := s.agents.Agent(ctx, req.GetSandbox())
+	sbID, err := s.agents.ResolveID(ctx, req.GetSandbox())
+	if err != nil {
+		return nil, err
+	}
+	conn, release, err := s.agents.Agent(ctx, sbID)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +89,7 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 		return nil, err
 	}
 	k := &kernel{
-		owner: s, id: id, sandbox: req.GetSandbox(), lang: lang, created: time.Now(),
+		owner: s, id: id, sandbox: sbID, lang: lang, created: time.Now(),
 		token: []byte("\x1esbx-" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
 		reqID: time.Now().UnixMicro(),
 	}
@@ -224,16 +228,18 @@ func (k *kernel) forget() {
 }
 
 // ListContexts lists live contexts, of one sandbox if sandbox is set.
-func (s *Service) ListContexts(sandbox string) []*sbxv1.CodeContext {
+func (s *Service) ListContexts(ctx context.Context, sandbox string) []*sbxv1.CodeContext {
 	var out []*sbxv1.CodeContext
-	for _, k := range s.contexts.list(sandbox) {
+	for _, k := range s.contexts.list(ctx, sandbox) {
 		out = append(out, k.info())
 	}
 	return out
 }
 
 // CloseContext stops a context's kernel.
-func (s *Service) CloseContext(id string) error { return s.contexts.close(id) }
+func (s *Service) CloseContext(ctx context.Context, id string) error {
+	return s.contexts.close(ctx, id)
+}
 
 // run executes req.Code in the kernel, streaming output to sink and filling res.
 func (k *kernel) run(ctx context.Context, req *sbxv1.RunCodeRequest, out string, res *sbxv1.RunCodeResult, sink Sink) (artifacts bool, err error) {

@@ -86,15 +86,18 @@ func (g *registry[T]) all() []T {
 // attached yet (its sandbox was stopped when the daemon started).
 func (g *registry[T]) get(ctx context.Context, id string) (T, error) {
 	var zero T
+	notFound := fmt.Errorf("%s %s: %w", g.noun, id, errdefs.ErrNotFound)
 	if v, ok := g.lookup(id); ok {
+		if _, sb := v.ident(); !g.agents.Sees(ctx, sb) {
+			return zero, notFound
+		}
 		return v, nil
 	}
-	notFound := fmt.Errorf("%s %s: %w", g.noun, id, errdefs.ErrNotFound)
 	if g.store == nil {
 		return zero, notFound
 	}
 	r, err := g.store.GetProcess(ctx, id)
-	if errdefs.IsNotFound(err) || err == nil && r.Kind != g.kind {
+	if errdefs.IsNotFound(err) || err == nil && (r.Kind != g.kind || !g.agents.Sees(ctx, r.SandboxID)) {
 		return zero, notFound
 	}
 	if err != nil {
@@ -177,12 +180,12 @@ func (g *registry[T]) restorePending(sandbox string) {
 }
 
 // list restores the pending processes, then returns the live ones (of one
-// sandbox if sandbox is set).
-func (g *registry[T]) list(sandbox string) []T {
+// sandbox if sandbox is set) that ctx's caller may see.
+func (g *registry[T]) list(ctx context.Context, sandbox string) []T {
 	g.restorePending(sandbox)
 	var out []T
 	for _, v := range g.all() {
-		if _, sb := v.ident(); sandbox == "" || sb == sandbox {
+		if _, sb := v.ident(); (sandbox == "" || sb == sandbox) && g.agents.Sees(ctx, sb) {
 			out = append(out, v)
 		}
 	}
@@ -190,20 +193,24 @@ func (g *registry[T]) list(sandbox string) []T {
 }
 
 // close kills a live process, or forgets a persisted one that is not
-// attached (its sandbox was stopped at restore).
-func (g *registry[T]) close(id string) error {
+// attached (its sandbox was stopped at restore), if ctx's caller may see it.
+func (g *registry[T]) close(ctx context.Context, id string) error {
+	notFound := fmt.Errorf("%s %s: %w", g.noun, id, errdefs.ErrNotFound)
 	if v, ok := g.lookup(id); ok {
+		if _, sb := v.ident(); !g.agents.Sees(ctx, sb) {
+			return notFound
+		}
 		v.close() // forgets the record first: a list meanwhile does not restore it
 		g.drop(v)
 		return nil
 	}
 	if g.store != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if r, err := g.store.GetProcess(ctx, id); err == nil && r.Kind == g.kind {
+		if r, err := g.store.GetProcess(sctx, id); err == nil && r.Kind == g.kind && g.agents.Sees(ctx, r.SandboxID) {
 			forgetProcess(g.agents, g.store, g.log, r.SandboxID, r.ID)
 			return nil
 		}
 	}
-	return fmt.Errorf("%s %s: %w", g.noun, id, errdefs.ErrNotFound)
+	return notFound
 }

@@ -31,6 +31,10 @@ func (noAgents) Agent(context.Context, string) (*agentconn.Conn, func(), error) 
 	return nil, nil, errdefs.ErrNotFound
 }
 
+func (noAgents) Sees(context.Context, string) bool { return true }
+
+func (noAgents) ResolveID(_ context.Context, ref string) (string, error) { return ref, nil }
+
 // newTestRegistry returns a registry of contexts over a real store. Its
 // restore re-attaches records by their Program: "ok" attaches, "gone" is a
 // process that exited, "down" a sandbox that is stopped.
@@ -133,7 +137,7 @@ func TestRegistryList(t *testing.T) {
 		t.Run("sandbox="+tt.sandbox, func(t *testing.T) {
 			g, st, restored := newTestRegistry(t)
 			var got []string
-			for _, p := range g.list(tt.sandbox) {
+			for _, p := range g.list(context.Background(), tt.sandbox) {
 				got = append(got, p.id)
 			}
 			slices.Sort(got)
@@ -146,7 +150,7 @@ func TestRegistryList(t *testing.T) {
 			}
 			// A second list restores only what is still pending.
 			*restored = nil
-			g.list(tt.sandbox)
+			g.list(context.Background(), tt.sandbox)
 			var want []string
 			if tt.sandbox != "sb-1" {
 				want = []string{"ctx-down"}
@@ -175,7 +179,7 @@ func TestRegistryClose(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g, st, restored := newTestRegistry(t)
 			live, _ := g.lookup(tt.id)
-			err := g.close(tt.id)
+			err := g.close(context.Background(), tt.id)
 			if gotErr := fmt.Sprint(err); tt.wantErr == "" && err != nil || tt.wantErr != "" && gotErr != tt.wantErr {
 				t.Fatalf("close(%s): got %v, want %q", tt.id, err, tt.wantErr)
 			}

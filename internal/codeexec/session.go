@@ -108,13 +108,17 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	if strings.ContainsAny(shell, " \t\n") {
 		return nil, fmt.Errorf("create session: shell must be a program path, not %q: %w", shell, errdefs.ErrInvalidArgument)
 	}
-	conn, release, err := s.agents.Agent(ctx, req.GetSandbox())
+	sbID, err := s.agents.ResolveID(ctx, req.GetSandbox())
+	if err != nil {
+		return nil, err
+	}
+	conn, release, err := s.agents.Agent(ctx, sbID)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	ss := &session{
-		owner: s, id: "sess-" + newID(), sandbox: req.GetSandbox(), shell: shell, created: time.Now(),
+		owner: s, id: "sess-" + newID(), sandbox: sbID, shell: shell, created: time.Now(),
 		token: []byte("\x1eSBX" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
 		seq: time.Now().UnixMicro(),
 	}
@@ -270,16 +274,16 @@ func (ss *session) forget() {
 }
 
 // List lists live sessions, of one sandbox if sandbox is set.
-func (s *Sessions) List(sandbox string) []*sbxv1.Session {
+func (s *Sessions) List(ctx context.Context, sandbox string) []*sbxv1.Session {
 	var out []*sbxv1.Session
-	for _, ss := range s.sessions.list(sandbox) {
+	for _, ss := range s.sessions.list(ctx, sandbox) {
 		out = append(out, ss.info())
 	}
 	return out
 }
 
 // Close kills a session's shell and everything it started.
-func (s *Sessions) Close(id string) error { return s.sessions.close(id) }
+func (s *Sessions) Close(ctx context.Context, id string) error { return s.sessions.close(ctx, id) }
 
 // Exec runs req.Command in its session, sending output and then the result to sink.
 func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink SessionSink) error {

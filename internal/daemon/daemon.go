@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
@@ -68,6 +70,14 @@ type Config struct {
 	AuthToken string
 	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
 	InsecureNoAuth bool
+	// Tenants, when set, replaces AuthToken: every request carries one of
+	// a tenant's tokens and sees only that tenant's sandboxes.
+	Tenants *tenant.Registry
+	// TLSCert and TLSKey, when set, serve the API over TLS (PEM files).
+	TLSCert, TLSKey string
+	// BoxAPIPort is the port on the network gateway where sandboxes with
+	// a scoped token reach the API (0: DefaultBoxAPIPort; needs networking).
+	BoxAPIPort uint16
 	// ProxyDomain turns on routing to sandbox ports by host name
 	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
 	ProxyDomain string
@@ -101,8 +111,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("no data dir given")
 	}
-	if err := server.CheckListen(cfg.Listen, cfg.AuthToken, cfg.InsecureNoAuth); err != nil {
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	authed := cfg.AuthToken
+	if cfg.Tenants != nil {
+		authed = "tenants"
+	}
+	if err := server.CheckListen(cfg.Listen, authed, cfg.InsecureNoAuth); err != nil {
 		return err
+	}
+	boxPort := cfg.BoxAPIPort
+	if boxPort == 0 {
+		boxPort = DefaultBoxAPIPort
 	}
 	dataDir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -143,7 +164,7 @@ func Run(ctx context.Context, cfg Config) error {
 			StateDir: filepath.Join(dataDir, "network"), Bridge: cfg.NetBridge, Subnet: cfg.NetSubnet,
 			Table: cfg.NetTable, DNSUpstreams: cfg.DNSUpstreams, PoolSize: cfg.NetPool,
 			Logger:      log,
-			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots,
+			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots, APIPort: boxPort,
 		})
 		if err != nil {
 			return fmt.Errorf("sandbox networking: %w", err)
@@ -191,8 +212,10 @@ func Run(ctx context.Context, cfg Config) error {
 	fill(&defaults.DiskBytes, DefaultResources.DiskBytes)
 
 	var sbNet sandbox.Network // stays a nil interface when off
+	var boxAPI string
 	if netMgr != nil {
 		sbNet = netMgr
+		boxAPI = net.JoinHostPort(netMgr.Gateway().String(), strconv.Itoa(int(boxPort)))
 	}
 	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), log)
 	if err != nil {
@@ -219,6 +242,7 @@ func Run(ctx context.Context, cfg Config) error {
 		WarmPool:       cfg.WarmPool,
 		Images:         imageResolver{store: images, gc: &gcLock},
 		MaxLayerBytes:  maxLayer,
+		BoxAPIAddr:     boxAPI,
 	})
 	if err != nil {
 		return err
@@ -258,13 +282,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer code.Shutdown()
 	defer sessions.Shutdown()
-	api.AddCode(server.NewCodeServer(code))
-	api.AddSessions(server.NewSessionServer(sessions))
+	api.AddCode(server.NewCodeServer(code, mgr))
+	api.AddSessions(server.NewSessionServer(sessions, mgr))
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
-		Token: cfg.AuthToken, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 	})
 	defer front.Close()
+	if boxAPI != "" {
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer stopBox()
+	}
 	srv := &http.Server{
 		Handler:           front,
 		Protocols:         &protos,
@@ -272,8 +303,14 @@ func Run(ctx context.Context, cfg Config) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "proxy_domain", cfg.ProxyDomain)
+	if cfg.TLSCert != "" {
+		protos.SetHTTP2(true)
+		go func() { errc <- srv.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey) }()
+	} else {
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
+		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

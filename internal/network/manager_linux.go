@@ -90,7 +90,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	params := ruleParams{bridge: cfg.Bridge, subnet: m.subnet, gateway: m.gw,
-		egressPorts: cfg.EgressPorts, proxyPort: m.egress.port}
+		egressPorts: cfg.EgressPorts, proxyPort: m.egress.port, apiPort: cfg.APIPort}
 	if m.fw, err = newFirewall(cfg.Table, params); err != nil {
 		m.egress.close()
 		return nil, err

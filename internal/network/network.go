@@ -70,6 +70,9 @@ type Policy struct {
 	AllowDomains []string `json:"allow_domains,omitempty"`
 	// DenyCIDRs are blocked in every mode, before anything is allowed.
 	DenyCIDRs []netip.Prefix `json:"deny_cidrs,omitempty"`
+	// APIAccess opens the daemon's box API port on the gateway (Config
+	// APIPort) to the box: it holds a scoped API token.
+	APIAccess bool `json:"api_access,omitempty"`
 	// Secrets are substituted by the egress proxy in requests to their
 	// domains. Their values are never written to state.json: after a
 	// daemon restart Recover is given them again.
@@ -311,7 +314,10 @@ type Config struct {
 	// EgressRoots are extra PEM files of CAs the proxy trusts, besides the
 	// host's, when it re-originates intercepted TLS (tests, private CAs).
 	EgressRoots []string
-	Logger      *slog.Logger
+	// APIPort is the daemon's box API port on the gateway, opened to boxes
+	// whose policy has APIAccess (0: none).
+	APIPort uint16
+	Logger  *slog.Logger
 }
 
 func (c *Config) setDefaults() error {

@@ -106,6 +106,7 @@ type ruleParams struct {
 	gateway     netip.Addr
 	egressPorts []uint16 // TCP ports redirected to the egress proxy
 	proxyPort   uint16   // the egress proxy's port on the gateway (0: none)
+	apiPort     uint16   // the daemon's box API port on the gateway (0: none)
 }
 
 // baseRules returns the rules of the shared chains.
@@ -165,6 +166,10 @@ func boxRules(p ruleParams, pol Policy, dnsSet string) (in, fwd []rule) {
 	if p.proxyPort != 0 && pol.proxied() {
 		// Connections the prerouting chain redirected to the egress proxy.
 		in = append(in, rule{daddr: gw, l4proto: "tcp", dport: p.proxyPort, verdict: "accept"})
+	}
+	if p.apiPort != 0 && pol.APIAccess {
+		// The box API: it serves only scoped tokens, each from its own box.
+		in = append(in, rule{daddr: gw, l4proto: "tcp", dport: p.apiPort, verdict: "accept"})
 	}
 	in = append(in, rule{verdict: "drop"})
 

@@ -80,6 +80,7 @@ func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest) (network.Pol
 		}
 		return network.Policy{Mode: network.ModeNone}, nil
 	}
+	pol.APIAccess = spec.GetScopedToken()
 	return pol, nil
 }
 
@@ -93,6 +94,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	if err != nil {
 		return nil, err
 	}
+	pol.APIAccess = b.tokenHash != ""
 	if m.cfg.Network == nil {
 		return nil, fmt.Errorf("networking is off in this daemon: %w", errdefs.ErrFailedPrecondition)
 	}

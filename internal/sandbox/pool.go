@@ -216,7 +216,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 }
 
 func samePolicy(a, b network.Policy) bool {
-	return a.Mode == b.Mode && slices.Equal(a.AllowCIDRs, b.AllowCIDRs) &&
+	return a.Mode == b.Mode && a.APIAccess == b.APIAccess && slices.Equal(a.AllowCIDRs, b.AllowCIDRs) &&
 		slices.Equal(a.AllowDomains, b.AllowDomains) && slices.Equal(a.DenyCIDRs, b.DenyCIDRs)
 }
 

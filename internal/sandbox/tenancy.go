@@ -138,3 +138,16 @@ func (m *Manager) reapOrphans(ctx context.Context) {
 		}
 	}
 }
+
+// Sees reports whether ctx's Principal may see sandbox id (codeexec asks it
+// of sessions' and contexts' sandboxes).
+func (m *Manager) Sees(ctx context.Context, id string) bool {
+	p := tenant.FromContext(ctx)
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if b, ok := m.boxes[id]; ok {
+		return visible(p, b.tenant, b.parent)
+	}
+	// A box that is gone: only the single-user owner's own records.
+	return p.Tenant == "" && p.Scope == ""
+}

@@ -48,7 +48,11 @@ func (s *Server) AddImages(images *ImageServer) { s.images = images }
 const compressMinBytes = 8 << 10
 
 // handlerOpts are the options of every API service handler.
-var handlerOpts = []connect.HandlerOption{connect.WithCompressMinBytes(compressMinBytes)}
+// The tenancy interceptor is here so that no service can be served without it.
+var handlerOpts = []connect.HandlerOption{
+	connect.WithCompressMinBytes(compressMinBytes),
+	connect.WithInterceptors(tenancyInterceptor{}),
+}
 
 // Handler returns the HTTP handler serving the API (and /healthz).
 func (s *Server) Handler() http.Handler {

@@ -13,6 +13,7 @@ package sbx
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -42,6 +43,7 @@ type Client struct {
 	ports     sbxv1connect.PortServiceClient
 	baseURL   string
 	token     string
+	tls       *tls.Config // for https:// base URLs
 	// execs are the idle connections of the exec upgrade (execconn.go).
 	execs     execPool
 	transport *http.Transport
@@ -54,6 +56,34 @@ type clientOptions struct {
 	token         string
 	tokenSet      bool
 	noExecUpgrade bool
+	tls           *tls.Config
+}
+
+// WithTLS sets the TLS configuration for an https:// daemon address (for
+// example RootCAs holding a private CA). Without it the client trusts the
+// system's roots plus, if $SBX_CACERT names a PEM file, the CAs in it.
+func WithTLS(cfg *tls.Config) Option {
+	return func(o *clientOptions) { o.tls = cfg.Clone() }
+}
+
+// envTLS is the TLS configuration $SBX_CACERT asks for (nil: the system's
+// roots). A file that cannot be read or holds no certificate leaves an
+// empty pool: every https connection then fails verification rather than
+// trusting less than the user asked for.
+func envTLS() *tls.Config {
+	path := os.Getenv("SBX_CACERT")
+	if path == "" {
+		return nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil || !pool.AppendCertsFromPEM(pem) {
+		pool = x509.NewCertPool()
+	}
+	return &tls.Config{RootCAs: pool}
 }
 
 // WithToken sets the daemon's API token (sent as Authorization: Bearer).
@@ -95,12 +125,19 @@ func NewClient(addr string, opts ...Option) *Client {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
+	if o.tls == nil {
+		o.tls = envTLS()
+	}
+	if o.tls == nil {
+		o.tls = &tls.Config{}
+	}
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
+	protos.SetHTTP2(true) // https:// addresses: gRPC over TLS needs HTTP/2
 	tr := &http.Transport{
 		Protocols:           &protos,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		TLSClientConfig:     &tls.Config{},
+		TLSClientConfig:     o.tls.Clone(),
 		MaxIdleConnsPerHost: 8,
 	}
 	var rt http.RoundTripper = tr
@@ -117,6 +154,7 @@ func NewClient(addr string, opts ...Option) *Client {
 		volumes: sbxv1connect.NewVolumeServiceClient(hc, base, connect.WithGRPC()),
 		session: sbxv1connect.NewSessionServiceClient(hc, base, connect.WithGRPC()),
 		baseURL: base,
+		tls:     o.tls,
 
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
@@ -179,6 +217,11 @@ type CreateOptions struct {
 	PathPolicies []PathPolicy
 	// Codebases are codebases to mount, each in a copy-on-write layer.
 	Codebases []CodebaseMount
+	// ScopedToken gives the sandbox an API token of its own (env SBX_TOKEN,
+	// with SBX_ADDR the daemon as the box reaches it): code inside may
+	// create and manage child sandboxes, which die with it, and nothing
+	// else. NewClient("") inside the box picks both up.
+	ScopedToken bool
 }
 
 // DomainSecret is a secret only the listed hosts receive, over HTTPS (a
@@ -203,7 +246,7 @@ type DomainSecret struct {
 func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	req := &sbxv1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
-		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User,
+		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User, ScopedToken: o.ScopedToken,
 		Resources: &sbxv1.Resources{
 			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
 		},

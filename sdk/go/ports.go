@@ -113,7 +113,9 @@ func (c *Client) upgrade(ctx context.Context, op, path, proto string) (conn net.
 	}
 	conn = raw
 	if u.Scheme == "https" {
-		tc := tls.Client(raw, &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}})
+		cfg := c.tls.Clone()
+		cfg.ServerName, cfg.NextProtos = u.Hostname(), []string{"http/1.1"}
+		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, nil, 0, &Error{Op: op, Code: connect.CodeUnavailable, Msg: err.Error()}
