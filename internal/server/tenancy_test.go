@@ -1,0 +1,635 @@
+package server
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/fake"
+	"github.com/sbxdev/sbx/internal/sandbox"
+	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+// registeredProcedures lists every RPC of the sbx.v1 services, from the
+// compiled descriptors: a new RPC shows up here without anyone adding it.
+func registeredProcedures(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if fd.Package() != "sbx.v1" {
+			return true
+		}
+		for i := 0; i < fd.Services().Len(); i++ {
+			sd := fd.Services().Get(i)
+			for j := 0; j < sd.Methods().Len(); j++ {
+				out = append(out, "/"+string(sd.FullName())+"/"+string(sd.Methods().Get(j).Name()))
+			}
+		}
+		return true
+	})
+	if len(out) < 40 {
+		t.Fatalf("found %d sbx.v1 RPCs in the descriptors, want the whole API (are the generated files linked?)", len(out))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestEveryRPCHasATenancyRule(t *testing.T) {
+	for _, p := range registeredProcedures(t) {
+		if _, ok := rpcAccess[p]; !ok {
+			t.Errorf("%s has no entry in rpcAccess: decide how tenants and scoped tokens see it", p)
+		}
+		if _, ok := tenancyCases[p]; !ok {
+			t.Errorf("%s has no case in tenancyCases: TestTenancyEveryRPC must cover it", p)
+		}
+	}
+}
+
+// tenancyEnv is a front in tenant mode over the fake driver (real agents)
+// with tenants "acme" and "beta".
+type tenancyEnv struct {
+	mgr           *sandbox.Manager
+	srv           *httptest.Server
+	tokA, tokB    string
+	boxA, boxA2   string // acme's sandboxes
+	sessA, ctxA   string // a session and a code context in boxA
+	parent        string // acme's sandbox with a scoped token
+	child         string // parent's child
+	scoped        string // parent's scoped token
+	discardLogger *slog.Logger
+}
+
+const tenantsJSON = `{"tenants": [
+	{"name": "acme", "tokens": [%q], "quotas": {"max_sandboxes": 8}},
+	{"name": "beta", "tokens": [%q], "quotas": {"max_sandboxes": 2, "memory_bytes": 201326592, "cpu_millis": 1500, "disk_bytes": 50331648}}
+]}`
+
+func newTenancyEnv(t *testing.T) *tenancyEnv {
+	t.Helper()
+	dir := t.TempDir()
+	ctx := context.Background()
+	st, err := store.Open(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv, err := fake.New(fake.Config{StateDir: filepath.Join(dir, "fake"), AgentPath: testutil.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mgr, err := sandbox.New(sandbox.Config{
+		Store: st, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
+		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
+		Limits: sandbox.Limits{
+			MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
+			MinPids: 16, MaxPids: 1 << 20, MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40, MaxTimeoutMs: 3600_000,
+		},
+		Logger:     log,
+		BoxAPIAddr: "127.0.0.1:1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mgr.Run()
+	e := &tenancyEnv{mgr: mgr, tokA: tenant.NewToken(), tokB: tenant.NewToken(), discardLogger: log}
+	set, err := tenant.Parse(fmt.Appendf(nil, tenantsJSON, tenant.HashToken(e.tokA), tenant.HashToken(e.tokB)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := New(mgr)
+	code := codeexec.New(mgr, log)
+	sessions := codeexec.NewSessions(mgr, log)
+	api.AddCode(NewCodeServer(code, mgr))
+	api.AddSessions(NewSessionServer(sessions, mgr))
+	mux := http.NewServeMux()
+	for _, reg := range []func() (string, http.Handler){
+		func() (string, http.Handler) {
+			return sbxv1connect.NewImageServiceHandler(sbxv1connect.UnimplementedImageServiceHandler{}, handlerOpts...)
+		},
+		func() (string, http.Handler) {
+			return sbxv1connect.NewVolumeServiceHandler(sbxv1connect.UnimplementedVolumeServiceHandler{}, handlerOpts...)
+		},
+		func() (string, http.Handler) {
+			return sbxv1connect.NewCodebaseServiceHandler(sbxv1connect.UnimplementedCodebaseServiceHandler{}, handlerOpts...)
+		},
+	} {
+		p, h := reg()
+		mux.Handle(p, h)
+	}
+	mux.Handle("/", api.Handler())
+	front := NewFront(mux, mgr, FrontConfig{Tenants: tenant.NewRegistry(set), Logger: log})
+	e.srv = httptest.NewUnstartedServer(front)
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	e.srv.Config.Protocols = &protos
+	e.srv.Start()
+	t.Cleanup(func() {
+		front.Close()
+		e.srv.Close()
+		code.Shutdown()
+		sessions.Shutdown()
+		for _, p := range []tenant.Principal{{Tenant: "acme"}, {Tenant: "beta"}} {
+			list, _ := mgr.List(tenant.WithPrincipal(ctx, p), nil)
+			for _, sb := range list {
+				_ = mgr.Destroy(tenant.WithPrincipal(ctx, p), sb.Id)
+			}
+		}
+		mgr.Close()
+		st.Close()
+	})
+
+	a := e.clients(e.tokA)
+	mk := func(c rpcClients, req *sbxv1.CreateSandboxRequest) string {
+		t.Helper()
+		resp, err := c.sb.CreateSandbox(ctx, connect.NewRequest(req))
+		if err != nil {
+			t.Fatalf("create %v: %v", req, err)
+		}
+		return resp.Msg.GetSandbox().GetId()
+	}
+	e.boxA = mk(a, &sbxv1.CreateSandboxRequest{Name: "dev"})
+	e.boxA2 = mk(a, &sbxv1.CreateSandboxRequest{})
+	ss, err := a.sess.CreateSession(ctx, connect.NewRequest(&sbxv1.CreateSessionRequest{Sandbox: "dev", Shell: "/bin/sh"}))
+	if err != nil {
+		t.Fatalf("create acme's session: %v", err)
+	}
+	e.sessA = ss.Msg.GetSession().GetId()
+	cc, err := a.code.CreateContext(ctx, connect.NewRequest(&sbxv1.CreateContextRequest{Sandbox: e.boxA, Language: "python"}))
+	if err != nil {
+		t.Fatalf("create acme's code context: %v", err)
+	}
+	e.ctxA = cc.Msg.GetContext().GetId()
+	e.parent = mk(a, &sbxv1.CreateSandboxRequest{ScopedToken: true})
+	out, err := e.exec(a, e.parent, "printenv SBX_TOKEN")
+	if err != nil || !strings.HasPrefix(out, "sbx_") {
+		t.Fatalf("SBX_TOKEN in the scoped box: got %q, %v; want a token", out, err)
+	}
+	e.scoped = strings.TrimSpace(out)
+	e.child = mk(e.clients(e.scoped), &sbxv1.CreateSandboxRequest{})
+	return e
+}
+
+// rpcClients are clients of every service, all sending one token.
+type rpcClients struct {
+	sb    sbxv1connect.SandboxServiceClient
+	img   sbxv1connect.ImageServiceClient
+	vol   sbxv1connect.VolumeServiceClient
+	cb    sbxv1connect.CodebaseServiceClient
+	port  sbxv1connect.PortServiceClient
+	sess  sbxv1connect.SessionServiceClient
+	code  sbxv1connect.CodeServiceClient
+	token string
+}
+
+// h2c speaks cleartext HTTP/2, as the SDKs do (bidi streams need it).
+var h2c = func() *http.Transport {
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	return &http.Transport{Protocols: &protos}
+}()
+
+type tokenTransport struct{ tok string }
+
+func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if t.tok != "" {
+		r.Header.Set("Authorization", "Bearer "+t.tok)
+	}
+	return h2c.RoundTrip(r)
+}
+
+func (e *tenancyEnv) clients(tok string) rpcClients {
+	hc := &http.Client{Transport: tokenTransport{tok}}
+	u := e.srv.URL
+	return rpcClients{
+		sb: sbxv1connect.NewSandboxServiceClient(hc, u), img: sbxv1connect.NewImageServiceClient(hc, u),
+		vol: sbxv1connect.NewVolumeServiceClient(hc, u), cb: sbxv1connect.NewCodebaseServiceClient(hc, u),
+		port: sbxv1connect.NewPortServiceClient(hc, u), sess: sbxv1connect.NewSessionServiceClient(hc, u),
+		code: sbxv1connect.NewCodeServiceClient(hc, u), token: tok,
+	}
+}
+
+// exec runs a shell command in sandbox ref and returns its stdout.
+func (e *tenancyEnv) exec(c rpcClients, ref, cmd string) (string, error) {
+	st, err := c.sb.Exec(context.Background(), connect.NewRequest(&sbxv1.ExecRequest{Sandbox: ref, Shell: cmd}))
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	var out bytes.Buffer
+	for st.Receive() {
+		out.Write(st.Msg().GetStdout())
+	}
+	return out.String(), st.Err()
+}
+
+// drain reads a server stream to its end.
+func drain[T any](st *connect.ServerStreamForClient[T], err error) error {
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for st.Receive() {
+	}
+	return st.Err()
+}
+
+func tarOf(name, body string) []byte {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	_ = tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body))})
+	_, _ = tw.Write([]byte(body))
+	_ = tw.Close()
+	return b.Bytes()
+}
+
+// target says what a case's ref names.
+type target int
+
+const (
+	targetSandbox target = iota // a sandbox id or name
+	targetSession
+	targetContext
+	targetNone  // names nothing (Version)
+	targetList  // lists: call returns the ids it saw
+	targetOwner // the daemon owner's stores: refused to tenants
+)
+
+type tenancyCase struct {
+	target target
+	// call makes the RPC about ref; for targetList it returns the ids seen.
+	call func(ctx context.Context, c rpcClients, ref string) ([]string, error)
+}
+
+func one(err error) ([]string, error) { return nil, err }
+
+// tmp is a per-sandbox scratch path (the fake driver shares the host's
+// file system between boxes).
+func tmp(ref, name string) string { return "/tmp/sbx-tenancy-" + ref + "-" + name }
+
+var tenancyCases = map[string]tenancyCase{
+	sbxv1connect.SandboxServiceVersionProcedure: {targetNone, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.sb.Version(ctx, connect.NewRequest(&sbxv1.VersionRequest{})))
+	}},
+	sbxv1connect.SandboxServiceCreateSandboxProcedure: {targetList, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		// Names are per tenant: each tenant may have its own "shared".
+		resp, err := c.sb.CreateSandbox(ctx, connect.NewRequest(&sbxv1.CreateSandboxRequest{Name: "shared"}))
+		if err != nil {
+			return nil, err
+		}
+		_, err = c.sb.DestroySandbox(ctx, connect.NewRequest(&sbxv1.DestroySandboxRequest{Sandbox: resp.Msg.GetSandbox().GetId()}))
+		return nil, err
+	}},
+	sbxv1connect.SandboxServiceListSandboxesProcedure: {targetList, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.sb.ListSandboxes(ctx, connect.NewRequest(&sbxv1.ListSandboxesRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, s := range resp.Msg.GetSandboxes() {
+			ids = append(ids, s.GetId())
+		}
+		return ids, nil
+	}},
+	sbxv1connect.SandboxServiceGetSandboxProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.SandboxServiceStopSandboxProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		if _, err := c.sb.StopSandbox(ctx, connect.NewRequest(&sbxv1.StopSandboxRequest{Sandbox: ref})); err != nil {
+			return nil, err
+		}
+		return one2(c.sb.StartSandbox(ctx, connect.NewRequest(&sbxv1.StartSandboxRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.SandboxServiceStartSandboxProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.StartSandbox(ctx, connect.NewRequest(&sbxv1.StartSandboxRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.SandboxServiceDestroySandboxProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last on a sandbox made for it (see the test).
+		return one2(c.sb.DestroySandbox(ctx, connect.NewRequest(&sbxv1.DestroySandboxRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.SandboxServiceUpdateNetworkProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.UpdateNetwork(ctx, connect.NewRequest(&sbxv1.UpdateNetworkRequest{Sandbox: ref, Network: &sbxv1.NetworkPolicy{}})))
+	}},
+	sbxv1connect.SandboxServiceSnapshotSandboxProcedure: {targetOwner, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.SnapshotSandbox(ctx, connect.NewRequest(&sbxv1.SnapshotSandboxRequest{Sandbox: ref, Tag: "x:1"})))
+	}},
+	sbxv1connect.SandboxServiceExecProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.sb.Exec(ctx, connect.NewRequest(&sbxv1.ExecRequest{Sandbox: ref, Argv: []string{"true"}}))))
+	}},
+	sbxv1connect.SandboxServiceExecInteractiveProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		st := c.sb.ExecInteractive(ctx)
+		if err := st.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: &sbxv1.ExecRequest{Sandbox: ref, Argv: []string{"true"}}}}); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		_ = st.CloseRequest()
+		for {
+			if _, err := st.Receive(); err != nil {
+				_ = st.CloseResponse()
+				if errors.Is(err, io.EOF) {
+					return nil, nil
+				}
+				return nil, err
+			}
+		}
+	}},
+	sbxv1connect.SandboxServiceWriteFileProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		st := c.sb.WriteFile(ctx)
+		_ = st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{Sandbox: ref, Path: tmp(ref, "w")}}})
+		_ = st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Data{Data: []byte("hi")}})
+		return one2(st.CloseAndReceive())
+	}},
+	sbxv1connect.SandboxServiceReadFileProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.sb.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Sandbox: ref, Path: "/etc/hostname"}))))
+	}},
+	sbxv1connect.SandboxServiceListDirProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.ListDir(ctx, connect.NewRequest(&sbxv1.ListDirRequest{Sandbox: ref, Path: "/etc"})))
+	}},
+	sbxv1connect.SandboxServiceStatProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.Stat(ctx, connect.NewRequest(&sbxv1.StatRequest{Sandbox: ref, Path: "/etc"})))
+	}},
+	sbxv1connect.SandboxServiceMakeDirProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.MakeDir(ctx, connect.NewRequest(&sbxv1.MakeDirRequest{Sandbox: ref, Path: tmp(ref, "d"), Parents: true})))
+	}},
+	sbxv1connect.SandboxServiceRenameProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		if _, err := c.sb.MakeDir(ctx, connect.NewRequest(&sbxv1.MakeDirRequest{Sandbox: ref, Path: tmp(ref, "r1"), Parents: true})); err != nil {
+			return nil, err
+		}
+		return one2(c.sb.Rename(ctx, connect.NewRequest(&sbxv1.RenameRequest{Sandbox: ref, From: tmp(ref, "r1"), To: tmp(ref, "r2")})))
+	}},
+	sbxv1connect.SandboxServiceRemoveProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		if _, err := c.sb.MakeDir(ctx, connect.NewRequest(&sbxv1.MakeDirRequest{Sandbox: ref, Path: tmp(ref, "x"), Parents: true})); err != nil {
+			return nil, err
+		}
+		return one2(c.sb.Remove(ctx, connect.NewRequest(&sbxv1.RemoveRequest{Sandbox: ref, Path: tmp(ref, "x"), Recursive: true})))
+	}},
+	sbxv1connect.SandboxServiceUploadTarProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		st := c.sb.UploadTar(ctx)
+		_ = st.Send(&sbxv1.UploadTarRequest{Msg: &sbxv1.UploadTarRequest_Header{Header: &sbxv1.UploadTarHeader{Sandbox: ref, Path: tmp(ref, "u")}}})
+		_ = st.Send(&sbxv1.UploadTarRequest{Msg: &sbxv1.UploadTarRequest_Data{Data: tarOf("f", "x")}})
+		return one2(st.CloseAndReceive())
+	}},
+	sbxv1connect.SandboxServiceDownloadTarProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.sb.DownloadTar(ctx, connect.NewRequest(&sbxv1.DownloadTarRequest{Sandbox: ref, Path: "/etc/hostname"}))))
+	}},
+	sbxv1connect.PortServiceGetPortProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.port.GetPort(ctx, connect.NewRequest(&sbxv1.GetPortRequest{Sandbox: ref, Port: 8080})))
+	}},
+	sbxv1connect.PortServiceListPortsProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.port.ListPorts(ctx, connect.NewRequest(&sbxv1.ListPortsRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.SessionServiceCreateSessionProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		resp, err := c.sess.CreateSession(ctx, connect.NewRequest(&sbxv1.CreateSessionRequest{Sandbox: ref, Shell: "/bin/sh"}))
+		if err != nil {
+			return nil, err
+		}
+		return one2(c.sess.CloseSession(ctx, connect.NewRequest(&sbxv1.CloseSessionRequest{Session: resp.Msg.GetSession().GetId()})))
+	}},
+	sbxv1connect.SessionServiceSessionExecProcedure: {targetSession, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.sess.SessionExec(ctx, connect.NewRequest(&sbxv1.SessionExecRequest{Session: ref, Command: "true"}))))
+	}},
+	sbxv1connect.SessionServiceListSessionsProcedure: {targetList, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.sess.ListSessions(ctx, connect.NewRequest(&sbxv1.ListSessionsRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, s := range resp.Msg.GetSessions() {
+			ids = append(ids, s.GetId(), s.GetSandbox())
+		}
+		return ids, nil
+	}},
+	sbxv1connect.SessionServiceCloseSessionProcedure: {targetSession, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last (see the test).
+		return one2(c.sess.CloseSession(ctx, connect.NewRequest(&sbxv1.CloseSessionRequest{Session: ref})))
+	}},
+	sbxv1connect.CodeServiceRunCodeProcedure: {targetContext, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.code.RunCode(ctx, connect.NewRequest(&sbxv1.RunCodeRequest{Context: ref, Code: "1+1"}))))
+	}},
+	sbxv1connect.CodeServiceCreateContextProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		resp, err := c.code.CreateContext(ctx, connect.NewRequest(&sbxv1.CreateContextRequest{Sandbox: ref, Language: "python"}))
+		if err != nil {
+			return nil, err
+		}
+		return one2(c.code.CloseContext(ctx, connect.NewRequest(&sbxv1.CloseContextRequest{Context: resp.Msg.GetContext().GetId()})))
+	}},
+	sbxv1connect.CodeServiceListContextsProcedure: {targetList, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.code.ListContexts(ctx, connect.NewRequest(&sbxv1.ListContextsRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, s := range resp.Msg.GetContexts() {
+			ids = append(ids, s.GetId(), s.GetSandbox())
+		}
+		return ids, nil
+	}},
+	sbxv1connect.CodeServiceCloseContextProcedure: {targetContext, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last (see the test).
+		return one2(c.code.CloseContext(ctx, connect.NewRequest(&sbxv1.CloseContextRequest{Context: ref})))
+	}},
+	sbxv1connect.CodebaseServiceSyncCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.cb.SyncCodebase(ctx, connect.NewRequest(&sbxv1.SyncCodebaseRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.CodebaseServiceCreateCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		st := c.cb.CreateCodebase(ctx)
+		_ = st.Send(&sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Header{Header: &sbxv1.CreateCodebaseHeader{Name: "x"}}})
+		return one2(st.CloseAndReceive())
+	}},
+	sbxv1connect.CodebaseServiceListCodebasesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.cb.ListCodebases(ctx, connect.NewRequest(&sbxv1.ListCodebasesRequest{})))
+	}},
+	sbxv1connect.CodebaseServiceGetCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.cb.GetCodebase(ctx, connect.NewRequest(&sbxv1.GetCodebaseRequest{Codebase: "x"})))
+	}},
+	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one(drain(c.cb.DownloadCodebase(ctx, connect.NewRequest(&sbxv1.DownloadCodebaseRequest{Codebase: "x"}))))
+	}},
+	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.cb.DeleteCodebase(ctx, connect.NewRequest(&sbxv1.DeleteCodebaseRequest{Codebase: "x"})))
+	}},
+	sbxv1connect.ImageServicePullImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one(drain(c.img.PullImage(ctx, connect.NewRequest(&sbxv1.PullImageRequest{Ref: "x"}))))
+	}},
+	sbxv1connect.ImageServiceImportImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		st := c.img.ImportImage(ctx)
+		_ = st.Send(&sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Header{Header: &sbxv1.ImportImageHeader{Tag: "x:1"}}})
+		return one2(st.CloseAndReceive())
+	}},
+	sbxv1connect.ImageServiceExportImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one(drain(c.img.ExportImage(ctx, connect.NewRequest(&sbxv1.ExportImageRequest{Ref: "x"}))))
+	}},
+	sbxv1connect.ImageServiceListImagesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.img.ListImages(ctx, connect.NewRequest(&sbxv1.ListImagesRequest{})))
+	}},
+	sbxv1connect.ImageServiceGetImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.img.GetImage(ctx, connect.NewRequest(&sbxv1.GetImageRequest{Ref: "x"})))
+	}},
+	sbxv1connect.ImageServiceTagImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.img.TagImage(ctx, connect.NewRequest(&sbxv1.TagImageRequest{Source: "x", Target: "y"})))
+	}},
+	sbxv1connect.ImageServiceRemoveImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.img.RemoveImage(ctx, connect.NewRequest(&sbxv1.RemoveImageRequest{Ref: "x"})))
+	}},
+	sbxv1connect.ImageServicePruneImagesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.img.PruneImages(ctx, connect.NewRequest(&sbxv1.PruneImagesRequest{})))
+	}},
+	sbxv1connect.ImageServiceBuildImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one(drain(c.img.BuildImage(ctx, connect.NewRequest(&sbxv1.BuildImageRequest{Tag: "x:1"}))))
+	}},
+	sbxv1connect.VolumeServiceCreateVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: "x"})))
+	}},
+	sbxv1connect.VolumeServiceListVolumesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.vol.ListVolumes(ctx, connect.NewRequest(&sbxv1.ListVolumesRequest{})))
+	}},
+	sbxv1connect.VolumeServiceGetVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.vol.GetVolume(ctx, connect.NewRequest(&sbxv1.GetVolumeRequest{Name: "x"})))
+	}},
+	sbxv1connect.VolumeServiceRemoveVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		return one2(c.vol.RemoveVolume(ctx, connect.NewRequest(&sbxv1.RemoveVolumeRequest{Name: "x"})))
+	}},
+}
+
+func one2[T any](_ T, err error) ([]string, error) { return nil, err }
+
+// ownCode is what the owner gets where that is not success.
+var ownCode = map[string]connect.Code{
+	// The test daemon runs without networking.
+	sbxv1connect.SandboxServiceUpdateNetworkProcedure: connect.CodeFailedPrecondition,
+}
+
+// runLast are the cases that end what they name.
+var runLast = []string{
+	sbxv1connect.SandboxServiceDestroySandboxProcedure,
+	sbxv1connect.SessionServiceCloseSessionProcedure,
+	sbxv1connect.CodeServiceCloseContextProcedure,
+}
+
+// TestTenancyEveryRPC calls every RPC of the API (from the descriptors)
+// with acme's token (works), beta's (NotFound, word for word what a
+// missing object gets), none (Unauthenticated) and the scoped token of one
+// of acme's sandboxes (only its children).
+func TestTenancyEveryRPC(t *testing.T) {
+	e := newTenancyEnv(t)
+	ctx := context.Background()
+	a, b, none, scoped := e.clients(e.tokA), e.clients(e.tokB), e.clients(""), e.clients(e.scoped)
+	procs := registeredProcedures(t)
+	procs = slices.DeleteFunc(procs, func(p string) bool { return slices.Contains(runLast, p) })
+	procs = append(procs, runLast...)
+	acmeObjects := []string{e.boxA, e.boxA2, e.parent, e.child, e.sessA, e.ctxA}
+	missing := map[target]string{targetSandbox: "sb-0000000000ff", targetSession: "sess-00000000000000ff", targetContext: "ctx-00000000000000ff"}
+	own := map[target]string{targetSandbox: e.boxA, targetSession: e.sessA, targetContext: e.ctxA}
+
+	// sameAsMissing checks that c's call on ref fails exactly like its call
+	// on a missing object of the same kind.
+	sameAsMissing := func(t *testing.T, tc tenancyCase, c rpcClients, who, ref string) {
+		t.Helper()
+		_, errMissing := tc.call(ctx, c, missing[tc.target])
+		_, err := tc.call(ctx, c, ref)
+		if connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("%s on acme's %s: got %v, want NotFound", who, ref, err)
+		}
+		var ce, cm *connect.Error
+		if !errors.As(err, &ce) || !errors.As(errMissing, &cm) {
+			t.Fatalf("%s: errors %v and %v are not Connect errors", who, err, errMissing)
+		}
+		if want := strings.ReplaceAll(cm.Message(), missing[tc.target], ref); ce.Message() != want {
+			t.Errorf("%s on acme's %s: got %q, want %q (what a missing one gets): it tells an existing object from a missing one", who, ref, ce.Message(), want)
+		}
+	}
+
+	for _, p := range procs {
+		tc := tenancyCases[p]
+		t.Run(strings.TrimPrefix(p, "/sbx.v1."), func(t *testing.T) {
+			if _, err := tc.call(ctx, none, own[tc.target]); connect.CodeOf(err) != connect.CodeUnauthenticated {
+				t.Errorf("without a token: got %v, want Unauthenticated", err)
+			}
+			switch tc.target {
+			case targetNone:
+				for _, c := range []rpcClients{a, b, scoped} {
+					if _, err := tc.call(ctx, c, ""); err != nil {
+						t.Errorf("with a token: got %v, want success", err)
+					}
+				}
+			case targetOwner:
+				for who, c := range map[string]rpcClients{"acme": a, "beta": b, "scoped": scoped} {
+					if _, err := tc.call(ctx, c, e.boxA); connect.CodeOf(err) != connect.CodePermissionDenied {
+						t.Errorf("%s: got %v, want PermissionDenied (the daemon owner's stores)", who, err)
+					}
+				}
+			case targetList:
+				if _, err := tc.call(ctx, a, ""); err != nil {
+					t.Fatalf("acme: got %v, want success", err)
+				}
+				ids, err := tc.call(ctx, b, "")
+				if err != nil {
+					t.Fatalf("beta: got %v, want success", err)
+				}
+				for _, id := range acmeObjects {
+					if slices.Contains(ids, id) {
+						t.Errorf("beta sees acme's %s", id)
+					}
+				}
+				ids, err = tc.call(ctx, scoped, "")
+				if err != nil {
+					t.Fatalf("scoped: got %v, want success", err)
+				}
+				for _, id := range []string{e.boxA, e.boxA2, e.parent, e.sessA, e.ctxA} {
+					if slices.Contains(ids, id) {
+						t.Errorf("the scoped token sees %s, which is not its child", id)
+					}
+				}
+			default:
+				ref := own[tc.target]
+				sameAsMissing(t, tc, b, "beta", ref)
+				sameAsMissing(t, tc, scoped, "scoped", ref)
+				if tc.target == targetSandbox {
+					// A scoped token sees its parent's siblings no more than its parent.
+					sameAsMissing(t, tc, scoped, "scoped", e.parent)
+					// ... and works on its own children.
+					if _, err := tc.call(ctx, scoped, e.child); err != nil && connect.CodeOf(err) != ownCode[p] {
+						t.Errorf("scoped on its child: got %v, want success", err)
+					}
+				}
+				if p == sbxv1connect.SandboxServiceDestroySandboxProcedure {
+					// Beta's attempts left acme's sandbox alone.
+					if _, err := a.sb.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref})); err != nil {
+						t.Fatalf("acme's sandbox after beta's destroy: %v", err)
+					}
+					resp, err := a.sb.CreateSandbox(ctx, connect.NewRequest(&sbxv1.CreateSandboxRequest{}))
+					if err != nil {
+						t.Fatal(err)
+					}
+					ref = resp.Msg.GetSandbox().GetId()
+				}
+				if _, err := tc.call(ctx, a, ref); err != nil && connect.CodeOf(err) != ownCode[p] {
+					t.Errorf("acme on its own %s: got %v, want success", ref, err)
+				}
+			}
+		})
+	}
+}
