@@ -140,7 +140,7 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		mux.Handle(p, h)
 	}
 	mux.Handle("/", api.Handler())
-	front := NewFront(mux, mgr, FrontConfig{Tenants: tenant.NewRegistry(set), Logger: log})
+	front := NewFront(mux, mgr, FrontConfig{Tenants: tenant.NewRegistry(set), ProxyDomain: "sbx.test", Logger: log})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
 	protos.SetHTTP1(true)

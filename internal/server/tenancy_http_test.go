@@ -1,0 +1,211 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// TestTenancyHTTPRoutes: every way to a sandbox port (path, raw TCP,
+// sbx and E2B headers, host name) and the exec upgrade answer another
+// tenant's token exactly as they answer for a missing sandbox, and work
+// for the owner; without a token they say Unauthorized.
+func TestTenancyHTTPRoutes(t *testing.T) {
+	e := newTenancyEnv(t)
+	// The fake driver shares the host's network: a server here is on
+	// every box's loopback.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "app") })) //nolint:errcheck // ends with ln
+	port := ln.Addr().(*net.TCPAddr).Port
+	const missing = "sb-0000000000ff"
+
+	type req struct {
+		name string
+		make func(box string) *http.Request
+	}
+	get := func(path string) *http.Request {
+		r, _ := http.NewRequest("GET", e.srv.URL+path, nil)
+		return r
+	}
+	routes := []req{
+		{"path", func(box string) *http.Request { return get(fmt.Sprintf("/proxy/%s/%d/", box, port)) }},
+		{"sbx headers", func(box string) *http.Request {
+			r := get("/")
+			r.Header.Set(HeaderSandbox, box)
+			r.Header.Set(HeaderPort, fmt.Sprint(port))
+			return r
+		}},
+		{"e2b headers", func(box string) *http.Request {
+			r := get("/")
+			r.Header.Set(HeaderE2BSandboxID, box)
+			r.Header.Set(HeaderE2BSandboxPort, fmt.Sprint(port))
+			return r
+		}},
+		{"host name", func(box string) *http.Request {
+			r := get("/")
+			r.Host = fmt.Sprintf("%d-%s.sbx.test", port, box)
+			return r
+		}},
+	}
+	do := func(r *http.Request, tok string) (int, string) {
+		t.Helper()
+		if tok != "" {
+			r.Header.Set(HeaderToken, tok)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, rt := range routes {
+		t.Run(rt.name, func(t *testing.T) {
+			if code, body := do(rt.make(e.boxA), e.tokA); code != 200 || body != "app" {
+				t.Errorf("acme to its own port: got %d %q, want 200 \"app\"", code, body)
+			}
+			if code, _ := do(rt.make(e.boxA), ""); code != http.StatusUnauthorized {
+				t.Errorf("no token: got %d, want 401", code)
+			}
+			for who, tok := range map[string]string{"beta": e.tokB, "scoped": e.scoped} {
+				mc, mb := do(rt.make(missing), tok)
+				code, body := do(rt.make(e.boxA), tok)
+				if code != http.StatusNotFound || code != mc || body != strings.ReplaceAll(mb, missing, e.boxA) {
+					t.Errorf("%s to acme's port: got %d %q, want %d %q (as for a missing sandbox)", who, code, body, mc, strings.ReplaceAll(mb, missing, e.boxA))
+				}
+			}
+			if code, body := do(rt.make(e.child), e.scoped); code != 200 || body != "app" {
+				t.Errorf("scoped token to its child's port: got %d %q, want 200 \"app\"", code, body)
+			}
+		})
+	}
+
+	t.Run("raw tcp", func(t *testing.T) {
+		dial := func(box, tok string) string {
+			c, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET /tcp/%s/%d HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: %s\r\nX-Sbx-Token: %s\r\n\r\n", box, port, TCPUpgrade, tok)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				return "101"
+			}
+			return fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}
+		if got := dial(e.boxA, e.tokA); got != "101" {
+			t.Errorf("acme: got %q, want 101", got)
+		}
+		for who, tok := range map[string]string{"beta": e.tokB, "scoped": e.scoped} {
+			want := strings.ReplaceAll(dial(missing, tok), missing, e.boxA)
+			if got := dial(e.boxA, tok); got != want || !strings.HasPrefix(got, "404") {
+				t.Errorf("%s: got %q, want %q (a 404 as for a missing sandbox)", who, got, want)
+			}
+		}
+	})
+
+	t.Run("exec upgrade", func(t *testing.T) {
+		ctx := context.Background()
+		run := func(tok, box string) error {
+			c := sbx.NewClient(e.srv.URL, sbx.WithToken(tok))
+			defer c.Close()
+			_, err := c.Sandbox(box).Run(ctx, "true")
+			return err
+		}
+		if err := run(e.tokA, e.boxA); err != nil {
+			t.Fatalf("acme: %v", err)
+		}
+		for who, tok := range map[string]string{"beta": e.tokB, "scoped": e.scoped} {
+			errMissing, err := run(tok, missing), run(tok, e.boxA)
+			var se, sm *sbx.Error
+			if !errors.As(err, &se) || !errors.As(errMissing, &sm) || se.Code != connect.CodeNotFound ||
+				se.Msg != strings.ReplaceAll(sm.Msg, missing, e.boxA) {
+				t.Errorf("%s exec in acme's box: got %v, want %v with the id replaced", who, err, errMissing)
+			}
+		}
+		if err := run(e.scoped, e.child); err != nil {
+			t.Errorf("scoped token in its child: %v", err)
+		}
+		if c := (sbx.NewClient(e.srv.URL)); c != nil {
+			_, err := c.Sandbox(e.boxA).Run(ctx, "true")
+			if connect.CodeOf(errors.Unwrap(err)) != connect.CodeUnauthenticated && !strings.Contains(fmt.Sprint(err), "token") {
+				t.Errorf("no token: got %v, want Unauthenticated", err)
+			}
+			c.Close()
+		}
+	})
+}
+
+// TestTenancyQuotas: each quota's excess is ResourceExhausted naming it,
+// and the neighbour is unaffected.
+func TestTenancyQuotas(t *testing.T) {
+	e := newTenancyEnv(t)
+	ctx := context.Background()
+	a, b := e.clients(e.tokA), e.clients(e.tokB)
+	create := func(c rpcClients, mem, cpu, disk int64) (string, error) {
+		resp, err := c.sb.CreateSandbox(ctx, connect.NewRequest(&sbxv1.CreateSandboxRequest{
+			Resources: &sbxv1.Resources{MemoryBytes: mem, CpuMillis: cpu, DiskBytes: disk},
+		}))
+		if err != nil {
+			return "", err
+		}
+		return resp.Msg.GetSandbox().GetId(), nil
+	}
+	// beta: max_sandboxes 2, memory 192 MiB, cpu 1500m, disk 48 MiB.
+	for _, tc := range []struct {
+		quota          string
+		mem, cpu, disk int64
+	}{
+		{"memory_bytes", 193 << 20, 100, 1 << 20},
+		{"cpu_millis", 64 << 20, 1501, 1 << 20},
+		{"disk_bytes", 64 << 20, 100, 49 << 20},
+	} {
+		_, err := create(b, tc.mem, tc.cpu, tc.disk)
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), tc.quota) {
+			t.Errorf("beta over %s: got %v, want ResourceExhausted naming %s", tc.quota, err, tc.quota)
+		}
+	}
+	first, err := create(b, 64<<20, 500, 16<<20)
+	if err != nil {
+		t.Fatalf("beta's first sandbox: %v", err)
+	}
+	if _, err := create(b, 64<<20, 500, 16<<20); err != nil {
+		t.Fatalf("beta's second sandbox: %v", err)
+	}
+	if _, err := create(b, 64<<20, 500, 16<<20); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "max_sandboxes") {
+		t.Errorf("beta's third sandbox: got %v, want ResourceExhausted naming max_sandboxes", err)
+	}
+	// The neighbour is unaffected by beta being full.
+	if _, err := create(a, 256<<20, 1000, 64<<20); err != nil {
+		t.Errorf("acme while beta is at its quota: %v", err)
+	}
+	// Destroying frees the quota.
+	if _, err := b.sb.DestroySandbox(ctx, connect.NewRequest(&sbxv1.DestroySandboxRequest{Sandbox: first})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(b, 64<<20, 500, 16<<20); err != nil {
+		t.Errorf("beta after destroying one: %v", err)
+	}
+}
