@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -207,5 +208,29 @@ func TestTenancyQuotas(t *testing.T) {
 	}
 	if _, err := create(b, 64<<20, 500, 16<<20); err != nil {
 		t.Errorf("beta after destroying one: %v", err)
+	}
+}
+
+// TestBoxEndpointAcceptsOnlyScopedTokensFromTheirBox: the front on the
+// gateway refuses tenants' tokens, the daemon's token, no token (even on a
+// daemon without auth), and a scoped token from any address but its own
+// box's (here the fake driver's boxes have none).
+func TestBoxEndpointAcceptsOnlyScopedTokensFromTheirBox(t *testing.T) {
+	e := newTenancyEnv(t)
+	for _, cfg := range []FrontConfig{{BoxEndpoint: true}, {BoxEndpoint: true, Token: execTestToken}} {
+		f := NewFront(http.NotFoundHandler(), e.mgr, cfg)
+		defer f.Close()
+		for who, tok := range map[string]string{"none": "", "acme": e.tokA, "daemon": execTestToken, "scoped from elsewhere": e.scoped} {
+			r, _ := http.NewRequest("GET", "/sbx.v1.SandboxService/ListSandboxes", nil)
+			r.RemoteAddr = "10.213.0.99:4000"
+			if tok != "" {
+				r.Header.Set("Authorization", "Bearer "+tok)
+			}
+			w := httptest.NewRecorder()
+			f.ServeHTTP(w, r)
+			if w.Code != http.StatusUnauthorized {
+				t.Errorf("box endpoint (daemon token %v), %s: got %d, want 401", cfg.Token != "", who, w.Code)
+			}
+		}
 	}
 }
