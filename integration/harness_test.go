@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -72,6 +73,16 @@ type daemon struct {
 	args    []string
 	// token is the daemon's API token ("" = none).
 	token string
+	// tls, when set, is the clients' TLS configuration (the daemon serves HTTPS).
+	tls *tls.Config
+}
+
+// url is the daemon's address as its clients use it.
+func (d *daemon) url() string {
+	if d.tls != nil {
+		return "https://" + d.addr
+	}
+	return d.addr
 }
 
 func freeAddr(t *testing.T) string {
@@ -96,6 +107,22 @@ func startDaemon(t *testing.T, extraArgs ...string) *daemon {
 // a file; "" = none) that the harness's clients send.
 func startDaemonToken(t *testing.T, token string, extraArgs ...string) *daemon {
 	t.Helper()
+	return startDaemonOpts(t, daemonOpts{token: token, tokenFile: token != ""}, extraArgs...)
+}
+
+// daemonOpts are how the harness talks to a daemon.
+type daemonOpts struct {
+	// token is what the harness's clients send; tokenFile also gives it to
+	// the daemon (--auth-token-file).
+	token     string
+	tokenFile bool
+	// tls, when set, makes the clients speak HTTPS with it.
+	tls *tls.Config
+}
+
+func startDaemonOpts(t *testing.T, o daemonOpts, extraArgs ...string) *daemon {
+	t.Helper()
+	token := o.token
 	testutil.RequiresRoot(t)
 	dir := binaries(t)
 	// Sandboxes' user namespaces must traverse to their bundles: no 0700 parents.
@@ -104,8 +131,8 @@ func startDaemonToken(t *testing.T, token string, extraArgs ...string) *daemon {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(data, 0o711)
-	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs, token: token}
-	if token != "" {
+	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs, token: token, tls: o.tls}
+	if o.tokenFile {
 		tf := filepath.Join(data, "token")
 		if err := os.WriteFile(tf, []byte(token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
@@ -201,12 +228,17 @@ func (d *daemon) stop() {
 	d.cmd = nil
 }
 
-func (d *daemon) client() *sbx.Client { return sbx.NewClient(d.addr, sbx.WithToken(d.token)) }
+func (d *daemon) client() *sbx.Client {
+	if d.tls != nil {
+		return sbx.NewClient(d.url(), sbx.WithToken(d.token), sbx.WithTLS(d.tls))
+	}
+	return sbx.NewClient(d.addr, sbx.WithToken(d.token))
+}
 
 // cli runs the sbx CLI against this daemon and returns stdout, stderr and the exit code.
 func (d *daemon) cli(stdin string, args ...string) (string, string, int) {
 	d.t.Helper()
-	cmd := exec.Command(d.bin, append([]string{"--addr", d.addr}, args...)...)
+	cmd := exec.Command(d.bin, append([]string{"--addr", d.url()}, args...)...)
 	cmd.Env = append(os.Environ(), "SBX_TOKEN="+d.token)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
