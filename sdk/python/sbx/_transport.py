@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import struct
 import threading
 import urllib.parse
@@ -91,6 +92,9 @@ class Transport:
         connect_timeout: seconds to wait for the TCP connection.
         token: the daemon's API token, sent as ``Authorization: Bearer``.
             ``None`` means ``$SBX_TOKEN`` (unset or empty: no token).
+        cacert: PEM file of the CA(s) to trust for an ``https://`` daemon
+            besides the system's (``sbx serve --tls-cert`` with a private CA).
+            ``None`` means ``$SBX_CACERT`` (unset: the system's roots only).
     """
 
     def __init__(
@@ -100,8 +104,14 @@ class Transport:
         timeout: Optional[float] = None,
         connect_timeout: float = 10.0,
         token: Optional[str] = None,
+        cacert: Optional[str] = None,
     ) -> None:
         self.token = os.environ.get("SBX_TOKEN", "") if token is None else token
+        cacert = os.environ.get("SBX_CACERT") or None if cacert is None else cacert
+        self._ssl = ssl.create_default_context()
+        if cacert:
+            # A file that cannot be read raises here: never trust less than asked.
+            self._ssl.load_verify_locations(cafile=cacert)
         addr = addr or os.environ.get("SBX_ADDR") or DEFAULT_ADDR
         self.addr = addr
         url = addr if "://" in addr else "http://" + addr
@@ -122,7 +132,7 @@ class Transport:
     def _connect(self, read_timeout: Optional[float]) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if self._https:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout)
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout, context=self._ssl)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
         try:

@@ -317,8 +317,9 @@ class AsyncClient:
         timeout: Optional[float] = None,
         client: Optional[Client] = None,
         token: Optional[str] = None,
+        cacert: Optional[str] = None,
     ) -> None:
-        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token)
+        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token, cacert=cacert)
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
 

@@ -37,6 +37,8 @@ class Client:
             (exec output, file transfers) are not bounded by it.
         token: the daemon's API token (``sbx serve --auth-token-file``).
             ``None`` means ``$SBX_TOKEN``; without one no token is sent.
+        cacert: PEM file of CAs to trust for an ``https://`` daemon (a
+            private CA); ``None`` means ``$SBX_CACERT``.
 
     Example::
 
@@ -46,9 +48,14 @@ class Client:
     """
 
     def __init__(
-        self, addr: Optional[str] = None, *, timeout: Optional[float] = None, token: Optional[str] = None
+        self,
+        addr: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        token: Optional[str] = None,
+        cacert: Optional[str] = None,
     ) -> None:
-        self._transport = Transport(addr, timeout=timeout, token=token)
+        self._transport = Transport(addr, timeout=timeout, token=token, cacert=cacert)
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
         #: Named persistent volumes (create, list, get, remove).

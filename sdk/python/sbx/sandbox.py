@@ -86,6 +86,7 @@ class Sandbox:
         volumes: Optional[Sequence[VolumeMountLike]] = None,
         path_policies: Optional[Sequence[PathPolicy]] = None,
         codebases: Optional[Sequence[Any]] = None,
+        scoped_token: bool = False,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -123,6 +124,11 @@ class Sandbox:
             codebases: codebases to mount, each in a copy-on-write layer of
                 its own: ``"name"`` (at /workspace), ``"name:/path"`` or
                 ``("name", "/path")``.
+            scoped_token: give the sandbox an API token of its own
+                (``$SBX_TOKEN``, with ``$SBX_ADDR`` the daemon as the box
+                reaches it): code inside may create and manage child
+                sandboxes, which die with it, and nothing else. ``sbx.Client()``
+                inside the box picks both up. Needs networking.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -181,6 +187,8 @@ class Sandbox:
             req["pathPolicies"] = [p.to_json() for p in path_policies]
         if codebases:
             req["codebases"] = mounts_to_json(codebases)
+        if scoped_token:
+            req["scopedToken"] = True
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 

@@ -331,6 +331,10 @@ class SandboxInfo:
     volumes: List[Dict[str, Any]] = field(default_factory=list)
     #: Guarded directories (codebases' included).
     path_policies: List[PathPolicy] = field(default_factory=list)
+    #: The sandbox whose scoped token created this one ("" if none did).
+    parent: str = ""
+    #: Whether the sandbox holds a scoped API token ($SBX_TOKEN inside it).
+    scoped_token: bool = False
     #: The raw JSON the daemon sent.
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -363,6 +367,8 @@ class SandboxInfo:
             ip_address=str(obj.get("ipAddress", "")),
             volumes=[dict(v) for v in obj.get("volumes") or []],
             path_policies=[PathPolicy.from_json(p) for p in obj.get("pathPolicies") or []],
+            parent=str(obj.get("parent", "")),
+            scoped_token=bool(obj.get("scopedToken", False)),
             raw=dict(obj),
         )
 
