@@ -192,14 +192,15 @@ func Run(ctx context.Context, cfg Config) error {
 	var gcLock sync.RWMutex
 	maxLayer := cfg.MaxLayerBytes
 	fill(&maxLayer, image.DefaultMaxLayerBytes)
-	images, err := image.Open(ctx, image.Config{
+	imgCfg := image.Config{
 		Dir:      filepath.Join(dataDir, "images"),
 		Logger:   log.With("component", "images"),
 		UIDShift: oci.HostUIDBase,
 		IDRange:  oci.IDRange,
 		// Snapshots are capped by the same figure (sandbox.Config below).
 		MaxLayerBytes: maxLayer,
-	})
+	}
+	images, err := image.Open(ctx, imgCfg)
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
@@ -221,6 +222,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	stores := server.NewTenantStores(dataDir, imgCfg, images, vols, log)
+	if err := stores.OpenExisting(ctx); err != nil {
+		return err
+	}
+	defer stores.Close()
 	cbs, err := codebase.Open(ctx, codebase.Config{
 		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
 		Logger: log.With("component", "codebases"),
@@ -230,7 +236,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	mgr, err := sandbox.New(sandbox.Config{
 		Codebases:      cbs,
-		Volumes:        vols,
+		Volumes:        stores,
 		Network:        sbNet,
 		Store:          st,
 		Drivers:        map[string]runtime.Driver{drv.Name(): drv},
@@ -240,7 +246,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Limits:         hostLimits(),
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
-		Images:         imageResolver{store: images, gc: &gcLock},
+		Images:         imageResolver{stores: stores, gc: &gcLock},
 		MaxLayerBytes:  maxLayer,
 		BoxAPIAddr:     boxAPI,
 	})
@@ -250,7 +256,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
-	vols.SetUsers(mgr.VolumeUsers)
+	stores.SetManager(mgr)
 	if netMgr != nil {
 		netMgr.Start()
 	}
@@ -261,7 +267,7 @@ func Run(ctx context.Context, cfg Config) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	api := server.New(mgr)
-	imageSrv, err := newImageServer(ctx, images, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
+	imageSrv, err := newImageServer(ctx, images, stores, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
 	if err != nil {
 		return err
 	}
@@ -284,7 +290,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer sessions.Shutdown()
 	api.AddCode(server.NewCodeServer(code, mgr))
 	api.AddSessions(server.NewSessionServer(sessions, mgr))
-	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(vols)), server.NewCodebaseServer(cbs, mgr))
+	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 	})
@@ -370,17 +376,22 @@ func lockDataDir(dir string) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// imageResolver adapts the image store to the sandbox manager. Its lock
-// keeps garbage collection from running between a create resolving an image
-// and the sandbox counting as a user of it.
+// imageResolver adapts the image stores to the sandbox manager: a create
+// resolves its image in its tenant's store. Its lock keeps garbage
+// collection from running between a create resolving an image and the
+// sandbox counting as a user of it.
 type imageResolver struct {
-	store *image.Store
-	gc    *sync.RWMutex
+	stores *server.TenantStores
+	gc     *sync.RWMutex
 }
 
 func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.ResolvedImage, func(), error) {
+	store, err := r.stores.Images(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	r.gc.RLock()
-	img, err := r.store.Get(ctx, ref)
+	img, err := store.Get(ctx, ref)
 	if err != nil {
 		r.gc.RUnlock()
 		return nil, nil, fmt.Errorf("image %q: %w (pull or import it first)", ref, err)

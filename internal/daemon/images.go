@@ -22,8 +22,12 @@ var _ sandbox.ImageCommitter = imageResolver{}
 // base's entrypoint, cmd and labels, the sandbox's env, workdir and user.
 func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader, cfg sandbox.SnapshotConfig, tag string) (string, error) {
 	var c image.ImageConfig
+	store, err := r.stores.Images(ctx)
+	if err != nil {
+		return "", err
+	}
 	if base != "" {
-		b, err := r.store.Get(ctx, base)
+		b, err := store.Get(ctx, base)
 		if err != nil {
 			return "", fmt.Errorf("base image: %w", err)
 		}
@@ -37,7 +41,7 @@ func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader,
 		}
 		maps.Copy(c.Labels, cfg.Labels)
 	}
-	img, err := r.store.Commit(ctx, base, layer, c, tag)
+	img, err := store.Commit(ctx, base, layer, c, tag)
 	if err != nil {
 		return "", err
 	}
@@ -45,9 +49,10 @@ func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader,
 }
 
 // newImageServer serves the image store, with builds.
-func newImageServer(ctx context.Context, images *image.Store, mgr *sandbox.Manager, gc *sync.RWMutex, cacheDir string,
+// Builds use the daemon owner's store (BuildImage is the owner's alone).
+func newImageServer(ctx context.Context, images *image.Store, stores *server.TenantStores, mgr *sandbox.Manager, gc *sync.RWMutex, cacheDir string,
 	defaults runtime.Resources, log *slog.Logger) (*server.ImageServer, error) {
-	srv := server.NewImageServer(images, mgr.ImagesInUse, gc)
+	srv := server.NewImageServer(stores, gc)
 	lim := hostLimits()
 	res := &sbxv1.Resources{
 		MemoryBytes: max(defaults.MemoryBytes, min(4<<30, lim.MaxMemoryBytes/2)),

@@ -99,12 +99,16 @@ func configure(ctx context.Context, conn *agentconn.Conn, id string, spec *sbxv1
 	return nil
 }
 
-// ImagesInUse returns the digests of the images live sandboxes started from.
-func (m *Manager) ImagesInUse() map[string]bool {
+// ImagesInUse returns the digests of the images tenant's live sandboxes
+// started from (each tenant has an image store of its own).
+func (m *Manager) ImagesInUse(tenant string) map[string]bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	out := map[string]bool{}
 	for _, b := range m.boxes {
+		if b.tenant != tenant {
+			continue
+		}
 		b.mu.Lock()
 		if d := b.rec.ImageDigest; d != "" {
 			out[d] = true

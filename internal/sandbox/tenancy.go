@@ -58,19 +58,15 @@ func (m *Manager) checkOwner(ctx context.Context, req *sbxv1.CreateSandboxReques
 	if req.GetScopedToken() && req.GetNetwork().GetMode() == sbxv1.NetworkMode_NETWORK_MODE_NONE {
 		return invalid("scoped_token needs networking: the box reaches the API on the network gateway, and network mode is none")
 	}
-	if p.Tenant == "" {
-		return nil
+	// Images resolve in the tenant's own store (Images picks it by ctx),
+	// volumes in its own volumes. A scoped token's children may use the
+	// tenant's images but not its volumes (its data); codebases are the
+	// daemon owner's alone.
+	if p.Scope != "" && len(req.GetVolumes()) > 0 {
+		return fmt.Errorf("volumes: a scoped sandbox token cannot mount its tenant's volumes: %w", errdefs.ErrPermissionDenied)
 	}
-	// Tenants share the daemon's host image only: images, volumes and
-	// codebases are not yet kept per tenant, so a tenant may use none.
-	if img := req.GetImage(); img != "" && img != HostImage {
-		return fmt.Errorf("image %q: tenants may use only the %q image on this daemon: %w", img, HostImage, errdefs.ErrPermissionDenied)
-	}
-	if len(req.GetVolumes()) > 0 {
-		return fmt.Errorf("volumes: not available to tenants on this daemon: %w", errdefs.ErrPermissionDenied)
-	}
-	if len(req.GetCodebases()) > 0 {
-		return fmt.Errorf("codebases: not available to tenants on this daemon: %w", errdefs.ErrPermissionDenied)
+	if (p.Tenant != "" || p.Scope != "") && len(req.GetCodebases()) > 0 {
+		return fmt.Errorf("codebases: not available to tenants or scoped tokens on this daemon: %w", errdefs.ErrPermissionDenied)
 	}
 	return nil
 }

@@ -56,13 +56,16 @@ func (m *Manager) resolveVolumes(ctx context.Context, spec *sbxv1.CreateSandboxR
 	return out, nil
 }
 
-// VolumeUsers returns the ids of sandboxes not yet destroyed that mount the
-// named volume.
-func (m *Manager) VolumeUsers(name string) []string {
+// VolumeUsers returns the ids of tenant's sandboxes not yet destroyed that
+// mount its volume name (each tenant has volumes of its own).
+func (m *Manager) VolumeUsers(tenant, name string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var ids []string
 	for id, b := range m.boxes {
+		if b.tenant != tenant {
+			continue
+		}
 		for _, vm := range b.spec.GetVolumes() {
 			if vm.GetVolume() == name {
 				ids = append(ids, id)

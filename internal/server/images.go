@@ -12,13 +12,28 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/image"
+	"github.com/sbxdev/sbx/internal/tenant"
+	"github.com/sbxdev/sbx/internal/volume"
 )
 
-// ImageServer implements sbxv1connect.ImageServiceHandler over an image store.
+// Stores gives each request's tenant an image store and volumes of its
+// own (the daemon's per-tenant stores; the single-user owner has one of
+// each), and says how much of its storage quota the tenant uses.
+type Stores interface {
+	Images(ctx context.Context) (*image.Store, error)
+	Volumes(ctx context.Context) (*volume.Manager, error)
+	// StorageUsed is what ctx's tenant's layers and volumes hold, in bytes.
+	StorageUsed(ctx context.Context) (int64, error)
+	// InUse returns the digests of images ctx's tenant's sandboxes use.
+	InUse(ctx context.Context) map[string]bool
+}
+
+// ImageServer implements sbxv1connect.ImageServiceHandler over the
+// caller's tenant's image store.
 type ImageServer struct {
-	store *image.Store
-	// inUse returns the digests of images live sandboxes use.
-	inUse func() map[string]bool
+	stores Stores
+	// storageMu serialises storage-quota checks with what they admit.
+	storageMu sync.Mutex
 	// gc is held for writing while pruning, for reading while a create
 	// resolves an image and registers its sandbox.
 	gc *sync.RWMutex
@@ -29,8 +44,58 @@ type ImageServer struct {
 var _ sbxv1connect.ImageServiceHandler = (*ImageServer)(nil)
 
 // NewImageServer returns the image service.
-func NewImageServer(store *image.Store, inUse func() map[string]bool, gc *sync.RWMutex) *ImageServer {
-	return &ImageServer{store: store, inUse: inUse, gc: gc}
+func NewImageServer(stores Stores, gc *sync.RWMutex) *ImageServer {
+	return &ImageServer{stores: stores, gc: gc}
+}
+
+// admitStorage refuses when ctx's tenant already holds its storage_bytes
+// quota (add more bytes would be).
+func admitStorage(ctx context.Context, stores Stores, add int64) error {
+	p := tenant.FromContext(ctx)
+	if p.Quotas.StorageBytes == 0 {
+		return nil
+	}
+	used, err := stores.StorageUsed(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	return toConnect(p.Quotas.AdmitStorage(p.Tenant, used, add))
+}
+
+// undoOverQuota removes image ref again if adding it took ctx's tenant
+// past its storage_bytes quota, and frees the layers no image uses then.
+func (s *ImageServer) undoOverQuota(ctx context.Context, store *image.Store, refs ...string) error {
+	p := tenant.FromContext(ctx)
+	if p.Quotas.StorageBytes == 0 {
+		return nil
+	}
+	err := admitStorage(ctx, s.stores, 0)
+	if err == nil {
+		return nil
+	}
+	s.gc.Lock()
+	defer s.gc.Unlock()
+	in := s.stores.InUse(ctx)
+	for _, ref := range refs {
+		if img, gerr := store.Get(ctx, ref); gerr == nil && !in[img.Digest] {
+			_ = store.Remove(ctx, ref)
+		}
+	}
+	_, _ = store.Prune(ctx, s.layersInUse(ctx, store))
+	return err
+}
+
+// layersInUse are the layers of the images ctx's tenant's sandboxes use.
+func (s *ImageServer) layersInUse(ctx context.Context, store *image.Store) map[string]bool {
+	layers := map[string]bool{}
+	for digest := range s.stores.InUse(ctx) {
+		if img, err := store.Get(ctx, digest); err == nil {
+			for _, l := range img.Layers {
+				layers[l] = true
+			}
+		}
+	}
+	return layers
 }
 
 // ImageInfo converts a stored image to its API form.
@@ -56,17 +121,29 @@ func (s *ImageServer) PullImage(ctx context.Context, req *connect.Request[sbxv1.
 	if ref == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("pull: no image reference given"))
 	}
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	s.storageMu.Lock()
+	defer s.storageMu.Unlock()
+	if err := admitStorage(ctx, s.stores, 0); err != nil {
+		return err
+	}
 	if err := out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Status{Status: "pulling " + ref}}); err != nil {
 		return err
 	}
 	var sendErr error
-	img, err := s.store.Pull(ctx, ref, func(p image.Progress) {
+	img, err := store.Pull(ctx, ref, func(p image.Progress) {
 		if sendErr == nil {
 			sendErr = out.Send(progressEvent(p))
 		}
 	})
 	if err != nil {
 		return toConnect(err)
+	}
+	if err := s.undoOverQuota(ctx, store, img.Ref); err != nil {
+		return err
 	}
 	if sendErr != nil {
 		return sendErr
@@ -82,6 +159,15 @@ func (s *ImageServer) ImportImage(ctx context.Context, in *connect.ClientStream[
 	if hdr == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("import image: the first message must be a header"))
 	}
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	s.storageMu.Lock()
+	defer s.storageMu.Unlock()
+	if err := admitStorage(ctx, s.stores, 0); err != nil {
+		return nil, err
+	}
 	pr, pw := io.Pipe()
 	go func() {
 		for in.Receive() {
@@ -95,10 +181,17 @@ func (s *ImageServer) ImportImage(ctx context.Context, in *connect.ClientStream[
 	if tag := hdr.GetTag(); tag != "" {
 		opts.Tags = []string{tag}
 	}
-	res, err := s.store.Import(ctx, pr, opts)
+	res, err := store.Import(ctx, pr, opts)
 	pr.CloseWithError(errors.New("import finished"))
 	if err != nil {
 		return nil, toConnect(err)
+	}
+	var refs []string
+	for _, r := range res {
+		refs = append(refs, r.Image.Digest)
+	}
+	if err := s.undoOverQuota(ctx, store, refs...); err != nil {
+		return nil, err
 	}
 	resp := &sbxv1.ImportImageResponse{}
 	for _, r := range res {
@@ -124,15 +217,23 @@ func (w chunkWriter) Write(p []byte) (int, error) {
 }
 
 func (s *ImageServer) ExportImage(ctx context.Context, req *connect.Request[sbxv1.ExportImageRequest], out *connect.ServerStream[sbxv1.FileChunk]) error {
-	return toConnect(s.store.Export(ctx, req.Msg.GetRef(), chunkWriter{send: out.Send}))
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	return toConnect(store.Export(ctx, req.Msg.GetRef(), chunkWriter{send: out.Send}))
 }
 
 func (s *ImageServer) ListImages(ctx context.Context, _ *connect.Request[sbxv1.ListImagesRequest]) (*connect.Response[sbxv1.ListImagesResponse], error) {
-	imgs, err := s.store.List(ctx)
+	store, err := s.stores.Images(ctx)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	_, _, bytes, err := s.store.DiskUsage(ctx)
+	imgs, err := store.List(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	_, _, bytes, err := store.DiskUsage(ctx)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -144,7 +245,11 @@ func (s *ImageServer) ListImages(ctx context.Context, _ *connect.Request[sbxv1.L
 }
 
 func (s *ImageServer) GetImage(ctx context.Context, req *connect.Request[sbxv1.GetImageRequest]) (*connect.Response[sbxv1.GetImageResponse], error) {
-	img, err := s.store.Get(ctx, req.Msg.GetRef())
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	img, err := store.Get(ctx, req.Msg.GetRef())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -152,41 +257,45 @@ func (s *ImageServer) GetImage(ctx context.Context, req *connect.Request[sbxv1.G
 }
 
 func (s *ImageServer) TagImage(ctx context.Context, req *connect.Request[sbxv1.TagImageRequest]) (*connect.Response[sbxv1.TagImageResponse], error) {
-	if err := s.store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget()); err != nil {
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if err := store.Tag(ctx, req.Msg.GetSource(), req.Msg.GetTarget()); err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&sbxv1.TagImageResponse{}), nil
 }
 
 func (s *ImageServer) RemoveImage(ctx context.Context, req *connect.Request[sbxv1.RemoveImageRequest]) (*connect.Response[sbxv1.RemoveImageResponse], error) {
-	s.gc.Lock()
-	defer s.gc.Unlock()
-	img, err := s.store.Get(ctx, req.Msg.GetRef())
+	store, err := s.stores.Images(ctx)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	if s.inUse()[img.Digest] {
+	s.gc.Lock()
+	defer s.gc.Unlock()
+	img, err := store.Get(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if s.stores.InUse(ctx)[img.Digest] {
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("image %s is used by a sandbox; destroy it first", req.Msg.GetRef()))
 	}
-	if err := s.store.Remove(ctx, req.Msg.GetRef()); err != nil {
+	if err := store.Remove(ctx, req.Msg.GetRef()); err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&sbxv1.RemoveImageResponse{}), nil
 }
 
 func (s *ImageServer) PruneImages(ctx context.Context, _ *connect.Request[sbxv1.PruneImagesRequest]) (*connect.Response[sbxv1.PruneImagesResponse], error) {
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
 	s.gc.Lock()
 	defer s.gc.Unlock()
-	layers := map[string]bool{}
-	for digest := range s.inUse() {
-		if img, err := s.store.Get(ctx, digest); err == nil {
-			for _, l := range img.Layers {
-				layers[l] = true
-			}
-		}
-	}
-	freed, err := s.store.Prune(ctx, layers)
+	freed, err := store.Prune(ctx, s.layersInUse(ctx, store))
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -22,7 +22,11 @@ func (s *Server) SnapshotSandbox(ctx context.Context, req *connect.Request[sbxv1
 	if t := req.Msg.GetTag(); t != "" {
 		ref = t
 	}
-	img, err := s.images.store.Get(ctx, ref)
+	store, err := s.images.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	img, err := store.Get(ctx, ref)
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -22,9 +22,14 @@ const (
 	// Principal sees it (another tenant's, or for a scoped token anything
 	// but its own children, answers exactly like a missing one).
 	accessScoped
-	// accessOwner: it reads or changes the daemon-wide image, volume or
-	// codebase stores, which are not kept per tenant yet: only the
-	// single-user owner (no tenant, no scope) may call it.
+	// accessTenant: it works on the caller's tenant's own image store or
+	// volumes (each tenant has its own; names are per tenant). Scoped
+	// tokens may not: they manage child sandboxes only.
+	accessTenant
+	// accessOwner: it reads or changes the daemon owner's codebases, or
+	// builds or snapshots images with the owner's build machinery, which
+	// are not kept per tenant yet: only the single-user owner (no tenant,
+	// no scope) may call it.
 	accessOwner
 )
 
@@ -67,19 +72,19 @@ var rpcAccess = map[string]access{
 	sbxv1connect.CodebaseServiceGetCodebaseProcedure:      accessOwner,
 	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: accessOwner,
 	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure:   accessOwner,
-	sbxv1connect.ImageServicePullImageProcedure:           accessOwner,
-	sbxv1connect.ImageServiceImportImageProcedure:         accessOwner,
-	sbxv1connect.ImageServiceExportImageProcedure:         accessOwner,
-	sbxv1connect.ImageServiceListImagesProcedure:          accessOwner,
-	sbxv1connect.ImageServiceGetImageProcedure:            accessOwner,
-	sbxv1connect.ImageServiceTagImageProcedure:            accessOwner,
-	sbxv1connect.ImageServiceRemoveImageProcedure:         accessOwner,
-	sbxv1connect.ImageServicePruneImagesProcedure:         accessOwner,
+	sbxv1connect.ImageServicePullImageProcedure:           accessTenant,
+	sbxv1connect.ImageServiceImportImageProcedure:         accessTenant,
+	sbxv1connect.ImageServiceExportImageProcedure:         accessTenant,
+	sbxv1connect.ImageServiceListImagesProcedure:          accessTenant,
+	sbxv1connect.ImageServiceGetImageProcedure:            accessTenant,
+	sbxv1connect.ImageServiceTagImageProcedure:            accessTenant,
+	sbxv1connect.ImageServiceRemoveImageProcedure:         accessTenant,
+	sbxv1connect.ImageServicePruneImagesProcedure:         accessTenant,
 	sbxv1connect.ImageServiceBuildImageProcedure:          accessOwner,
-	sbxv1connect.VolumeServiceCreateVolumeProcedure:       accessOwner,
-	sbxv1connect.VolumeServiceListVolumesProcedure:        accessOwner,
-	sbxv1connect.VolumeServiceGetVolumeProcedure:          accessOwner,
-	sbxv1connect.VolumeServiceRemoveVolumeProcedure:       accessOwner,
+	sbxv1connect.VolumeServiceCreateVolumeProcedure:       accessTenant,
+	sbxv1connect.VolumeServiceListVolumesProcedure:        accessTenant,
+	sbxv1connect.VolumeServiceGetVolumeProcedure:          accessTenant,
+	sbxv1connect.VolumeServiceRemoveVolumeProcedure:       accessTenant,
 }
 
 // admit checks procedure's rule against ctx's Principal.
@@ -88,13 +93,17 @@ func admit(ctx context.Context, procedure string) error {
 	if !ok {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s has no tenancy rule: refused", procedure))
 	}
-	if p := tenant.FromContext(ctx); a == accessOwner && (p.Tenant != "" || p.Scope != "") {
+	p := tenant.FromContext(ctx)
+	switch {
+	case a == accessTenant && p.Scope != "":
+		return toConnect(fmt.Errorf("%s: a scoped sandbox token manages child sandboxes only: %w", procedure, errdefs.ErrPermissionDenied))
+	case a == accessOwner && (p.Tenant != "" || p.Scope != ""):
 		what := "tenants"
 		if p.Scope != "" {
 			what = "scoped sandbox tokens"
 		}
-		return toConnect(fmt.Errorf("%s: not available to %s on this daemon (images, volumes and codebases are the daemon owner's; tenants use the %q image): %w",
-			procedure, what, "host", errdefs.ErrPermissionDenied))
+		return toConnect(fmt.Errorf("%s: not available to %s on this daemon (codebases, builds and snapshots are the daemon owner's): %w",
+			procedure, what, errdefs.ErrPermissionDenied))
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
@@ -208,6 +209,34 @@ func TestTenancyQuotas(t *testing.T) {
 	}
 	if _, err := create(b, 64<<20, 500, 16<<20); err != nil {
 		t.Errorf("beta after destroying one: %v", err)
+	}
+
+	// storage_bytes (12 MiB for beta) bounds its volumes and image layers.
+	vol := func(c rpcClients, name string) error {
+		_, err := c.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: name, SizeBytes: 8 << 20}))
+		return err
+	}
+	if err := vol(b, "v1"); err != nil {
+		t.Fatalf("beta's first volume: %v", err)
+	}
+	if err := vol(b, "v2"); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "storage_bytes") {
+		t.Errorf("beta's second 8 MiB volume: got %v, want ResourceExhausted naming storage_bytes", err)
+	}
+	if err := importImageSized(ctx, b, "big:1", 6<<20); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "storage_bytes") {
+		t.Errorf("beta's 6 MiB image past its quota: got %v, want ResourceExhausted naming storage_bytes", err)
+	}
+	if _, err := b.img.GetImage(ctx, connect.NewRequest(&sbxv1.GetImageRequest{Ref: "big:1"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("the image past the quota after the refusal: got %v, want it removed (NotFound)", err)
+	}
+	if used, err := e.stores.StorageUsed(tenant.WithPrincipal(ctx, tenant.Principal{Tenant: "beta"})); err != nil || used > 12<<20 {
+		t.Errorf("beta's storage after the refused import: %d bytes, %v; want within its 12 MiB quota", used, err)
+	}
+	// The neighbour is unaffected.
+	if err := vol(a, "v2"); err != nil {
+		t.Errorf("acme's volume while beta is at its storage quota: %v", err)
+	}
+	if err := importImageSized(ctx, a, "big:1", 6<<20); err != nil {
+		t.Errorf("acme's image while beta is at its storage quota: %v", err)
 	}
 }
 

@@ -13,21 +13,27 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/fake"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/testutil"
+	"github.com/sbxdev/sbx/internal/volume"
 )
 
 // registeredProcedures lists every RPC of the sbx.v1 services, from the
@@ -77,11 +83,41 @@ type tenancyEnv struct {
 	child         string // parent's child
 	scoped        string // parent's scoped token
 	discardLogger *slog.Logger
+	stores        *TenantStores
+}
+
+// importImage imports a small random image into c's tenant's store as ref.
+func importImage(ctx context.Context, c rpcClients, ref string) error {
+	return importImageSized(ctx, c, ref, 1024)
+}
+
+func importImageSized(ctx context.Context, c rpcClients, ref string, size int64) error {
+	img, err := random.Image(size, 1)
+	if err != nil {
+		return err
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := tarball.Write(tag, img, &buf); err != nil {
+		return err
+	}
+	st := c.img.ImportImage(ctx)
+	if err := st.Send(&sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Header{Header: &sbxv1.ImportImageHeader{Tag: ref}}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if err := st.Send(&sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Data{Data: buf.Bytes()}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_, err = st.CloseAndReceive()
+	return err
 }
 
 const tenantsJSON = `{"tenants": [
 	{"name": "acme", "tokens": [%q], "quotas": {"max_sandboxes": 8}},
-	{"name": "beta", "tokens": [%q], "quotas": {"max_sandboxes": 2, "memory_bytes": 201326592, "cpu_millis": 1500, "disk_bytes": 50331648}}
+	{"name": "beta", "tokens": [%q], "quotas": {"max_sandboxes": 2, "memory_bytes": 201326592, "cpu_millis": 1500, "disk_bytes": 50331648, "storage_bytes": 12582912}}
 ]}`
 
 func newTenancyEnv(t *testing.T) *tenancyEnv {
@@ -124,22 +160,24 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	sessions := codeexec.NewSessions(mgr, log)
 	api.AddCode(NewCodeServer(code, mgr))
 	api.AddSessions(NewSessionServer(sessions, mgr))
-	mux := http.NewServeMux()
-	for _, reg := range []func() (string, http.Handler){
-		func() (string, http.Handler) {
-			return sbxv1connect.NewImageServiceHandler(sbxv1connect.UnimplementedImageServiceHandler{}, handlerOpts...)
-		},
-		func() (string, http.Handler) {
-			return sbxv1connect.NewVolumeServiceHandler(sbxv1connect.UnimplementedVolumeServiceHandler{}, handlerOpts...)
-		},
-		func() (string, http.Handler) {
-			return sbxv1connect.NewCodebaseServiceHandler(sbxv1connect.UnimplementedCodebaseServiceHandler{}, handlerOpts...)
-		},
-	} {
-		p, h := reg()
-		mux.Handle(p, h)
+	imgCfg := image.Config{Dir: filepath.Join(dir, "images"), UIDShift: 100000, Logger: log}
+	images, err := image.Open(ctx, imgCfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	mux.Handle("/", api.Handler())
+	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := NewTenantStores(dir, imgCfg, images, vols, log)
+	stores.SetManager(mgr)
+	e.stores = stores
+	var gc sync.RWMutex
+	api.AddImages(NewImageServer(stores, &gc))
+	mux := http.NewServeMux()
+	p, h := sbxv1connect.NewCodebaseServiceHandler(sbxv1connect.UnimplementedCodebaseServiceHandler{}, handlerOpts...)
+	mux.Handle(p, h)
+	mux.Handle("/", WithVolumes(api.Handler(), NewVolumeServer(stores)))
 	front := NewFront(mux, mgr, FrontConfig{Tenants: tenant.NewRegistry(set), ProxyDomain: "sbx.test", Logger: log})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
@@ -152,12 +190,24 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		e.srv.Close()
 		code.Shutdown()
 		sessions.Shutdown()
-		for _, p := range []tenant.Principal{{Tenant: "acme"}, {Tenant: "beta"}} {
-			list, _ := mgr.List(tenant.WithPrincipal(ctx, p), nil)
+		for _, p := range []tenant.Principal{{Tenant: "acme"}, {Tenant: "beta"}, {}} {
+			pctx := tenant.WithPrincipal(ctx, p)
+			list, _ := mgr.List(pctx, nil)
 			for _, sb := range list {
-				_ = mgr.Destroy(tenant.WithPrincipal(ctx, p), sb.Id)
+				_ = mgr.Destroy(pctx, sb.Id)
+			}
+			// Volumes are loop mounts: remove them all.
+			if v, err := stores.Volumes(pctx); err == nil {
+				vs, _ := v.List(pctx)
+				for _, vol := range vs {
+					if err := v.Remove(pctx, vol.GetName()); err != nil {
+						t.Errorf("cleanup: removing volume %s of %q: %v", vol.GetName(), p.Tenant, err)
+					}
+				}
 			}
 		}
+		stores.Close()
+		images.Close()
 		mgr.Close()
 		st.Close()
 	})
@@ -190,6 +240,12 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	}
 	e.scoped = strings.TrimSpace(out)
 	e.child = mk(e.clients(e.scoped), &sbxv1.CreateSandboxRequest{})
+	if _, err := a.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: "data", SizeBytes: 8 << 20})); err != nil {
+		t.Fatalf("acme's volume: %v", err)
+	}
+	if err := importImage(ctx, a, "app:1"); err != nil {
+		t.Fatalf("acme's image: %v", err)
+	}
 	return e
 }
 
@@ -274,9 +330,10 @@ const (
 	targetSandbox target = iota // a sandbox id or name
 	targetSession
 	targetContext
-	targetNone  // names nothing (Version)
-	targetList  // lists: call returns the ids it saw
-	targetOwner // the daemon owner's stores: refused to tenants
+	targetNone   // names nothing (Version)
+	targetList   // lists: call returns the ids it saw
+	targetOwner  // the daemon owner's codebases, builds, snapshots: refused to tenants
+	targetTenant // the caller's tenant's images or volumes: refused to scoped tokens
 )
 
 type tenancyCase struct {
@@ -471,46 +528,72 @@ var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one2(c.cb.DeleteCodebase(ctx, connect.NewRequest(&sbxv1.DeleteCodebaseRequest{Codebase: "x"})))
 	}},
-	sbxv1connect.ImageServicePullImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one(drain(c.img.PullImage(ctx, connect.NewRequest(&sbxv1.PullImageRequest{Ref: "x"}))))
+	sbxv1connect.ImageServicePullImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		// Nothing listens there: the pull reaches the tenant's store and fails.
+		err := drain(c.img.PullImage(ctx, connect.NewRequest(&sbxv1.PullImageRequest{Ref: "127.0.0.1:1/x:1"})))
+		if connect.CodeOf(err) == connect.CodeUnavailable || connect.CodeOf(err) == connect.CodeInternal {
+			err = nil
+		}
+		return nil, err
 	}},
-	sbxv1connect.ImageServiceImportImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		st := c.img.ImportImage(ctx)
-		_ = st.Send(&sbxv1.ImportImageRequest{Msg: &sbxv1.ImportImageRequest_Header{Header: &sbxv1.ImportImageHeader{Tag: "x:1"}}})
-		return one2(st.CloseAndReceive())
+	sbxv1connect.ImageServiceImportImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Names are per tenant: every tenant may import its own ref.
+		return nil, importImage(ctx, c, ref+"-imported")
 	}},
-	sbxv1connect.ImageServiceExportImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one(drain(c.img.ExportImage(ctx, connect.NewRequest(&sbxv1.ExportImageRequest{Ref: "x"}))))
+	sbxv1connect.ImageServiceExportImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.img.ExportImage(ctx, connect.NewRequest(&sbxv1.ExportImageRequest{Ref: ref}))))
 	}},
-	sbxv1connect.ImageServiceListImagesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.img.ListImages(ctx, connect.NewRequest(&sbxv1.ListImagesRequest{})))
+	sbxv1connect.ImageServiceListImagesProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.img.ListImages(ctx, connect.NewRequest(&sbxv1.ListImagesRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var refs []string
+		for _, i := range resp.Msg.GetImages() {
+			refs = append(refs, i.GetRef())
+		}
+		return refs, nil
 	}},
-	sbxv1connect.ImageServiceGetImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.img.GetImage(ctx, connect.NewRequest(&sbxv1.GetImageRequest{Ref: "x"})))
+	sbxv1connect.ImageServiceGetImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.img.GetImage(ctx, connect.NewRequest(&sbxv1.GetImageRequest{Ref: ref})))
 	}},
-	sbxv1connect.ImageServiceTagImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.img.TagImage(ctx, connect.NewRequest(&sbxv1.TagImageRequest{Source: "x", Target: "y"})))
+	sbxv1connect.ImageServiceTagImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.img.TagImage(ctx, connect.NewRequest(&sbxv1.TagImageRequest{Source: ref, Target: ref + "-tagged"})))
 	}},
-	sbxv1connect.ImageServiceRemoveImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.img.RemoveImage(ctx, connect.NewRequest(&sbxv1.RemoveImageRequest{Ref: "x"})))
+	sbxv1connect.ImageServiceRemoveImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last (see the test).
+		return one2(c.img.RemoveImage(ctx, connect.NewRequest(&sbxv1.RemoveImageRequest{Ref: ref})))
 	}},
-	sbxv1connect.ImageServicePruneImagesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+	sbxv1connect.ImageServicePruneImagesProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one2(c.img.PruneImages(ctx, connect.NewRequest(&sbxv1.PruneImagesRequest{})))
 	}},
 	sbxv1connect.ImageServiceBuildImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one(drain(c.img.BuildImage(ctx, connect.NewRequest(&sbxv1.BuildImageRequest{Tag: "x:1"}))))
 	}},
-	sbxv1connect.VolumeServiceCreateVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: "x"})))
+	sbxv1connect.VolumeServiceCreateVolumeProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Names are per tenant: every tenant may have its own "scratch".
+		if _, err := c.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: "scratch", SizeBytes: 8 << 20})); err != nil {
+			return nil, err
+		}
+		return one2(c.vol.RemoveVolume(ctx, connect.NewRequest(&sbxv1.RemoveVolumeRequest{Name: "scratch"})))
 	}},
-	sbxv1connect.VolumeServiceListVolumesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.vol.ListVolumes(ctx, connect.NewRequest(&sbxv1.ListVolumesRequest{})))
+	sbxv1connect.VolumeServiceListVolumesProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.vol.ListVolumes(ctx, connect.NewRequest(&sbxv1.ListVolumesRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, v := range resp.Msg.GetVolumes() {
+			names = append(names, v.GetName())
+		}
+		return names, nil
 	}},
-	sbxv1connect.VolumeServiceGetVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.vol.GetVolume(ctx, connect.NewRequest(&sbxv1.GetVolumeRequest{Name: "x"})))
+	sbxv1connect.VolumeServiceGetVolumeProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.vol.GetVolume(ctx, connect.NewRequest(&sbxv1.GetVolumeRequest{Name: ref})))
 	}},
-	sbxv1connect.VolumeServiceRemoveVolumeProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.vol.RemoveVolume(ctx, connect.NewRequest(&sbxv1.RemoveVolumeRequest{Name: "x"})))
+	sbxv1connect.VolumeServiceRemoveVolumeProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last (see the test).
+		return one2(c.vol.RemoveVolume(ctx, connect.NewRequest(&sbxv1.RemoveVolumeRequest{Name: ref})))
 	}},
 }
 
@@ -524,6 +607,8 @@ var ownCode = map[string]connect.Code{
 
 // runLast are the cases that end what they name.
 var runLast = []string{
+	sbxv1connect.ImageServiceRemoveImageProcedure,
+	sbxv1connect.VolumeServiceRemoveVolumeProcedure,
 	sbxv1connect.SandboxServiceDestroySandboxProcedure,
 	sbxv1connect.SessionServiceCloseSessionProcedure,
 	sbxv1connect.CodeServiceCloseContextProcedure,
@@ -580,6 +665,41 @@ func TestTenancyEveryRPC(t *testing.T) {
 					if _, err := tc.call(ctx, c, e.boxA); connect.CodeOf(err) != connect.CodePermissionDenied {
 						t.Errorf("%s: got %v, want PermissionDenied (the daemon owner's stores)", who, err)
 					}
+				}
+			case targetTenant:
+				ref, missingRef := "app:1", "nope:1"
+				if strings.Contains(p, "VolumeService") {
+					ref, missingRef = "data", "nope"
+				}
+				if _, err := tc.call(ctx, scoped, ref); connect.CodeOf(err) != connect.CodePermissionDenied {
+					t.Errorf("scoped token: got %v, want PermissionDenied (it manages child sandboxes only)", err)
+				}
+				switch p {
+				case sbxv1connect.ImageServiceListImagesProcedure, sbxv1connect.VolumeServiceListVolumesProcedure:
+					named := func(g string) bool { return g == ref || strings.HasSuffix(g, "/"+ref) }
+					if got, err := tc.call(ctx, a, ""); err != nil || !slices.ContainsFunc(got, named) {
+						t.Errorf("acme's list: got %v, %v; want %s in it", got, err, ref)
+					}
+					if got, err := tc.call(ctx, b, ""); err != nil || slices.ContainsFunc(got, named) {
+						t.Errorf("beta's list: got %v, %v; want acme's %s not in it", got, err, ref)
+					}
+				case sbxv1connect.ImageServiceGetImageProcedure, sbxv1connect.ImageServiceExportImageProcedure,
+					sbxv1connect.ImageServiceTagImageProcedure, sbxv1connect.ImageServiceRemoveImageProcedure,
+					sbxv1connect.VolumeServiceGetVolumeProcedure, sbxv1connect.VolumeServiceRemoveVolumeProcedure:
+					_, errMissing := tc.call(ctx, b, missingRef)
+					_, err := tc.call(ctx, b, ref)
+					var ce, cm *connect.Error
+					if connect.CodeOf(err) != connect.CodeNotFound || !errors.As(err, &ce) || !errors.As(errMissing, &cm) ||
+						ce.Message() != strings.ReplaceAll(cm.Message(), missingRef, ref) {
+						t.Errorf("beta on acme's %s: got %v, want %v with the name replaced", ref, err, errMissing)
+					}
+				default:
+					if _, err := tc.call(ctx, b, ref); err != nil {
+						t.Errorf("beta in its own store: got %v, want success", err)
+					}
+				}
+				if _, err := tc.call(ctx, a, ref); err != nil {
+					t.Errorf("acme on its own %s: got %v, want success", ref, err)
 				}
 			case targetList:
 				if _, err := tc.call(ctx, a, ""); err != nil {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -11,19 +12,35 @@ import (
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
-// VolumeServer implements sbxv1connect.VolumeServiceHandler.
+// VolumeServer implements sbxv1connect.VolumeServiceHandler over the
+// caller's tenant's volumes.
 type VolumeServer struct {
-	vols *volume.Manager
+	stores Stores
+	// mu serialises storage-quota checks with the creates they admit.
+	mu sync.Mutex
 }
 
 var _ sbxv1connect.VolumeServiceHandler = (*VolumeServer)(nil)
 
 // NewVolumeServer returns a VolumeServer over vols.
-func NewVolumeServer(vols *volume.Manager) *VolumeServer { return &VolumeServer{vols: vols} }
+func NewVolumeServer(stores Stores) *VolumeServer { return &VolumeServer{stores: stores} }
 
 // CreateVolume makes a volume.
 func (s *VolumeServer) CreateVolume(ctx context.Context, req *connect.Request[sbxv1.CreateVolumeRequest]) (*connect.Response[sbxv1.CreateVolumeResponse], error) {
-	v, err := s.vols.Create(ctx, req.Msg.GetName(), req.Msg.GetSizeBytes())
+	vols, err := s.stores.Volumes(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	size := req.Msg.GetSizeBytes()
+	if size == 0 {
+		size = volume.DefaultSize
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := admitStorage(ctx, s.stores, size); err != nil {
+		return nil, err
+	}
+	v, err := vols.Create(ctx, req.Msg.GetName(), req.Msg.GetSizeBytes())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -32,7 +49,11 @@ func (s *VolumeServer) CreateVolume(ctx context.Context, req *connect.Request[sb
 
 // ListVolumes describes every volume.
 func (s *VolumeServer) ListVolumes(ctx context.Context, _ *connect.Request[sbxv1.ListVolumesRequest]) (*connect.Response[sbxv1.ListVolumesResponse], error) {
-	vs, err := s.vols.List(ctx)
+	vols, err := s.stores.Volumes(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	vs, err := vols.List(ctx)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -41,7 +62,11 @@ func (s *VolumeServer) ListVolumes(ctx context.Context, _ *connect.Request[sbxv1
 
 // GetVolume describes one volume.
 func (s *VolumeServer) GetVolume(ctx context.Context, req *connect.Request[sbxv1.GetVolumeRequest]) (*connect.Response[sbxv1.GetVolumeResponse], error) {
-	v, err := s.vols.Get(ctx, req.Msg.GetName())
+	vols, err := s.stores.Volumes(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	v, err := vols.Get(ctx, req.Msg.GetName())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -50,7 +75,11 @@ func (s *VolumeServer) GetVolume(ctx context.Context, req *connect.Request[sbxv1
 
 // RemoveVolume deletes a volume not in use.
 func (s *VolumeServer) RemoveVolume(ctx context.Context, req *connect.Request[sbxv1.RemoveVolumeRequest]) (*connect.Response[sbxv1.RemoveVolumeResponse], error) {
-	if err := s.vols.Remove(ctx, req.Msg.GetName()); err != nil {
+	vols, err := s.stores.Volumes(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if err := vols.Remove(ctx, req.Msg.GetName()); err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&sbxv1.RemoveVolumeResponse{}), nil

@@ -231,3 +231,6 @@ func (r *Registry) Reload() error {
 
 // Current returns the Set in force.
 func (r *Registry) Current() *Set { return r.cur.Load() }
+
+// ValidName reports whether s is a tenant name (safe as a directory name).
+func ValidName(s string) bool { return nameRe.MatchString(s) }
