@@ -199,6 +199,28 @@ func TestTenantsEndToEnd(t *testing.T) {
 		t.Errorf("beta through the proxy to acme's port: got %d %q, want %d %q", code, body, mc, mb)
 	}
 
+	// Volumes are per tenant: each has its own "data", and a box sees its
+	// tenant's.
+	for _, c := range []*sbx.Client{a, b} {
+		if _, err := c.CreateVolume(ctx, "data", 16<<20); err != nil {
+			t.Fatalf("volume data: %v", err)
+		}
+		t.Cleanup(func() { _ = c.RemoveVolume(context.Background(), "data") })
+	}
+	for who, c := range map[string]*sbx.Client{"acme": a, "beta": b} {
+		sb, err := c.Create(ctx, sbx.CreateOptions{Volumes: []sbx.VolumeMount{{Volume: "data", Path: "/data"}}})
+		if err != nil {
+			t.Fatalf("%s's box with its volume: %v", who, err)
+		}
+		res, err := sb.RunShell(ctx, "cat /data/owner 2>/dev/null; echo "+who+" > /data/owner")
+		if err != nil || string(res.Stdout) != "" {
+			t.Errorf("%s's fresh volume: got %q, %v; want it empty (not the other tenant's)", who, res.Stdout, err)
+		}
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// A box with a scoped token makes a child from inside, over the
 	// gateway endpoint, and sees nothing but its children.
 	parent, err := a.Create(ctx, sbx.CreateOptions{ScopedToken: true})
