@@ -273,6 +273,16 @@ func TestTenantsEndToEnd(t *testing.T) {
 		}
 		return ids
 	}
+	// The scoped token is useless outside its box: the main listener refuses it.
+	res, err = parent.RunShell(ctx, "printenv SBX_TOKEN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stolen := sbx.NewClient(nd.url(), sbx.WithToken(strings.TrimSpace(string(res.Stdout))), sbx.WithTLS(tlsConf))
+	if _, err := stolen.List(ctx); connect.CodeOf(errors.Unwrap(err)) != connect.CodeUnauthenticated && !strings.Contains(fmt.Sprint(err), "unauthenticated") {
+		t.Errorf("scoped token on the main listener: got %v, want Unauthenticated", err)
+	}
+	stolen.Close()
 	if got := acmeList(); !slices.Contains(got, "kid/"+parent.ID) {
 		t.Errorf("acme's list: got %v, want the child listed with its parent", got)
 	}

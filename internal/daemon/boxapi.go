@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -26,6 +27,7 @@ func serveBoxAPI(addr string, handler http.Handler, mgr *sandbox.Manager, cfg Co
 	if err != nil {
 		return nil, fmt.Errorf("listen for sandboxes' API on %s: %w", addr, err)
 	}
+	ln = &perIPLimit{Listener: ln, max: boxAPIConnsPerBox, open: map[string]int{}}
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Tenants: cfg.Tenants, BoxEndpoint: true, Logger: log.With("component", "box-api"),
 	})
@@ -36,6 +38,7 @@ func serveBoxAPI(addr string, handler http.Handler, mgr *sandbox.Manager, cfg Co
 		Handler:           front,
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	go func() {
@@ -49,4 +52,55 @@ func serveBoxAPI(addr string, handler http.Handler, mgr *sandbox.Manager, cfg Co
 		_ = srv.Shutdown(ctx)
 		front.Close()
 	}, nil
+}
+
+// boxAPIConnsPerBox bounds the connections one box holds open to the box
+// endpoint (a box is hostile: thousands of idle connections would cost the
+// daemon a goroutine and an fd each).
+const boxAPIConnsPerBox = 64
+
+// perIPLimit closes connections from an address that already holds max.
+type perIPLimit struct {
+	net.Listener
+	max int
+
+	mu sync.Mutex
+	// open counts connections by remote IP. Guarded by mu.
+	open map[string]int
+}
+
+func (l *perIPLimit) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		l.mu.Lock()
+		if l.open[ip] >= l.max {
+			l.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.open[ip]++
+		l.mu.Unlock()
+		return &countedConn{Conn: c, release: func() {
+			l.mu.Lock()
+			if l.open[ip]--; l.open[ip] <= 0 {
+				delete(l.open, ip)
+			}
+			l.mu.Unlock()
+		}}, nil
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
 }

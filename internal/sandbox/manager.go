@@ -427,8 +427,15 @@ func (m *Manager) reserve(b *box, admit *tenant.Principal) error {
 	}
 	if admit != nil {
 		if b.parent != "" {
-			// The parent may have died while its child was being made.
-			if p, ok := m.boxes[b.parent]; !ok || p.tenant != b.tenant {
+			// The parent may be dying while its child is made: once it is
+			// destroying, its children have been collected for destruction,
+			// so a child registered now would outlive it.
+			p, ok := m.boxes[b.parent]
+			if ok {
+				st := p.state()
+				ok = p.tenant == b.tenant && (st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING || st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED)
+			}
+			if !ok {
 				return fmt.Errorf("parent sandbox %s is gone: %w", b.parent, errdefs.ErrFailedPrecondition)
 			}
 		}

@@ -262,4 +262,15 @@ func TestBoxEndpointAcceptsOnlyScopedTokensFromTheirBox(t *testing.T) {
 			}
 		}
 	}
+	// The daemon's main listener takes no scoped token: one that leaks out
+	// of its box is useless there.
+	main := NewFront(http.NotFoundHandler(), e.mgr, FrontConfig{Tenants: e.registry})
+	defer main.Close()
+	r, _ := http.NewRequest("GET", "/sbx.v1.SandboxService/ListSandboxes", nil)
+	r.Header.Set("Authorization", "Bearer "+e.scoped)
+	w := httptest.NewRecorder()
+	main.ServeHTTP(w, r)
+	if w.Code != http.StatusUnauthorized {
+		t.Errorf("scoped token on the main listener: got %d, want 401", w.Code)
+	}
 }

@@ -84,6 +84,7 @@ type tenancyEnv struct {
 	scoped        string // parent's scoped token
 	discardLogger *slog.Logger
 	stores        *TenantStores
+	registry      *tenant.Registry
 }
 
 // importImage imports a small random image into c's tenant's store as ref.
@@ -178,7 +179,8 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	p, h := sbxv1connect.NewCodebaseServiceHandler(sbxv1connect.UnimplementedCodebaseServiceHandler{}, handlerOpts...)
 	mux.Handle(p, h)
 	mux.Handle("/", WithVolumes(api.Handler(), NewVolumeServer(stores)))
-	front := NewFront(mux, mgr, FrontConfig{Tenants: tenant.NewRegistry(set), ProxyDomain: "sbx.test", Logger: log})
+	e.registry = tenant.NewRegistry(set)
+	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
 	protos.SetHTTP1(true)
