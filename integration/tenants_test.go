@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -299,6 +300,37 @@ func TestTenantsEndToEnd(t *testing.T) {
 	notFoundAlike("exec in (after restart)", func(ref string) error { _, err := b.Sandbox(ref).RunShell(ctx, "true"); return err })
 	if out := api(parent, "ListSandboxes", `{}`); !strings.Contains(out, `"name":"kid"`) {
 		t.Errorf("scoped token after kill -9: got %s, want its child", out)
+	}
+
+	// Beta's boxes go before its token does (the harness cleans up acme's).
+	if err := devB.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RemoveVolume(ctx, "data"); err != nil {
+		t.Fatal(err)
+	}
+
+	// SIGHUP re-reads the tenants file: beta's token, removed, stops working.
+	if err := os.WriteFile(tenants, fmt.Appendf(nil, `{"tenants": [{"name": "acme", "tokens": [%q], "quotas": {"max_sandboxes": 6}}]}`,
+		tenant.HashToken(tokA)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := b.List(ctx)
+		var se *sbx.Error
+		if errors.As(err, &se) && se.Code == connect.CodeUnauthenticated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("beta after its token left the file and SIGHUP: got %v, want Unauthenticated", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := a.List(ctx); err != nil {
+		t.Errorf("acme after the reload: %v", err)
 	}
 
 	// Children die with their parent.
