@@ -135,3 +135,32 @@ func TestHugeRequestsRefused(t *testing.T) {
 		t.Errorf("list after refused creates: %d sandboxes, %v", len(list), err)
 	}
 }
+
+// TestDiskFillCannotKillAgent: a default box's disk is held in its memory;
+// filling it used to OOM-kill the agent and leave a running box that could
+// not exec. The default disk now fits the memory and a disk that cannot is
+// refused at create.
+func TestDiskFillCannotKillAgent(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	c := d.client()
+	_, err := c.Create(ctx, sbx.CreateOptions{MemoryBytes: 512 << 20, DiskBytes: 1 << 30})
+	wantCode(t, "disk above memory", err, connect.CodeInvalidArgument)
+	if !strings.Contains(err.Error(), "at most 448MiB with memory 512MiB") {
+		t.Errorf("error does not say the bound: %v", err)
+	}
+	sb := newBox(t, ctx, d, sbx.CreateOptions{})
+	if got := sb.Info.GetResources().GetDiskBytes(); got != 448<<20 {
+		t.Errorf("default disk %d, want 448 MiB", got)
+	}
+	res, err := sb.RunShell(ctx, "dd if=/dev/urandom of=/tmp/fill bs=1M status=none; echo dd=$?; df -k / | tail -1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Stdout), "dd=1") {
+		t.Errorf("filling the disk: %q %q (want dd to stop at the disk limit)", res.Stdout, res.Stderr)
+	}
+	execWorks(t, sb, "with a full disk")
+	mustRun(t, ctx, sb, "rm /tmp/fill")
+	execWorks(t, sb, "after freeing the disk")
+}
