@@ -23,7 +23,9 @@ func newCp(a *app) *cobra.Command {
 		Use:   "cp SRC DST",
 		Short: "Copy files between the host and a sandbox (ID:/path on either side)",
 		Long: "Copy a file or directory. One side is ID:/path (or NAME:/path).\n" +
-			"A directory is copied recursively; symlinks are copied as links and never followed.",
+			"A directory is copied recursively; symlinks are copied as links and never followed. Copying out,\n" +
+			"symlinks pointing outside the destination (absolute, or climbing out with ..) are skipped\n" +
+			"with a warning listing them.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcRef, srcPath, srcRemote := splitRemote(args[0])
