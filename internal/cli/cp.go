@@ -183,8 +183,10 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 	return err
 }
 
-// linkInside reports whether a symlink at name (slash path relative to the
-// destination) pointing to target stays, lexically, inside the destination.
+// linkInside reports whether a symlink at name (a slash path relative to a
+// tree's root: a download's destination, a build context's copied tree)
+// pointing to target stays, lexically, inside the tree; the daemon's
+// extractors apply the same rule.
 func linkInside(name, target string) bool {
 	if target == "" || path.IsAbs(target) {
 		return false
