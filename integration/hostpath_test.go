@@ -179,6 +179,18 @@ print(open('f').read())
 		t.Errorf("deep file in a new sandbox: %q", got)
 	}
 
+	// Copied out to the client (a file, and inside a directory) it stays
+	// sparse too.
+	out := t.TempDir()
+	for _, src := range []string{"/workspace/sparse", "/workspace"} {
+		dst := filepath.Join(out, strings.ReplaceAll(src, "/", "_"))
+		if _, errOut, code := d.cli("", "cp", sb.ID+":"+src, dst); code != 0 {
+			t.Fatalf("sbx cp %s: exit %d: %s", src, code, errOut)
+		}
+	}
+	if a := allocated(t, out); a > 16<<20 {
+		t.Errorf("sbx cp of a 2 GiB sparse file allocated %d MiB on the client", a>>20)
+	}
 	cb, err := c.GetCodebase(ctx, "proj")
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/boxcopy"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
@@ -154,7 +155,11 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 			return err
 		}
 		defer os.Remove(tmp.Name())
-		if err := sb.Download(ctx, src, tmp); err != nil {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(sb.Download(ctx, src, pw)) }()
+		// Holes arrive as zeros; keep them holes.
+		if _, err := boxcopy.WriteFrom(tmp, pr, nil); err != nil {
+			pr.CloseWithError(err)
 			tmp.Close()
 			return err
 		}
@@ -263,7 +268,9 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 			if err != nil {
 				return skipped, fmt.Errorf("create %s: %w", name, err)
 			}
-			_, err = io.Copy(f, tr)
+			// Holes of a sparse file in the box arrive as zeros: keep
+			// them holes (a 64 MiB box's 2 GiB sparse file stays small).
+			_, err = boxcopy.WriteFrom(f, tr, nil)
 			f.Close()
 			if err != nil {
 				return skipped, fmt.Errorf("write %s: %w", name, err)

@@ -97,6 +97,33 @@ def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
     return m
 
 
+class _SparseTarFile(tarfile.TarFile):
+    """A TarFile that writes blocks of zeros as holes: a sandbox's sparse
+    file (say 2 GiB of holes from a 64 MiB box) arrives as zeros in the tar
+    and must not become 2 GiB on the client's disk."""
+
+    def makefile(self, tarinfo, targetpath):  # type: ignore[override]
+        if tarinfo.sparse is not None:
+            return super().makefile(tarinfo, targetpath)
+        source = self.fileobj
+        source.seek(tarinfo.offset_data)
+        remaining = tarinfo.size
+        with open(targetpath, "wb") as target:
+            while remaining > 0:
+                chunk = source.read(min(_BLOCK, remaining))
+                if not chunk:
+                    raise tarfile.ReadError("unexpected end of data")
+                if chunk.count(0) == len(chunk):
+                    target.seek(len(chunk), os.SEEK_CUR)
+                else:
+                    target.write(chunk)
+                remaining -= len(chunk)
+            target.truncate()
+
+
+_BLOCK = 64 << 10
+
+
 def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[str], None]] = None,
                  skipped: Optional[List[str]] = None) -> int:
     """Extract a tar stream into ``dest`` (created if missing), refusing unsafe
@@ -118,7 +145,7 @@ def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[
     # Stream mode: entries are processed in order, so links created by earlier
     # entries are on disk when later ones are checked with realpath().
     links = set()  # symlinks this archive created
-    with tarfile.open(fileobj=fileobj, mode="r|*") as tf:
+    with _SparseTarFile.open(fileobj=fileobj, mode="r|*") as tf:
         for member in tf:
             norm = os.path.normpath(member.name.replace("\\", "/")).replace(os.sep, "/")
             parts = norm.split("/")

@@ -91,8 +91,13 @@ class Files:
         try:
             with open(tmp, "wb") as f:
                 for chunk in self.iter_read(remote_path):
-                    f.write(chunk)
+                    # Holes of a sparse file arrive as zeros: keep them holes.
+                    if chunk.count(0) == len(chunk):
+                        f.seek(len(chunk), os.SEEK_CUR)
+                    else:
+                        f.write(chunk)
                     n += len(chunk)
+                f.truncate()
             os.replace(tmp, local_path)
         finally:
             if os.path.exists(tmp):

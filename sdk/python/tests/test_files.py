@@ -249,3 +249,42 @@ def test_safe_extract_accepts_normal_archives(tmp_path) -> None:
     assert (dest / "a" / "l").read_text() == "hi"
     assert (dest / "a" / "h").read_text() == "hi"
     assert os.stat(dest / "setuid").st_mode & 0o7777 == 0o755
+
+
+def test_safe_extract_keeps_holes(tmp_path) -> None:
+    """A sandbox's sparse file arrives as zeros; it must not be written out as
+    zeros on the client (a 64 MiB box can hold a 2 GiB sparse file)."""
+    from sbx._tar import safe_extract
+
+    class Zeros(io.RawIOBase):
+        def __init__(self, n: int, tail: bytes) -> None:
+            self.left, self.tail = n, tail
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            if self.left > 0:
+                n = min(len(b), self.left)
+                b[:n] = bytes(n)
+                self.left -= n
+                return n
+            n = min(len(b), len(self.tail))
+            b[:n], self.tail = self.tail[:n], self.tail[n:]
+            return n
+
+    size = 256 << 20
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo("big")
+        ti.size = size + 3
+        tf.addfile(ti, io.BufferedReader(Zeros(size, b"end")))
+    buf.seek(0)
+    safe_extract(buf, str(tmp_path / "out"))
+    p = tmp_path / "out" / "big"
+    st = os.stat(p)
+    assert st.st_size == size + 3
+    assert st.st_blocks * 512 < 1 << 20, f"{st.st_blocks * 512} bytes allocated: zeros were written"
+    with open(p, "rb") as f:
+        f.seek(size)
+        assert f.read() == b"end"
