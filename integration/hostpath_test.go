@@ -150,6 +150,10 @@ func TestCodebaseSyncSparseAndOddNames(t *testing.T) {
 	before := allocated(t, trees)
 
 	sb := codebaseSandbox(t, ctx, d, c, "proj", 64<<20)
+	// The codebase's overlay names its layers by fd: no host path shows.
+	if mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo"); strings.Contains(mi, d.dataDir) || strings.Contains(mi, sb.ID) {
+		t.Errorf("a codebase box's mountinfo shows the data dir or its id:\n%s", mi)
+	}
 	mustRun(t, ctx, sb, "truncate -s 2G /workspace/sparse && echo data-at-1G | dd of=/workspace/sparse bs=1M seek=1024 conv=notrunc status=none")
 	// 25 levels of 200-byte names: about 5 KB, past PATH_MAX.
 	mustRun(t, ctx, sb, `python3 -c "

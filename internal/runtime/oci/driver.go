@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
@@ -370,7 +371,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return h, fmt.Errorf("create rootfs dir: %w", err)
 	}
-	if err := mountOverlay(rootfs, append(lowers, d.agentLayer), upper, work); err != nil {
+	// Layers named by fd: no host path in the box's mountinfo.
+	if err := overlay.Mount(rootfs, append(lowers, d.agentLayer), upper, work, "", 0); err != nil {
 		return h, err
 	}
 	undo.add(func() error { return unmount(rootfs) })

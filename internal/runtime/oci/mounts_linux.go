@@ -25,52 +25,6 @@ func mountTmpfs(dir string, size int64) error {
 	return nil
 }
 
-// mountOverlay stacks lowers (lowest first) under upper at target. The
-// layers are named to the kernel as /proc/self/fd/N of O_PATH descriptors,
-// not by path: overlayfs shows its options as given in every mountinfo
-// that lists the mount — the box's own included, where it is "/" — and the
-// paths would tell the box the daemon's data dir and its box id.
-func mountOverlay(target string, lowers []string, upper, work string) error {
-	var fds []int
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
-	name := func(dir string) (string, error) {
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", fmt.Errorf("open overlay layer %s: %w", dir, err)
-		}
-		fds = append(fds, fd)
-		return "/proc/self/fd/" + strconv.Itoa(fd), nil
-	}
-	rev := make([]string, len(lowers))
-	for i, l := range lowers {
-		n, err := name(l)
-		if err != nil {
-			return err
-		}
-		rev[len(lowers)-1-i] = n // overlayfs wants the top layer first
-	}
-	u, err := name(upper)
-	if err != nil {
-		return err
-	}
-	w, err := name(work)
-	if err != nil {
-		return err
-	}
-	opts := "lowerdir=" + strings.Join(rev, ":") + ",upperdir=" + u + ",workdir=" + w
-	if len(opts) >= os.Getpagesize() {
-		return fmt.Errorf("overlay mount options too long (%d bytes, %d layers)", len(opts), len(lowers))
-	}
-	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay at %s: %w", target, err)
-	}
-	return nil
-}
-
 // unmount detaches the mount at dir; not mounted or missing is fine. A busy
 // mount is lazily detached.
 func unmount(dir string) error {
