@@ -202,3 +202,31 @@ func TestEntrypointOutputNotOnHostDisk(t *testing.T) {
 	}
 	execWorks(t, sb, "after the flood")
 }
+
+// TestOOMKillReported: a command killed by the sandbox's memory limit says
+// so (its exit looked like any other SIGKILL before); one killed by a plain
+// SIGKILL does not, and the box still answers.
+func TestOOMKillReported(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{MemoryBytes: 64 << 20, DiskBytes: 16 << 20})
+	res, err := sb.RunShell(ctx, "python3 -c 'b = bytearray(256 << 20); print(len(b))'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Code != 137 || !res.OOMKilled {
+		t.Errorf("memory hog: exit %d, oom_killed %v; want 137 and true", res.Code, res.OOMKilled)
+	}
+	res, err = sb.RunShell(ctx, "kill -9 $$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Code != 137 || res.OOMKilled {
+		t.Errorf("kill -9: exit %d, oom_killed %v; want 137 and false", res.Code, res.OOMKilled)
+	}
+	_, errOut, code := d.cli("", "exec", sb.ID, "--", "python3", "-c", "b = bytearray(256 << 20)")
+	if code != 137 || !strings.Contains(errOut, "out of memory") {
+		t.Errorf("sbx exec of a memory hog: exit %d, stderr %q", code, errOut)
+	}
+	execWorks(t, sb, "after OOM kills")
+}

@@ -98,6 +98,9 @@ type box struct {
 	lastActive atomic.Int64 // unix ms
 	dirty      atomic.Bool  // lastActive not yet persisted
 	busy       atomic.Int64 // operations in flight (keeps the box from idling)
+	// oomSeen is the box's count of OOM kills when last looked at (see
+	// OOMKilled): 0 for a new box, read at recovery for an old one.
+	oomSeen atomic.Int64
 
 	// opMu serialises lifecycle operations (create, stop, start, destroy).
 	opMu sync.Mutex
@@ -676,6 +679,27 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	b.busy.Add(1)
 	m.touch(b)
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
+}
+
+// OOMKilled reports whether a command of sandbox ref that just ended by
+// SIGKILL (its own death, or a shell's exit code 137 for a child's) was
+// killed by the sandbox's memory limit: the sandbox's count of OOM kills
+// rose since it was last looked at. Only called for such ends, so an
+// ordinary exec costs nothing for it; two commands killed at once may both
+// be told so.
+func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
+	b, err := m.lookup(ref)
+	if err != nil {
+		return false
+	}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	st, err := b.driver.Stats(ctx, h)
+	if err != nil {
+		return false
+	}
+	return b.oomSeen.Swap(st.OOMKills) < st.OOMKills
 }
 
 func (m *Manager) touch(b *box) {
