@@ -74,7 +74,7 @@ func New(cfg Config) (*Driver, error) {
 		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		log:       log.With("driver", "oci"),
-		caps:      []string{"pause", "stats", "disk-limit", "recover", "update"},
+		caps:      []string{"pause", "stats", "disk-limit", "recover", "update", runtime.CapDiskInMemory},
 	}
 	if cfg.Network {
 		d.caps = append(d.caps, "network")
