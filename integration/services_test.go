@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -521,4 +522,142 @@ func TestSecondDaemonSameBridgeAndTable(t *testing.T) {
 	if list, err := a.client().List(ctx); err != nil || len(list) != 1 {
 		t.Errorf("daemon A lists %d sandboxes (err %v), want its one", len(list), err)
 	}
+}
+
+// emfilePy waits DELAY seconds (after saying so in /tmp/attack-ready), then
+// opens N80 idle connections to TARGET:80 and N53 to GW:53 (more than the
+// daemon's lowered descriptor limit leaves it) and holds them DUR seconds.
+const emfilePy = `
+import socket, sys, time
+gw, target, n80, n53, delay, dur = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+open("/tmp/attack-ready", "w").close()
+time.sleep(delay)
+socks = []
+for host, port, n in ((target, 80, n80), (gw, 53, n53)):
+    for i in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        socks.append(s)
+time.sleep(dur)
+print("connections", len(socks))
+`
+
+// cpuTicks is the user and system time process pid has used, in clock ticks.
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command name (which may hold spaces) start at
+	// the state (field 3); utime and stime are fields 14 and 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	var u, s int64
+	if _, err := fmt.Sscan(f[11], &u); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Sscan(f[12], &s); err != nil {
+		t.Fatal(err)
+	}
+	return u + s
+}
+
+// TestDaemonOutOfDescriptors: a daemon whose descriptors run out (its
+// RLIMIT_NOFILE lowered to just above what it holds, then a box's
+// connections to the egress proxy and the DNS forwarder take the rest)
+// neither spins in its accept loops nor stops serving: it backs off, and
+// when the box lets go it accepts again, at the same limit.
+func TestDaemonOutOfDescriptors(t *testing.T) {
+	d := startNetDaemon(t, "--net-pool", "0")
+	ctx := ctxT(t, 5*time.Minute)
+	attacker := createNet(t, ctx, d, &sbx.NetworkPolicy{Mode: "allow", AllowDomains: []string{"*.allowed.test"}})
+	neighbour := createNet(t, ctx, d, &sbx.NetworkPolicy{Mode: "public"})
+	pid := d.cmd.Process.Pid
+
+	done := make(chan error, 1)
+	go func() {
+		res, err := attacker.RunShell(ctx, fmt.Sprintf("rm -f /tmp/attack-ready; /usr/bin/python3 - %s %s 300 60 2 5 <<'EOF'\n%s\nEOF", d.gateway, inetAllowed, emfilePy))
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d: %s", res.Code, res.Stderr)
+		}
+		done <- err
+	}()
+	for {
+		res, err := attacker.RunShell(ctx, "test -e /tmp/attack-ready")
+		if err == nil && res.Code == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The attack's exec holds its own connection: from here on the
+	// daemon needs no new descriptor for it.
+	var orig unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &orig); err != nil {
+		t.Fatal(err)
+	}
+	limit := uint64(fdCount(t, pid) + 20)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: orig.Max}, nil); err != nil {
+		t.Fatalf("lower the daemon's descriptor limit: %v", err)
+	}
+	restore := func() { _ = unix.Prlimit(pid, unix.RLIMIT_NOFILE, &orig, nil) }
+	t.Cleanup(restore)
+
+	// At the limit: the accept loops fail with EMFILE while connections
+	// wait. Over two seconds the daemon must mostly sleep.
+	deadline := time.Now().Add(20 * time.Second)
+	for uint64(fdCount(t, pid)) < limit-1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon's descriptors did not reach its lowered limit %d (at %d)", limit, fdCount(t, pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start, t0 := cpuTicks(t, pid), time.Now()
+	time.Sleep(2 * time.Second) // the measurement window, not a wait for a condition
+	used := float64(cpuTicks(t, pid)-start) / 100 / time.Since(t0).Seconds()
+	t.Logf("daemon CPU at its descriptor limit: %.0f%% of a core", used*100)
+	if used > 0.3 {
+		t.Errorf("the daemon used %.0f%% of a core while out of descriptors, want under 30%% (accept loops back off, not spin)", used*100)
+	}
+
+	if err := <-done; err != nil {
+		t.Fatalf("attack: %v", err)
+	}
+	// The box let go: at the same lowered limit the daemon serves again
+	// (new API connections, a TCP DNS query from the neighbour).
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := sbx.NewClient(d.addr).List(lctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API does not answer a new client 30s after the attack: %v", err)
+		}
+	}
+	tcpDNS := fmt.Sprintf(`/usr/bin/python3 -c '
+import socket, struct
+q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"\x06public\x04test\x00" + struct.pack(">HH", 1, 1)
+s = socket.create_connection(("%s", 53), timeout=5)
+s.sendall(struct.pack(">H", len(q)) + q)
+n = struct.unpack(">H", s.recv(2))[0]
+r = s.recv(n)
+print("rcode", r[3] & 15, "answers", struct.unpack(">H", r[6:8])[0])
+'`, d.gateway)
+	// The test internet's resolver speaks UDP only, so the forwarder's
+	// TCP answer is SERVFAIL (its upstream over TCP fails): any answer
+	// shows the listener accepts and serves again.
+	for {
+		res, err := neighbour.RunShell(ctx, tcpDNS)
+		if err == nil && res.Code == 0 && strings.HasPrefix(string(res.Stdout), "rcode ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the forwarder does not answer over TCP after the attack: %v %+v", err, res)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	restore()
 }
