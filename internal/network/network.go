@@ -264,6 +264,8 @@ const (
 	DefaultBridge = "sbx0"
 	DefaultSubnet = "10.213.0.0/16"
 	DefaultTable  = "sbx"
+	// DefaultLockDir holds the bridge and table locks (lock_linux.go).
+	DefaultLockDir = "/run/sbx"
 )
 
 // blockedRanges are unreachable in ModePublic unless allow_cidrs say
@@ -311,7 +313,13 @@ type Config struct {
 	// EgressRoots are extra PEM files of CAs the proxy trusts, besides the
 	// host's, when it re-originates intercepted TLS (tests, private CAs).
 	EgressRoots []string
-	Logger      *slog.Logger
+	// Limits bound each box's use of the DNS forwarder and the egress
+	// proxy (zero fields: DefaultLimits).
+	Limits Limits
+	// LockDir holds the lock files that keep two daemons off the same
+	// bridge and table (default /run/sbx).
+	LockDir string
+	Logger  *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -330,6 +338,9 @@ func (c *Config) setDefaults() error {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
+	if len(c.Table) > 64 || strings.ContainsAny(c.Table, "/ \x00") {
+		return fmt.Errorf("nftables table name %q: %w", c.Table, errdefs.ErrInvalidArgument)
+	}
 	for i, u := range c.DNSUpstreams {
 		if _, _, err := net.SplitHostPort(u); err != nil {
 			c.DNSUpstreams[i] = net.JoinHostPort(u, "53")
@@ -340,6 +351,13 @@ func (c *Config) setDefaults() error {
 	}
 	if c.EgressDir == "" {
 		c.EgressDir = filepath.Join(c.StateDir, "egress")
+	}
+	if err := c.Limits.validate(); err != nil {
+		return err
+	}
+	c.Limits.setDefaults()
+	if c.LockDir == "" {
+		c.LockDir = DefaultLockDir
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

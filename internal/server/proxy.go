@@ -123,8 +123,27 @@ func (f *Front) serveProxy(w http.ResponseWriter, r *http.Request, rt route) {
 		f.writeError(w, err)
 		return
 	}
+	release, ok := f.acquire(w, id)
+	if !ok {
+		return
+	}
+	defer release()
 	t := &proxyTarget{route: rt, id: id}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, t)))
+}
+
+// acquire counts a proxied connection against sandbox id's limit, or
+// answers 503 (with Retry-After) if the sandbox has as many open as
+// allowed: the client of one busy sandbox waits, other sandboxes and the
+// API do not notice.
+func (f *Front) acquire(w http.ResponseWriter, id string) (release func(), ok bool) {
+	release, ok = f.conns.Acquire(id)
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Connection", "close")
+		http.Error(w, fmt.Sprintf("sbx: sandbox %s has %d connections open through the port proxy, the most allowed (sbx serve --proxy-max-conns): try again later", id, f.conns.Max()), http.StatusServiceUnavailable)
+	}
+	return release, ok
 }
 
 func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
@@ -163,7 +182,17 @@ func (f *Front) serveTCP(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: raw TCP needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
 		return
 	}
-	conn, err := f.mgr.DialPort(r.Context(), rt.sandbox, rt.port)
+	id, err := f.mgr.RunningID(rt.sandbox)
+	if err != nil {
+		f.writeError(w, err)
+		return
+	}
+	release, ok := f.acquire(w, id)
+	if !ok {
+		return
+	}
+	defer release()
+	conn, err := f.mgr.DialPort(r.Context(), id, rt.port)
 	if err != nil {
 		f.writeError(w, err)
 		return
