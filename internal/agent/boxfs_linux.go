@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -481,45 +480,6 @@ func openBeneath(dirfd int, name string) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), name), nil
-}
-
-// statInfo is an fs.FileInfo made from a stat.
-type statInfo struct {
-	name string
-	st   *unix.Stat_t
-}
-
-func (fi statInfo) Name() string       { return fi.name }
-func (fi statInfo) Size() int64        { return fi.st.Size }
-func (fi statInfo) ModTime() time.Time { return time.Unix(fi.st.Mtim.Unix()) }
-func (fi statInfo) IsDir() bool        { return fi.st.Mode&unix.S_IFMT == unix.S_IFDIR }
-func (fi statInfo) Sys() any           { return nil }
-func (fi statInfo) Mode() fs.FileMode {
-	m := fs.FileMode(fi.st.Mode & 0o777)
-	switch fi.st.Mode & unix.S_IFMT {
-	case unix.S_IFDIR:
-		m |= fs.ModeDir
-	case unix.S_IFLNK:
-		m |= fs.ModeSymlink
-	case unix.S_IFIFO:
-		m |= fs.ModeNamedPipe
-	case unix.S_IFSOCK:
-		m |= fs.ModeSocket
-	case unix.S_IFCHR:
-		m |= fs.ModeDevice | fs.ModeCharDevice
-	case unix.S_IFBLK:
-		m |= fs.ModeDevice
-	}
-	if fi.st.Mode&unix.S_ISUID != 0 {
-		m |= fs.ModeSetuid
-	}
-	if fi.st.Mode&unix.S_ISGID != 0 {
-		m |= fs.ModeSetgid
-	}
-	if fi.st.Mode&unix.S_ISVTX != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
 }
 
 // ensureDir makes p and its missing parents (see mkdirAll).

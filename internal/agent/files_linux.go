@@ -16,6 +16,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/safepath"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
@@ -197,7 +199,7 @@ func createTemp(dirfd int, name string) (*os.File, string, error) {
 // fileInfo describes the entry p, named name, whose lstat is st; target is
 // a symlink's target.
 func fileInfo(p, name string, st *unix.Stat_t, target string) *sbxv1.FileInfo {
-	fi := statInfo{name: name, st: st}
+	fi := safepath.FileInfo(name, st)
 	info := &sbxv1.FileInfo{
 		Path:    p,
 		Name:    name,

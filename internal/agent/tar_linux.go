@@ -11,6 +11,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/safepath"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
@@ -80,7 +82,7 @@ func (s *Server) tarPath(ctx context.Context, tw *tar.Writer, root string) error
 // into st) to tw as archiveName. Sockets and other unarchivable files are
 // skipped, and so is a file replaced since it was listed.
 func addTarEntry(tw *tar.Writer, parent int, name, archiveName string, st *unix.Stat_t) error {
-	fi := statInfo{name: name, st: st}
+	fi := safepath.FileInfo(name, st)
 	link := ""
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		var err error

@@ -551,6 +551,10 @@ type fileInfo struct {
 
 func newInfo(name string, st *unix.Stat_t) *fileInfo { return &fileInfo{name: name, st: *st} }
 
+// FileInfo describes an entry named name from its lstat (tar headers,
+// listings); Sys() is a *unix.Stat_t.
+func FileInfo(name string, st *unix.Stat_t) fs.FileInfo { return newInfo(name, st) }
+
 func (fi *fileInfo) Name() string       { return fi.name }
 func (fi *fileInfo) Size() int64        { return fi.st.Size }
 func (fi *fileInfo) ModTime() time.Time { return time.Unix(fi.st.Mtim.Unix()) }
