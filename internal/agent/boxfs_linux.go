@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/safepath"
 )
 
 // boxFS is the one way the agent's file service (files_linux.go,
@@ -335,51 +337,13 @@ func (b *boxFS) remove(p string, recursive bool) error {
 		return err
 	}
 	if recursive {
-		return removeAllAt(pfd, name)
+		return safepath.RemoveAllAt(pfd, name)
 	}
 	err = unix.Unlinkat(pfd, name, 0)
 	if err == unix.EISDIR || err == unix.EPERM && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
 	}
 	return err
-}
-
-// removeAllAt removes name in the directory pfd and everything below it,
-// entering directories through their parent's handle, never a symlink.
-func removeAllAt(pfd int, name string) error {
-	for attempt := 0; ; attempt++ {
-		err := unix.Unlinkat(pfd, name, 0)
-		if err == nil || err == unix.ENOENT {
-			return nil
-		}
-		if err != unix.EISDIR && err != unix.EPERM {
-			return err
-		}
-		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
-		if err == nil || err == unix.ENOENT {
-			return nil
-		}
-		if (err != unix.ENOTEMPTY && err != unix.EEXIST) || attempt >= 8 {
-			return err
-		}
-		fd, err := openat2(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0, beneath)
-		if err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return err
-		}
-		names, err := readNames(fd)
-		for _, n := range names {
-			if err = removeAllAt(fd, n); err != nil {
-				break
-			}
-		}
-		unix.Close(fd)
-		if err != nil {
-			return err
-		}
-	}
 }
 
 // rename moves from to to (neither final component is followed).
