@@ -118,18 +118,25 @@ func (f *Front) serveProxy(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: bad path: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	id, err := f.mgr.RunningID(rt.sandbox)
-	if err != nil {
-		f.writeError(w, err)
-		return
-	}
-	release, ok := f.acquire(w, id)
+	id, release, ok := f.admit(w, rt.sandbox)
 	if !ok {
 		return
 	}
 	defer release()
 	t := &proxyTarget{route: rt, id: id}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, t)))
+}
+
+// admit finds the running sandbox ref names and counts a connection against
+// its limit (see acquire); false once it has answered w with why not.
+func (f *Front) admit(w http.ResponseWriter, ref string) (id string, release func(), ok bool) {
+	id, err := f.mgr.RunningID(ref)
+	if err != nil {
+		f.writeError(w, err)
+		return "", nil, false
+	}
+	release, ok = f.acquire(w, id)
+	return id, release, ok
 }
 
 // acquire counts a proxied connection against sandbox id's limit, or
@@ -182,12 +189,7 @@ func (f *Front) serveTCP(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: raw TCP needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
 		return
 	}
-	id, err := f.mgr.RunningID(rt.sandbox)
-	if err != nil {
-		f.writeError(w, err)
-		return
-	}
-	release, ok := f.acquire(w, id)
+	id, release, ok := f.admit(w, rt.sandbox)
 	if !ok {
 		return
 	}
