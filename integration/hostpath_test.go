@@ -150,6 +150,10 @@ func TestCodebaseSyncSparseAndOddNames(t *testing.T) {
 	before := allocated(t, trees)
 
 	sb := codebaseSandbox(t, ctx, d, c, "proj", 64<<20)
+	// The codebase's overlay names its layers by fd: no host path shows.
+	if mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo"); strings.Contains(mi, d.dataDir) || strings.Contains(mi, sb.ID) {
+		t.Errorf("a codebase box's mountinfo shows the data dir or its id:\n%s", mi)
+	}
 	mustRun(t, ctx, sb, "truncate -s 2G /workspace/sparse && echo data-at-1G | dd of=/workspace/sparse bs=1M seek=1024 conv=notrunc status=none")
 	// 25 levels of 200-byte names: about 5 KB, past PATH_MAX.
 	mustRun(t, ctx, sb, `python3 -c "
@@ -179,6 +183,18 @@ print(open('f').read())
 		t.Errorf("deep file in a new sandbox: %q", got)
 	}
 
+	// Copied out to the client (a file, and inside a directory) it stays
+	// sparse too.
+	out := t.TempDir()
+	for _, src := range []string{"/workspace/sparse", "/workspace"} {
+		dst := filepath.Join(out, strings.ReplaceAll(src, "/", "_"))
+		if _, errOut, code := d.cli("", "cp", sb.ID+":"+src, dst); code != 0 {
+			t.Fatalf("sbx cp %s: exit %d: %s", src, code, errOut)
+		}
+	}
+	if a := allocated(t, out); a > 16<<20 {
+		t.Errorf("sbx cp of a 2 GiB sparse file allocated %d MiB on the client", a>>20)
+	}
 	cb, err := c.GetCodebase(ctx, "proj")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +136,97 @@ func TestHugeRequestsRefused(t *testing.T) {
 	if list, err := c.List(ctx); err != nil || len(list) != 1 {
 		t.Errorf("list after refused creates: %d sandboxes, %v", len(list), err)
 	}
+}
+
+// TestDiskFillCannotKillAgent: a default box's disk is held in its memory;
+// filling it used to OOM-kill the agent and leave a running box that could
+// not exec. The default disk now fits the memory and a disk that cannot is
+// refused at create.
+func TestDiskFillCannotKillAgent(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	c := d.client()
+	_, err := c.Create(ctx, sbx.CreateOptions{MemoryBytes: 512 << 20, DiskBytes: 1 << 30})
+	wantCode(t, "disk above memory", err, connect.CodeInvalidArgument)
+	if !strings.Contains(err.Error(), "at most 448MiB with memory 512MiB") {
+		t.Errorf("error does not say the bound: %v", err)
+	}
+	sb := newBox(t, ctx, d, sbx.CreateOptions{})
+	if got := sb.Info.GetResources().GetDiskBytes(); got != 448<<20 {
+		t.Errorf("default disk %d, want 448 MiB", got)
+	}
+	res, err := sb.RunShell(ctx, "dd if=/dev/urandom of=/tmp/fill bs=1M status=none; echo dd=$?; df -k / | tail -1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Stdout), "dd=1") {
+		t.Errorf("filling the disk: %q %q (want dd to stop at the disk limit)", res.Stdout, res.Stderr)
+	}
+	execWorks(t, sb, "with a full disk")
+	mustRun(t, ctx, sb, "rm /tmp/fill")
+	execWorks(t, sb, "after freeing the disk")
+}
+
+// TestEntrypointOutputNotOnHostDisk: a sandbox's own command writing 60 MB
+// used to fill a host file (agent.log) with no cap, whatever the box's disk
+// limit; its output now stays in the agent's bounded buffer.
+func TestEntrypointOutputNotOnHostDisk(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{DiskBytes: 16 << 20, Command: []string{"sh", "-c", "head -c 60000000 /dev/zero | tr '\\0' x; echo done > /tmp/flooded; sleep 600"}})
+	for {
+		res, err := sb.RunShell(ctx, "cat /tmp/flooded 2>/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(res.Stdout) == "done\n" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the flood did not finish")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	var total int64
+	_ = filepath.WalkDir(filepath.Join(d.dataDir, "oci"), func(p string, de fs.DirEntry, err error) error {
+		if err == nil && de.Type().IsRegular() && strings.HasSuffix(p, ".log") {
+			if fi, err := de.Info(); err == nil {
+				total += fi.Size()
+			}
+		}
+		return nil
+	})
+	if total > 1<<20 {
+		t.Errorf("a box's 60 MB of output left %d bytes of logs on the host", total)
+	}
+	execWorks(t, sb, "after the flood")
+}
+
+// TestOOMKillReported: a command killed by the sandbox's memory limit says
+// so (its exit looked like any other SIGKILL before); one killed by a plain
+// SIGKILL does not, and the box still answers.
+func TestOOMKillReported(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{MemoryBytes: 64 << 20, DiskBytes: 16 << 20})
+	res, err := sb.RunShell(ctx, "python3 -c 'b = bytearray(256 << 20); print(len(b))'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Code != 137 || !res.OOMKilled {
+		t.Errorf("memory hog: exit %d, oom_killed %v; want 137 and true", res.Code, res.OOMKilled)
+	}
+	res, err = sb.RunShell(ctx, "kill -9 $$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Code != 137 || res.OOMKilled {
+		t.Errorf("kill -9: exit %d, oom_killed %v; want 137 and false", res.Code, res.OOMKilled)
+	}
+	_, errOut, code := d.cli("", "exec", sb.ID, "--", "python3", "-c", "b = bytearray(256 << 20)")
+	if code != 137 || !strings.Contains(errOut, "out of memory") {
+		t.Errorf("sbx exec of a memory hog: exit %d, stderr %q", code, errOut)
+	}
+	execWorks(t, sb, "after OOM kills")
 }

@@ -218,8 +218,10 @@ func serveTestDNS(pc net.PacketConn) {
 }
 
 // removeNetworking deletes a daemon's bridge and nftables table (a daemon
-// leaves them for its sandboxes when it stops).
+// leaves them for its sandboxes when it stops) and its lock files.
 func removeNetworking(bridge, table string) {
+	_ = os.Remove("/run/sbx/bridge-" + bridge + ".lock")
+	_ = os.Remove("/run/sbx/table-" + table + ".lock")
 	tryRun("ip", "link", "del", bridge)
 	if c, err := nftables.New(); err == nil {
 		t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}

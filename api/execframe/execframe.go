@@ -51,7 +51,12 @@ const growStep = 64 << 10
 const headerLen = 5
 
 // Reader reads frames.
-type Reader struct{ r *bufio.Reader }
+type Reader struct {
+	r *bufio.Reader
+	// buf is reused for payloads that are decoded and not kept
+	// (ReadInput, ReadOutput): a relay then allocates no buffer per frame.
+	buf []byte
+}
 
 // NewReader reads frames from r.
 func NewReader(r io.Reader) *Reader { return &Reader{r: bufio.NewReaderSize(r, 32<<10)} }
@@ -59,6 +64,12 @@ func NewReader(r io.Reader) *Reader { return &Reader{r: bufio.NewReaderSize(r, 3
 // Next reads one frame. A clean end of stream before a frame is io.EOF; one
 // inside a frame is io.ErrUnexpectedEOF.
 func (fr *Reader) Next() (typ byte, payload []byte, err error) {
+	return fr.next(nil)
+}
+
+// next reads one frame into buf's storage (grown as bytes arrive, never to
+// the announced length up front), or into a new slice when buf is nil.
+func (fr *Reader) next(buf []byte) (typ byte, payload []byte, err error) {
 	var h [headerLen]byte
 	if _, err := io.ReadFull(fr.r, h[:]); err != nil {
 		return 0, nil, err
@@ -67,9 +78,10 @@ func (fr *Reader) Next() (typ byte, payload []byte, err error) {
 	if n > MaxPayload {
 		return 0, nil, fmt.Errorf("exec frame of %d bytes, more than %d", n, MaxPayload)
 	}
-	// Grow with what arrives rather than trust the length: a peer that
-	// announces 64 MiB and sends nothing must not cost 64 MiB.
-	payload = make([]byte, 0, min(n, growStep))
+	payload = buf[:0]
+	if payload == nil {
+		payload = make([]byte, 0, min(n, growStep))
+	}
 	for len(payload) < int(n) {
 		chunk := min(int(n)-len(payload), growStep)
 		payload = slices.Grow(payload, chunk)
@@ -85,9 +97,22 @@ func (fr *Reader) Next() (typ byte, payload []byte, err error) {
 	return h[0], payload, nil
 }
 
+// nextDecoded reads a frame whose payload the caller decodes (copying what
+// it keeps) before the next read: into the reader's reused buffer, which
+// is let go when a rare huge frame grew it past growStep.
+func (fr *Reader) nextDecoded() (typ byte, payload []byte, err error) {
+	typ, payload, err = fr.next(fr.buf)
+	if cap(payload) <= growStep {
+		fr.buf = payload[:0]
+	} else {
+		fr.buf = nil
+	}
+	return typ, payload, err
+}
+
 // ReadInput reads a FrameInput frame.
 func (fr *Reader) ReadInput() (*sbxv1.ExecInput, error) {
-	typ, payload, err := fr.Next()
+	typ, payload, err := fr.nextDecoded()
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +142,7 @@ func (e *Error) ConnectError() *connect.Error {
 // ReadOutput reads a FrameOutput frame; a FrameError frame is returned as
 // an *Error.
 func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
-	typ, payload, err := fr.Next()
+	typ, payload, err := fr.nextDecoded()
 	if err != nil {
 		return nil, err
 	}
@@ -138,16 +163,23 @@ func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
 }
 
 // Writer writes frames into a buffer; Flush sends them.
-type Writer struct{ w *bufio.Writer }
+type Writer struct {
+	w *bufio.Writer
+	// scratch is reused to marshal messages.
+	scratch []byte
+}
 
 // NewWriter writes frames to w.
 func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, 32<<10)} }
 
 // Write buffers one frame of type typ holding m.
 func (fw *Writer) Write(typ byte, m proto.Message) error {
-	b, err := proto.Marshal(m)
+	b, err := proto.MarshalOptions{}.MarshalAppend(fw.scratch[:0], m)
 	if err != nil {
 		return err
+	}
+	if cap(b) <= growStep {
+		fw.scratch = b
 	}
 	return fw.writeRaw(typ, b)
 }

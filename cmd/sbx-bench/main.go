@@ -37,7 +37,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs or codebase")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase or neighbours")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
@@ -52,6 +52,9 @@ func main() {
 		"network":  runNetwork,
 		"codebase": runCodebase,
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
+		// Not in the default run (about a minute of bombs): `make bench
+		// ARGS="-only neighbours"`.
+		"neighbours": runNeighbours,
 	}
 	f, ok := runs[*only]
 	if !ok {
@@ -67,6 +70,9 @@ func main() {
 type result struct {
 	name string
 	ds   []time.Duration
+	// failed counts samples that failed (runs that go on despite them).
+	failed   int
+	firstErr error
 }
 
 func (r result) p(q float64) time.Duration {

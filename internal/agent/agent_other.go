@@ -5,7 +5,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 
 	"connectrpc.com/connect"
@@ -13,8 +12,8 @@ import (
 )
 
 // The agent runs only inside Linux sandboxes. These stubs keep
-// `go build ./...` working on other systems; the file operations that need
-// nothing Linux-specific still work there.
+// `go build ./...` working on other systems. The file service (openat2) is
+// Linux-only too: its methods answer Unimplemented here.
 
 var errNotLinux = errors.New("sbx-agent runs only on Linux")
 
@@ -41,10 +40,6 @@ func newReaper(bool, *slog.Logger) *reaper { return &reaper{} }
 // Exec is unimplemented outside Linux.
 func (s *Server) Exec(context.Context, *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
 	return connect.NewError(connect.CodeUnimplemented, errNotLinux)
-}
-
-func extractTar(context.Context, string, io.Reader) (int64, int64, error) {
-	return 0, 0, connect.NewError(connect.CodeUnimplemented, errNotLinux)
 }
 
 type startError struct {

@@ -32,6 +32,8 @@ func TestDeps(t *testing.T) {
 		// The sandbox's seccomp filter, which the agent installs.
 		"github.com/sbxdev/sbx/internal/seccomp",
 		"github.com/sbxdev/sbx/internal/errdefs",
+		// Stat-to-FileInfo for the file service (a leaf over x/sys).
+		"github.com/sbxdev/sbx/internal/safepath",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

@@ -130,7 +130,18 @@ func (s *Server) startDetached(id string, req *sbxv1.ExecRequest) (*detachedProc
 	if req.GetShell() != "" {
 		argv = []string{"/bin/sh", "-c", req.GetShell()}
 	}
+	return s.adoptLocked(id, argv, p), nil
+}
+
+// adoptLocked makes the started process p detached process id: its output
+// goes to the detached buffer (bounded while nobody is attached) and its
+// exit is kept for a client. s.detached.mu must be held.
+func (s *Server) adoptLocked(id string, argv []string, p *process) *detachedProc {
+	t := &s.detached
 	d := &detachedProc{id: id, argv: slices.Clone(argv), p: p, readers: 1}
+	if p.stderr != nil {
+		d.readers++ // before any pump runs: they decrement it under d.mu
+	}
 	d.cond = sync.NewCond(&d.mu)
 	if t.procs == nil {
 		t.procs = map[string]*detachedProc{}
@@ -138,12 +149,22 @@ func (s *Server) startDetached(id string, req *sbxv1.ExecRequest) (*detachedProc
 	t.procs[id] = d
 	go d.pump(s, p.stdout, false)
 	if p.stderr != nil {
-		d.readers++
 		go d.pump(s, p.stderr, true)
 	}
 	go d.watch()
 	s.log.Info("detached process started", "id", id, "pid", p.pid)
-	return d, nil
+	return d
+}
+
+// wait blocks until d has exited and its output is read, and returns its
+// exit status.
+func (d *detachedProc) wait() *sbxv1.ExecExited {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.exit == nil {
+		d.cond.Wait()
+	}
+	return d.exit
 }
 
 func (s *Server) lookupDetached(id string) *detachedProc {

@@ -162,7 +162,14 @@ func (s *Server) start(req *sbxv1.ExecRequest) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.spawn(path, argv, env, dir, user, req)
+}
 
+// spawn starts the resolved command path with argv, env and dir as user
+// (nil: root), with the stdio req asks for: a pty, or pipes for stdout and
+// stderr and stdin from req (a pipe) or /dev/null.
+func (s *Server) spawn(path string, argv, env []string, dir string, user *userInfo, req *sbxv1.ExecRequest) (*process, error) {
+	var err error
 	p := &process{tty: req.GetTty()}
 	var childFDs []int // the child's ends, closed in the parent once it has them
 	defer func() {

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// extractTar extracts the tar read from r into the directory dest and
-// returns how many non-directory entries and file bytes it wrote.
+// extractTar extracts the tar read from r into the directory destFd (which
+// it does not consume; dest was resolved by files) and returns how many non-directory entries and file bytes it wrote.
 //
 // The archive is hostile. Names are cleaned and a leading "/" dropped;
 // names that climb out with ".." are refused. Every path is walked from an
@@ -23,13 +23,15 @@ import (
 // an earlier entry (or already there) is never followed; an existing final
 // entry is unlinked, never written through. Hard links must name an entry
 // inside dest; symlinks whose target leaves dest are refused; devices are
-// refused; setuid, setgid bits are stripped.
-func extractTar(ctx context.Context, dest string, r io.Reader) (files, bytes int64, err error) {
-	rootFd, err := unix.Open(dest, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// refused; setuid, setgid bits are stripped. Every directory opened is
+// checked like any path of the file API (boxFS.check): an archive
+// extracted into "/" cannot write into the agent's own /proc directory.
+func extractTar(ctx context.Context, bfs *boxFS, destFd int, r io.Reader) (files, bytes int64, err error) {
+	rootFd, err := unix.FcntlInt(uintptr(destFd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return 0, 0, &os.PathError{Op: "open", Path: dest, Err: err}
+		return 0, 0, fmt.Errorf("duplicating the destination's handle: %w", err)
 	}
-	x := &extractor{root: rootFd, dirs: make(map[string]int)}
+	x := &extractor{root: rootFd, dirs: make(map[string]int), bfs: bfs}
 	defer x.close()
 
 	tr := tar.NewReader(r)
@@ -127,6 +129,7 @@ func extractTar(ctx context.Context, dest string, r io.Reader) (files, bytes int
 type extractor struct {
 	root int
 	dirs map[string]int
+	bfs  *boxFS
 }
 
 func (x *extractor) close() {
@@ -161,6 +164,10 @@ func (x *extractor) dir(rel string) (int, error) {
 		return -1, fmt.Errorf("%s is not a directory (symlinks are not followed): %w", rel, unix.ENOTDIR)
 	}
 	if err != nil {
+		return -1, fmt.Errorf("opening %s: %w", rel, err)
+	}
+	if err := x.bfs.check(fd); err != nil {
+		unix.Close(fd)
 		return -1, fmt.Errorf("opening %s: %w", rel, err)
 	}
 	if len(x.dirs) >= 1024 {

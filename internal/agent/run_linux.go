@@ -2,16 +2,19 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
+	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
@@ -194,9 +197,17 @@ func (s *Server) startEntrypoint(argv []string) error {
 	return s.startEntrypointLocked(argv, env, dir, user)
 }
 
+// EntrypointID is the detached-process id of the sandbox's own command: its
+// output is kept like any detached process's (the newest 1 MiB of each
+// stream while nobody is attached, older bytes dropped and counted), never
+// written to the agent's own log, which is a file on the host; a client reads
+// it by attaching to this id.
+const EntrypointID = "entrypoint"
+
 // startEntrypointLocked starts the sandbox's long-running command in the
-// background with the agent's stdout and stderr, as user (nil: root); its
-// exit is only logged. s.configureMu must be held.
+// background as user (nil: root), as detached process EntrypointID (an
+// earlier entrypoint that exited is forgotten); its exit is logged.
+// s.configureMu must be held.
 func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *userInfo) error {
 	env = userEnv(env, user)
 	name := argv[0]
@@ -207,35 +218,27 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 	if err != nil {
 		return err
 	}
-	if err := s.lockdown(); err != nil {
-		return fmt.Errorf("not starting processes: %w", err)
-	}
-	null, err := devNull()
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", os.DevNull, err)
-	}
-	attr := &syscall.ProcAttr{
-		Dir:   dir,
-		Env:   env,
-		Files: []uintptr{uintptr(null), os.Stdout.Fd(), os.Stderr.Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: user.credential()},
-	}
-	started := time.Now()
-	pid, done, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
-	if err != nil {
-		if derr := checkWorkdir(dir, user); derr != nil {
-			return derr
+	t := &s.detached
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old := t.procs[EntrypointID]; old != nil {
+		if !old.p.exited.Load() {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New("the entrypoint started before is still running"))
 		}
-		return execError(path, user, err)
+		delete(t.procs, EntrypointID)
 	}
+	p, err := s.spawn(path, argv, env, dir, user, &sbxv1.ExecRequest{})
+	if err != nil {
+		return err
+	}
+	d := s.adoptLocked(EntrypointID, argv, p)
 	exited := make(chan struct{})
 	s.entrypoint = exited
-	s.log.Info("entrypoint started", "argv", argv, "pid", pid)
+	s.log.Info("entrypoint started", "argv", argv, "pid", p.pid)
 	go func() {
-		st := <-done
+		st := d.wait()
 		close(exited)
-		code, sig := exitCode(st.ws)
-		s.log.Info("entrypoint exited", "pid", pid, "exit_code", code, "signal", sig, "after", time.Since(started).Round(time.Millisecond))
+		s.log.Info("entrypoint exited", "pid", p.pid, "exit_code", st.GetExitCode(), "signal", st.GetSignal(), "after", time.Since(p.started).Round(time.Millisecond))
 	}()
 	return nil
 }

@@ -102,6 +102,9 @@ type Server struct {
 
 	// detached holds the processes started by Attach (see detached_linux.go).
 	detached detachedTable
+
+	// files resolves every path a file request names (boxfs_linux.go).
+	files *boxFS
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)
@@ -128,7 +131,12 @@ func NewServer(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	files, err := newBoxFS()
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
+		files:      files,
 		env:        env,
 		workdir:    wd,
 		log:        log,
@@ -300,7 +308,7 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 	}
 	if wd == "" {
 		_, wd, _ = s.defaults()
-	} else if err := os.MkdirAll(wd, 0o755); err != nil {
+	} else if err := s.files.ensureDir(wd, 0o755); err != nil {
 		return nil, fsError("configure: creating workdir", wd, err)
 	}
 	if len(argv) > 0 {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -246,7 +245,7 @@ func parseField(s string) (uint32, bool) {
 // path that has a name (comments, blank lines and NIS "+"/"-" lines are
 // skipped) until fn returns false. A missing file has no lines.
 func scanColonFile(path string, fn func(fields []string) bool) error {
-	f, err := os.Open(path)
+	f, err := openUserDB(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // The users of the exec-as-user tests (their ids need not exist on the host).
@@ -334,5 +336,53 @@ func TestOwnEnvDropsRootHome(t *testing.T) {
 	t.Setenv("HOME", "/custom")
 	if got := envLookup(ownEnv(), "HOME"); got != "/custom" {
 		t.Errorf("HOME: got %q, want /custom", got)
+	}
+}
+
+// TestUserDBRefusesMagicLinks: the sandbox's /etc/passwd is the box's to
+// make; a link to the agent's own handles (/proc/self/fd/N, environ) or a
+// FIFO must not be read, a plain symlink still is.
+func TestUserDBRefusesMagicLinks(t *testing.T) {
+	dir := t.TempDir()
+	hidden := filepath.Join(dir, "hidden")
+	if err := os.WriteFile(hidden, []byte("secret:x:4242:4242::/secret:/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	plain := filepath.Join(dir, "passwd.real")
+	if err := os.WriteFile(plain, []byte("alice:x:1000:1000::/home/alice:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := func(name, target string) string {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, passwd, spec string
+		ok                 bool
+	}{
+		{"plain symlink", link("p1", plain), "alice", true},
+		{"agent fd", link("p2", fmt.Sprintf("/proc/self/fd/%d", f.Fd())), "secret", false},
+		{"agent environ", link("p3", "/proc/self/environ"), "secret", false},
+		{"via a plain link to a magic one", link("p4", filepath.Join(dir, "p2")), "secret", false},
+		{"fifo", fifo, "alice", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := lookupUser(tc.spec, tc.passwd, filepath.Join(dir, "nogroup"))
+			if tc.ok != (err == nil) {
+				t.Fatalf("lookupUser(%q) in %s = %+v, %v; want ok=%v", tc.spec, tc.passwd, u, err, tc.ok)
+			}
+		})
 	}
 }

@@ -116,6 +116,40 @@ func CopyFile(dst, src *os.File, b *Budget) (written int64, err error) {
 	return written, nil
 }
 
+// WriteFrom writes what r holds into dst (an empty file opened for
+// writing) from offset 0, leaving a hole for every block of zeros, and
+// returns the bytes it wrote (zeros skipped). dst ends with the length read.
+// For streams (a tar entry from a box) that carry holes as zeros.
+func WriteFrom(dst *os.File, r io.Reader, b *Budget) (written int64, err error) {
+	buf := make([]byte, blockSize)
+	var off int64
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if chunk := buf[:n]; !bytes.Equal(chunk, zeros[:n]) {
+				if err := b.Take(int64(n)); err != nil {
+					return written, err
+				}
+				if _, err := dst.WriteAt(chunk, off); err != nil {
+					return written, fmt.Errorf("write copy: %w", err)
+				}
+				written += int64(n)
+			}
+			off += int64(n)
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return written, fmt.Errorf("read source: %w", rerr)
+		}
+	}
+	if err := dst.Truncate(off); err != nil {
+		return written, fmt.Errorf("size copy: %w", err)
+	}
+	return written, nil
+}
+
 // Zero reports whether p holds only zero bytes (for writers of other
 // formats that skip zero runs).
 func Zero(p []byte) bool {

@@ -3,8 +3,10 @@ package boxcopy
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -91,3 +93,36 @@ func TestZero(t *testing.T) {
 		t.Error("Zero is wrong")
 	}
 }
+
+func TestWriteFromSkipsZeros(t *testing.T) {
+	dst, err := os.Create(filepath.Join(t.TempDir(), "dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	// 256 MiB of zeros with a little data in the middle and at the end.
+	r := io.MultiReader(io.LimitReader(zeroReader{}, 128<<20), strings.NewReader("middle"),
+		io.LimitReader(zeroReader{}, 128<<20), strings.NewReader("end"))
+	n, err := WriteFrom(dst, r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := dst.Stat()
+	if want := int64(256<<20 + 9); fi.Size() != want {
+		t.Errorf("size %d, want %d", fi.Size(), want)
+	}
+	if n > 2*blockSize || allocated(t, dst) > 1<<20 {
+		t.Errorf("wrote %d bytes, allocated %d: zeros were not skipped", n, allocated(t, dst))
+	}
+	got := make([]byte, 3)
+	if _, err := dst.ReadAt(got, fi.Size()-3); err != nil || string(got) != "end" {
+		t.Errorf("tail %q, %v", got, err)
+	}
+	if _, err := WriteFrom(dst, strings.NewReader("x"), NewBudget(0, "nothing")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("over budget: %v", err)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }

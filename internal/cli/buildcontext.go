@@ -160,17 +160,6 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// linkInside reports whether the symlink name (a path in the copied tree)
-// with target points inside the tree, by the rule the daemon's extractor
-// applies.
-func linkInside(name, target string) bool {
-	if target == "" || path.IsAbs(target) {
-		return false
-	}
-	p := path.Join(path.Dir(name), target)
-	return p != ".." && !strings.HasPrefix(p, "../")
-}
-
 // contextErr explains a failure to read src from the build context.
 func contextErr(src, dir string, err error) error {
 	var pe *fs.PathError

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/boxcopy"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
@@ -23,7 +24,9 @@ func newCp(a *app) *cobra.Command {
 		Use:   "cp SRC DST",
 		Short: "Copy files between the host and a sandbox (ID:/path on either side)",
 		Long: "Copy a file or directory. One side is ID:/path (or NAME:/path).\n" +
-			"A directory is copied recursively; symlinks are copied as links and never followed.",
+			"A directory is copied recursively; symlinks are copied as links and never followed. Copying out,\n" +
+			"symlinks pointing outside the destination (absolute, or climbing out with ..) are skipped\n" +
+			"with a warning listing them.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcRef, srcPath, srcRemote := splitRemote(args[0])
@@ -152,7 +155,11 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 			return err
 		}
 		defer os.Remove(tmp.Name())
-		if err := sb.Download(ctx, src, tmp); err != nil {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(sb.Download(ctx, src, pw)) }()
+		// Holes arrive as zeros; keep them holes.
+		if _, err := boxcopy.WriteFrom(tmp, pr, nil); err != nil {
+			pr.CloseWithError(err)
 			tmp.Close()
 			return err
 		}
@@ -170,58 +177,119 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(sb.DownloadTar(ctx, src, pw)) }()
-	err = extractTar(pr, dst)
+	skipped, err := extractTar(pr, dst)
 	pr.CloseWithError(err)
+	if len(skipped) > 0 {
+		fmt.Fprintf(os.Stderr, "sbx cp: warning: skipped %d symlink(s) pointing outside %s:\n", len(skipped), dst)
+		for _, s := range skipped {
+			fmt.Fprintf(os.Stderr, "  %s\n", s)
+		}
+	}
 	return err
 }
 
+// linkInside reports whether a symlink at name (a slash path relative to a
+// tree's root: a download's destination, a build context's copied tree)
+// pointing to target stays, lexically, inside the tree; the daemon's
+// extractors apply the same rule.
+func linkInside(name, target string) bool {
+	if target == "" || path.IsAbs(target) {
+		return false
+	}
+	p := path.Join(path.Dir(name), target)
+	return p != ".." && !strings.HasPrefix(p, "../")
+}
+
+// underSymlink reports whether a directory above name in root is a symlink
+// (one the destination held before): the lexical check of linkInside
+// would not hold for a link made below it.
+func underSymlink(root *os.Root, name string) bool {
+	for d := path.Dir(name); d != "."; d = path.Dir(d) {
+		if fi, err := root.Lstat(d); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // extractTar unpacks a tar that came from a sandbox — hostile by definition —
-// into dst. os.Root confines every operation to dst, so absolute names, ".."
-// and symlinks planted by earlier entries cannot reach outside it; device
-// nodes are skipped and setuid/setgid bits dropped.
-func extractTar(r io.Reader, dst string) error {
+// into dst. os.Root confines every operation to dst, so absolute names and
+// ".." cannot reach outside it. Symlinks whose target leaves dst (absolute,
+// or climbing out with "..") are not created: they are returned as
+// "name -> target" for a warning. Symlinks that stay inside are kept, but
+// no later entry is written through one (an entry below a symlink of this
+// archive is an error naming it), and an entry replaces what is at its
+// name instead of following it. Device nodes, FIFOs and hard links are
+// skipped, setuid/setgid bits dropped.
+func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 	root, err := os.OpenRoot(dst)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer root.Close()
+	links := map[string]bool{} // symlinks this archive created
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return skipped, nil
 		}
 		if err != nil {
-			return fmt.Errorf("reading tar from sandbox: %w", err)
+			return skipped, fmt.Errorf("reading tar from sandbox: %w", err)
 		}
 		name := path.Clean("/" + hdr.Name)[1:]
 		if name == "" {
 			continue
 		}
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			if links[d] {
+				return skipped, fmt.Errorf("tar entry %q: below %q, a symlink of the same archive; refusing to write through it", hdr.Name, d)
+			}
+		}
 		mode := fs.FileMode(hdr.Mode) & 0o777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
+			if links[name] {
+				return skipped, fmt.Errorf("tar entry %q: a directory over a symlink of the same archive", hdr.Name)
+			}
 			if err := root.MkdirAll(name, mode|0o700); err != nil {
-				return fmt.Errorf("mkdir %s: %w", name, err)
+				return skipped, fmt.Errorf("mkdir %s: %w", name, err)
 			}
 		case tar.TypeReg:
 			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil && path.Dir(name) != "." {
-				return err
+				return skipped, err
 			}
-			f, err := root.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+			// Replace, never write through, what is there (a symlink).
+			if err := root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return skipped, fmt.Errorf("replace %s: %w", name, err)
+			}
+			delete(links, name)
+			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
 			if err != nil {
-				return fmt.Errorf("create %s: %w", name, err)
+				return skipped, fmt.Errorf("create %s: %w", name, err)
 			}
-			_, err = io.Copy(f, tr)
+			// Holes of a sparse file in the box arrive as zeros: keep
+			// them holes (a 64 MiB box's 2 GiB sparse file stays small).
+			_, err = boxcopy.WriteFrom(f, tr, nil)
 			f.Close()
 			if err != nil {
-				return fmt.Errorf("write %s: %w", name, err)
+				return skipped, fmt.Errorf("write %s: %w", name, err)
 			}
 		case tar.TypeSymlink:
-			_ = root.Remove(name)
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return fmt.Errorf("symlink %s: %w", name, err)
+			if !linkInside(name, hdr.Linkname) || underSymlink(root, name) {
+				skipped = append(skipped, name+" -> "+hdr.Linkname)
+				continue
 			}
+			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil && path.Dir(name) != "." {
+				return skipped, err
+			}
+			if err := root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return skipped, fmt.Errorf("replace %s: %w", name, err)
+			}
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return skipped, fmt.Errorf("symlink %s: %w", name, err)
+			}
+			links[name] = true
 		default:
 			// Hard links, devices, FIFOs: not copied out.
 		}

@@ -81,6 +81,9 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 	if st.TimedOut {
 		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
 	}
+	if st.OOMKilled {
+		fmt.Fprintln(a.stderr, "sbx: command killed: out of memory (the sandbox's memory limit; raise it with --memory)")
+	}
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}
 	}

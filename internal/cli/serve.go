@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sbxdev/sbx/internal/daemon"
+	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -51,6 +53,9 @@ func newServe(a *app) *cobra.Command {
 					return err
 				}
 			}
+			if err := checkLimits(cfg); err != nil {
+				return err
+			}
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
 			}
@@ -78,6 +83,14 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetPool, "net-pool", 4, "network namespaces kept ready for fast creates (0: off)")
 	f.UintSliceVar(&egressPorts, "egress-ports", []uint{80, 443}, "TCP ports sent through the egress proxy (host-name checks in allow mode, domain secrets)")
 	f.StringSliceVar(&cfg.EgressRoots, "egress-ca", nil, "PEM file of extra CAs the egress proxy trusts when it re-originates intercepted TLS (repeatable; the host's roots are always trusted)")
+	d := network.DefaultLimits
+	f.IntVar(&cfg.NetLimits.DNSQueriesPerSec, "dns-qps", d.DNSQueriesPerSec, "DNS queries a second one sandbox may send the forwarder (bursts of twice as many pass; the excess is dropped)")
+	f.IntVar(&cfg.NetLimits.DNSInFlight, "dns-inflight", d.DNSInFlight, "DNS queries of one sandbox the forwarder has upstream at once")
+	f.IntVar(&cfg.NetLimits.DNSTCPConns, "dns-tcp-conns", d.DNSTCPConns, "TCP connections one sandbox may hold to the DNS forwarder")
+	f.DurationVar(&cfg.NetLimits.DNSTCPIdleTimeout, "dns-tcp-idle-timeout", d.DNSTCPIdleTimeout, "how long a sandbox's TCP connection to the DNS forwarder may sit without a complete query")
+	f.IntVar(&cfg.NetLimits.EgressConns, "egress-max-conns", d.EgressConns, "connections one sandbox may hold through the egress proxy")
+	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
+	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
@@ -89,6 +102,25 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// checkLimits refuses per-sandbox limits that would mean none.
+func checkLimits(cfg daemon.Config) error {
+	l := cfg.NetLimits
+	for _, f := range []struct {
+		flag string
+		v    int64
+	}{
+		{"--dns-qps", int64(l.DNSQueriesPerSec)}, {"--dns-inflight", int64(l.DNSInFlight)},
+		{"--dns-tcp-conns", int64(l.DNSTCPConns)}, {"--dns-tcp-idle-timeout", int64(l.DNSTCPIdleTimeout)},
+		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
+		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
+	} {
+		if f.v <= 0 {
+			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)
+		}
+	}
+	return nil
 }
 
 // readAuthToken reads the daemon's token from file, else $SBX_AUTH_TOKEN.

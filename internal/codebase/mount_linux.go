@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/overlay"
 )
 
 // mountLayer makes dir/rw (a tmpfs of size bytes holding upper/ and work/)
@@ -65,9 +67,10 @@ func mountLayer(lower, dir string, size int64, rootUID int) (merged string, err 
 	}
 	// redirect_dir and metacopy off: every change is a whole file in upper
 	// (a renamed directory is copied), which is what sync reads.
-	ovl := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off,index=off"
-	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
-		return "", fmt.Errorf("mount overlay at %s: %w", merged, err)
+	// Layers named by fd: the box that binds merged sees no host path in
+	// its mountinfo.
+	if err := overlay.Mount(merged, []string{lower}, upper, work, "redirect_dir=off,metacopy=off,index=off", unix.MS_NOSUID|unix.MS_NODEV); err != nil {
+		return "", err
 	}
 	ok = true
 	return merged, nil

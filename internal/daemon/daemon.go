@@ -65,7 +65,13 @@ type Config struct {
 	// 80, 443); EgressRoots extra CA files it trusts upstream.
 	EgressPorts []uint16
 	EgressRoots []string
-	Logger      *slog.Logger
+	// NetLimits bound each sandbox's use of the DNS forwarder and the
+	// egress proxy (zero fields: network.DefaultLimits).
+	NetLimits network.Limits
+	// ProxyMaxConns bounds the connections one sandbox has open through
+	// the port proxy (0: server.DefaultMaxConnsPerSandbox).
+	ProxyMaxConns int
+	Logger        *slog.Logger
 	// AuthToken, when set, is required on every API and proxied request.
 	AuthToken string
 	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
@@ -164,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 			StateDir: filepath.Join(dataDir, "network"), Bridge: cfg.NetBridge, Subnet: cfg.NetSubnet,
 			Table: cfg.NetTable, DNSUpstreams: cfg.DNSUpstreams, PoolSize: cfg.NetPool,
 			Logger:      log,
-			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots, APIPort: boxPort,
+			EgressPorts: cfg.EgressPorts, EgressRoots: cfg.EgressRoots, Limits: cfg.NetLimits, APIPort: boxPort,
 		})
 		if err != nil {
 			return fmt.Errorf("sandbox networking: %w", err)
@@ -293,6 +299,7 @@ func Run(ctx context.Context, cfg Config) error {
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+		MaxConnsPerSandbox: cfg.ProxyMaxConns,
 	})
 	defer front.Close()
 	if boxAPI != "" {

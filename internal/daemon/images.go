@@ -54,11 +54,13 @@ func newImageServer(ctx context.Context, images *image.Store, stores *server.Ten
 	defaults runtime.Resources, log *slog.Logger) (*server.ImageServer, error) {
 	srv := server.NewImageServer(stores, gc)
 	lim := hostLimits()
+	mem := max(defaults.MemoryBytes, min(4<<30, lim.MaxMemoryBytes/2))
 	res := &sbxv1.Resources{
-		MemoryBytes: max(defaults.MemoryBytes, min(4<<30, lim.MaxMemoryBytes/2)),
+		MemoryBytes: mem,
 		CpuMillis:   lim.MaxCPUMillis,
 		Pids:        max(defaults.Pids, 4096),
-		DiskBytes:   max(defaults.DiskBytes, 4<<30),
+		// The oci driver keeps the disk in the box's memory.
+		DiskBytes: sandbox.MaxDiskInMemory(mem),
 	}
 	b, err := builder.New(builder.Config{
 		Manager: mgr, Store: images, CacheDir: cacheDir, Resources: res, Logger: log.With("component", "builder"),

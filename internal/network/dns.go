@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sbxdev/sbx/internal/connlimit"
 )
 
 // DNS forwarder: sandboxes' only resolver. It listens on the bridge address
@@ -36,11 +38,17 @@ type dnsForwarder struct {
 	client    dnsClient
 	log       *slog.Logger
 	timeout   time.Duration
+	lim       Limits
 
 	udp *net.UDPConn
 	tcp *net.TCPListener
 	wg  sync.WaitGroup
-	sem chan struct{} // bounds queries in flight
+	sem chan struct{} // bounds queries in flight, all boxes together
+	// Per box (by source address): queries a second, TCP connections
+	// open, queries in flight upstream.
+	rate     *connlimit.Rate[netip.Addr]
+	tcpConns *connlimit.Counter[netip.Addr]
+	inFlight *connlimit.Counter[netip.Addr]
 }
 
 // DNS header constants.
@@ -49,11 +57,20 @@ const (
 	dnsRcodeRefused  = 5
 	dnsTypeA         = 1
 	dnsMaxUDP        = 4096
+	// dnsMaxInFlight bounds the queries in flight, all boxes together.
+	dnsMaxInFlight = 256
 )
 
-// startDNS listens on addr (UDP and TCP) and serves until close.
-func startDNS(addr string, upstreams []string, c dnsClient, log *slog.Logger) (*dnsForwarder, error) {
-	f := &dnsForwarder{upstreams: upstreams, client: c, log: log, timeout: 3 * time.Second, sem: make(chan struct{}, 256)}
+// startDNS listens on addr (UDP and TCP) and serves until close; lim
+// bounds each box (zero fields: DefaultLimits).
+func startDNS(addr string, upstreams []string, c dnsClient, lim Limits, log *slog.Logger) (*dnsForwarder, error) {
+	lim.setDefaults()
+	f := &dnsForwarder{upstreams: upstreams, client: c, log: log, timeout: 3 * time.Second, lim: lim,
+		sem:      make(chan struct{}, dnsMaxInFlight),
+		rate:     connlimit.NewRate[netip.Addr](lim.DNSQueriesPerSec, 2*lim.DNSQueriesPerSec, log, "dns queries per second"),
+		tcpConns: connlimit.NewCounter[netip.Addr](lim.DNSTCPConns, log, "dns tcp connections"),
+		inFlight: connlimit.NewCounter[netip.Addr](lim.DNSInFlight, log, "dns queries in flight"),
+	}
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		return nil, err
@@ -61,6 +78,9 @@ func startDNS(addr string, upstreams []string, c dnsClient, log *slog.Logger) (*
 	if f.udp, err = net.ListenUDP("udp", ua); err != nil {
 		return nil, err
 	}
+	// Room for bursts from many boxes while the loop drops a flood (the
+	// kernel caps it at net.core.rmem_max).
+	_ = f.udp.SetReadBuffer(4 << 20)
 	port := f.udp.LocalAddr().(*net.UDPAddr).Port // the same port when ua asked for any
 	if f.tcp, err = net.ListenTCP("tcp", &net.TCPAddr{IP: ua.IP, Port: port}); err != nil {
 		f.udp.Close()
@@ -81,8 +101,28 @@ func (f *dnsForwarder) close() {
 	f.wg.Wait()
 }
 
+// admit takes a query slot for src: its rate, its in-flight share and the
+// forwarder's; release gives the slots back. false: drop (or refuse) it.
+func (f *dnsForwarder) admit(src netip.Addr) (release func(), ok bool) {
+	if !f.rate.Allow(src) {
+		return nil, false
+	}
+	rel, ok := f.inFlight.Acquire(src)
+	if !ok {
+		return nil, false
+	}
+	select {
+	case f.sem <- struct{}{}:
+		return func() { <-f.sem; rel() }, true
+	default:
+		rel()
+		return nil, false
+	}
+}
+
 func (f *dnsForwarder) serveUDP() {
 	defer f.wg.Done()
+	bo := connlimit.Backoff{Log: f.log, What: "dns udp read"}
 	for {
 		buf := make([]byte, dnsMaxUDP)
 		n, src, err := f.udp.ReadFromUDPAddrPort(buf)
@@ -90,16 +130,17 @@ func (f *dnsForwarder) serveUDP() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			bo.Failed(err)
 			continue
 		}
-		select {
-		case f.sem <- struct{}{}:
-		default:
-			continue // overloaded: drop, the client retries
+		bo.OK()
+		release, ok := f.admit(src.Addr().Unmap())
+		if !ok {
+			continue // over a limit: drop, the client retries
 		}
 		f.wg.Add(1)
 		go func() {
-			defer func() { <-f.sem; f.wg.Done() }()
+			defer func() { release(); f.wg.Done() }()
 			if resp := f.handle(src.Addr().Unmap(), buf[:n], "udp"); resp != nil {
 				_, _ = f.udp.WriteToUDPAddrPort(resp, src)
 			}
@@ -109,27 +150,40 @@ func (f *dnsForwarder) serveUDP() {
 
 func (f *dnsForwarder) serveTCP() {
 	defer f.wg.Done()
+	bo := connlimit.Backoff{Log: f.log, What: "dns tcp accept"}
 	for {
-		c, err := f.tcp.AcceptTCP()
+		c, err := connlimit.Accept(f.tcp, &bo)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
+			return // closed
+		}
+		src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+		done, ok := f.tcpConns.Acquire(src)
+		if !ok {
+			_ = c.(*net.TCPConn).SetLinger(0) // a reset: no TIME_WAIT for a flood
+			c.Close()
 			continue
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
+			defer done()
 			defer c.Close()
-			src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 			r := bufio.NewReader(c)
 			for {
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				// Idle or slow: a box may keep a connection open for one
+				// idle timeout after its last query.
+				_ = c.SetDeadline(time.Now().Add(f.lim.DNSTCPIdleTimeout))
 				msg, err := readTCPMsg(r)
 				if err != nil {
 					return
 				}
-				resp := f.handle(src, msg, "tcp")
+				var resp []byte
+				if release, ok := f.admit(src); ok {
+					resp = f.handle(src, msg, "tcp")
+					release()
+				} else if _, ok := questionName(msg); ok {
+					resp = errorReply(msg, dnsRcodeServFail)
+				}
 				if resp == nil || writeTCPMsg(c, resp) != nil {
 					return
 				}

@@ -112,7 +112,7 @@ func TestDNSForwarderFilters(t *testing.T) {
 			return nil
 		},
 	}
-	f, err := startDNS("127.0.0.1:0", []string{upstream}, client, slog.Default())
+	f, err := startDNS("127.0.0.1:0", []string{upstream}, client, Limits{}, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

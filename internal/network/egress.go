@@ -22,6 +22,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sbxdev/sbx/internal/connlimit"
 )
 
 // Egress proxy: nftables redirects a proxied box's (Policy.proxied) new TCP
@@ -75,18 +77,20 @@ type egressProxy struct {
 	log       *slog.Logger
 	errLog    *log.Logger
 	// dialTimeout bounds connecting upstream; peekTimeout waiting for the
-	// box's first bytes.
-	dialTimeout, peekTimeout time.Duration
+	// box's first bytes; idleTimeout a passed-through connection on which
+	// neither side sends anything.
+	dialTimeout, peekTimeout, idleTimeout time.Duration
+	// maxConns bounds the connections one box holds open through the
+	// proxy (each costs the daemon two descriptors and a few goroutines);
+	// conns counts them.
+	maxConns int
+	conns    *connlimit.Counter[netip.Addr]
 
 	wg sync.WaitGroup
 	mu sync.Mutex
 	// The fields below are guarded by mu.
 	boxes map[netip.Addr]map[*proxyConn]struct{} // open box connections by source (egressconns.go)
 }
-
-// maxConnsPerBox bounds the connections one box holds open through the
-// proxy (each costs the daemon descriptors and a goroutine or two).
-const maxConnsPerBox = 1024
 
 // newEgressRoots is the host's roots plus the PEM files given.
 func newEgressRoots(files []string) (*x509.CertPool, error) {
@@ -122,6 +126,13 @@ func startEgress(addr string, p *egressProxy) error {
 	if p.peekTimeout == 0 {
 		p.peekTimeout = 10 * time.Second
 	}
+	if p.idleTimeout == 0 {
+		p.idleTimeout = DefaultLimits.EgressIdleTimeout
+	}
+	if p.maxConns == 0 {
+		p.maxConns = DefaultLimits.EgressConns
+	}
+	p.conns = connlimit.NewCounter[netip.Addr](p.maxConns, p.log, "egress proxy connections")
 	p.wg.Add(1)
 	go p.serve()
 	return nil
@@ -138,27 +149,27 @@ func (p *egressProxy) close() {
 
 func (p *egressProxy) serve() {
 	defer p.wg.Done()
+	bo := connlimit.Backoff{Log: p.log, What: "egress accept"}
 	for {
-		c, err := p.ln.Accept()
+		c, err := connlimit.Accept(p.ln, &bo)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-			continue
+			return // closed
 		}
 		pc := &proxyConn{src: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()}
-		if !p.track(pc, c) {
-			p.log.Warn("egress: too many connections from one box", "src", pc.src, "max", maxConnsPerBox)
+		release, ok := p.conns.Acquire(pc.src)
+		if !ok {
+			_ = c.(*net.TCPConn).SetLinger(0) // a reset: no TIME_WAIT for a flood
 			c.Close()
 			continue
 		}
+		p.track(pc, c)
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer func() {
 				p.untrack(pc)
 				c.Close()
+				release()
 			}()
 			p.handle(pc, c.(*net.TCPConn))
 		}()
@@ -604,22 +615,27 @@ func (p *egressProxy) splice(pc *proxyConn, conn *peekedConn, target netip.AddrP
 		return
 	}
 	defer up.Close()
+	idle := newIdleWatch(p.idleTimeout)
 	errc := make(chan error, 2)
 	go func() {
-		_, err := io.Copy(up, conn.r)
+		err := idle.copy(up, conn.r, conn.Conn)
 		if tc, ok := up.(*trackedConn).Conn.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		errc <- err
 	}()
 	go func() {
-		_, err := io.Copy(conn.Conn, up)
+		err := idle.copy(conn.Conn, up, up)
 		if tc, ok := conn.Conn.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		errc <- err
 	}()
-	<-errc
+	if err := <-errc; errors.Is(err, errIdle) {
+		log.Info("egress: idle connection closed", "target", target, "idle", p.idleTimeout)
+		conn.Close()
+		up.Close()
+	}
 	<-errc
 }
 

@@ -611,6 +611,7 @@ func TestEgressDomainSecrets(t *testing.T) {
 	t.Run("after a restart the proxy substitutes again", func(t *testing.T) {
 		m.closeLoops()
 		m.fw.close()
+		m.lock.release() // the kernel's part when a daemon dies
 		m2, err := New(ctx, m.cfg)
 		if err != nil {
 			t.Fatal(err)

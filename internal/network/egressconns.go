@@ -27,21 +27,18 @@ type proxyConn struct {
 // errPolicyChanged is a route decided under a policy the box no longer has.
 var errPolicyChanged = errBlocked{"the sandbox's network policy changed"}
 
-// track registers a new box connection; false if the box has too many.
-func (p *egressProxy) track(pc *proxyConn, c net.Conn) bool {
+// track registers a new box connection (serve has counted it against the
+// box's limit).
+func (p *egressProxy) track(pc *proxyConn, c net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	box := p.boxes[pc.src]
-	if len(box) >= maxConnsPerBox {
-		return false
-	}
 	if box == nil {
 		box = map[*proxyConn]struct{}{}
 		p.boxes[pc.src] = box
 	}
 	pc.conns = map[net.Conn]struct{}{c: {}}
 	box[pc] = struct{}{}
-	return true
 }
 
 // untrack forgets a box connection that is done.

@@ -33,6 +33,7 @@ type Manager struct {
 	egress      *egressProxy
 	ca          *egressCA
 	bundleDir   string // CA bundle for boxes with secrets
+	lock        *hostLock
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -60,6 +61,18 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network subnet %q: %w", cfg.Subnet, errdefs.ErrInvalidArgument)
 	}
+	// Before anything on the host is touched: another daemon on the same
+	// bridge or table must not have its table rebuilt under it.
+	lock, err := lockHost(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.release()
+		}
+	}()
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "ns"), 0o711); err != nil {
 		return nil, fmt.Errorf("create network state dir: %w", err)
 	}
@@ -68,7 +81,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, log: cfg.Logger, subnet: st.subnet, gw: st.gw, ipam: st,
+		cfg: cfg, log: cfg.Logger, subnet: st.subnet, gw: st.gw, ipam: st, lock: lock,
 		detaching: map[string]bool{}, poolWake: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	if m.bridgeIndex, err = ensureBridge(cfg.Bridge, m.gw, subnet.Bits()); err != nil {
@@ -85,7 +98,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.egress = &egressProxy{subnet: m.subnet, lookup: m.egressBox, resolve: m.resolveA, ca: m.ca, roots: roots,
-		log: m.log.With("component", "egress")}
+		log: m.log.With("component", "egress"), maxConns: cfg.Limits.EgressConns, idleTimeout: cfg.Limits.EgressIdleTimeout}
 	if err := startEgress(netip.AddrPortFrom(m.gw, 0).String(), m.egress); err != nil {
 		return nil, err
 	}
@@ -105,13 +118,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		upstreams = hostResolvers("/etc/resolv.conf")
 	}
 	m.dns, err = startDNS(netip.AddrPortFrom(m.gw, 53).String(), upstreams,
-		dnsClient{policy: m.dnsPolicy, allow: m.fw.allowAddrs}, m.log.With("component", "dns"))
+		dnsClient{policy: m.dnsPolicy, allow: m.fw.allowAddrs}, cfg.Limits, m.log.With("component", "dns"))
 	if err != nil {
 		m.fw.close()
 		m.egress.close()
 		return nil, fmt.Errorf("start DNS forwarder on %s: %w", m.gw, err)
 	}
 	m.log.Info("network ready", "bridge", cfg.Bridge, "subnet", m.subnet, "table", cfg.Table, "dns_upstreams", upstreams)
+	ok = true
 	return m, nil
 }
 
@@ -140,6 +154,7 @@ func (m *Manager) Start() {
 func (m *Manager) Close() {
 	m.closeLoops()
 	m.fw.close()
+	m.lock.release()
 }
 
 func (m *Manager) closeLoops() {
@@ -626,6 +641,7 @@ func (m *Manager) newPooled() (*slot, error) {
 // and for uninstalling. Sandboxes still attached lose their network.
 func (m *Manager) Remove() error {
 	m.closeLoops()
+	defer m.lock.release() // after the table and the bridge are gone
 	defer m.fw.close()
 	m.mu.Lock()
 	slots := make([]*slot, 0, len(m.ipam.slots))

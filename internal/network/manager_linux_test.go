@@ -29,7 +29,7 @@ func testConfig(t *testing.T, upstream string) Config {
 	tag := hex.EncodeToString(b)
 	return Config{
 		StateDir: t.TempDir(), Bridge: "sbxt" + tag, Subnet: fmt.Sprintf("10.214.%d.0/24", b[0]),
-		Table: "sbxt" + tag, DNSUpstreams: []string{upstream}, Logger: slog.Default(),
+		Table: "sbxt" + tag, DNSUpstreams: []string{upstream}, Logger: slog.Default(), LockDir: t.TempDir(),
 	}
 }
 
@@ -244,6 +244,7 @@ func TestManagerLifecycle(t *testing.T) {
 	// A "crash": a new manager over the same state cleans up what nobody keeps.
 	m.closeLoops()
 	m.fw.close()
+	m.lock.release() // the kernel's part when a daemon dies
 	m2, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

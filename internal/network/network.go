@@ -267,6 +267,8 @@ const (
 	DefaultBridge = "sbx0"
 	DefaultSubnet = "10.213.0.0/16"
 	DefaultTable  = "sbx"
+	// DefaultLockDir holds the bridge and table locks (lock_linux.go).
+	DefaultLockDir = "/run/sbx"
 )
 
 // blockedRanges are unreachable in ModePublic unless allow_cidrs say
@@ -314,6 +316,12 @@ type Config struct {
 	// EgressRoots are extra PEM files of CAs the proxy trusts, besides the
 	// host's, when it re-originates intercepted TLS (tests, private CAs).
 	EgressRoots []string
+	// Limits bound each box's use of the DNS forwarder and the egress
+	// proxy (zero fields: DefaultLimits).
+	Limits Limits
+	// LockDir holds the lock files that keep two daemons off the same
+	// bridge and table (default /run/sbx).
+	LockDir string
 	// APIPort is the daemon's box API port on the gateway, opened to boxes
 	// whose policy has APIAccess (0: none).
 	APIPort uint16
@@ -336,6 +344,9 @@ func (c *Config) setDefaults() error {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
+	if len(c.Table) > 64 || strings.ContainsAny(c.Table, "/ \x00") {
+		return fmt.Errorf("nftables table name %q: %w", c.Table, errdefs.ErrInvalidArgument)
+	}
 	for i, u := range c.DNSUpstreams {
 		if _, _, err := net.SplitHostPort(u); err != nil {
 			c.DNSUpstreams[i] = net.JoinHostPort(u, "53")
@@ -346,6 +357,13 @@ func (c *Config) setDefaults() error {
 	}
 	if c.EgressDir == "" {
 		c.EgressDir = filepath.Join(c.StateDir, "egress")
+	}
+	if err := c.Limits.validate(); err != nil {
+		return err
+	}
+	c.Limits.setDefaults()
+	if c.LockDir == "" {
+		c.LockDir = DefaultLockDir
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

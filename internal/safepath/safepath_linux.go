@@ -395,13 +395,17 @@ func (r *Root) RemoveAll(rel string) error {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := removeAllAt(pfd, name); err != nil {
+	if err := RemoveAllAt(pfd, name); err != nil {
 		return &fs.PathError{Op: "remove", Path: rel, Err: err}
 	}
 	return nil
 }
 
-func removeAllAt(pfd int, name string) error {
+// RemoveAllAt removes the entry name of the open directory pfd and
+// everything below it, entering directories through their parent's handle,
+// never through a symlink; a missing name is not an error. For callers that
+// hold a directory handle of their own (the agent's file service).
+func RemoveAllAt(pfd int, name string) error {
 	for attempt := 0; ; attempt++ {
 		err := unix.Unlinkat(pfd, name, 0)
 		if err == nil || err == unix.ENOENT {
@@ -427,7 +431,7 @@ func removeAllAt(pfd int, name string) error {
 		es, err := readDirFd(fd)
 		if err == nil {
 			for _, e := range es {
-				if err = removeAllAt(fd, e.Name()); err != nil {
+				if err = RemoveAllAt(fd, e.Name()); err != nil {
 					break
 				}
 			}
@@ -550,6 +554,10 @@ type fileInfo struct {
 }
 
 func newInfo(name string, st *unix.Stat_t) *fileInfo { return &fileInfo{name: name, st: *st} }
+
+// FileInfo describes an entry named name from its lstat (tar headers,
+// listings); Sys() is a *unix.Stat_t.
+func FileInfo(name string, st *unix.Stat_t) fs.FileInfo { return newInfo(name, st) }
 
 func (fi *fileInfo) Name() string       { return fi.name }
 func (fi *fileInfo) Size() int64        { return fi.st.Size }

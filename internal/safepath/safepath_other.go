@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var errNeedsLinux = errors.New("safepath needs Linux (openat2)")
@@ -16,6 +18,12 @@ type Root struct{}
 
 // Entry is a directory entry with its attributes.
 type Entry struct{ fs.DirEntry }
+
+// Stat is nil: no Root ever lists anything off Linux.
+func (Entry) Stat() *unix.Stat_t { return nil }
+
+// Stat is nil off Linux.
+func Stat(fs.FileInfo) *unix.Stat_t { return nil }
 
 func OpenRoot(string) (*Root, error)                              { return nil, errNeedsLinux }
 func (*Root) Name() string                                        { return "" }

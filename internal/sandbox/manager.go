@@ -112,6 +112,9 @@ type box struct {
 	lastActive atomic.Int64 // unix ms
 	dirty      atomic.Bool  // lastActive not yet persisted
 	busy       atomic.Int64 // operations in flight (keeps the box from idling)
+	// oomSeen is the box's count of OOM kills when last looked at (see
+	// OOMKilled): 0 for a new box, read at recovery for an old one.
+	oomSeen atomic.Int64
 
 	// opMu serialises lifecycle operations (create, stop, start, destroy).
 	opMu sync.Mutex
@@ -143,6 +146,11 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
+	}
+	// The default disk (that of warm boxes too) fits the default memory
+	// when the default runtime keeps disks in memory.
+	if info := cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()); slices.Contains(info.Capabilities, runtime.CapDiskInMemory) && cfg.Defaults.MemoryBytes > 0 {
+		cfg.Defaults.DiskBytes = min(cfg.Defaults.DiskBytes, MaxDiskInMemory(cfg.Defaults.MemoryBytes))
 	}
 	m := &Manager{
 		cfg:        cfg,
@@ -221,7 +229,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if info := drv.Info(ctx); !info.Healthy {
 		return nil, fmt.Errorf("runtime %q is unhealthy: %s: %w", spec.Runtime, info.Detail, errdefs.ErrUnavailable)
 	}
-	m.applyDefaults(spec)
+	if err := m.applyDefaults(spec, drv.Info(ctx)); err != nil {
+		return nil, err
+	}
 	pol, err := m.requestedPolicy(spec)
 	if err != nil {
 		return nil, err
@@ -345,13 +355,34 @@ func warmUp(conn *agentconn.Conn) {
 	_, _ = conn.Hello(ctx)
 }
 
-func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
+// MaxDiskInMemory is the largest disk a box whose disk is held in its
+// memory may have: its memory less an eighth of it, and at least 32 MiB, for
+// the agent and the box's processes (1 MiB for the smallest boxes).
+func MaxDiskInMemory(memory int64) int64 {
+	return max(memory-max(memory/8, 32<<20), 1<<20)
+}
+
+// applyDefaults fills what a create leaves zero, and keeps the disk of a
+// driver whose disk lives in the box's memory below that memory (see
+// MaxDiskInMemory): a default disk shrinks to fit, an explicit one that does
+// not fit is refused.
+func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest, info runtime.Info) error {
 	if spec.Resources == nil {
 		spec.Resources = &sbxv1.Resources{}
 	}
 	r, d := spec.Resources, m.cfg.Defaults
 	if r.MemoryBytes == 0 {
 		r.MemoryBytes = d.MemoryBytes
+	}
+	if slices.Contains(info.Capabilities, runtime.CapDiskInMemory) {
+		limit := MaxDiskInMemory(r.MemoryBytes)
+		switch {
+		case r.DiskBytes == 0:
+			r.DiskBytes = min(d.DiskBytes, limit)
+		case r.DiskBytes > limit:
+			return invalid("disk %s: runtime %q keeps a sandbox's disk in its memory, so it must leave room for processes: at most %s with memory %s (raise the memory or lower the disk)",
+				FormatBytes(r.DiskBytes), info.Name, FormatBytes(limit), FormatBytes(r.MemoryBytes))
+		}
 	}
 	if r.CpuMillis == 0 {
 		r.CpuMillis = d.CPUMillis
@@ -376,6 +407,7 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest) {
 			spec.Workdir = "/root"
 		}
 	}
+	return nil
 }
 
 // runtimeSpec is what the driver gets for a sandbox. With a user or path
@@ -709,6 +741,27 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	b.busy.Add(1)
 	m.touch(b)
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
+}
+
+// OOMKilled reports whether a command of sandbox ref that just ended by
+// SIGKILL (its own death, or a shell's exit code 137 for a child's) was
+// killed by the sandbox's memory limit: the sandbox's count of OOM kills
+// rose since it was last looked at. Only called for such ends, so an
+// ordinary exec costs nothing for it; two commands killed at once may both
+// be told so.
+func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
+	b, err := m.lookup(ctx, ref)
+	if err != nil {
+		return false
+	}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	st, err := b.driver.Stats(ctx, h)
+	if err != nil {
+		return false
+	}
+	return b.oomSeen.Swap(st.OOMKills) < st.OOMKills
 }
 
 func (m *Manager) touch(b *box) {

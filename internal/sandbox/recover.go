@@ -133,6 +133,9 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att,
 		tenant: rec.Tenant, parent: rec.Parent, tokenHash: rec.ScopedTokenHash}
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
+	if st, err := drv.Stats(ctx, nh); err == nil {
+		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
+	}
 	b.conn = agentConn(drv, nh)
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -64,6 +64,7 @@ func relayExec(ctx context.Context, mgr *sandbox.Manager, start *sbxv1.ExecReque
 		return toConnect(err)
 	}
 	defer release()
+	send = markOOM(ctx, mgr, start.GetSandbox(), send)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if recv == nil {
@@ -111,6 +112,18 @@ func relayExec(ctx context.Context, mgr *sandbox.Manager, start *sbxv1.ExecReque
 		if msg.GetExited() != nil {
 			return nil
 		}
+	}
+}
+
+// markOOM wraps send so that an exited event of a command killed by
+// SIGKILL (or a shell reporting a child so killed: exit code 137) says
+// whether the sandbox's memory limit did it.
+func markOOM(ctx context.Context, mgr *sandbox.Manager, sandbox string, send func(*sbxv1.ExecOutput) error) func(*sbxv1.ExecOutput) error {
+	return func(m *sbxv1.ExecOutput) error {
+		if ex := m.GetExited(); ex != nil && (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && !ex.GetTimedOut() && mgr.OOMKilled(ctx, sandbox) {
+			ex.OomKilled = true
+		}
+		return send(m)
 	}
 }
 

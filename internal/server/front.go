@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/connlimit"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/tenant"
 )
@@ -44,8 +45,17 @@ type FrontConfig struct {
 	// "https://sbx.example.com"), used in the URLs GetPort returns; ""
 	// means the scheme and Host of each request.
 	PublicURL string
-	Logger    *slog.Logger
+	// MaxConnsPerSandbox bounds what one sandbox has open through the
+	// port proxy at once: HTTP requests in flight (WebSockets included)
+	// and raw TCP pipes, however they were routed (path, host name,
+	// headers). Each is a client connection the daemon holds for as long
+	// as the sandbox's code keeps it open. 0: DefaultMaxConnsPerSandbox.
+	MaxConnsPerSandbox int
+	Logger             *slog.Logger
 }
+
+// DefaultMaxConnsPerSandbox is FrontConfig.MaxConnsPerSandbox's default.
+const DefaultMaxConnsPerSandbox = 1024
 
 // Front is the handler on the daemon's listener: it authenticates every
 // request, serves the API, and proxies requests routed to sandbox ports (by
@@ -58,6 +68,8 @@ type Front struct {
 	token []byte // sha256 of cfg.Token; nil: no auth
 	proxy *httputil.ReverseProxy
 	tr    *http.Transport
+	// conns counts proxied connections by sandbox id.
+	conns *connlimit.Counter[string]
 	// done ends with Close: it closes the upgraded exec connections, which
 	// the HTTP server no longer tracks.
 	done context.Context
@@ -73,7 +85,11 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	}
 	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
 	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
-	f := &Front{cfg: cfg, mgr: mgr, log: log}
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = DefaultMaxConnsPerSandbox
+	}
+	f := &Front{cfg: cfg, mgr: mgr, log: log,
+		conns: connlimit.NewCounter[string](cfg.MaxConnsPerSandbox, log, "port proxy connections per sandbox")}
 	f.done, f.stop = context.WithCancel(context.Background())
 	if cfg.Token != "" && cfg.Tenants == nil {
 		f.token = f.hash(cfg.Token)

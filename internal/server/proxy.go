@@ -118,13 +118,39 @@ func (f *Front) serveProxy(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: bad path: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	id, err := f.mgr.RunningID(r.Context(), rt.sandbox)
-	if err != nil {
-		f.writeError(w, err)
+	id, release, ok := f.admit(r.Context(), w, rt.sandbox)
+	if !ok {
 		return
 	}
+	defer release()
 	t := &proxyTarget{route: rt, id: id}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, t)))
+}
+
+// admit finds the running sandbox ref names and counts a connection against
+// its limit (see acquire); false once it has answered w with why not.
+func (f *Front) admit(ctx context.Context, w http.ResponseWriter, ref string) (id string, release func(), ok bool) {
+	id, err := f.mgr.RunningID(ctx, ref)
+	if err != nil {
+		f.writeError(w, err)
+		return "", nil, false
+	}
+	release, ok = f.acquire(w, id)
+	return id, release, ok
+}
+
+// acquire counts a proxied connection against sandbox id's limit, or
+// answers 503 (with Retry-After) if the sandbox has as many open as
+// allowed: the client of one busy sandbox waits, other sandboxes and the
+// API do not notice.
+func (f *Front) acquire(w http.ResponseWriter, id string) (release func(), ok bool) {
+	release, ok = f.conns.Acquire(id)
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Connection", "close")
+		http.Error(w, fmt.Sprintf("sbx: sandbox %s has %d connections open through the port proxy, the most allowed (sbx serve --proxy-max-conns): try again later", id, f.conns.Max()), http.StatusServiceUnavailable)
+	}
+	return release, ok
 }
 
 func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
@@ -163,7 +189,12 @@ func (f *Front) serveTCP(w http.ResponseWriter, r *http.Request, rt route) {
 		http.Error(w, "sbx: raw TCP needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
 		return
 	}
-	conn, err := f.mgr.DialPort(r.Context(), rt.sandbox, rt.port)
+	id, release, ok := f.admit(r.Context(), w, rt.sandbox)
+	if !ok {
+		return
+	}
+	defer release()
+	conn, err := f.mgr.DialPort(r.Context(), id, rt.port)
 	if err != nil {
 		f.writeError(w, err)
 		return

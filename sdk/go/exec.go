@@ -39,6 +39,8 @@ type ExitStatus struct {
 	Code     int
 	Signal   int
 	TimedOut bool
+	// OOMKilled says the sandbox's memory limit killed it (SIGKILL).
+	OOMKilled bool
 	// Error is set when the command could not be started.
 	Error    string
 	Duration time.Duration
@@ -140,7 +142,7 @@ func handleOutput(m *sbxv1.ExecOutput, stdout, stderr io.Writer) (*ExitStatus, b
 	case *sbxv1.ExecOutput_Exited:
 		x := ev.Exited
 		return &ExitStatus{
-			Code: int(x.GetExitCode()), Signal: int(x.GetSignal()), TimedOut: x.GetTimedOut(),
+			Code: int(x.GetExitCode()), Signal: int(x.GetSignal()), TimedOut: x.GetTimedOut(), OOMKilled: x.GetOomKilled(),
 			Error: x.GetError(), Duration: time.Duration(x.GetDurationMs()) * time.Millisecond,
 		}, true, nil
 	}

@@ -37,7 +37,7 @@ import "log/slog"
 // Config configures a Driver.
 type Config struct {
 	// StateDir holds everything the driver makes on disk: box dirs, the host
-	// image skeleton, the runtime's private --root, a copy of the agent. It
+	// image skeleton, the runtime's private --root, the agent layer. It
 	// must be on a local filesystem usable as an overlayfs lower dir, short
 	// enough for <StateDir>/boxes/<id>/agent.sock to fit a Unix socket
 	// address, and every ancestor must be searchable (o+x) by the mapped uid
@@ -46,8 +46,10 @@ type Config struct {
 	// RuntimePath is the OCI runtime binary; "" picks crun where it works on
 	// this host, else runc.
 	RuntimePath string
-	// AgentPath is the sbx-agent binary (static). It is copied into StateDir
-	// and bind-mounted read-only at /.sbx/sbx-agent in every box.
+	// AgentPath is the sbx-agent binary (static). It is copied into an
+	// image layer of its own under StateDir/agent, the topmost lower layer
+	// of every box, and bind-mounted read-only at /.sbx/sbx-agent from the
+	// box's overlay (so no host path shows in the box's mountinfo).
 	AgentPath string
 	// CgroupParent is the cgroup, in every hierarchy, under which boxes live
 	// ("" = "sbx"). Cleanup removes every box cgroup under it that it is not

@@ -4,9 +4,12 @@ package oci
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
@@ -32,17 +36,21 @@ type Driver struct {
 	stateDir  string
 	boxesDir  string
 	imagesDir string
-	agentPath string // our copy of the agent binary
-	rt        *ociRuntime
-	cg        cgroupLayout
-	detail    string
-	healthy   bool
-	swapLimit bool // the host can limit memory+swap
-	noFile    uint64
-	// fuseDev is the /dev/fuse node bound into boxes ("" if it could not
-	// be made: path policies then fail to mount, with a clear error).
-	fuseDev string
-	caps    []string
+	// agentLayer is the image layer holding .sbx/sbx-agent, the topmost
+	// lower layer of every box (installAgentLayer).
+	agentLayer string
+	rt         *ociRuntime
+	cg         cgroupLayout
+	detail     string
+	healthy    bool
+	swapLimit  bool // the host can limit memory+swap
+	noFile     uint64
+	// files says whether struct files are a per-box cost (prepareFileTable).
+	files fileTable
+	// fuse: the kernel has FUSE, so every box gets a /dev/fuse of its own
+	// (makeFuseDevice); without it path policies fail to mount, clearly.
+	fuse bool
+	caps []string
 	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
 	agentSeccomp bool
 	log          *slog.Logger
@@ -74,7 +82,7 @@ func New(cfg Config) (*Driver, error) {
 		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		log:       log.With("driver", "oci"),
-		caps:      []string{"pause", "stats", "disk-limit", "recover", "update"},
+		caps:      []string{"pause", "stats", "disk-limit", "recover", "update", runtime.CapDiskInMemory},
 	}
 	if cfg.Network {
 		d.caps = append(d.caps, "network")
@@ -116,19 +124,27 @@ func New(cfg Config) (*Driver, error) {
 	if d.rt.name == "crun" && d.cg.hybrid() {
 		d.detail, d.healthy = "crun: hybrid cgroup layout not supported (configure runc instead)", false
 	}
-	if d.agentPath, err = installAgent(cfg.AgentPath, filepath.Join(d.stateDir, "bin")); err != nil {
+	if d.agentLayer, err = installAgentLayer(cfg.AgentPath, filepath.Join(d.stateDir, "agent")); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
+	d.removeUnusedAgentLayers()
+	// Where earlier versions kept the agent and the one /dev/fuse node all
+	// boxes shared; boxes still running with them keep their binds.
+	_ = os.RemoveAll(filepath.Join(d.stateDir, "bin"))
+	_ = os.RemoveAll(filepath.Join(d.stateDir, "dev"))
 	d.swapLimit = d.cg.swapAccounting()
 	d.noFile = 1 << 20
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Max < d.noFile {
 		d.noFile = lim.Max // raising it would need CAP_SYS_RESOURCE in the host namespace
 	}
-	d.fuseDev = filepath.Join(d.stateDir, "dev", "fuse")
-	if err := prepareFuseDevice(d.fuseDev); err != nil {
-		d.log.Warn("no /dev/fuse for boxes: path policies will not work", "err", err)
-		d.fuseDev = ""
+	d.files = prepareFileTable(d.log)
+	if !d.files.bounded {
+		d.detail += "; file table shared (" + d.files.reason + "): each box holds at most " +
+			fmt.Sprintf("1/%d of fs.file-max", fileShare)
+	}
+	if d.fuse = hostHasFuse(); !d.fuse {
+		d.log.Warn("the kernel has no FUSE: path policies will not work")
 	}
 	if !cfg.SeccompInRuntime {
 		// Compiled here once too, so that a profile the compiler refuses
@@ -180,26 +196,80 @@ func checkSearchable(dir string) error {
 	}
 }
 
-// installAgent copies the agent into dir (0755), so boxes never see a
-// half-replaced binary and its path is reachable from the user namespace.
-func installAgent(src, dir string) (string, error) {
+// installAgentLayer makes, once per agent binary, an image layer holding
+// only .sbx/sbx-agent (0755) under dir/<sha256 prefix> and returns the
+// layer's path. It is every box's topmost lower layer, and the box's
+// /.sbx/sbx-agent is a read-only bind of that file taken from the box's own
+// overlay: the bind's root in the box's mountinfo is then /.sbx/sbx-agent
+// on "overlay", not a host path under the data dir. Layers are never
+// changed once made (overlayfs forbids changing a lower under a mount), so
+// a new agent binary gets a new layer and running boxes keep theirs;
+// layers no box uses are removed at start (removeUnusedAgentLayers).
+func installAgentLayer(src, dir string) (string, error) {
 	if src == "" {
 		return "", fmt.Errorf("agent path not set: %w", errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("install agent: read %s: %w", src, err)
+	}
+	layer := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:24])
+	if _, err := os.Stat(filepath.Join(layer, agentInBox)); err == nil {
+		return layer, nil
 	}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	dst := filepath.Join(dir, "sbx-agent")
-	tmp := fmt.Sprintf("%s.tmp-%d", dst, os.Getpid())
-	if err := copyFile(src, tmp, 0o755); err != nil {
-		os.Remove(tmp)
+	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	if err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
+	defer os.RemoveAll(tmp) // no-op after the rename
+	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	return dst, nil
+	if err := os.Mkdir(filepath.Join(tmp, filepath.Dir(agentInBox)), 0o755); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := copyFile(src, filepath.Join(tmp, agentInBox), 0o755); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := os.Rename(tmp, layer); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	return layer, nil
+}
+
+// removeUnusedAgentLayers removes the agent layers that are neither the
+// current one nor a lower layer of a box that still exists (each box dir
+// names its layer in agentLayerFile).
+func (d *Driver) removeUnusedAgentLayers() {
+	keep := map[string]bool{filepath.Base(d.agentLayer): true}
+	boxes, _ := os.ReadDir(d.boxesDir)
+	for _, b := range boxes {
+		name, err := os.ReadFile(agentLayerFile(filepath.Join(d.boxesDir, b.Name())))
+		if err != nil {
+			// A box from before agent layers, or half made: it names no
+			// layer. Keep them all rather than guess.
+			return
+		}
+		keep[strings.TrimSpace(string(name))] = true
+	}
+	dir := filepath.Dir(d.agentLayer)
+	layers, _ := os.ReadDir(dir)
+	for _, l := range layers {
+		if !keep[l.Name()] {
+			if err := os.RemoveAll(filepath.Join(dir, l.Name())); err != nil {
+				d.log.Warn("removing an unused agent layer", "layer", l.Name(), "err", err)
+			}
+		}
+	}
 }
 
 func (d *Driver) Name() string { return "oci" }
@@ -234,6 +304,9 @@ func bundleDir(box string) string { return filepath.Join(box, "bundle") }
 func rootfsDir(box string) string { return filepath.Join(box, "bundle", "rootfs") }
 func pidFile(box string) string   { return filepath.Join(box, "init.pid") }
 func agentLog(box string) string  { return filepath.Join(box, "agent.log") }
+
+// agentLayerFile names the agent layer the box's overlay uses.
+func agentLayerFile(box string) string { return filepath.Join(box, "agent-layer") }
 
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
 	t0 := time.Now()
@@ -271,6 +344,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		}
 	}()
 	undo.add(func() error { return os.RemoveAll(box) })
+	if err := os.WriteFile(agentLayerFile(box), []byte(filepath.Base(d.agentLayer)+"\n"), 0o600); err != nil {
+		return h, fmt.Errorf("record agent layer: %w", err)
+	}
 
 	// Writable layer: a tmpfs bounding its size (its pages are charged to the
 	// memory cgroup of whoever writes them, i.e. the box).
@@ -295,12 +371,20 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return h, fmt.Errorf("create rootfs dir: %w", err)
 	}
-	if err := mountOverlay(rootfs, lowers, upper, work); err != nil {
+	// Layers named by fd: no host path in the box's mountinfo.
+	if err := overlay.Mount(rootfs, append(lowers, d.agentLayer), upper, work, "", 0); err != nil {
 		return h, err
 	}
 	undo.add(func() error { return unmount(rootfs) })
 	if err := d.prepareRootfs(rootfs, spec); err != nil {
 		return h, err
+	}
+	fuseDev := ""
+	if d.fuse {
+		if fuseDev, err = makeFuseDevice(box); err != nil {
+			return h, err
+		}
+		undo.add(func() error { return unmount(fuseDevDir(box)) })
 	}
 	sysfs := ""
 	if spec.NetNS != "" {
@@ -320,9 +404,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
-		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
-		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: spec.Mounts,
-		FuseDevice: d.fuseDev, AgentSeccomp: d.agentSeccomp,
+		Resources: spec.Resources, HostImage: hostImage, AgentPath: filepath.Join(rootfs, agentInBox),
+		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
+		Mounts: spec.Mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp,
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {

@@ -86,6 +86,31 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("/proc/kcore readable: %q", res.Stdout)
 		}
 	})
+	t.Run("NoHostPaths", func(t *testing.T) {
+		// Overlay options and bind roots used to show the state dir and
+		// the box id; the kernel's command line, configuration and crash
+		// notes, the host's swap files and loop devices' backing files
+		// were readable.
+		mi := sh("cat /proc/self/mountinfo").Stdout
+		for _, s := range []string{dir, h.ID} {
+			if strings.Contains(mi, s) {
+				t.Errorf("mountinfo shows %q:\n%s", s, mi)
+			}
+		}
+		for _, p := range []string{"/proc/cmdline", "/proc/config.gz", "/sys/kernel/vmcoreinfo", "/proc/swaps", "/proc/partitions"} {
+			if res := sh("cat " + p + " 2>/dev/null | wc -c"); strings.TrimSpace(res.Stdout) != "0" {
+				t.Errorf("%s: %s bytes readable, want none", p, strings.TrimSpace(res.Stdout))
+			}
+		}
+		// /sys/block/loopN still names the devices, but its links lead
+		// into the masked /sys/devices/virtual/block.
+		if res := sh("ls /sys/devices/virtual/block | wc -l; cat /sys/block/loop*/size /sys/block/loop*/loop/backing_file 2>/dev/null | wc -c"); res.Stdout != "0\n0\n" {
+			t.Errorf("loop devices in the box's sysfs: got %q, want none listed and nothing readable", res.Stdout)
+		}
+		if res := sh("test -x /.sbx/sbx-agent && test -c /dev/fuse && echo ok"); res.Stdout != "ok\n" {
+			t.Errorf("agent binary and /dev/fuse in the box: %q %q", res.Stdout, res.Stderr)
+		}
+	})
 	t.Run("UserNamespace", func(t *testing.T) {
 		if res := sh("id -u; mkdir /newdir && echo 1.2.3.4 x >> /etc/hosts && echo ok"); res.Stdout != "0\nok\n" {
 			t.Errorf("id -u; mkdir; write /etc/hosts: got %q %q, want root that can write its rootfs", res.Stdout, res.Stderr)

@@ -25,25 +25,6 @@ func mountTmpfs(dir string, size int64) error {
 	return nil
 }
 
-// mountOverlay stacks lowers (lowest first) under upper at target.
-func mountOverlay(target string, lowers []string, upper, work string) error {
-	rev := make([]string, len(lowers))
-	for i, l := range lowers {
-		if strings.ContainsAny(l, ",:") {
-			return fmt.Errorf("overlay lower dir %q contains ',' or ':'", l)
-		}
-		rev[len(lowers)-1-i] = l // overlayfs wants the top layer first
-	}
-	opts := "lowerdir=" + strings.Join(rev, ":") + ",upperdir=" + upper + ",workdir=" + work
-	if len(opts) >= os.Getpagesize() {
-		return fmt.Errorf("overlay mount options too long (%d bytes, %d layers)", len(opts), len(lowers))
-	}
-	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay at %s: %w", target, err)
-	}
-	return nil
-}
-
 // unmount detaches the mount at dir; not mounted or missing is fine. A busy
 // mount is lazily detached.
 func unmount(dir string) error {
@@ -223,29 +204,46 @@ func writeFileInRoot(root, file string, data []byte, uid, gid int) error {
 	return nil
 }
 
-// prepareFuseDevice makes the /dev/fuse node boxes get (bind-mounted): a
-// copy of the host's (char 10:229) owned by the boxes' root, mode 0600, so
-// the agent (root of the box's user namespace) can open it whatever the
-// host's /dev/fuse mode is. Only the agent can use it: mounting needs
-// CAP_SYS_ADMIN, which it drops before user code runs.
-func prepareFuseDevice(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
-		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
+// fuseDevDir is the tmpfs, in a box dir, that holds the box's own /dev/fuse.
+func fuseDevDir(box string) string { return filepath.Join(box, "dev") }
+
+// makeFuseDevice gives one box a /dev/fuse node of its own: a char 10:229
+// node, mode 0600, owned by the box's root (so the agent, root of the box's
+// user namespace, can open it whatever the host's /dev/fuse mode), alone on
+// a tiny tmpfs mounted at fuseDevDir(box) and bind-mounted at /dev/fuse.
+// Box root may chmod, chown or touch it: that changes this box's node and
+// nothing another box or the host sees (the host's /dev/fuse is never
+// bound), and it goes with the box. Its own tmpfs, rather than a file in the
+// box dir, so that the bind's root in the box's mountinfo is "/fuse" and
+// not a host path; the tmpfs is mounted without nodev (the node must open)
+// and 0700 for the mapped root, so no host user can reach the node. Only
+// the agent uses it: mounting needs CAP_SYS_ADMIN, which it drops before
+// user code runs.
+func makeFuseDevice(box string) (string, error) {
+	dir := fuseDevDir(box)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create fuse device dir: %w", err)
 	}
+	opts := fmt.Sprintf("mode=0700,uid=%d,gid=%d,size=4k,nr_inodes=4", idMapBase, idMapBase)
+	if err := unix.Mount("sbx", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, opts); err != nil {
+		return "", fmt.Errorf("mount fuse device dir: %w", err)
+	}
+	node := filepath.Join(dir, "fuse")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(10, 229))); err != nil {
+		return "", fmt.Errorf("mknod %s: %w", node, err)
+	}
+	if err := unix.Lchown(node, idMapBase, idMapBase); err != nil {
+		return "", fmt.Errorf("chown %s: %w", node, err)
+	}
+	return node, nil
+}
+
+// hostHasFuse reports whether the kernel offers FUSE (path policies need it).
+func hostHasFuse() bool {
 	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err == nil {
-		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(10, 229) {
-			return os.Lchown(path, idMapBase, idMapBase)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("remove %s: %w", path, err)
-		}
+	if unix.Stat("/dev/fuse", &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(10, 229) {
+		return true
 	}
-	if err := unix.Mknod(path, unix.S_IFCHR|0o600, int(unix.Mkdev(10, 229))); err != nil {
-		return fmt.Errorf("mknod %s: %w", path, err)
-	}
-	if err := os.Lchown(path, idMapBase, idMapBase); err != nil {
-		return fmt.Errorf("chown %s: %w", path, err)
-	}
-	return nil
+	b, err := os.ReadFile("/proc/filesystems")
+	return err == nil && strings.Contains(string(b), "\tfuse\n")
 }

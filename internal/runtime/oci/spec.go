@@ -27,10 +27,21 @@ var boxCapabilities = []string{
 	"CAP_SETFCAP", "CAP_SYS_ADMIN",
 }
 
+// maskedPaths are hidden in every box (an empty read-only tmpfs over a
+// directory, /dev/null over a file; missing ones are skipped). Besides
+// Docker's list, what shows the host's or other tenants' details and no box
+// needs: the kernel command line and build configuration, the crash
+// kernel's notes (physical addresses), the host's swap files, and every
+// virtual block device — loop devices carry other tenants' volume image
+// paths in loop/backing_file and their sizes and I/O counters (the
+// /sys/block, /sys/class/block and /sys/dev/block links all lead there),
+// as /proc/partitions and /proc/diskstats list them too.
 var maskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
 	"/sys/firmware", "/sys/devices/virtual/powercap",
+	"/proc/cmdline", "/proc/config.gz", "/sys/kernel/vmcoreinfo", "/proc/swaps",
+	"/sys/devices/virtual/block", "/proc/partitions", "/proc/diskstats",
 }
 
 var readonlyPaths = []string{
@@ -47,7 +58,7 @@ type specParams struct {
 	Workdir      string
 	Resources    runtime.Resources
 	HostImage    bool   // bind the host's /usr read-only
-	AgentPath    string // host path of the agent binary
+	AgentPath    string // the agent binary, inside the box's rootfs (its agent layer)
 	NoFile       uint64 // RLIMIT_NOFILE soft and hard
 	// NetNS is a network namespace to join ("" = a new one).
 	NetNS string
@@ -59,8 +70,9 @@ type specParams struct {
 	SwapLimit bool
 	// Mounts are extra bind mounts (volumes).
 	Mounts []runtime.Mount
-	// FuseDevice, if set, is a host node of /dev/fuse the box's root owns,
-	// bound at /dev/fuse for the agent's permission layers.
+	// FuseDevice, if set, is the box's own /dev/fuse node (makeFuseDevice),
+	// owned by its root and bound at /dev/fuse for the agent's permission
+	// layers.
 	FuseDevice string
 	// AgentSeccomp has the agent install the seccomp profile (--seccomp)
 	// instead of the runtime.

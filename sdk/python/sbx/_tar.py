@@ -1,13 +1,15 @@
 """Tar helpers: packing a local directory and extracting a downloaded archive
-safely (no absolute paths, no ``..``, no links leaving the destination, no
-device nodes or FIFOs, no setuid bits, no ownership taken from the archive)."""
+safely (no absolute paths, no ``..``, no symlinks leaving the destination --
+those are skipped and reported --, no writing through a symlink of the same
+archive, no device nodes or FIFOs, no setuid bits, no ownership taken from
+the archive)."""
 
 from __future__ import annotations
 
 import copy
 import os
 import tarfile
-from typing import IO, Callable, Optional
+from typing import IO, Callable, List, Optional
 
 __all__ = ["pack_dir", "safe_extract", "UnsafeArchiveError"]
 
@@ -50,9 +52,14 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+class _SkipLink(Exception):
+    """A symlink whose target leaves the destination: not created."""
+
+
 def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
     """Validate one member against what is already on disk; return a sanitised
-    copy. Raises UnsafeArchiveError."""
+    copy. Raises UnsafeArchiveError, or _SkipLink for a symlink leaving the
+    destination."""
     name = member.name
     if not name or name.startswith("/") or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(f"{name!r}: absolute path")
@@ -66,11 +73,11 @@ def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
         raise UnsafeArchiveError(f"{name!r}: leaves the destination")
     if member.issym():
         link = member.linkname
-        if os.path.isabs(link):
-            raise UnsafeArchiveError(f"{name!r}: absolute symlink target {link!r}")
+        if not link or os.path.isabs(link):
+            raise _SkipLink()
         resolved = os.path.realpath(os.path.join(os.path.dirname(os.path.join(dest_real, name)), link))
         if not _inside(dest_real, resolved):
-            raise UnsafeArchiveError(f"{name!r}: symlink target {link!r} leaves the destination")
+            raise _SkipLink()
     elif member.islnk():
         link = member.linkname
         if os.path.isabs(link) or ".." in link.replace("\\", "/").split("/"):
@@ -90,14 +97,46 @@ def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
     return m
 
 
-def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[str], None]] = None) -> int:
+class _SparseTarFile(tarfile.TarFile):
+    """A TarFile that writes blocks of zeros as holes: a sandbox's sparse
+    file (say 2 GiB of holes from a 64 MiB box) arrives as zeros in the tar
+    and must not become 2 GiB on the client's disk."""
+
+    def makefile(self, tarinfo, targetpath):  # type: ignore[override]
+        if tarinfo.sparse is not None:
+            return super().makefile(tarinfo, targetpath)
+        source = self.fileobj
+        source.seek(tarinfo.offset_data)
+        remaining = tarinfo.size
+        with open(targetpath, "wb") as target:
+            while remaining > 0:
+                chunk = source.read(min(_BLOCK, remaining))
+                if not chunk:
+                    raise tarfile.ReadError("unexpected end of data")
+                if chunk.count(0) == len(chunk):
+                    target.seek(len(chunk), os.SEEK_CUR)
+                else:
+                    target.write(chunk)
+                remaining -= len(chunk)
+            target.truncate()
+
+
+_BLOCK = 64 << 10
+
+
+def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[str], None]] = None,
+                 skipped: Optional[List[str]] = None) -> int:
     """Extract a tar stream into ``dest`` (created if missing), refusing unsafe
     entries. Uses :func:`tarfile.data_filter` where Python has it (3.12, and
-    security releases of 3.9-3.11), plus the checks above. Returns the number
-    of entries extracted.
+    security releases of 3.9-3.11), plus the checks above. Symlinks whose
+    target leaves ``dest`` (absolute, or climbing out with ``..``) are not
+    created; each is appended to ``skipped`` as ``"name -> target"``.
+    Symlinks that stay inside are kept. Returns the number of entries
+    extracted.
 
     Raises:
-        UnsafeArchiveError: on the first unsafe entry (earlier entries stay).
+        UnsafeArchiveError: on the first unsafe entry (earlier entries stay),
+            an entry below a symlink of the same archive among them.
     """
     os.makedirs(dest, exist_ok=True)
     dest_real = os.path.realpath(dest)
@@ -105,9 +144,28 @@ def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[
     count = 0
     # Stream mode: entries are processed in order, so links created by earlier
     # entries are on disk when later ones are checked with realpath().
-    with tarfile.open(fileobj=fileobj, mode="r|*") as tf:
+    links = set()  # symlinks this archive created
+    with _SparseTarFile.open(fileobj=fileobj, mode="r|*") as tf:
         for member in tf:
-            m = _check_member(member, dest_real)
+            norm = os.path.normpath(member.name.replace("\\", "/")).replace(os.sep, "/")
+            parts = norm.split("/")
+            for i in range(1, len(parts)):
+                parent = "/".join(parts[:i])
+                if parent in links:
+                    raise UnsafeArchiveError(
+                        f"{member.name!r}: below {parent!r}, a symlink of the same archive; refusing to write through it")
+            try:
+                m = _check_member(member, dest_real)
+            except _SkipLink:
+                if skipped is not None:
+                    skipped.append(f"{member.name} -> {member.linkname}")
+                continue
+            # Replace, never write through, a link of this archive.
+            if norm in links and not m.isdir():
+                os.unlink(os.path.join(dest_real, norm))
+                links.discard(norm)
+            elif norm in links:
+                raise UnsafeArchiveError(f"{member.name!r}: a directory over a symlink of the same archive")
             if has_filter:
                 try:
                     filtered = tarfile.data_filter(m, dest_real)  # type: ignore[attr-defined]
@@ -119,6 +177,8 @@ def safe_extract(fileobj: IO[bytes], dest: str, *, on_entry: Optional[Callable[[
                 tf.extract(m, dest_real, set_attrs=True, filter="fully_trusted")  # type: ignore[call-arg]
             else:
                 tf.extract(m, dest_real, set_attrs=True)
+            if m.issym():
+                links.add(norm)
             count += 1
             if on_entry is not None:
                 on_entry(m.name)

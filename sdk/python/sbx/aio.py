@@ -186,6 +186,7 @@ class AsyncProcess:
             signal=st.signal,
             error=st.error,
             duration=st.duration,
+            oom_killed=st.oom_killed,
             stdout_bytes=out,
             stderr_bytes=err,
         )

@@ -182,6 +182,8 @@ class CommandError(SbxError):
         self.command = command
         if result.timed_out:
             what = "timed out"
+        elif getattr(result, "oom_killed", False):
+            what = "was killed: out of memory (the sandbox's memory limit)"
         elif result.error:
             what = f"could not start: {result.error}"
         else:

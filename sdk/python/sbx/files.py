@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 import os
 import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Union
@@ -90,8 +91,13 @@ class Files:
         try:
             with open(tmp, "wb") as f:
                 for chunk in self.iter_read(remote_path):
-                    f.write(chunk)
+                    # Holes of a sparse file arrive as zeros: keep them holes.
+                    if chunk.count(0) == len(chunk):
+                        f.seek(len(chunk), os.SEEK_CUR)
+                    else:
+                        f.write(chunk)
                     n += len(chunk)
+                f.truncate()
             os.replace(tmp, local_path)
         finally:
             if os.path.exists(tmp):
@@ -251,11 +257,19 @@ class Files:
 
     def download_dir(self, remote_dir: str, local_dir: str) -> int:
         """Copy the contents of ``remote_dir`` of the sandbox into ``local_dir``
-        (created if missing). Extraction is safe: entries with absolute paths,
-        ``..``, links leaving ``local_dir`` or device nodes are refused with
+        (created if missing). Extraction is safe: symlinks whose target leaves
+        ``local_dir`` (absolute, or climbing out with ``..``) are not created
+        and are listed in a :class:`UserWarning`; symlinks inside are kept.
+        Entries with absolute paths or ``..``, device nodes and entries below
+        a symlink of the same archive are refused with
         :class:`UnsafeArchiveError`. Returns the number of entries extracted."""
         reader = io.BufferedReader(_ChunkReader(self.iter_download_tar(remote_dir)), CHUNK_SIZE)
+        skipped: List[str] = []
         try:
-            return safe_extract(reader, local_dir)
+            n = safe_extract(reader, local_dir, skipped=skipped)
         finally:
             reader.close()
+        if skipped:
+            warnings.warn(f"download_dir: skipped {len(skipped)} symlink(s) pointing outside {local_dir}: "
+                          + ", ".join(skipped), UserWarning, stacklevel=2)
+        return n

@@ -26,6 +26,7 @@ class ExitStatus:
         timed_out: whether the command's ``timeout`` killed it.
         error: set when the command could not be started (exit code 126/127).
         duration: how long it ran, in seconds.
+        oom_killed: whether the sandbox's memory limit killed it (SIGKILL).
     """
 
     exit_code: int
@@ -33,6 +34,7 @@ class ExitStatus:
     timed_out: bool = False
     error: str = ""
     duration: float = 0.0
+    oom_killed: bool = False
 
     @classmethod
     def from_json(cls, obj: Dict[str, Any]) -> "ExitStatus":
@@ -42,6 +44,7 @@ class ExitStatus:
             timed_out=bool(obj.get("timedOut")),
             error=str(obj.get("error") or ""),
             duration=int(obj.get("durationMs") or 0) / 1000.0,
+            oom_killed=bool(obj.get("oomKilled")),
         )
 
 
@@ -60,6 +63,8 @@ class CommandResult:
     duration: float = 0.0
     stdout_bytes: bytes = b""
     stderr_bytes: bytes = b""
+    #: The sandbox's memory limit killed it (SIGKILL).
+    oom_killed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -308,6 +313,7 @@ class Process:
             signal=st.signal,
             error=st.error,
             duration=st.duration,
+            oom_killed=st.oom_killed,
             stdout_bytes=out,
             stderr_bytes=err,
         )

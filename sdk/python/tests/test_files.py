@@ -143,12 +143,16 @@ def test_upload_and_download_dir(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
         shared_sandbox.files.download_dir("/root/nope", str(tmp_path / "nope"))
 
 
-def test_download_refuses_escaping_links(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
-    shared_sandbox.run("mkdir -p /root/evil && ln -sf /etc/passwd /root/evil/abs && "
-                       "ln -sf ../../../outside /root/evil/rel", raise_on_error=True)
-    with pytest.raises(sbx.UnsafeArchiveError):
+def test_download_skips_escaping_links(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
+    shared_sandbox.run("mkdir -p /root/evil/d && echo hi > /root/evil/d/f && ln -sf /etc/passwd /root/evil/abs && "
+                       "ln -sf ../../../outside /root/evil/rel && ln -sf d/f /root/evil/in", raise_on_error=True)
+    with pytest.warns(UserWarning, match=r"skipped 2 symlink\(s\).*abs -> /etc/passwd.*rel -> \.\./\.\./\.\./outside"):
         shared_sandbox.files.download_dir("/root/evil", str(tmp_path / "evil"))
     assert not (tmp_path / "outside").exists()
+    assert not os.path.lexists(tmp_path / "evil" / "abs")
+    assert not os.path.lexists(tmp_path / "evil" / "rel")
+    assert os.readlink(tmp_path / "evil" / "in") == "d/f"
+    assert (tmp_path / "evil" / "in").read_text() == "hi\n"
 
 
 # -- safe extraction, without a daemon ------------------------------------------
@@ -183,12 +187,8 @@ def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple:
         [_file("/abs.txt")],
         [_file("../up.txt")],
         [_file("a/../../up.txt")],
-        [_link("l", "/etc/passwd")],
-        [_link("l", "../outside")],
-        [_link("d/l", "../../outside")],
         [_link("h", "../outside", tarfile.LNKTYPE)],
-        [_link("l", "."), _link("l2", "l/..")],
-        [_link("dir", ".."), _file("dir/escaped.txt")],
+        [_link("l", "."), _file("l/through.txt")],
         [(lambda ti: (setattr(ti, "type", tarfile.CHRTYPE), (ti, None))[1])(tarfile.TarInfo("dev"))],
         [(lambda ti: (setattr(ti, "type", tarfile.FIFOTYPE), (ti, None))[1])(tarfile.TarInfo("fifo"))],
     ],
@@ -200,6 +200,40 @@ def test_safe_extract_refuses(tmp_path, members) -> None:
     with pytest.raises(sbx.UnsafeArchiveError):
         safe_extract(_tar(*members), str(dest))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+@pytest.mark.parametrize(
+    "members, want_skipped",
+    [
+        ([_link("l", "/etc/passwd")], ["l -> /etc/passwd"]),
+        ([_link("l", "../outside")], ["l -> ../outside"]),
+        ([_link("d/l", "../../outside")], ["d/l -> ../../outside"]),
+        ([_link("l", "."), _link("l2", "l/..")], ["l2 -> l/.."]),
+        ([_link("dir", ".."), _file("dir/escaped.txt")], ["dir -> .."]),
+    ],
+)
+def test_safe_extract_skips_escaping_links(tmp_path, members, want_skipped) -> None:
+    from sbx._tar import safe_extract
+
+    dest = tmp_path / "dest"
+    skipped: list = []
+    safe_extract(_tar(*members), str(dest), skipped=skipped)
+    assert skipped == want_skipped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+    for root, dirs, files in os.walk(dest):
+        for n in dirs + files:
+            p = os.path.join(root, n)
+            if os.path.islink(p):
+                assert os.path.realpath(p).startswith(str(dest.resolve())), p
+
+
+def test_safe_extract_file_replaces_link(tmp_path) -> None:
+    from sbx._tar import safe_extract
+
+    dest = tmp_path / "dest"
+    safe_extract(_tar(_file("t", b"target"), _link("l", "t"), _file("l", b"new")), str(dest))
+    assert (dest / "t").read_bytes() == b"target"
+    assert not os.path.islink(dest / "l") and (dest / "l").read_bytes() == b"new"
 
 
 def test_safe_extract_accepts_normal_archives(tmp_path) -> None:
@@ -215,3 +249,42 @@ def test_safe_extract_accepts_normal_archives(tmp_path) -> None:
     assert (dest / "a" / "l").read_text() == "hi"
     assert (dest / "a" / "h").read_text() == "hi"
     assert os.stat(dest / "setuid").st_mode & 0o7777 == 0o755
+
+
+def test_safe_extract_keeps_holes(tmp_path) -> None:
+    """A sandbox's sparse file arrives as zeros; it must not be written out as
+    zeros on the client (a 64 MiB box can hold a 2 GiB sparse file)."""
+    from sbx._tar import safe_extract
+
+    class Zeros(io.RawIOBase):
+        def __init__(self, n: int, tail: bytes) -> None:
+            self.left, self.tail = n, tail
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            if self.left > 0:
+                n = min(len(b), self.left)
+                b[:n] = bytes(n)
+                self.left -= n
+                return n
+            n = min(len(b), len(self.tail))
+            b[:n], self.tail = self.tail[:n], self.tail[n:]
+            return n
+
+    size = 256 << 20
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo("big")
+        ti.size = size + 3
+        tf.addfile(ti, io.BufferedReader(Zeros(size, b"end")))
+    buf.seek(0)
+    safe_extract(buf, str(tmp_path / "out"))
+    p = tmp_path / "out" / "big"
+    st = os.stat(p)
+    assert st.st_size == size + 3
+    assert st.st_blocks * 512 < 1 << 20, f"{st.st_blocks * 512} bytes allocated: zeros were written"
+    with open(p, "rb") as f:
+        f.seek(size)
+        assert f.read() == b"end"

@@ -103,8 +103,9 @@ def test_tenants_over_tls(tenant_daemon: Tuple[str, str, str, str]) -> None:
     with pytest.raises(sbx.NotFoundError) as missing:
         b.get("sb-0000000000ff")
     assert str(other.value).replace(sb_a.id, "X") == str(missing.value).replace("sb-0000000000ff", "X")
+    assert b.images.list() == []  # each tenant has an image store of its own
     with pytest.raises(sbx.PermissionDeniedError):
-        b.images.list()  # images are the daemon owner's
+        b.codebases.list()  # codebases are the daemon owner's
     # Scoped tokens reach the daemon through the network gateway.
     with pytest.raises(sbx.FailedPreconditionError):
         a.create(scoped_token=True)

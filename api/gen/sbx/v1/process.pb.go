@@ -562,8 +562,13 @@ type ExecExited struct {
 	Signal   int32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	TimedOut bool  `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
 	// Set when the command could not be started (exit_code is then 127 or 126).
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	DurationMs    int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	Error      string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	DurationMs int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The process (or, for exit code 137 from a shell, its child) was killed
+	// by the sandbox's memory limit: it ended by SIGKILL while the sandbox's
+	// count of OOM kills rose. Set by the daemon; raise the sandbox's memory
+	// or use less.
+	OomKilled     bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -633,6 +638,13 @@ func (x *ExecExited) GetDurationMs() int64 {
 	return 0
 }
 
+func (x *ExecExited) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
 var File_sbx_v1_process_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_process_proto_rawDesc = "" +
@@ -677,7 +689,7 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\x05event\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\x0f\n" +
-	"\rExecKeepalive\"\x95\x01\n" +
+	"\rExecKeepalive\"\xb4\x01\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -685,7 +697,9 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1f\n" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
-	"durationMsB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
+	"durationMs\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilledB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
 
 var (
 	file_sbx_v1_process_proto_rawDescOnce sync.Once

@@ -7,53 +7,26 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
-	"syscall"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/safepath"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
 // DownloadTar streams a tar of a directory's contents (entry names relative
 // to it, so UploadTar into another directory recreates the tree) or of a
 // single file (one entry named after it). Symlinks are archived as links,
-// never followed.
+// never followed, the path asked for included. Files are opened through
+// their directory's handle and checked on the handle that is read (see
+// boxFS).
 func (s *Server) DownloadTar(ctx context.Context, req *connect.Request[sbxv1.DownloadTarRequest], stream *connect.ServerStream[sbxv1.FileChunk]) error {
 	root := s.resolve(req.Msg.GetPath())
-	fi, err := os.Lstat(root)
-	if err != nil {
-		return fsError("download", root, err)
-	}
 	cw := &chunkWriter{send: stream.Send, buf: make([]byte, 0, fileChunkSize)}
 	tw := tar.NewWriter(cw)
-	if !fi.IsDir() {
-		err = addTarEntry(tw, root, filepath.Base(root), fi)
-	} else {
-		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if p == root {
-					return err
-				}
-				return nil // unreadable subdirectory: archive what we can
-			}
-			if p == root {
-				return nil
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			fi, err := d.Info()
-			if err != nil {
-				return nil // vanished meanwhile
-			}
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
-			return addTarEntry(tw, p, filepath.ToSlash(rel), fi)
-		})
-	}
+	err := s.tarPath(ctx, tw, root)
 	if err != nil {
 		if cw.err != nil {
 			return cw.err
@@ -66,13 +39,54 @@ func (s *Server) DownloadTar(ctx context.Context, req *connect.Request[sbxv1.Dow
 	return cw.flush()
 }
 
-// addTarEntry appends path (Lstat'ed into fi) to tw as name. Sockets and
-// other unarchivable files are skipped.
-func addTarEntry(tw *tar.Writer, path, name string, fi fs.FileInfo) error {
+// tarPath writes root (a file, symlink or the contents of a directory) to tw.
+func (s *Server) tarPath(ctx context.Context, tw *tar.Writer, root string) error {
+	var fd int
+	var err error
+	if root == "/" {
+		fd, err = s.files.openDir(root)
+	} else {
+		var pfd int
+		var name string
+		if pfd, name, err = s.files.parent(root); err != nil {
+			return err
+		}
+		defer unix.Close(pfd)
+		var st unix.Stat_t
+		if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return addTarEntry(tw, pfd, name, name, &st)
+		}
+		fd, err = openat2(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0, beneath)
+		if err == nil {
+			if err = s.files.check(fd); err != nil {
+				unix.Close(fd)
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return s.files.walk(fd, func(parent int, rel, name string, st *unix.Stat_t) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return addTarEntry(tw, parent, name, rel, st)
+	})
+}
+
+// addTarEntry appends the entry name of the directory parent (lstat'ed
+// into st) to tw as archiveName. Sockets and other unarchivable files are
+// skipped, and so is a file replaced since it was listed.
+func addTarEntry(tw *tar.Writer, parent int, name, archiveName string, st *unix.Stat_t) error {
+	fi := safepath.FileInfo(name, st)
 	link := ""
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		var err error
-		if link, err = os.Readlink(path); err != nil {
+		if link, err = readlinkAt(parent, name); err != nil {
 			return nil
 		}
 	}
@@ -80,19 +94,24 @@ func addTarEntry(tw *tar.Writer, path, name string, fi fs.FileInfo) error {
 	if err != nil {
 		return nil // e.g. a socket
 	}
-	hdr.Name = name
+	hdr.Name = archiveName
 	if fi.IsDir() {
 		hdr.Name += "/"
 	}
-	hdr.Uname, hdr.Gname = "", ""
+	hdr.Mode = int64(st.Mode & 0o7777)
+	hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
 	if !fi.Mode().IsRegular() {
 		return tw.WriteHeader(hdr)
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := openBeneath(parent, name)
 	if err != nil {
 		return nil // replaced or unreadable meanwhile
 	}
 	defer f.Close()
+	var now unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &now) != nil || now.Ino != st.Ino || now.Dev != st.Dev {
+		return nil // replaced since listed
+	}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}
@@ -156,11 +175,13 @@ func (s *Server) UploadTar(ctx context.Context, stream *connect.ClientStream[sbx
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("upload tar: first message must be a header with a path"))
 	}
 	dest := s.resolve(hdr.GetPath())
-	if err := os.MkdirAll(dest, 0o755); err != nil {
+	destFd, err := s.files.mkdirAll(dest, 0o755)
+	if err != nil {
 		return nil, fsError("upload tar to", dest, err)
 	}
+	defer unix.Close(destFd)
 	r := &streamReader{stream: stream}
-	files, bytes, err := extractTar(ctx, dest, r)
+	files, bytes, err := extractTar(ctx, s.files, destFd, r)
 	if err != nil {
 		if r.err != nil {
 			return nil, r.err

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// bombs are what hostile neighbours run, each in a default sandbox. Each
+// loops until its box is destroyed.
+var bombs = []struct{ name, shell string }{
+	{"fork", `bomb() { bomb | bomb & }; while :; do bomb 2>/dev/null; sleep 0.1; done`},
+	{"memory", `while :; do python3 -c 'b = []
+while True: b.append(bytearray(1 << 20))' 2>/dev/null; done`},
+	{"disk", `while :; do dd if=/dev/zero of=/tmp/fill bs=1M 2>/dev/null; rm -f /tmp/fill; done`},
+	{"fds", `while :; do python3 -c '
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+fds = []
+try:
+    while True: fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError: pass
+import time; time.sleep(1)' 2>/dev/null; done`},
+	{"stdout", `cat /dev/zero`},
+	{"cpu", `while :; do :; done`},
+}
+
+// runNeighbours measures a neighbour sandbox's `exec true` at rest, while
+// each bomb runs in a box of its own and while all run together, and the
+// daemon's CPU per GB of relayed output. The daemon runs as its own process
+// (bin/sbx next to the agent) so that its CPU time is its own.
+func runNeighbours(n int, agentPath, _ string) error {
+	agentPath, tmp, err := benchSetup(agentPath)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	c, pid, stop, err := startDaemonProcess(filepath.Join(filepath.Dir(agentPath), "sbx"), filepath.Join(tmp, "data"))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ctx := context.Background()
+	nb, err := c.Create(ctx, sbx.CreateOptions{Timeout: time.Hour})
+	if err != nil {
+		return err
+	}
+	defer nb.Destroy(ctx) //nolint:errcheck
+	execTrue := func() error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		res, err := nb.Run(ctx, "true")
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return err
+	}
+	samples := n * 5
+	rest, err := measure("neighbour exec true, at rest", samples, execTrue)
+	if err != nil {
+		return err
+	}
+	results := []result{rest}
+	for _, b := range bombs {
+		r, err := underBombs(ctx, c, []int{indexOf(b.name)}, samples, execTrue)
+		if err != nil {
+			return err
+		}
+		r.name = "  while the " + b.name + " bomb runs"
+		results = append(results, r)
+	}
+	all := make([]int, len(bombs))
+	for i := range all {
+		all[i] = i
+	}
+	r, err := underBombs(ctx, c, all, samples, execTrue)
+	if err != nil {
+		return err
+	}
+	r.name = "  while all six run"
+	results = append(results, r)
+	fmt.Printf("%-44s %10s %10s %8s %8s\n", "neighbour `exec true`", "p50", "p99", "p50 ×", "p99 ×")
+	for _, r := range results {
+		fmt.Printf("%-44s %s %s %7.2fx %7.2fx", r.name, ms(r.p(0.5)), ms(r.p(0.99)),
+			float64(r.p(0.5))/float64(rest.p(0.5)), float64(r.p(0.99))/float64(rest.p(0.99)))
+		if r.failed > 0 {
+			fmt.Printf("  %d of %d FAILED, first: %v", r.failed, samples, r.firstErr)
+		}
+		fmt.Println()
+	}
+	fmt.Printf("p99 under all bombs / at rest = %.2fx  (aim ≤ 5x)\n", float64(r.p(0.99))/float64(rest.p(0.99)))
+
+	// Daemon CPU per GB relayed: 1 GiB of output through the API, read and
+	// dropped by the client.
+	const relay = 1 << 30
+	cpu0, err := processCPU(pid)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	var got countWriter
+	st, err := nb.Exec(ctx, sbx.ExecOptions{Shell: fmt.Sprintf("head -c %d /dev/zero", relay), Stdout: &got})
+	if err != nil || st.Code != 0 {
+		return fmt.Errorf("relay: %v %v", st, err)
+	}
+	wall := time.Since(t0)
+	cpu1, _ := processCPU(pid)
+	gb := float64(got.n) / (1 << 30)
+	fmt.Printf("daemon CPU per GiB relayed          = %6.2f s  (%.2f GiB in %.1f s, %.0f MiB/s)\n",
+		(cpu1-cpu0).Seconds()/gb, gb, wall.Seconds(), float64(got.n)/(1<<20)/wall.Seconds())
+	return nil
+}
+
+func indexOf(name string) int {
+	for i, b := range bombs {
+		if b.name == name {
+			return i
+		}
+	}
+	panic("no bomb " + name)
+}
+
+// underBombs starts the bombs with these indexes, each in a default box,
+// measures f while they run, and destroys the boxes.
+func underBombs(ctx context.Context, c *sbx.Client, which []int, n int, f func() error) (result, error) {
+	var boxes []*sbx.Sandbox
+	defer func() {
+		for _, b := range boxes {
+			_ = b.Destroy(context.Background())
+		}
+	}()
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for _, i := range which {
+		sb, err := c.Create(ctx, sbx.CreateOptions{Timeout: time.Hour})
+		if err != nil {
+			return result{}, fmt.Errorf("create %s bomb box: %w", bombs[i].name, err)
+		}
+		boxes = append(boxes, sb)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// The output flood is read and dropped as fast as it comes.
+			_, _ = sb.Exec(bctx, sbx.ExecOptions{Shell: bombs[i].shell, Stdout: io.Discard, Stderr: io.Discard})
+		}()
+	}
+	// Let the bombs reach their limits before measuring.
+	time.Sleep(2 * time.Second)
+	// A failed exec is a finding, not the end of the run: count it.
+	r := result{}
+	for range n {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			r.failed++
+			if r.firstErr == nil {
+				r.firstErr = err
+			}
+			continue
+		}
+		r.ds = append(r.ds, time.Since(t0))
+	}
+	return r, nil
+}
+
+type countWriter struct{ n int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+// processCPU is a process's user+system CPU time so far.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * (time.Second / 100), nil // USER_HZ
+}
+
+// startDaemonProcess runs `sbx serve` as a child (no warm pool, networking
+// off) and returns a client, its pid and a stop function.
+func startDaemonProcess(sbxBin, dataDir string) (*sbx.Client, int, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(sbxBin, "serve", "--listen", addr, "--data-dir", dataDir, "--warm-pool", "0", "--network=false")
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		return nil, 0, nil, fmt.Errorf("start %s: %w", sbxBin, err)
+	}
+	stop := func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }
+	c := sbx.NewClient(addr)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.List(ctx)
+		cancel()
+		if err == nil {
+			return c, cmd.Process.Pid, stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, 0, nil, errors.Join(errors.New("daemon did not serve"), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

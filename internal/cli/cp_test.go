@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// cpEntry is one entry of a test archive from a "sandbox".
+type cpEntry struct {
+	name, link, data string
+	typ              byte
+}
+
+func cpTar(t *testing.T, entries ...cpEntry) *bytes.Reader {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644, Size: int64(len(e.data))}
+		if e.typ == tar.TypeDir {
+			hdr.Mode = 0o755
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e.data))
+	}
+	tw.Close()
+	return bytes.NewReader(b.Bytes())
+}
+
+func TestExtractTarSymlinks(t *testing.T) {
+	tests := []struct {
+		name        string
+		entries     []cpEntry
+		wantSkipped []string
+		wantErr     string
+		wantLinks   map[string]string // kept symlinks
+	}{
+		{
+			name: "absolute and climbing links skipped, in-tree kept",
+			entries: []cpEntry{
+				{name: "d/", typ: tar.TypeDir},
+				{name: "d/f", data: "x", typ: tar.TypeReg},
+				{name: "abs", link: "/etc/passwd", typ: tar.TypeSymlink},
+				{name: "up", link: "../outside", typ: tar.TypeSymlink},
+				{name: "d/up2", link: "../../outside", typ: tar.TypeSymlink},
+				{name: "d/in", link: "f", typ: tar.TypeSymlink},
+				{name: "in2", link: "d/../d/f", typ: tar.TypeSymlink},
+			},
+			wantSkipped: []string{"abs -> /etc/passwd", "up -> ../outside", "d/up2 -> ../../outside"},
+			wantLinks:   map[string]string{"d/in": "f", "in2": "d/../d/f"},
+		},
+		{
+			name: "no write through an escaping link of the archive",
+			entries: []cpEntry{
+				{name: "a", link: "..", typ: tar.TypeSymlink},
+				{name: "a/file", data: "pwned", typ: tar.TypeReg},
+			},
+			wantSkipped: []string{"a -> .."},
+		},
+		{
+			name: "no write through an in-tree link of the archive",
+			entries: []cpEntry{
+				{name: "b/", typ: tar.TypeDir},
+				{name: "a", link: "b", typ: tar.TypeSymlink},
+				{name: "a/file", data: "pwned", typ: tar.TypeReg},
+			},
+			wantErr:   `"a/file": below "a"`,
+			wantLinks: map[string]string{"a": "b"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			top := t.TempDir()
+			dst := filepath.Join(top, "dst")
+			os.Mkdir(dst, 0o755)
+			skipped, err := extractTar(cpTar(t, tt.entries...), dst)
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("error: got %v, want %q", err, tt.wantErr)
+			}
+			if !slices.Equal(skipped, tt.wantSkipped) {
+				t.Errorf("skipped: got %q, want %q", skipped, tt.wantSkipped)
+			}
+			// Nothing outside dst; every link inside dst is a wanted one.
+			if ents, _ := os.ReadDir(top); len(ents) != 1 {
+				t.Errorf("entries next to dst: got %d, want only dst", len(ents))
+			}
+			filepath.WalkDir(dst, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.Type()&os.ModeSymlink == 0 {
+					return err
+				}
+				rel, _ := filepath.Rel(dst, p)
+				target, _ := os.Readlink(p)
+				if want, ok := tt.wantLinks[rel]; !ok || want != target {
+					t.Errorf("symlink %s -> %s: want %q", rel, target, want)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestExtractTarFileOverLink: a file entry replaces a link of the archive
+// instead of writing into its target.
+func TestExtractTarFileOverLink(t *testing.T) {
+	dst := t.TempDir()
+	_, err := extractTar(cpTar(t,
+		cpEntry{name: "t", data: "target", typ: tar.TypeReg},
+		cpEntry{name: "l", link: "t", typ: tar.TypeSymlink},
+		cpEntry{name: "l", data: "new", typ: tar.TypeReg},
+	), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "t")); string(b) != "target" {
+		t.Errorf("t: got %q, want it untouched", b)
+	}
+	if fi, err := os.Lstat(filepath.Join(dst, "l")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("l: got %v, %v, want a regular file", fi, err)
+	}
+}
