@@ -436,7 +436,11 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 	}
 	defer logf.Close()
 
-	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", strconv.Itoa(len(af.Extra)),
+	// --no-new-keyring: a session keyring per box would be charged to the
+	// box's host uid and cap the host at kernel.keys.maxkeys (200) boxes per
+	// uid; boxes cannot use keyrings anyway (keyctl, add_key and request_key
+	// are refused by the seccomp profile).
+	cmd := d.rt.command(ctx, "run", "--detach", "--no-new-keyring", "--preserve-fds", strconv.Itoa(len(af.Extra)),
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
 	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
