@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +27,16 @@ func harden() error {
 	// agent keeps its real and effective uid 0, and with them its
 	// capabilities; children get all three back to their user's (see
 	// userInfo.credential).
+	// The soft RLIMIT_NOFILE up to the hard one (inherited from the
+	// daemon; the runtime cannot set it, see the oci driver's spec), for
+	// the agent and, as it is set explicitly, for every process it starts.
+	var nofile syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err == nil && nofile.Cur < nofile.Max {
+		nofile.Cur = nofile.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &nofile); err != nil {
+			return fmt.Errorf("raise RLIMIT_NOFILE: %w", err)
+		}
+	}
 	if err := unix.Setresuid(-1, -1, agentSavedUID); err != nil {
 		return fmt.Errorf("setresuid(saved %d): %w", agentSavedUID, err)
 	}

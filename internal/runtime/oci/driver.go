@@ -21,6 +21,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
@@ -38,14 +39,15 @@ type Driver struct {
 	detail    string
 	healthy   bool
 	swapLimit bool // the host can limit memory+swap
-	noFile    uint64
 	// fuseDev is the /dev/fuse node bound into boxes ("" if it could not
 	// be made: path policies then fail to mount, with a clear error).
 	fuseDev string
 	caps    []string
 	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
 	agentSeccomp bool
-	log          *slog.Logger
+	// ids hands out each box's own host id range (see package idmap).
+	ids *idmap.Allocator
+	log *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -57,6 +59,9 @@ type boxData struct {
 	// StartTime (/proc/pid/stat field 22) guards against pid reuse.
 	StartTime uint64 `json:"start_time"`
 	Dir       string `json:"dir"`
+	// IDs is the box's host uid/gid range (zero in handles of older
+	// daemons: Destroy then finds it by the box dir).
+	IDs idmap.Range `json:"ids"`
 }
 
 // New prepares StateDir, picks the runtime and makes this process a child
@@ -65,6 +70,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("oci: state dir %q must be absolute: %w", cfg.StateDir, errdefs.ErrInvalidArgument)
 	}
+	var err error
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -87,6 +93,13 @@ func New(cfg Config) (*Driver, error) {
 			return nil, fmt.Errorf("oci: chmod %s: %w", dir, err)
 		}
 	}
+	pool := cfg.IDPool
+	if pool == (idmap.Pool{}) {
+		pool = idmap.DefaultPool
+	}
+	if d.ids, err = idmap.NewAllocator(cfg.IDMapDir, pool); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
 	if err := checkSearchable(d.stateDir); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
@@ -97,7 +110,6 @@ func New(cfg Config) (*Driver, error) {
 	if !validCgroupParent.MatchString(parent) {
 		return nil, fmt.Errorf("oci: cgroup parent %q: %w", parent, errdefs.ErrInvalidArgument)
 	}
-	var err error
 	if d.cg, err = detectCgroups(parent); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
@@ -120,13 +132,8 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
 	d.swapLimit = d.cg.swapAccounting()
-	d.noFile = 1 << 20
-	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Max < d.noFile {
-		d.noFile = lim.Max // raising it would need CAP_SYS_RESOURCE in the host namespace
-	}
 	d.fuseDev = filepath.Join(d.stateDir, "dev", "fuse")
-	if err := prepareFuseDevice(d.fuseDev); err != nil {
+	if err := prepareFuseDevice(d.fuseDev, idmap.Canonical.Base); err != nil {
 		d.log.Warn("no /dev/fuse for boxes: path policies will not work", "err", err)
 		d.fuseDev = ""
 	}
@@ -172,7 +179,7 @@ func checkSearchable(dir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			return fmt.Errorf("%s is not searchable by others (mode %v); box roots must be reachable by the mapped uid %d: %w",
-				p, fi.Mode().Perm(), idMapBase, errdefs.ErrFailedPrecondition)
+				p, fi.Mode().Perm(), idmap.DefaultPool.First, errdefs.ErrFailedPrecondition)
 		}
 		if p == "/" {
 			return nil
@@ -271,6 +278,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		}
 	}()
 	undo.add(func() error { return os.RemoveAll(box) })
+	ids, err := d.newBoxIDs(box, &undo)
+	if err != nil {
+		return h, err
+	}
+	defer ids.Close()
 
 	// Writable layer: a tmpfs bounding its size (its pages are charged to the
 	// memory cgroup of whoever writes them, i.e. the box).
@@ -288,19 +300,46 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			return h, fmt.Errorf("create overlay dirs: %w", err)
 		}
 	}
-	if err := os.Chown(upper, idMapBase, idMapBase); err != nil {
-		return h, fmt.Errorf("chown upper dir: %w", err)
+	// Stored in the canonical range like every tree, shown to the box (and
+	// to the overlay, which works in them as box root) in its own.
+	for _, dir := range []string{upper, work} {
+		if err := os.Chown(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base)); err != nil {
+			return h, fmt.Errorf("chown overlay dirs: %w", err)
+		}
+	}
+	if err := ids.mapDir(rw, rwMapDir(box), false); err != nil {
+		return h, fmt.Errorf("writable layer: %w", err)
+	}
+	if lowers, err = ids.lowers(lowers); err != nil {
+		return h, err
 	}
 	rootfs := rootfsDir(box)
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return h, fmt.Errorf("create rootfs dir: %w", err)
 	}
-	if err := mountOverlay(rootfs, lowers, upper, work); err != nil {
+	// As box root: host root has no id in the idmapped layers, so neither
+	// the overlay's own work (copy-ups, whiteouts) nor prepareRootfs's
+	// files could be made as host root.
+	err = idmap.AsBox(ids.r, func() error {
+		if err := mountOverlay(rootfs, lowers, filepath.Join(rwMapDir(box), "upper"), filepath.Join(rwMapDir(box), "work")); err != nil {
+			return err
+		}
+		undo.add(func() error { return unmount(rootfs) })
+		return d.prepareRootfs(rootfs, spec, int(ids.r.Base))
+	})
+	if err != nil {
 		return h, err
 	}
-	undo.add(func() error { return unmount(rootfs) })
-	if err := d.prepareRootfs(rootfs, spec); err != nil {
+	mounts, err := ids.mounts(spec.Mounts)
+	if err != nil {
 		return h, err
+	}
+	fuse := ""
+	if d.fuseDev != "" {
+		fuse = fuseNode(box)
+		if err := prepareFuseDevice(fuse, ids.r.Base); err != nil {
+			return h, err
+		}
 	}
 	sysfs := ""
 	if spec.NetNS != "" {
@@ -320,9 +359,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
-		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath, NoFile: d.noFile,
-		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: spec.Mounts,
-		FuseDevice: d.fuseDev, AgentSeccomp: d.agentSeccomp,
+		Resources: spec.Resources, HostImage: hostImage, AgentPath: d.agentPath,
+		SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs, Mounts: mounts,
+		FuseDevice: fuse, AgentSeccomp: d.agentSeccomp, IDs: ids.r, UserNS: userNSFile(box),
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -333,7 +372,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 
 	tPrepared := time.Now()
-	data := boxData{Runtime: d.rt.path, Dir: box}
+	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
 	ready, err := d.start(ctx, spec.ID, box, &data)
@@ -359,7 +398,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		if img.Name != "host" && img.Name != "" {
 			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
 		}
-		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return []string{dir}, true, err
 	}
 	for _, l := range img.Layers {
@@ -369,7 +408,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		}
 	}
 	if img.OnHost {
-		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return append([]string{dir}, img.Layers...), true, err
 	}
 	return img.Layers, false, nil
@@ -378,12 +417,12 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
 // /etc/hosts, /etc/resolv.conf (when spec.DNS is set) and the working
 // directory.
-func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
+func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error {
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	if err := mkdirInRoot(rootfs, "/etc", idMapBase, idMapBase); err != nil {
+	if err := mkdirInRoot(rootfs, "/etc", root, root); err != nil {
 		return err
 	}
 	files := map[string]string{
@@ -401,7 +440,7 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 		files["etc/resolv.conf"] = rc.String()
 	}
 	for name, content := range files {
-		err := writeFileInRoot(rootfs, name, []byte(content), idMapBase, idMapBase)
+		err := writeFileInRoot(rootfs, name, []byte(content), root, root)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			// The image's /etc is a dangling symlink or not a dir: its problem.
 			d.log.Debug("not writing into image /etc", "file", name, "err", err)
@@ -411,7 +450,7 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 			return err
 		}
 	}
-	return mkdirInRoot(rootfs, spec.Workdir, idMapBase, idMapBase)
+	return mkdirInRoot(rootfs, spec.Workdir, root, root)
 }
 
 // start runs the box's runtime with the agent as init. The agent inherits

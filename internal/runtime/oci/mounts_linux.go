@@ -223,19 +223,20 @@ func writeFileInRoot(root, file string, data []byte, uid, gid int) error {
 	return nil
 }
 
-// prepareFuseDevice makes the /dev/fuse node boxes get (bind-mounted): a
-// copy of the host's (char 10:229) owned by the boxes' root, mode 0600, so
-// the agent (root of the box's user namespace) can open it whatever the
-// host's /dev/fuse mode is. Only the agent can use it: mounting needs
-// CAP_SYS_ADMIN, which it drops before user code runs.
-func prepareFuseDevice(path string) error {
+// prepareFuseDevice makes a /dev/fuse node (char 10:229) at path owned by
+// host uid root, mode 0600: New makes one to check it can, Create one per
+// box owned by the box's root, bound at /dev/fuse, so the agent (root of the
+// box's user namespace) can open it whatever the host's /dev/fuse mode is.
+// Only the agent can use it: mounting needs CAP_SYS_ADMIN, which it drops
+// before user code runs.
+func prepareFuseDevice(path string, root uint32) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err == nil {
 		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(10, 229) {
-			return os.Lchown(path, idMapBase, idMapBase)
+			return os.Lchown(path, int(root), int(root))
 		}
 		if err := os.Remove(path); err != nil {
 			return fmt.Errorf("remove %s: %w", path, err)
@@ -244,7 +245,7 @@ func prepareFuseDevice(path string) error {
 	if err := unix.Mknod(path, unix.S_IFCHR|0o600, int(unix.Mkdev(10, 229))); err != nil {
 		return fmt.Errorf("mknod %s: %w", path, err)
 	}
-	if err := os.Lchown(path, idMapBase, idMapBase); err != nil {
+	if err := os.Lchown(path, int(root), int(root)); err != nil {
 		return fmt.Errorf("chown %s: %w", path, err)
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -48,7 +49,6 @@ type specParams struct {
 	Resources    runtime.Resources
 	HostImage    bool   // bind the host's /usr read-only
 	AgentPath    string // host path of the agent binary
-	NoFile       uint64 // RLIMIT_NOFILE soft and hard
 	// NetNS is a network namespace to join ("" = a new one).
 	NetNS string
 	// SysfsSource, if set, is bind-mounted read-only at /sys instead of a
@@ -65,6 +65,12 @@ type specParams struct {
 	// AgentSeccomp has the agent install the seccomp profile (--seccomp)
 	// instead of the runtime.
 	AgentSeccomp bool
+	// IDs is the box's host id range and UserNS its user namespace (a
+	// bind-mounted nsfs file mapping box ids 0.. to IDs), which the runtime
+	// joins. The mappings are repeated in the spec for runtimes that want
+	// them with a namespace path (runc 1.1).
+	IDs    idmap.Range
+	UserNS string
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -106,17 +112,20 @@ func buildSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
+			// No Rlimits: the runtime sets them with prlimit(2) from the
+			// host, which a box whose user namespace host root does not own
+			// refuses without CAP_SYS_RESOURCE; the agent raises its
+			// RLIMIT_NOFILE soft limit to the hard one it inherits instead.
 			NoNewPrivileges: true,
 			// OOMScoreAdj stays unset: lowering it needs CAP_SYS_RESOURCE.
 		},
 		Mounts: boxMounts(p),
 		Linux: &specs.Linux{
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: p.NetNS}, {Type: specs.UserNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: p.NetNS}, {Type: specs.UserNamespace, Path: p.UserNS},
 				{Type: specs.CgroupNamespace},
 			},
 			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
