@@ -3,6 +3,7 @@
 package oci_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -235,4 +236,31 @@ func boxBase(t *testing.T, h runtime.Handle) uint32 {
 	var inside, base uint32
 	fmt.Sscan(string(b), &inside, &base)
 	return base
+}
+
+// TestManyBoxes runs 210 boxes at once: runc's per-box session keyring,
+// charged to the one shared host uid, used to stop the host at the 199th
+// ("unable to create session key: disk quota exceeded", kernel.keys.maxkeys
+// is 200 per uid). Slow (about a minute here): not under -short.
+func TestManyBoxes(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if testing.Short() {
+		t.Skip("creates 210 boxes")
+	}
+	d := newDriver(t, stateRoot(t))
+	start := time.Now()
+	for i := range 210 {
+		spec := testsuite.NewSpec("many")
+		spec.Resources.MemoryBytes = 32 << 20
+		h, err := d.Create(t.Context(), spec)
+		if err != nil {
+			t.Fatalf("box %d: %v", i+1, err)
+		}
+		t.Cleanup(func() {
+			if err := d.Destroy(context.Background(), h); err != nil {
+				t.Errorf("destroy %s: %v", h.ID, err)
+			}
+		})
+	}
+	t.Logf("210 boxes in %v", time.Since(start).Round(time.Millisecond))
 }
