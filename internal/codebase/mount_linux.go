@@ -50,6 +50,12 @@ func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.Overlay
 	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return nil, fmt.Errorf("mount tmpfs at %s: %w", rw, err)
 	}
+	// Owned by sandbox root: the driver's overlay reaches upper and work
+	// through an idmapped copy of this tmpfs as sandbox root, who has no
+	// access to a dir of host root's.
+	if err := os.Lchown(rw, rootUID, rootUID); err != nil {
+		return nil, fmt.Errorf("chown %s: %w", rw, err)
+	}
 	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	fi, err := os.Stat(lower)
 	if err != nil {

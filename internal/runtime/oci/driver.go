@@ -251,8 +251,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if err := runtime.ValidateMountPath(m.Destination); err != nil {
 			return h, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 		}
-		if !filepath.IsAbs(m.Source) {
-			return h, fmt.Errorf("mount source %q: must be absolute: %w", m.Source, errdefs.ErrInvalidArgument)
+		srcs := []string{m.Source}
+		if m.Overlay != nil {
+			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
+		}
+		for _, src := range srcs {
+			if !filepath.IsAbs(src) {
+				return h, fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
+			}
 		}
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
