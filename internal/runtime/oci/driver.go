@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -381,7 +382,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
-	ready, err := d.start(ctx, spec.ID, box, &data)
+	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, &data)
 	if err != nil {
 		return h, err
 	}
@@ -463,7 +464,13 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error
 // the listening sockets the daemon made, for its API (fd 3) and for framed
 // execs (fd 5), so a Dial never races its start, and the write end of a pipe
 // (fd 4) on which it says it serves; start returns the read end.
-func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (ready *os.File, err error) {
+//
+// A network namespace to join (netns) is joined by the runtime's own
+// process, not through config.json: the runtime joins the box's user
+// namespace first, after which it has no privilege over a namespace host
+// root owns; config.json then names no network namespace and the box stays
+// in the runtime's.
+func (d *Driver) start(ctx context.Context, id, box, netns string, data *boxData) (ready *os.File, err error) {
 	af, err := runtime.NewAgentFiles(sockPath(box), execSock(box))
 	if err != nil {
 		return nil, err
@@ -489,7 +496,7 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
 	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
-	if err := cmd.Run(); err != nil {
+	if err := runInNetNS(cmd, netns); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))
@@ -592,4 +599,29 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// runInNetNS runs cmd from a thread in the network namespace at path ("" =
+// the daemon's). The thread is never handed back to other goroutines.
+func runInNetNS(cmd *exec.Cmd, path string) error {
+	if path == "" {
+		return cmd.Run()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open network namespace: %w", err)
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			errc <- fmt.Errorf("join network namespace %s: %w", path, err)
+			return
+		}
+		errc <- cmd.Run()
+	}()
+	return <-errc
 }

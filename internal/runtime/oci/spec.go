@@ -49,7 +49,8 @@ type specParams struct {
 	Resources    runtime.Resources
 	HostImage    bool   // bind the host's /usr read-only
 	AgentPath    string // host path of the agent binary
-	// NetNS is a network namespace to join ("" = a new one).
+	// NetNS is a network namespace to join ("" = a new one): the driver
+	// runs the runtime in it and config.json names none.
 	NetNS string
 	// SysfsSource, if set, is bind-mounted read-only at /sys instead of a
 	// new sysfs (which a box cannot mount in a netns it does not own).
@@ -125,7 +126,7 @@ func buildSpec(p specParams) *specs.Spec {
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: p.NetNS}, {Type: specs.UserNamespace, Path: p.UserNS},
+				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace, Path: p.UserNS},
 				{Type: specs.CgroupNamespace},
 			},
 			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
@@ -134,6 +135,10 @@ func buildSpec(p specParams) *specs.Spec {
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
+	}
+	if p.NetNS == "" {
+		// A new one; a given one the runtime's process joins (see start).
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
 	}
 	return s
 }
