@@ -80,6 +80,12 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("oci: state dir %q must be absolute: %w", cfg.StateDir, errdefs.ErrInvalidArgument)
 	}
+	if strings.ContainsRune(cfg.StateDir, ',') {
+		// Each box's user namespace is a file under it, which the runtime
+		// passes on in a comma-separated list (runc: "invalid namespace path").
+		return nil, fmt.Errorf("oci: state dir %q contains ',', which the runtime cannot take in a namespace path: %w",
+			cfg.StateDir, errdefs.ErrInvalidArgument)
+	}
 	var err error
 	log := cfg.Logger
 	if log == nil {
