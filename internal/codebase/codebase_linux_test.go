@@ -15,6 +15,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/testutil"
@@ -420,8 +421,7 @@ func overlayOf(tb testing.TB, mnt runtime.Mount) string {
 	}
 	dir := tb.TempDir()
 	o := mnt.Overlay
-	opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work + ",redirect_dir=off,metacopy=off,index=off"
-	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+	if err := overlay.Mount(dir, []string{o.Lower}, o.Upper, o.Work, "redirect_dir=off,metacopy=off,index=off", 0); err != nil {
 		tb.Fatalf("mount codebase overlay: %v", err)
 	}
 	tb.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
