@@ -2,7 +2,7 @@
 // agent API to the sbx daemon and runs commands, terminals and file
 // operations inside the sandbox. See internal/agent.
 //
-//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N] [--seccomp] [-- CMD ARGS...]
+//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N] [--seccomp] [--nofile N] [-- CMD ARGS...]
 package main
 
 import (
@@ -33,6 +33,7 @@ func parseArgs(args []string) (agent.Options, error) {
 	fs.IntVar(&opts.ReadyFD, "ready-fd", -1, "write one byte on this inherited `fd` and close it once serving")
 	fs.IntVar(&opts.ExecFD, "exec-fd", -1, "serve framed execs on this inherited listening socket `fd`")
 	fs.BoolVar(&opts.Seccomp, "seccomp", false, "install the sandbox's seccomp filter before anything else")
+	fs.Uint64Var(&opts.NoFile, "nofile", 0, "set RLIMIT_NOFILE (soft and hard) to `n` for the agent and everything it starts (0: soft up to hard)")
 	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {

@@ -23,6 +23,7 @@ type Options struct {
 	ReadyFD    int
 	ExecFD     int
 	Seccomp    bool
+	NoFile     uint64
 	Listen     string
 	Entrypoint []string
 	Logger     *slog.Logger

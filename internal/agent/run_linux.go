@@ -35,6 +35,10 @@ type Options struct {
 	// on every thread before anything else; a failure is fatal. The OCI
 	// driver sets it instead of having the runtime compile the profile.
 	Seccomp bool
+	// NoFile, if not 0, is the RLIMIT_NOFILE (soft and hard) of the agent
+	// and everything it starts, set before anything runs (see setNoFile);
+	// 0 raises the soft limit to the inherited hard one.
+	NoFile uint64
 	// Entrypoint, if set, is started at boot in the background.
 	Entrypoint []string
 	// Logger is the agent's log; nil means a text logger on stderr.
@@ -54,6 +58,9 @@ func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if err := setNoFile(opts.NoFile); err != nil {
+		return err
 	}
 	if err := harden(); err != nil {
 		log.Warn("hardening agent", "err", err)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,6 +36,30 @@ func harden() error {
 		for range ch {
 		}
 	}()
+	return nil
+}
+
+// setNoFile sets the agent's RLIMIT_NOFILE, which every process it starts
+// inherits: soft and hard to n (at most the hard limit it inherited: only
+// CAP_SYS_RESOURCE in the host's namespace may raise it), or, with n 0,
+// the soft one up to the hard one. The OCI runtime cannot set it for a box
+// whose user namespace host root does not own, so the driver hands the
+// box's limit over as --nofile. Lowering one's own limits needs no
+// privilege; user code cannot change the agent's afterwards (harden).
+// syscall.Setrlimit, not x/sys/unix: it also stops Go from giving children
+// its own original soft limit back.
+func setNoFile(n uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("get RLIMIT_NOFILE: %w", err)
+	}
+	if n > 0 {
+		lim.Max = min(lim.Max, n)
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("set RLIMIT_NOFILE to %d: %w", lim.Max, err)
+	}
 	return nil
 }
 

@@ -63,10 +63,11 @@ func BenchmarkSync10k(b *testing.B) {
 	if _, _, err := m.Create(ctx, &sbxv1.CreateCodebaseHeader{Name: "big"}, bytes.NewReader(buf.Bytes())); err != nil {
 		b.Fatal(err)
 	}
-	merged, err := m.Mount(ctx, "sb-bench", &sbxv1.CodebaseMount{Codebase: "big"}, 0)
+	mnt, err := m.Mount(ctx, "sb-bench", &sbxv1.CodebaseMount{Codebase: "big"}, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	merged := overlayOf(b, mnt)
 	defer m.Cleanup(ctx, nil) //nolint:errcheck
 	i := 0
 	for b.Loop() {

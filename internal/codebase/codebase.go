@@ -10,8 +10,9 @@
 //	                         is never written once made and overlayfs never
 //	                         sees a lower layer change)
 //	mounts/<sandbox>/<hash>/ per mount: rw/ (a tmpfs the size of the
-//	                         sandbox's disk limit, holding upper/ and work/)
-//	                         and merged/ (the overlay the box bind-mounts)
+//	                         sandbox's disk limit, holding upper/ and work/);
+//	                         the box's driver assembles the overlay of the
+//	                         tree under it (runtime.Mount.Overlay)
 //	tmp/                     uploads being extracted
 //
 // Metadata lives in the daemon's SQLite database (internal/store): the
@@ -100,8 +101,8 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg.Logger = slog.Default()
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger}
-	// 0711: sandboxes' user namespaces must traverse to the merged dirs
-	// (the runtime resolves bind sources as the box's root).
+	// 0711: the driver mounts a box's codebase overlay as the box's root,
+	// which must traverse to the trees and layers.
 	for _, d := range []string{cfg.Dir, m.treesDir(), m.mountsDir(), m.tmpDir()} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create codebase dir: %w", err)

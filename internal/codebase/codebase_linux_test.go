@@ -11,8 +11,12 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/overlay"
+	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
@@ -229,14 +233,15 @@ func TestMountSyncConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Cleanup(context.Background(), nil) })
-	ma, err := m.Mount(ctx, "sb-a", &sbxv1.CodebaseMount{Codebase: "p"}, 64<<20)
+	mntA, err := m.Mount(ctx, "sb-a", &sbxv1.CodebaseMount{Codebase: "p"}, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mb, err := m.Mount(ctx, "sb-b", &sbxv1.CodebaseMount{Codebase: "p"}, 64<<20)
+	mntB, err := m.Mount(ctx, "sb-b", &sbxv1.CodebaseMount{Codebase: "p"}, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ma, mb := overlayOf(t, mntA), overlayOf(t, mntB)
 	if got := readFile(t, filepath.Join(ma, "d/c.txt")); got != "c1" {
 		t.Fatalf("mounted content: got %q", got)
 	}
@@ -393,8 +398,8 @@ func TestCleanupRemovesMountsOfGoneSandboxes(t *testing.T) {
 			t.Errorf("mount of a gone sandbox left: %s", mp)
 		}
 	}
-	if len(mounts) != 2 {
-		t.Errorf("live sandbox mounts: got %v, want rw and merged", mounts)
+	if len(mounts) != 1 {
+		t.Errorf("live sandbox mounts: got %v, want its rw tmpfs", mounts)
 	}
 	if paths, _ := m.MountPaths(ctx, "sb-dead"); len(paths) != 0 {
 		t.Errorf("records of gone sandbox left: %v", paths)
@@ -405,4 +410,20 @@ func TestCleanupRemovesMountsOfGoneSandboxes(t *testing.T) {
 	if mounts, _ := mountsUnder(m.mountsDir()); len(mounts) != 0 {
 		t.Errorf("mounts left: %v", mounts)
 	}
+}
+
+// overlayOf mounts a codebase mount's overlay in a temp dir as a driver
+// would (without the driver's idmapped layers) and returns it.
+func overlayOf(tb testing.TB, mnt runtime.Mount) string {
+	tb.Helper()
+	if mnt.Overlay == nil {
+		tb.Fatalf("codebase mount %+v: no overlay", mnt)
+	}
+	dir := tb.TempDir()
+	o := mnt.Overlay
+	if err := overlay.Mount(dir, []string{o.Lower}, o.Upper, o.Work, "redirect_dir=off,metacopy=off,index=off", 0); err != nil {
+		tb.Fatalf("mount codebase overlay: %v", err)
+	}
+	tb.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
 }

@@ -12,6 +12,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 )
 
@@ -22,38 +23,38 @@ func (m *Manager) mountDir(sandboxID, path string) string {
 }
 
 // Mount gives sandboxID its own copy-on-write layer over a codebase's
-// current revision and returns the host directory to bind-mount at
-// cm.Path. diskBytes bounds the layer (a tmpfs). The mount is recorded
+// current revision and returns the mount for the box's driver to make at
+// cm.Path (an overlay of the revision's tree under the layer). diskBytes bounds the layer (a tmpfs). The mount is recorded
 // before it is made, so Cleanup finds it after a crash; a failure undoes
 // everything.
-func (m *Manager) Mount(ctx context.Context, sandboxID string, cm *sbxv1.CodebaseMount, diskBytes int64) (string, error) {
+func (m *Manager) Mount(ctx context.Context, sandboxID string, cm *sbxv1.CodebaseMount, diskBytes int64) (runtime.Mount, error) {
 	path := cm.GetPath()
 	if path == "" {
 		path = DefaultMountPath
 	}
 	if sandboxID == "" || filepath.Base(sandboxID) != sandboxID || sandboxID == "." || sandboxID == ".." {
-		return "", fmt.Errorf("sandbox id %q: not usable as a directory name: %w", sandboxID, errdefs.ErrInvalidArgument)
+		return runtime.Mount{}, fmt.Errorf("sandbox id %q: not usable as a directory name: %w", sandboxID, errdefs.ErrInvalidArgument)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, err := m.cfg.Store.GetCodebase(ctx, cm.GetCodebase())
 	if err != nil {
-		return "", err
+		return runtime.Mount{}, err
 	}
 	dir := m.mountDir(sandboxID, path)
 	mr := &store.CodebaseMountRecord{SandboxID: sandboxID, Path: path, CodebaseID: rec.ID, LowerRev: rec.Revision, Dir: dir}
 	if err := m.cfg.Store.InsertCodebaseMount(ctx, mr); err != nil {
-		return "", err
+		return runtime.Mount{}, err
 	}
-	merged, err := mountLayer(m.tree(rec.ID, rec.Revision), dir, diskBytes, int(m.cfg.UIDShift))
+	ov, err := mountLayer(m.tree(rec.ID, rec.Revision), dir, diskBytes, int(m.cfg.UIDShift))
 	if err != nil {
 		if derr := m.cfg.Store.DeleteCodebaseMount(context.WithoutCancel(ctx), sandboxID, path); derr != nil {
 			m.log.Error("forgetting failed codebase mount", "sandbox", sandboxID, "err", derr)
 		}
-		return "", fmt.Errorf("mount codebase %s at %s: %w", cm.GetCodebase(), path, err)
+		return runtime.Mount{}, fmt.Errorf("mount codebase %s at %s: %w", cm.GetCodebase(), path, err)
 	}
 	m.log.Info("codebase mounted", "codebase", rec.ID, "revision", rec.Revision, "sandbox", sandboxID, "path", path)
-	return merged, nil
+	return runtime.Mount{Destination: path, Overlay: ov}, nil
 }
 
 // Unmount undoes every codebase mount of a sandbox (its unsynced changes

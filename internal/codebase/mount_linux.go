@@ -12,23 +12,27 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxdev/sbx/internal/overlay"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // mountLayer makes dir/rw (a tmpfs of size bytes holding upper/ and work/)
-// and dir/merged (the overlay of lower under it). On failure nothing is left.
-func mountLayer(lower, dir string, size int64, rootUID int) (merged string, err error) {
+// and returns the overlay of lower under it for the box's driver to mount:
+// the driver shows both through idmapped mounts in the box's own id range
+// (an overlay mount itself cannot be idmapped). upper and work are owned by
+// sandbox root in the canonical range (rootUID), as the tree is. On failure
+// nothing is left.
+func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.Overlay, err error) {
 	for _, p := range []string{lower, dir} {
 		if strings.ContainsAny(p, ",:") {
-			return "", fmt.Errorf("path %q contains ',' or ':' (unusable in overlay options)", p)
+			return nil, fmt.Errorf("path %q contains ',' or ':' (unusable in overlay options)", p)
 		}
 	}
-	rw, merged := filepath.Join(dir, "rw"), filepath.Join(dir, "merged")
+	rw := filepath.Join(dir, "rw")
 	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return "", fmt.Errorf("create mount dir: %w", err)
+		return nil, fmt.Errorf("create mount dir: %w", err)
 	}
 	if err := os.Mkdir(dir, 0o711); err != nil {
-		return "", fmt.Errorf("create mount dir: %w", err)
+		return nil, fmt.Errorf("create mount dir: %w", err)
 	}
 	ok := false
 	defer func() {
@@ -36,52 +40,51 @@ func mountLayer(lower, dir string, size int64, rootUID int) (merged string, err 
 			_ = unmountLayer(dir)
 		}
 	}()
-	for _, d := range []string{rw, merged} {
-		if err := os.Mkdir(d, 0o711); err != nil {
-			return "", fmt.Errorf("create mount dir: %w", err)
-		}
+	if err := os.Mkdir(rw, 0o711); err != nil {
+		return nil, fmt.Errorf("create mount dir: %w", err)
 	}
 	opts := "mode=0700"
 	if size > 0 {
 		opts += ",size=" + strconv.FormatInt(size, 10)
 	}
 	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return "", fmt.Errorf("mount tmpfs at %s: %w", rw, err)
+		return nil, fmt.Errorf("mount tmpfs at %s: %w", rw, err)
+	}
+	// Owned by sandbox root: the driver's overlay reaches upper and work
+	// through an idmapped copy of this tmpfs as sandbox root, who has no
+	// access to a dir of host root's.
+	if err := os.Lchown(rw, rootUID, rootUID); err != nil {
+		return nil, fmt.Errorf("chown %s: %w", rw, err)
 	}
 	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	fi, err := os.Stat(lower)
 	if err != nil {
-		return "", fmt.Errorf("stat codebase tree: %w", err)
+		return nil, fmt.Errorf("stat codebase tree: %w", err)
 	}
 	if err := os.Mkdir(upper, fi.Mode().Perm()); err != nil {
-		return "", fmt.Errorf("create upper dir: %w", err)
+		return nil, fmt.Errorf("create upper dir: %w", err)
 	}
 	if err := os.Chmod(upper, fi.Mode().Perm()); err != nil {
-		return "", fmt.Errorf("chmod upper dir: %w", err)
-	}
-	if err := os.Lchown(upper, rootUID, rootUID); err != nil {
-		return "", fmt.Errorf("chown upper dir: %w", err)
+		return nil, fmt.Errorf("chmod upper dir: %w", err)
 	}
 	if err := os.Mkdir(work, 0o700); err != nil {
-		return "", fmt.Errorf("create work dir: %w", err)
+		return nil, fmt.Errorf("create work dir: %w", err)
 	}
-	// redirect_dir and metacopy off: every change is a whole file in upper
-	// (a renamed directory is copied), which is what sync reads.
-	// Layers named by fd: the box that binds merged sees no host path in
-	// its mountinfo.
-	if err := overlay.Mount(merged, []string{lower}, upper, work, "redirect_dir=off,metacopy=off,index=off", unix.MS_NOSUID|unix.MS_NODEV); err != nil {
-		return "", err
+	// Both owned by sandbox root: the driver's overlay works in them as
+	// sandbox root.
+	for _, d := range []string{upper, work} {
+		if err := os.Lchown(d, rootUID, rootUID); err != nil {
+			return nil, fmt.Errorf("chown %s: %w", d, err)
+		}
 	}
 	ok = true
-	return merged, nil
+	return &runtime.Overlay{Lower: lower, Upper: upper, Work: work}, nil
 }
 
 // unmountLayer undoes mountLayer (also half-made ones) and removes dir.
 func unmountLayer(dir string) error {
-	for _, p := range []string{filepath.Join(dir, "merged"), filepath.Join(dir, "rw")} {
-		if err := unmount(p); err != nil {
-			return err
-		}
+	if err := unmount(filepath.Join(dir, "rw")); err != nil {
+		return err
 	}
 	return removeUnmounted(dir)
 }

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -600,6 +601,20 @@ func (m *Manager) applySync(cur *safepath.Root, dst string, up *safepath.Root, o
 	// safepath:ok: dst is the daemon's own new tree dir.
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return 0, 0, fmt.Errorf("create sync tree: %w", err)
+	}
+	// The new tree's root keeps the old one's owner and mode: boxes (and
+	// the overlay over it, working as sandbox root) must traverse it.
+	if fi, err := cur.Lstat("."); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			// safepath:ok: dst is the daemon's own new tree dir.
+			if err := os.Lchown(dst, m.owner(st.Uid), m.owner(st.Gid)); err != nil {
+				return 0, 0, fmt.Errorf("chown sync tree: %w", err)
+			}
+		}
+		// safepath:ok: dst is the daemon's own new tree dir.
+		if err := os.Chmod(dst, fi.Mode().Perm()); err != nil {
+			return 0, 0, fmt.Errorf("chmod sync tree: %w", err)
+		}
 	}
 	out, err := safepath.OpenRoot(dst)
 	if err != nil {

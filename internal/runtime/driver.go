@@ -99,6 +99,18 @@ type Mount struct {
 	// Destination is an absolute path inside the box.
 	Destination string
 	ReadOnly    bool
+	// Overlay, if set, has the driver make the mount itself: an overlay of
+	// Overlay.Lower under Overlay.Upper (Source is ignored). Drivers that
+	// show boxes stored trees through idmapped layers need the layers, not
+	// an overlay mount, which cannot be idmapped.
+	Overlay *Overlay
+}
+
+// Overlay is a copy-on-write mount a driver assembles: Lower read-only,
+// changes in Upper, Work the overlay's work dir on Upper's filesystem. All
+// are absolute host paths the caller owns and keeps until the box is gone.
+type Overlay struct {
+	Lower, Upper, Work string
 }
 
 // ValidateMountPath checks a mount destination: absolute, clean, and not /

@@ -17,9 +17,9 @@ const DefaultCodebasePath = "/workspace"
 // copy-on-write layer, and syncs a sandbox's changes back
 // (internal/codebase implements it).
 type Codebases interface {
-	// Mount makes sandboxID's layer over a codebase and returns the host
-	// directory to bind-mount at cm.Path; diskBytes bounds the layer.
-	Mount(ctx context.Context, sandboxID string, cm *sbxv1.CodebaseMount, diskBytes int64) (string, error)
+	// Mount makes sandboxID's layer over a codebase and returns the mount
+	// to make at cm.Path; diskBytes bounds the layer.
+	Mount(ctx context.Context, sandboxID string, cm *sbxv1.CodebaseMount, diskBytes int64) (runtime.Mount, error)
 	// Unmount undoes every codebase mount of a sandbox.
 	Unmount(ctx context.Context, sandboxID string) error
 	// Sync writes a sandbox's changes under the mount at path ("" = its only
@@ -67,11 +67,12 @@ func (m *Manager) mountCodebases(ctx context.Context, id string, spec *sbxv1.Cre
 	}
 	out := make([]runtime.Mount, 0, len(spec.GetCodebases()))
 	for _, cm := range spec.GetCodebases() {
-		src, err := m.cfg.Codebases.Mount(ctx, id, cm, spec.GetResources().GetDiskBytes())
+		mnt, err := m.cfg.Codebases.Mount(ctx, id, cm, spec.GetResources().GetDiskBytes())
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, runtime.Mount{Source: src, Destination: cm.GetPath()})
+		mnt.Destination = cm.GetPath()
+		out = append(out, mnt)
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // fakeCodebases records the manager's calls (the real thing is tested in
@@ -21,14 +22,14 @@ type fakeCodebases struct {
 	syncs     []string
 }
 
-func (f *fakeCodebases) Mount(_ context.Context, id string, cm *sbxv1.CodebaseMount, _ int64) (string, error) {
+func (f *fakeCodebases) Mount(_ context.Context, id string, cm *sbxv1.CodebaseMount, _ int64) (runtime.Mount, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.mountErr != nil {
-		return "", f.mountErr
+		return runtime.Mount{}, f.mountErr
 	}
 	f.mounted[id] = append(f.mounted[id], cm.GetPath())
-	return "/nonexistent", nil
+	return runtime.Mount{Source: "/nonexistent"}, nil
 }
 
 func (f *fakeCodebases) Unmount(_ context.Context, id string) error {

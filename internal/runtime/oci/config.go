@@ -11,12 +11,16 @@
 // box: files written inside a box count against its memory limit too, so the
 // memory limit should exceed the disk bound for the disk bound to be reached.
 //
-// Box root runs as uid 0 of a user namespace mapped to host uids
-// 100000..165535 (one range shared by all boxes). Image layers are used as
-// they are: files owned by host root show up as nobody inside, which is fine
-// for read-only system files; the image store should shift ownership into
-// the mapped range (or, later, the driver should use idmapped mounts) for
-// layers whose files the box must own.
+// Every box has its own host uid/gid range (internal/idmap: allocated
+// host-wide, recorded in the handle and under /run, freed when the box is
+// gone) and its own user namespace, created by the driver with the range's
+// first uid as owner and joined by the runtime, so per-user kernel counters
+// (inotify, RT signals, processes, pipe pages, keys) are charged per box and
+// never to host root. Trees are stored in the canonical range 100000..165535
+// (image layers shifted by the image store, writable layers, codebases,
+// volumes) and each box sees them through idmapped mounts in its own range;
+// files owned by ids outside the canonical range (host root's) show up as
+// nobody.
 //
 // Only internal/daemon (and tests) should import it; everything else uses
 // the runtime.Driver interface.
@@ -32,7 +36,11 @@
 // is left to whoever adopted it.
 package oci
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/sbxdev/sbx/internal/idmap"
+)
 
 // Config configures a Driver.
 type Config struct {
@@ -66,13 +74,21 @@ type Config struct {
 	// before the agent does anything else). Architectures without a syscall
 	// table in internal/seccomp always use the runtime.
 	SeccompInRuntime bool
+	// IDMapDir records which host id ranges boxes hold, host-wide ("" =
+	// idmap.DefaultDir, on /run): drivers over different state dirs on one
+	// host must share it so that no two boxes get the same range.
+	IDMapDir string
+	// IDPool is where boxes' id ranges are carved from (zero =
+	// idmap.DefaultPool).
+	IDPool idmap.Pool
 	// Logger receives driver logs; nil means slog.Default().
 	Logger *slog.Logger
 }
 
-// Box user namespace: sandbox uids/gids 0..idMapSize-1 map to host
-// idMapBase.. (one range shared by all boxes for now; per-box ranges need
-// idmapped lower layers).
+// The canonical range (idmap.Canonical): trees boxes see (image layers,
+// writable layers, codebases, volumes) are stored with box uid u as host
+// uid idMapBase+u; each box sees them in its own range through idmapped
+// mounts.
 const (
 	idMapBase = 100000
 	idMapSize = 65536

@@ -41,7 +41,8 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 }
 
 func (d *Driver) destroy(ctx context.Context, id string, data *boxData) error {
-	errs := []error{d.teardownProcesses(ctx, id, data)}
+	terr := d.teardownProcesses(ctx, id, data)
+	errs := []error{terr}
 	box := d.boxDir(id)
 	mounts, err := mountsUnder(box)
 	errs = append(errs, err)
@@ -60,6 +61,12 @@ func (d *Driver) destroy(ctx context.Context, id string, data *boxData) error {
 	if !mounted {
 		if err := os.RemoveAll(box); err != nil {
 			errs = append(errs, fmt.Errorf("remove box dir: %w", err))
+		} else if terr == nil {
+			// No process runs with the box's ids and nothing on disk has
+			// them (everything it wrote went through idmapped mounts into
+			// the canonical range, or into its own namespaces' tmpfs): its
+			// range can go to another box.
+			errs = append(errs, d.releaseIDs(box, data.IDs))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -183,6 +190,17 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		if err := d.destroy(ctx, id, &boxData{}); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// Ranges of boxes whose dir is gone (a crash between removing the dir
+	// and freeing the range).
+	if held, err := d.ids.Held(d.boxesDir); err == nil {
+		for owner, r := range held {
+			if rel, err := filepath.Rel(d.boxesDir, owner); err == nil && !keep[rel] && !exists(owner) {
+				errs = append(errs, d.ids.Release(r, owner))
+			}
+		}
+	} else {
+		errs = append(errs, err)
 	}
 	// Temp dirs of an interrupted host image build.
 	if ents, err := os.ReadDir(d.imagesDir); err == nil {

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/seccomp"
@@ -53,7 +55,9 @@ type Driver struct {
 	caps []string
 	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
 	agentSeccomp bool
-	log          *slog.Logger
+	// ids hands out each box's own host id range (see package idmap).
+	ids *idmap.Allocator
+	log *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -65,6 +69,9 @@ type boxData struct {
 	// StartTime (/proc/pid/stat field 22) guards against pid reuse.
 	StartTime uint64 `json:"start_time"`
 	Dir       string `json:"dir"`
+	// IDs is the box's host uid/gid range (zero in handles of older
+	// daemons: Destroy then finds it by the box dir).
+	IDs idmap.Range `json:"ids"`
 }
 
 // New prepares StateDir, picks the runtime and makes this process a child
@@ -73,6 +80,13 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("oci: state dir %q must be absolute: %w", cfg.StateDir, errdefs.ErrInvalidArgument)
 	}
+	if strings.ContainsRune(cfg.StateDir, ',') {
+		// Each box's user namespace is a file under it, which the runtime
+		// passes on in a comma-separated list (runc: "invalid namespace path").
+		return nil, fmt.Errorf("oci: state dir %q contains ',', which the runtime cannot take in a namespace path: %w",
+			cfg.StateDir, errdefs.ErrInvalidArgument)
+	}
+	var err error
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -95,6 +109,13 @@ func New(cfg Config) (*Driver, error) {
 			return nil, fmt.Errorf("oci: chmod %s: %w", dir, err)
 		}
 	}
+	pool := cfg.IDPool
+	if pool == (idmap.Pool{}) {
+		pool = idmap.DefaultPool
+	}
+	if d.ids, err = idmap.NewAllocator(cfg.IDMapDir, pool); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
 	if err := checkSearchable(d.stateDir); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
@@ -105,7 +126,6 @@ func New(cfg Config) (*Driver, error) {
 	if !validCgroupParent.MatchString(parent) {
 		return nil, fmt.Errorf("oci: cgroup parent %q: %w", parent, errdefs.ErrInvalidArgument)
 	}
-	var err error
 	if d.cg, err = detectCgroups(parent); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
@@ -188,7 +208,7 @@ func checkSearchable(dir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			return fmt.Errorf("%s is not searchable by others (mode %v); box roots must be reachable by the mapped uid %d: %w",
-				p, fi.Mode().Perm(), idMapBase, errdefs.ErrFailedPrecondition)
+				p, fi.Mode().Perm(), idmap.DefaultPool.First, errdefs.ErrFailedPrecondition)
 		}
 		if p == "/" {
 			return nil
@@ -317,8 +337,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if err := runtime.ValidateMountPath(m.Destination); err != nil {
 			return h, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 		}
-		if !filepath.IsAbs(m.Source) {
-			return h, fmt.Errorf("mount source %q: must be absolute: %w", m.Source, errdefs.ErrInvalidArgument)
+		srcs := []string{m.Source}
+		if m.Overlay != nil {
+			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
+		}
+		for _, src := range srcs {
+			if !filepath.IsAbs(src) {
+				return h, fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
+			}
 		}
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
@@ -347,6 +373,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.WriteFile(agentLayerFile(box), []byte(filepath.Base(d.agentLayer)+"\n"), 0o600); err != nil {
 		return h, fmt.Errorf("record agent layer: %w", err)
 	}
+	ids, err := d.newBoxIDs(box, &undo)
+	if err != nil {
+		return h, err
+	}
+	defer ids.Close()
 
 	// Writable layer: a tmpfs bounding its size (its pages are charged to the
 	// memory cgroup of whoever writes them, i.e. the box).
@@ -364,24 +395,46 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			return h, fmt.Errorf("create overlay dirs: %w", err)
 		}
 	}
-	if err := os.Chown(upper, idMapBase, idMapBase); err != nil {
-		return h, fmt.Errorf("chown upper dir: %w", err)
+	// Stored in the canonical range like every tree, shown to the box (and
+	// to the overlay, which works in them as box root) in its own.
+	for _, dir := range []string{upper, work} {
+		if err := os.Chown(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base)); err != nil {
+			return h, fmt.Errorf("chown overlay dirs: %w", err)
+		}
+	}
+	if err := ids.mapDir(rw, rwMapDir(box), false); err != nil {
+		return h, fmt.Errorf("writable layer: %w", err)
+	}
+	if lowers, err = ids.lowers(lowers); err != nil {
+		return h, err
 	}
 	rootfs := rootfsDir(box)
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return h, fmt.Errorf("create rootfs dir: %w", err)
 	}
-	// Layers named by fd: no host path in the box's mountinfo.
-	if err := overlay.Mount(rootfs, append(lowers, d.agentLayer), upper, work, "", 0); err != nil {
+	// As box root: host root has no id in the idmapped layers, so neither
+	// the overlay's own work (copy-ups, whiteouts) nor prepareRootfs's
+	// files could be made as host root. Layers named by fd: no host path
+	// in the box's mountinfo. The agent layer (topmost) is not idmapped:
+	// its files are host root's and show as nobody, as before.
+	err = idmap.AsBox(ids.r, func() error {
+		if err := overlay.Mount(rootfs, append(lowers, d.agentLayer),
+			filepath.Join(rwMapDir(box), "upper"), filepath.Join(rwMapDir(box), "work"), "", 0); err != nil {
+			return err
+		}
+		undo.add(func() error { return unmount(rootfs) })
+		return d.prepareRootfs(rootfs, spec, int(ids.r.Base))
+	})
+	if err != nil {
 		return h, err
 	}
-	undo.add(func() error { return unmount(rootfs) })
-	if err := d.prepareRootfs(rootfs, spec); err != nil {
+	mounts, err := ids.mounts(spec.Mounts)
+	if err != nil {
 		return h, err
 	}
 	fuseDev := ""
 	if d.fuse {
-		if fuseDev, err = makeFuseDevice(box); err != nil {
+		if fuseDev, err = makeFuseDevice(box, ids.r.Base); err != nil {
 			return h, err
 		}
 		undo.add(func() error { return unmount(fuseDevDir(box)) })
@@ -406,7 +459,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: filepath.Join(rootfs, agentInBox),
 		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
-		Mounts: spec.Mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp,
+		Mounts: mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp, IDs: ids.r, UserNS: userNSFile(box),
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -417,10 +470,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 
 	tPrepared := time.Now()
-	data := boxData{Runtime: d.rt.path, Dir: box}
+	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
-	ready, err := d.start(ctx, spec.ID, box, &data)
+	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, &data)
 	if err != nil {
 		return h, err
 	}
@@ -443,7 +496,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		if img.Name != "host" && img.Name != "" {
 			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
 		}
-		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return []string{dir}, true, err
 	}
 	for _, l := range img.Layers {
@@ -453,7 +506,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		}
 	}
 	if img.OnHost {
-		dir, err := ensureHostImage(d.imagesDir, idMapBase, idMapBase)
+		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return append([]string{dir}, img.Layers...), true, err
 	}
 	return img.Layers, false, nil
@@ -462,12 +515,12 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
 // /etc/hosts, /etc/resolv.conf (when spec.DNS is set) and the working
 // directory.
-func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
+func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error {
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	if err := mkdirInRoot(rootfs, "/etc", idMapBase, idMapBase); err != nil {
+	if err := mkdirInRoot(rootfs, "/etc", root, root); err != nil {
 		return err
 	}
 	files := map[string]string{
@@ -485,7 +538,7 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 		files["etc/resolv.conf"] = rc.String()
 	}
 	for name, content := range files {
-		err := writeFileInRoot(rootfs, name, []byte(content), idMapBase, idMapBase)
+		err := writeFileInRoot(rootfs, name, []byte(content), root, root)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			// The image's /etc is a dangling symlink or not a dir: its problem.
 			d.log.Debug("not writing into image /etc", "file", name, "err", err)
@@ -495,14 +548,20 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec) error {
 			return err
 		}
 	}
-	return mkdirInRoot(rootfs, spec.Workdir, idMapBase, idMapBase)
+	return mkdirInRoot(rootfs, spec.Workdir, root, root)
 }
 
 // start runs the box's runtime with the agent as init. The agent inherits
 // the listening sockets the daemon made, for its API (fd 3) and for framed
 // execs (fd 5), so a Dial never races its start, and the write end of a pipe
 // (fd 4) on which it says it serves; start returns the read end.
-func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (ready *os.File, err error) {
+//
+// A network namespace to join (netns) is joined by the runtime's own
+// process, not through config.json: the runtime joins the box's user
+// namespace first, after which it has no privilege over a namespace host
+// root owns; config.json then names no network namespace and the box stays
+// in the runtime's.
+func (d *Driver) start(ctx context.Context, id, box, netns string, data *boxData) (ready *os.File, err error) {
 	af, err := runtime.NewAgentFiles(sockPath(box), execSock(box))
 	if err != nil {
 		return nil, err
@@ -520,11 +579,15 @@ func (d *Driver) start(ctx context.Context, id, box string, data *boxData) (read
 	}
 	defer logf.Close()
 
-	cmd := d.rt.command(ctx, "run", "--detach", "--preserve-fds", strconv.Itoa(len(af.Extra)),
+	// --no-new-keyring: a session keyring per box would be charged to the
+	// box's host uid and cap the host at kernel.keys.maxkeys (200) boxes per
+	// uid; boxes cannot use keyrings anyway (keyctl, add_key and request_key
+	// are refused by the seccomp profile).
+	cmd := d.rt.command(ctx, "run", "--detach", "--no-new-keyring", "--preserve-fds", strconv.Itoa(len(af.Extra)),
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
 	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
-	if err := cmd.Run(); err != nil {
+	if err := runInNetNS(cmd, netns); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))
@@ -627,4 +690,29 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// runInNetNS runs cmd from a thread in the network namespace at path ("" =
+// the daemon's). The thread is never handed back to other goroutines.
+func runInNetNS(cmd *exec.Cmd, path string) error {
+	if path == "" {
+		return cmd.Run()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open network namespace: %w", err)
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			errc <- fmt.Errorf("join network namespace %s: %w", path, err)
+			return
+		}
+		errc <- cmd.Run()
+	}()
+	return <-errc
 }

@@ -208,23 +208,23 @@ func writeFileInRoot(root, file string, data []byte, uid, gid int) error {
 func fuseDevDir(box string) string { return filepath.Join(box, "dev") }
 
 // makeFuseDevice gives one box a /dev/fuse node of its own: a char 10:229
-// node, mode 0600, owned by the box's root (so the agent, root of the box's
-// user namespace, can open it whatever the host's /dev/fuse mode), alone on
-// a tiny tmpfs mounted at fuseDevDir(box) and bind-mounted at /dev/fuse.
+// node, mode 0600, owned by the box's root (root: the first host uid of the
+// box's own range), so the agent, root of the box's user namespace, can open
+// it whatever the host's /dev/fuse mode; alone on a tiny tmpfs mounted at fuseDevDir(box) and bind-mounted at /dev/fuse.
 // Box root may chmod, chown or touch it: that changes this box's node and
 // nothing another box or the host sees (the host's /dev/fuse is never
 // bound), and it goes with the box. Its own tmpfs, rather than a file in the
 // box dir, so that the bind's root in the box's mountinfo is "/fuse" and
 // not a host path; the tmpfs is mounted without nodev (the node must open)
-// and 0700 for the mapped root, so no host user can reach the node. Only
+// and 0700 for the box's root, so no host user can reach the node. Only
 // the agent uses it: mounting needs CAP_SYS_ADMIN, which it drops before
 // user code runs.
-func makeFuseDevice(box string) (string, error) {
+func makeFuseDevice(box string, root uint32) (string, error) {
 	dir := fuseDevDir(box)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("create fuse device dir: %w", err)
 	}
-	opts := fmt.Sprintf("mode=0700,uid=%d,gid=%d,size=4k,nr_inodes=4", idMapBase, idMapBase)
+	opts := fmt.Sprintf("mode=0700,uid=%d,gid=%d,size=4k,nr_inodes=4", root, root)
 	if err := unix.Mount("sbx", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, opts); err != nil {
 		return "", fmt.Errorf("mount fuse device dir: %w", err)
 	}
@@ -232,7 +232,7 @@ func makeFuseDevice(box string) (string, error) {
 	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(10, 229))); err != nil {
 		return "", fmt.Errorf("mknod %s: %w", node, err)
 	}
-	if err := unix.Lchown(node, idMapBase, idMapBase); err != nil {
+	if err := unix.Lchown(node, int(root), int(root)); err != nil {
 		return "", fmt.Errorf("chown %s: %w", node, err)
 	}
 	return node, nil

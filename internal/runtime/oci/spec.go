@@ -1,10 +1,12 @@
 package oci
 
 import (
+	"strconv"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -59,8 +61,12 @@ type specParams struct {
 	Resources    runtime.Resources
 	HostImage    bool   // bind the host's /usr read-only
 	AgentPath    string // the agent binary, inside the box's rootfs (its agent layer)
-	NoFile       uint64 // RLIMIT_NOFILE soft and hard
-	// NetNS is a network namespace to join ("" = a new one).
+	// NoFile is the box's RLIMIT_NOFILE, soft and hard: the agent sets it
+	// on itself (--nofile) before any user process exists, and everything
+	// in the box inherits it (see the Rlimits note in buildSpec).
+	NoFile uint64
+	// NetNS is a network namespace to join ("" = a new one): the driver
+	// runs the runtime in it and config.json names none.
 	NetNS string
 	// SysfsSource, if set, is bind-mounted read-only at /sys instead of a
 	// new sysfs (which a box cannot mount in a netns it does not own).
@@ -77,6 +83,12 @@ type specParams struct {
 	// AgentSeccomp has the agent install the seccomp profile (--seccomp)
 	// instead of the runtime.
 	AgentSeccomp bool
+	// IDs is the box's host id range and UserNS its user namespace (a
+	// bind-mounted nsfs file mapping box ids 0.. to IDs), which the runtime
+	// joins. The mappings are repeated in the spec for runtimes that want
+	// them with a namespace path (runc 1.1).
+	IDs    idmap.Range
+	UserNS string
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -102,6 +114,9 @@ func buildSpec(p specParams) *specs.Spec {
 	} else {
 		filter = defaultSeccomp()
 	}
+	if p.NoFile > 0 {
+		args = append(args, "--nofile", strconv.FormatUint(p.NoFile, 10))
+	}
 	if len(p.Command) > 0 {
 		args = append(append(args, "--"), p.Command...)
 	}
@@ -118,17 +133,21 @@ func buildSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
+			// No Rlimits: the runtime sets them with prlimit(2) from the
+			// host, which a box whose user namespace host root does not own
+			// refuses without CAP_SYS_RESOURCE. The agent sets its own
+			// RLIMIT_NOFILE instead (--nofile NoFile: lowering one's own
+			// limits needs no privilege), before it starts any process.
 			NoNewPrivileges: true,
 			// OOMScoreAdj stays unset: lowering it needs CAP_SYS_RESOURCE.
 		},
 		Mounts: boxMounts(p),
 		Linux: &specs.Linux{
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: idMapBase, Size: idMapSize}},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: p.NetNS}, {Type: specs.UserNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace, Path: p.UserNS},
 				{Type: specs.CgroupNamespace},
 			},
 			CgroupsPath:   "/" + p.CgroupParent + "/" + p.ID,
@@ -137,6 +156,10 @@ func buildSpec(p specParams) *specs.Spec {
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
+	}
+	if p.NetNS == "" {
+		// A new one; a given one the runtime's process joins (see start).
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
 	}
 	return s
 }

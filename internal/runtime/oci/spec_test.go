@@ -17,7 +17,7 @@ func TestBuildSpec(t *testing.T) {
 	s := buildSpec(specParams{
 		ID: "b1", CgroupParent: "sbx", Hostname: "h", Command: []string{"sleep", "1"}, Env: []string{"A=1"}, Workdir: "/w",
 		Resources: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 100},
-		HostImage: true, AgentPath: "/x/sbx-agent", NoFile: 1024, SwapLimit: true,
+		HostImage: true, AgentPath: "/x/sbx-agent", SwapLimit: true,
 	})
 	if diff := cmp.Diff([]string{agentInBox, "--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5", "--", "sleep", "1"}, s.Process.Args); diff != "" {
 		t.Errorf("args (-want +got):\n%s", diff)

@@ -1,0 +1,130 @@
+package idmap
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// DefaultDir is where ranges are recorded host-wide: a tmpfs, so a reboot
+// (which ends every box) frees them all.
+const DefaultDir = "/run/sbx/idmap"
+
+// Allocator hands out the ranges of a Pool. A taken range is a file named
+// after its slot in Dir, created with O_EXCL (so daemons over different
+// state dirs never hand out the same range) and holding its owner's name
+// (a box dir). Nothing is kept in memory: a daemon that restarts finds its
+// ranges where it left them.
+type Allocator struct {
+	dir  string
+	pool Pool
+}
+
+// NewAllocator returns an Allocator recording in dir ("" = DefaultDir).
+func NewAllocator(dir string, pool Pool) (*Allocator, error) {
+	if dir == "" {
+		dir = DefaultDir
+	}
+	if err := pool.check(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create id range dir: %w", err)
+	}
+	return &Allocator{dir: dir, pool: pool}, nil
+}
+
+func (a *Allocator) file(slot uint32) string {
+	return filepath.Join(a.dir, strconv.FormatUint(uint64(slot), 10))
+}
+
+// Allocate takes a free range for owner (an absolute path naming what uses
+// it). It starts at a random slot so that ranges freed a moment ago are not
+// the first handed out again.
+func (a *Allocator) Allocate(owner string) (Range, error) {
+	if !filepath.IsAbs(owner) || strings.ContainsRune(owner, '\n') {
+		return Range{}, fmt.Errorf("id range owner %q: want an absolute path: %w", owner, errdefs.ErrInvalidArgument)
+	}
+	start := rand.Uint32N(a.pool.Slots)
+	for n := uint32(0); n < a.pool.Slots; n++ {
+		slot := (start + n) % a.pool.Slots
+		f, err := os.OpenFile(a.file(slot), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return Range{}, fmt.Errorf("take id range: %w", err)
+		}
+		_, err = f.WriteString(owner)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(a.file(slot))
+			return Range{}, fmt.Errorf("take id range: %w", err)
+		}
+		return a.pool.slot(slot), nil
+	}
+	return Range{}, fmt.Errorf("all %d id ranges are taken: %w", a.pool.Slots, errdefs.ErrResourceExhausted)
+}
+
+// Owner returns who holds r ("" if nobody).
+func (a *Allocator) Owner(r Range) (string, error) {
+	slot, err := a.pool.index(r)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(a.file(slot))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read id range owner: %w", err)
+	}
+	return string(b), nil
+}
+
+// Release frees r if owner holds it. Call it only once nothing runs with r's
+// ids any more.
+func (a *Allocator) Release(r Range, owner string) error {
+	got, err := a.Owner(r)
+	if err != nil || got != owner {
+		return err
+	}
+	slot, _ := a.pool.index(r)
+	if err := os.Remove(a.file(slot)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("free id range %v: %w", r, err)
+	}
+	return nil
+}
+
+// Held lists the ranges whose owner is under dir (dir itself or below it),
+// by owner.
+func (a *Allocator) Held(dir string) (map[string]Range, error) {
+	ents, err := os.ReadDir(a.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list id ranges: %w", err)
+	}
+	dir = filepath.Clean(dir)
+	out := map[string]Range{}
+	for _, e := range ents {
+		slot, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || uint32(slot) >= a.pool.Slots {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(a.dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if o := string(b); o == dir || strings.HasPrefix(o, dir+"/") {
+			out[o] = a.pool.slot(uint32(slot))
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,11 @@
+package oci
+
+// ShareFileTable makes d act as on a host whose file table it could not make
+// a per-box cost (nokmem, a read-only /proc/sys) with fs.file-max max, so
+// that boxes get the fallback RLIMIT_NOFILE (boxNoFile).
+func ShareFileTable(d *Driver, max int64) {
+	d.files = fileTable{max: max, reason: "test"}
+}
+
+// BoxNoFile is the RLIMIT_NOFILE d gives a box with the given pids limit.
+func BoxNoFile(d *Driver, pids int64) uint64 { return d.boxNoFile(pids) }
