@@ -87,7 +87,7 @@ func (s *Server) Attach(ctx context.Context, stream *connect.BidiStream[agentv1.
 		if d == nil {
 			return connect.NewError(connect.CodeNotFound, fmt.Errorf("attach: no detached process %q", id))
 		}
-		return d.serve(ctx, s, stream)
+		return d.serve(ctx, s, stream, false)
 	}
 	if err := validateExec(req); err != nil {
 		return err
@@ -108,7 +108,7 @@ func (s *Server) Attach(ctx context.Context, stream *connect.BidiStream[agentv1.
 		return connect.NewError(connect.CodeInternal, err)
 	}
 	d.p.initialStdin(req)
-	return d.serve(ctx, s, stream)
+	return d.serve(ctx, s, stream, true)
 }
 
 // startDetached starts req as detached process id.
@@ -130,15 +130,21 @@ func (s *Server) startDetached(id string, req *sbxv1.ExecRequest) (*detachedProc
 	if req.GetShell() != "" {
 		argv = []string{"/bin/sh", "-c", req.GetShell()}
 	}
-	return s.adoptLocked(id, argv, p), nil
+	return s.adoptLocked(id, argv, p, true), nil
 }
 
 // adoptLocked makes the started process p detached process id: its output
 // goes to the detached buffer (bounded while nobody is attached) and its
-// exit is kept for a client. s.detached.mu must be held.
-func (s *Server) adoptLocked(id string, argv []string, p *process) *detachedProc {
+// exit is kept for a client. With claimed, the process starts owned by
+// generation 1, the client that started it (see serve), so that none of its
+// first output is dropped before that client's serve runs.
+// s.detached.mu must be held.
+func (s *Server) adoptLocked(id string, argv []string, p *process, claimed bool) *detachedProc {
 	t := &s.detached
 	d := &detachedProc{id: id, argv: slices.Clone(argv), p: p, readers: 1}
+	if claimed {
+		d.gen, d.owner = 1, 1
+	}
 	if p.stderr != nil {
 		d.readers++ // before any pump runs: they decrement it under d.mu
 	}
@@ -244,13 +250,17 @@ func (d *detachedProc) watch() {
 // serve attaches the stream to d: it sends attached, then buffered and live
 // output, keepalives when idle, and finally the exited event, after which
 // d is collected. Inputs are applied while this stream is the attached one.
-func (d *detachedProc) serve(ctx context.Context, s *Server, stream *connect.BidiStream[agentv1.AttachInput, agentv1.AttachOutput]) error {
+func (d *detachedProc) serve(ctx context.Context, s *Server, stream *connect.BidiStream[agentv1.AttachInput, agentv1.AttachOutput], claimed bool) error {
 	d.mu.Lock()
 	if d.removed {
 		d.mu.Unlock()
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("attach: detached process %q was removed", d.id))
 	}
-	d.gen++
+	// A client that started the process owns it from the start (generation
+	// 1, see adoptLocked); one that attaches takes it over.
+	if !claimed {
+		d.gen++
+	}
 	me := d.gen
 	d.owner = me
 	dropOut, dropErr := d.out.takeDropped()

@@ -469,3 +469,23 @@ func TestEntrypointOutputBounded(t *testing.T) {
 		t.Fatal("removed entrypoint did not exit")
 	}
 }
+
+// TestDetachedStartsOwned: a process started by Attach is owned by its
+// client from the start, so output it writes before the client's serve runs
+// is back-pressured, not dropped (a race CI once hit: 4096 of 1 MB lost).
+func TestDetachedStartsOwned(t *testing.T) {
+	a := newTestAgent(t)
+	d, err := a.srv.startDetached("owned", &sbxv1.ExecRequest{Shell: "head -c 1000000 /dev/zero"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	owner, gen := d.owner, d.gen
+	d.mu.Unlock()
+	if owner == 0 || owner != gen {
+		t.Errorf("a started process: owner %d, generation %d; want it owned by its starter", owner, gen)
+	}
+	if _, err := a.conn.RemoveDetached(context.Background(), connect.NewRequest(&agentv1.RemoveDetachedRequest{Id: "owned"})); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -238,7 +238,7 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 	if err != nil {
 		return err
 	}
-	d := s.adoptLocked(EntrypointID, argv, p)
+	d := s.adoptLocked(EntrypointID, argv, p, false)
 	exited := make(chan struct{})
 	s.entrypoint = exited
 	s.log.Info("entrypoint started", "argv", argv, "pid", p.pid)
