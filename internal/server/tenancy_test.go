@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -346,9 +347,13 @@ type tenancyCase struct {
 
 func one(err error) ([]string, error) { return nil, err }
 
-// tmp is a per-sandbox scratch path (the fake driver shares the host's
-// file system between boxes).
-func tmp(ref, name string) string { return "/tmp/sbx-tenancy-" + ref + "-" + name }
+// tenancyScratch is the test's temp dir (set by TestTenancyEveryRPC), under
+// which tmp makes paths: the fake driver shares the host's file system
+// between boxes, and what the cases write must go with the test.
+var tenancyScratch = os.TempDir()
+
+// tmp is a per-sandbox scratch path.
+func tmp(ref, name string) string { return filepath.Join(tenancyScratch, "sbx-tenancy-"+ref+"-"+name) }
 
 var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.SandboxServiceVersionProcedure: {targetNone, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
@@ -621,6 +626,7 @@ var runLast = []string{
 // missing object gets), none (Unauthenticated) and the scoped token of one
 // of acme's sandboxes (only its children).
 func TestTenancyEveryRPC(t *testing.T) {
+	tenancyScratch = t.TempDir()
 	e := newTenancyEnv(t)
 	ctx := context.Background()
 	a, b, none, scoped := e.clients(e.tokA), e.clients(e.tokB), e.clients(""), e.clients(e.scoped)
