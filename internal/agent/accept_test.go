@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sbxdev/sbx/internal/connlimit"
 )
 
 // flakyListener fails with errs, one per Accept, then accepts.
@@ -44,7 +46,10 @@ func TestPatientListenerOutlastsErrors(t *testing.T) {
 		&net.OpError{Op: "accept", Err: syscall.EMFILE},
 	}}
 	var waits []time.Duration
-	l := &patientListener{Listener: fl, log: slog.New(slog.NewTextHandler(io.Discard, nil)), sleep: func(d time.Duration) { waits = append(waits, d) }}
+	l := &patientListener{Listener: fl, backoff: connlimit.Backoff{
+		Log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Sleep: func(d time.Duration) { waits = append(waits, d) },
+	}}
 	c, err := l.Accept()
 	if err != nil || c == nil {
 		t.Fatalf("Accept = %v, %v; want a connection after the errors pass", c, err)

@@ -34,6 +34,8 @@ func TestDeps(t *testing.T) {
 		"github.com/sbxdev/sbx/internal/errdefs",
 		// Stat-to-FileInfo for the file service (a leaf over x/sys).
 		"github.com/sbxdev/sbx/internal/safepath",
+		// The accept loops' backoff (standard library only).
+		"github.com/sbxdev/sbx/internal/connlimit",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

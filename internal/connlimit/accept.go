@@ -18,9 +18,11 @@ type Backoff struct {
 	Log      *slog.Logger
 	What     string // e.g. "dns tcp accept"
 
+	// Sleep waits (nil: time.Sleep; tests record the waits instead).
+	Sleep func(time.Duration)
+
 	delay  time.Duration
 	failed int
-	sleep  func(time.Duration) // tests
 }
 
 // Failed records a failure and sleeps before the caller tries again.
@@ -42,7 +44,7 @@ func (b *Backoff) Failed(err error) {
 		b.Log.Warn("failing; backing off until it works again", "what", b.What, "err", err)
 	}
 	b.failed++
-	sleep := b.sleep
+	sleep := b.Sleep
 	if sleep == nil {
 		sleep = time.Sleep
 	}

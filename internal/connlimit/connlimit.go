@@ -8,7 +8,8 @@
 // It provides a concurrent-use counter per key (Counter), a token-bucket
 // rate per key (Rate), the once-per-burst refusal log both use (burstLog)
 // and an accept helper that backs off on errors (Accept, Backoff). It
-// imports nothing of sbx; internal/network and internal/server use it.
+// imports only the standard library; internal/network, internal/server and
+// the agent (its accept loops) use it.
 package connlimit
 
 import (

@@ -135,7 +135,7 @@ func TestAcceptBacksOffAndRecovers(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	var slept []time.Duration
-	bo := &Backoff{Min: time.Millisecond, Max: 8 * time.Millisecond, sleep: func(d time.Duration) { slept = append(slept, d) }}
+	bo := &Backoff{Min: time.Millisecond, Max: 8 * time.Millisecond, Sleep: func(d time.Duration) { slept = append(slept, d) }}
 	ln := &fakeListener{errs: []error{emfile, emfile, enfile, other, emfile, emfile}, conn: a}
 	c, err := Accept(ln, bo)
 	if err != nil || c != a {
