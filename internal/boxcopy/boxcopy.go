@@ -96,15 +96,10 @@ func CopyFile(dst, src *os.File, b *Budget) (written int64, err error) {
 				}
 				return written, fmt.Errorf("read source: %w", err)
 			}
-			chunk := buf[:m]
-			if !bytes.Equal(chunk, zeros[:m]) {
-				if err := b.Take(int64(m)); err != nil {
-					return written, err
-				}
-				if _, err := dst.WriteAt(chunk, pos); err != nil {
-					return written, fmt.Errorf("write copy: %w", err)
-				}
-				written += int64(m)
+			w, err := writeBlock(dst, buf[:m], pos, b)
+			written += w
+			if err != nil {
+				return written, err
 			}
 			pos += int64(m)
 		}
@@ -114,6 +109,21 @@ func CopyFile(dst, src *os.File, b *Budget) (written int64, err error) {
 		return written, fmt.Errorf("size copy: %w", err)
 	}
 	return written, nil
+}
+
+// writeBlock writes one block of at most blockSize bytes at off, unless it
+// is all zeros (left a hole), within budget; it returns the bytes written.
+func writeBlock(dst *os.File, block []byte, off int64, b *Budget) (int64, error) {
+	if bytes.Equal(block, zeros[:len(block)]) {
+		return 0, nil
+	}
+	if err := b.Take(int64(len(block))); err != nil {
+		return 0, err
+	}
+	if _, err := dst.WriteAt(block, off); err != nil {
+		return 0, fmt.Errorf("write copy: %w", err)
+	}
+	return int64(len(block)), nil
 }
 
 // WriteFrom writes what r holds into dst (an empty file opened for
@@ -126,14 +136,10 @@ func WriteFrom(dst *os.File, r io.Reader, b *Budget) (written int64, err error) 
 	for {
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
-			if chunk := buf[:n]; !bytes.Equal(chunk, zeros[:n]) {
-				if err := b.Take(int64(n)); err != nil {
-					return written, err
-				}
-				if _, err := dst.WriteAt(chunk, off); err != nil {
-					return written, fmt.Errorf("write copy: %w", err)
-				}
-				written += int64(n)
+			w, err := writeBlock(dst, buf[:n], off, b)
+			written += w
+			if err != nil {
+				return written, err
 			}
 			off += int64(n)
 		}
