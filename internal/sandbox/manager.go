@@ -226,10 +226,11 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if !ok {
 		return nil, invalid("runtime %q: not configured (have %v)", spec.Runtime, slices.Sorted(maps.Keys(m.cfg.Drivers)))
 	}
-	if info := drv.Info(ctx); !info.Healthy {
+	info := drv.Info(ctx)
+	if !info.Healthy {
 		return nil, fmt.Errorf("runtime %q is unhealthy: %s: %w", spec.Runtime, info.Detail, errdefs.ErrUnavailable)
 	}
-	if err := m.applyDefaults(spec, drv.Info(ctx)); err != nil {
+	if err := m.applyDefaults(spec, info); err != nil {
 		return nil, err
 	}
 	pol, err := m.requestedPolicy(spec)
