@@ -46,15 +46,9 @@ func checkCanary(t *testing.T, dir string) {
 	}
 }
 
-func codebaseSandbox(t *testing.T, ctx context.Context, d *daemon, c *sbx.Client, cb string, disk int64) *sbx.Sandbox {
+func codebaseSandbox(t *testing.T, ctx context.Context, d *daemon, cb string, disk int64) *sbx.Sandbox {
 	t.Helper()
-	sb, err := c.Create(ctx, sbx.CreateOptions{Codebases: []sbx.CodebaseMount{{Codebase: cb}}, DiskBytes: disk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.remember(sb.ID)
-	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
-	return sb
+	return newBox(t, ctx, d, sbx.CreateOptions{Codebases: []sbx.CodebaseMount{{Codebase: cb}}, DiskBytes: disk})
 }
 
 func mustSync(t *testing.T, ctx context.Context, sb *sbx.Sandbox, opts sbx.SyncOptions) []string {
@@ -90,14 +84,14 @@ func TestCodebaseSyncNeverFollowsSymlinks(t *testing.T) {
 	}
 
 	// S mounts revision 1 (no d); U adds the empty dir d; S adds d/victim.
-	s := codebaseSandbox(t, ctx, d, c, "proj", 0)
-	u := codebaseSandbox(t, ctx, d, c, "proj", 0)
+	s := codebaseSandbox(t, ctx, d, "proj", 0)
+	u := codebaseSandbox(t, ctx, d, "proj", 0)
 	mustRun(t, ctx, u, "mkdir /workspace/d")
 	mustSync(t, ctx, u, sbx.SyncOptions{})
 	mustRun(t, ctx, s, "mkdir -p /workspace/d && echo v > /workspace/d/victim && mkdir /workspace/d/victimdir && echo x > /workspace/d/victimdir/keep-me.txt")
 	mustSync(t, ctx, s, sbx.SyncOptions{})
 	// T (made later) turns d into a symlink to the host directory and syncs.
-	tb := codebaseSandbox(t, ctx, d, c, "proj", 0)
+	tb := codebaseSandbox(t, ctx, d, "proj", 0)
 	mustRun(t, ctx, tb, "rm -rf /workspace/d && ln -s "+canary+" /workspace/d && ln -s / /workspace/x")
 	mustSync(t, ctx, tb, sbx.SyncOptions{})
 	// S removes d: its vanished paths d/victim... now lie below T's symlink.
@@ -113,7 +107,7 @@ func TestCodebaseSyncNeverFollowsSymlinks(t *testing.T) {
 	}
 	// The dry-run leak: V sees x -> / and d -> canary, replaces them with
 	// real directories holding plain files where the host has directories.
-	v := codebaseSandbox(t, ctx, d, c, "proj", 0)
+	v := codebaseSandbox(t, ctx, d, "proj", 0)
 	mustRun(t, ctx, v, "rm /workspace/x /workspace/d && mkdir /workspace/x /workspace/d && echo f > /workspace/x/etc && echo f > /workspace/d/sub && echo f > /workspace/d/victimdir")
 	for _, opts := range []sbx.SyncOptions{{DryRun: true}, {Force: true}} {
 		for _, p := range mustSync(t, ctx, v, opts) {
@@ -128,7 +122,7 @@ func TestCodebaseSyncNeverFollowsSymlinks(t *testing.T) {
 		t.Errorf("V's files not synced: %v", files)
 	}
 	// A new sandbox sees V's real directories, and nothing of the host.
-	w := codebaseSandbox(t, ctx, d, c, "proj", 0)
+	w := codebaseSandbox(t, ctx, d, "proj", 0)
 	if got := mustRun(t, ctx, w, "cat /workspace/x/etc /workspace/d/sub; ls /workspace/d"); got != "f\nf\nsub\nvictimdir\n" {
 		t.Errorf("new sandbox sees %q", got)
 	}
@@ -149,7 +143,7 @@ func TestCodebaseSyncSparseAndOddNames(t *testing.T) {
 	trees := filepath.Join(d.dataDir, "codebases", "trees")
 	before := allocated(t, trees)
 
-	sb := codebaseSandbox(t, ctx, d, c, "proj", 64<<20)
+	sb := codebaseSandbox(t, ctx, d, "proj", 64<<20)
 	// The codebase's overlay names its layers by fd: no host path shows.
 	if mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo"); strings.Contains(mi, d.dataDir) || strings.Contains(mi, sb.ID) {
 		t.Errorf("a codebase box's mountinfo shows the data dir or its id:\n%s", mi)
@@ -169,7 +163,7 @@ open('f', 'w').write('deep')
 	} else {
 		t.Logf("sync of a 2 GiB sparse file allocated %d KiB on the host", grew>>10)
 	}
-	other := codebaseSandbox(t, ctx, d, c, "proj", 0)
+	other := codebaseSandbox(t, ctx, d, "proj", 0)
 	if got := mustRun(t, ctx, other, "stat -c %s /workspace/sparse; dd if=/workspace/sparse bs=1M skip=1024 count=1 status=none | head -c 10"); got != "2147483648\ndata-at-1G" {
 		t.Errorf("sparse file in a new sandbox: %q", got)
 	}
