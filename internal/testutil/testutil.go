@@ -3,6 +3,8 @@
 package testutil
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -32,8 +34,9 @@ var agentOnce struct {
 
 // AgentBinary returns the path of a static sbx-agent built from this checkout
 // (CGO_ENABLED=0), built once per test binary. The file lives at a stable
-// path in the temp dir, replaced atomically, so parallel test binaries share
-// it and nothing accumulates. The file and its directory are world-readable so
+// path in the temp dir named after the checkout, replaced atomically, so
+// parallel test binaries of one checkout share it, nothing accumulates, and
+// a second checkout (a worktree) never runs the first one's agent. The file and its directory are world-readable so
 // that sandboxes with a mapped uid can execute it.
 func AgentBinary(t testing.TB) string {
 	t.Helper()
@@ -56,12 +59,15 @@ func buildAgent() (string, error) {
 	if _, err := os.Stat(filepath.Join(root, "cmd", "sbx-agent")); err != nil {
 		return "", fmt.Errorf("no cmd/sbx-agent in %s: %w", root, err)
 	}
-	dir := filepath.Join(os.TempDir(), "sbx-test-bin")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return "", err
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(os.TempDir(), "sbx-test-bin", hex.EncodeToString(sum[:6]))
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return "", err
+		}
 	}
 	dst := filepath.Join(dir, "sbx-agent")
 	tmp := fmt.Sprintf("%s.%d", dst, os.Getpid())
