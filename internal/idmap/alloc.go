@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 )
@@ -46,33 +47,44 @@ func (a *Allocator) file(slot uint32) string {
 
 // Allocate takes a free range for owner (an absolute path naming what uses
 // it). It starts at a random slot so that ranges freed a moment ago are not
-// the first handed out again.
+// the first handed out again. The owner is written to a temporary file first
+// and linked to the slot's name (link fails if the name exists), so a slot
+// file always names its owner: a crash cannot leave a taken slot that no
+// daemon recognises as its own.
 func (a *Allocator) Allocate(owner string) (Range, error) {
 	if !filepath.IsAbs(owner) || strings.ContainsRune(owner, '\n') {
 		return Range{}, fmt.Errorf("id range owner %q: want an absolute path: %w", owner, errdefs.ErrInvalidArgument)
 	}
+	tmp, err := os.CreateTemp(a.dir, tmpPrefix)
+	if err != nil {
+		return Range{}, fmt.Errorf("take id range: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(owner)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Range{}, fmt.Errorf("take id range: %w", err)
+	}
 	start := rand.Uint32N(a.pool.Slots)
 	for n := uint32(0); n < a.pool.Slots; n++ {
 		slot := (start + n) % a.pool.Slots
-		f, err := os.OpenFile(a.file(slot), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		err := os.Link(tmp.Name(), a.file(slot))
 		if errors.Is(err, os.ErrExist) {
 			continue
 		}
 		if err != nil {
 			return Range{}, fmt.Errorf("take id range: %w", err)
 		}
-		_, err = f.WriteString(owner)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(a.file(slot))
-			return Range{}, fmt.Errorf("take id range: %w", err)
-		}
 		return a.pool.slot(slot), nil
 	}
 	return Range{}, fmt.Errorf("all %d id ranges are taken: %w", a.pool.Slots, errdefs.ErrResourceExhausted)
 }
+
+// tmpPrefix names Allocate's temporary files; Held removes those a crash
+// left behind.
+const tmpPrefix = ".new-"
 
 // Owner returns who holds r ("" if nobody).
 func (a *Allocator) Owner(r Range) (string, error) {
@@ -114,6 +126,12 @@ func (a *Allocator) Held(dir string) (map[string]Range, error) {
 	dir = filepath.Clean(dir)
 	out := map[string]Range{}
 	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+				os.Remove(filepath.Join(a.dir, e.Name())) // left by a crash mid-Allocate
+			}
+			continue
+		}
 		slot, err := strconv.ParseUint(e.Name(), 10, 32)
 		if err != nil || uint32(slot) >= a.pool.Slots {
 			continue
