@@ -285,6 +285,14 @@ func TestHostInfoHidden(t *testing.T) {
 	})
 	owner := newBox(t, ctx, d, sbx.CreateOptions{Volumes: []sbx.VolumeMount{{Volume: "tenant", Path: "/data"}}})
 	other := newBox(t, ctx, d, sbx.CreateOptions{})
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateCodebase(ctx, src, sbx.UploadOptions{Name: "hostinfo"}); err != nil {
+		t.Fatal(err)
+	}
+	coder := codebaseSandbox(t, ctx, d, "hostinfo", 0)
 
 	for _, p := range []string{"/proc/cmdline", "/proc/config.gz", "/sys/kernel/vmcoreinfo", "/proc/swaps"} {
 		res, err := other.RunShell(ctx, "cat "+p+" 2>/dev/null | wc -c")
@@ -301,9 +309,9 @@ func TestHostInfoHidden(t *testing.T) {
 	if strings.Contains(leak, d.dataDir) || strings.Contains(leak, "/") {
 		t.Errorf("loop backing files readable in a neighbour box:\n%s", leak)
 	}
-	for _, sb := range []*sbx.Sandbox{owner, other} {
+	for _, sb := range []*sbx.Sandbox{owner, other, coder} {
 		mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo")
-		for _, s := range []string{d.dataDir, sb.ID, owner.ID, other.ID} {
+		for _, s := range []string{d.dataDir, sb.ID, owner.ID, other.ID, coder.ID, src} {
 			if strings.Contains(mi, s) {
 				t.Errorf("/proc/self/mountinfo of %s shows %q:\n%s", sb.ID, s, mi)
 			}
@@ -311,4 +319,5 @@ func TestHostInfoHidden(t *testing.T) {
 	}
 	// The box still works as a box: its volume, its FUSE device, its sysfs.
 	mustRun(t, ctx, owner, "echo x > /data/f && test -c /dev/fuse && test -d /sys/class/net/lo")
+	mustRun(t, ctx, coder, "grep -q 'package main' /workspace/main.go")
 }
