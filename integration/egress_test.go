@@ -112,6 +112,11 @@ func TestEgressDomainSecretsE2E(t *testing.T) {
 	if env := mustRun(t, ctx, sb, "env"); strings.Contains(env, value) || !strings.Contains(env, "SSL_CERT_FILE=/etc/sbx/ca-bundle.crt") {
 		t.Errorf("env of the box shows the value or lacks the CA bundle:\n%s", env)
 	}
+	// The bundle is the root of a tmpfs of its own: a bind of a directory
+	// would show the daemon's data dir in the box's mountinfo.
+	if mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo"); strings.Contains(mi, d.dataDir) || strings.Contains(mi, sb.ID) {
+		t.Errorf("mountinfo of a box with domain secrets shows the data dir or its id:\n%s", mi)
+	}
 
 	t.Run("api never returns the value", func(t *testing.T) {
 		got, err := d.client().Get(ctx, sb.ID)

@@ -154,6 +154,9 @@ func (m *Manager) Start() {
 func (m *Manager) Close() {
 	m.closeLoops()
 	m.fw.close()
+	if err := unmountBundleFS(m.bundleDir); err != nil {
+		m.log.Warn("close networking", "err", err)
+	}
 	m.lock.release()
 }
 
@@ -652,7 +655,7 @@ func (m *Manager) Remove() error {
 	for _, sl := range slots {
 		m.destroySlot(sl)
 	}
-	errs := []error{m.fw.remove()}
+	errs := []error{m.fw.remove(), unmountBundleFS(m.bundleDir)}
 	errs = append(errs, deleteLink(m.cfg.Bridge))
 	return errors.Join(errs...)
 }
