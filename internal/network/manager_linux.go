@@ -190,7 +190,13 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (Attachment, 
 	if p.Mode != ModeNone {
 		if sl := m.takePooled(); sl != nil {
 			m.mu.Lock()
-			sl.Owner, sl.Policy = id, p
+			if m.ipam.byOwner(id) != nil {
+				m.mu.Unlock()
+				m.destroySlot(sl)
+				return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrAlreadyExists)
+			}
+			m.ipam.setOwner(sl, id)
+			sl.Policy = p
 			err := m.ipam.save()
 			m.mu.Unlock()
 			if err == nil {
