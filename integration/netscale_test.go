@@ -100,6 +100,16 @@ func TestNetworkRestartAtScale(t *testing.T) {
 		defer mu.Unlock()
 		boxes = append(boxes, &scaleBox{sb: sb, kind: kind, ip: sb.Info.GetIpAddress()})
 	}
+	restart := func(how string, stop func()) {
+		t.Helper()
+		stop()
+		start := time.Now()
+		d.start()
+		t.Logf("%s: serving %v after start with %d boxes", how, time.Since(start).Round(time.Millisecond), len(boxes))
+	}
+
+	// The baseline, in the same run: a restart with no boxes.
+	restart("graceful restart (baseline)", d.stop)
 	server := createNet(t, ctx, d, nil, "python3", "-m", "http.server", "8000")
 	add("server", server)
 	parallel(n-1, func(i int) {
@@ -198,14 +208,6 @@ func TestNetworkRestartAtScale(t *testing.T) {
 		parallel(len(probes), func(i int) { probes[i]() })
 		t.Logf("%s: %d boxes checked in %v", phase, len(boxes), time.Since(start).Round(time.Millisecond))
 	}
-	restart := func(how string, stop func()) {
-		t.Helper()
-		stop()
-		start := time.Now()
-		d.start()
-		t.Logf("%s: serving %v after start with %d boxes", how, time.Since(start).Round(time.Millisecond), len(boxes))
-	}
-
 	check("before any restart")
 	restart("graceful restart", d.stop)
 	check("after a graceful restart")
