@@ -20,12 +20,15 @@
 // resolve to through the forwarder. IPv6 is disabled inside boxes and
 // dropped at the bridge.
 //
-// Firewall layout (table inet <Table>): base chains input and forward send
-// everything that enters from the bridge through a verdict map keyed by the
-// box's address to that box's own chains (i_<slot>, f_<slot>), so a box's
-// rules are added, swapped and removed in one nftables transaction; unknown
-// sources are dropped. Boxes cannot talk to each other: bridge ports are
-// isolated and routed box-to-box traffic hits the subnet drop.
+// Firewall layout (table inet <Table>): a fixed set of chains and rules
+// (rules.go) whatever the number of boxes; a box's policy is which of the
+// table's sets hold its address (boxes, public, egress, api) and its
+// elements in the concatenated sets allow, deny (box . range) and learned
+// (box . address, with timeouts). A box's change is one nftables
+// transaction of element additions and deletions; every batch is bounded
+// (nft_linux.go). Sources not in the boxes set are dropped. Boxes cannot
+// talk to each other: bridge ports are isolated and routed box-to-box
+// traffic hits the subnet drop.
 //
 // Crash safety: every slot (namespace, veth, address, policy, owner) is
 // written to state.json before it is configured on the host and removed
