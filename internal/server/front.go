@@ -97,7 +97,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	mux := http.NewServeMux()
 	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, handlerOpts...)
 	mux.Handle(path, h)
-	mux.Handle("/", api)
+	mux.Handle("/", uncompressedData(api))
 	f.api = mux
 	f.initProxy()
 	return f
