@@ -13,7 +13,7 @@ import (
 
 // fileChunkSize is the size of the FileChunk messages ReadFile and
 // DownloadTar stream.
-const fileChunkSize = 64 << 10
+const fileChunkSize = 1 << 20
 
 var (
 	// errAgentProc refuses the agent's own /proc entries (see boxFS).
