@@ -28,16 +28,24 @@ var (
 
 // Server implements sbxv1connect.SandboxServiceHandler.
 type Server struct {
-	mgr    *sandbox.Manager
-	images *ImageServer
-	code   *CodeServer
-	sess   *SessionServer
+	mgr     *sandbox.Manager
+	streams *Streams
+	images  *ImageServer
+	code    *CodeServer
+	sess    *SessionServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
 
-// New returns a Server over mgr.
-func New(mgr *sandbox.Manager) *Server { return &Server{mgr: mgr} }
+// New returns a Server over mgr, with the default StreamLimits until
+// UseStreams.
+func New(mgr *sandbox.Manager) *Server {
+	return &Server{mgr: mgr, streams: NewStreams(mgr, StreamLimits{}, nil)}
+}
+
+// UseStreams has the server count its exec and file calls in st, which
+// the fronts' exec upgrades share.
+func (s *Server) UseStreams(st *Streams) { s.streams = st }
 
 // AddImages serves the image service too.
 func (s *Server) AddImages(images *ImageServer) { s.images = images }
