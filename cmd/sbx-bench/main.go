@@ -37,7 +37,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase or neighbours")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files or neighbours")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
@@ -51,6 +51,7 @@ func main() {
 		"exec":     runExec,
 		"network":  runNetwork,
 		"codebase": runCodebase,
+		"files":    runFiles,
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.

@@ -91,6 +91,8 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetLimits.EgressConns, "egress-max-conns", d.EgressConns, "connections one sandbox may hold through the egress proxy")
 	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
+	f.IntVar(&cfg.StreamLimits.ExecsPerSandbox, "exec-max-streams", server.DefaultExecsPerSandbox, "commands one sandbox may have running through the API at once (exec, exec -i, the SDKs' exec); the excess gets ResourceExhausted")
+	f.IntVar(&cfg.StreamLimits.FilesPerSandbox, "file-max-streams", server.DefaultFilesPerSandbox, "file calls on one sandbox in flight at once (reads, writes, cp, tars, listings); the excess gets ResourceExhausted")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
@@ -115,6 +117,7 @@ func checkLimits(cfg daemon.Config) error {
 		{"--dns-tcp-conns", int64(l.DNSTCPConns)}, {"--dns-tcp-idle-timeout", int64(l.DNSTCPIdleTimeout)},
 		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
 		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
+		{"--exec-max-streams", int64(cfg.StreamLimits.ExecsPerSandbox)}, {"--file-max-streams", int64(cfg.StreamLimits.FilesPerSandbox)},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)

@@ -71,7 +71,10 @@ type Config struct {
 	// ProxyMaxConns bounds the connections one sandbox has open through
 	// the port proxy (0: server.DefaultMaxConnsPerSandbox).
 	ProxyMaxConns int
-	Logger        *slog.Logger
+	// StreamLimits bound the exec and file calls relayed to one sandbox's
+	// agent at once (zero fields: the server's defaults).
+	StreamLimits server.StreamLimits
+	Logger       *slog.Logger
 	// AuthToken, when set, is required on every API and proxied request.
 	AuthToken string
 	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
@@ -273,6 +276,8 @@ func Run(ctx context.Context, cfg Config) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	api := server.New(mgr)
+	streams := server.NewStreams(mgr, cfg.StreamLimits, log.With("component", "api"))
+	api.UseStreams(streams)
 	imageSrv, err := newImageServer(ctx, images, stores, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
 	if err != nil {
 		return err
@@ -299,11 +304,11 @@ func Run(ctx context.Context, cfg Config) error {
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
-		MaxConnsPerSandbox: cfg.ProxyMaxConns,
+		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams,
 	})
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, cfg, log)
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,11 @@ type FrontConfig struct {
 	// headers). Each is a client connection the daemon holds for as long
 	// as the sandbox's code keeps it open. 0: DefaultMaxConnsPerSandbox.
 	MaxConnsPerSandbox int
-	Logger             *slog.Logger
+	// Streams counts the exec upgrade's commands against their sandboxes'
+	// limits; share the API server's (nil: a Streams of the front's own,
+	// with the default limits).
+	Streams *Streams
+	Logger  *slog.Logger
 }
 
 // DefaultMaxConnsPerSandbox is FrontConfig.MaxConnsPerSandbox's default.
@@ -70,6 +74,8 @@ type Front struct {
 	tr    *http.Transport
 	// conns counts proxied connections by sandbox id.
 	conns *connlimit.Counter[string]
+	// streams counts the exec upgrade's commands.
+	streams *Streams
 	// done ends with Close: it closes the upgraded exec connections, which
 	// the HTTP server no longer tracks.
 	done context.Context
@@ -90,6 +96,10 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	}
 	f := &Front{cfg: cfg, mgr: mgr, log: log,
 		conns: connlimit.NewCounter[string](cfg.MaxConnsPerSandbox, log, "port proxy connections per sandbox")}
+	f.streams = cfg.Streams
+	if f.streams == nil {
+		f.streams = NewStreams(mgr, StreamLimits{}, log)
+	}
 	f.done, f.stop = context.WithCancel(context.Background())
 	if cfg.Token != "" && cfg.Tenants == nil {
 		f.token = f.hash(cfg.Token)
@@ -97,7 +107,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	mux := http.NewServeMux()
 	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, handlerOpts...)
 	mux.Handle(path, h)
-	mux.Handle("/", api)
+	mux.Handle("/", uncompressedData(api))
 	f.api = mux
 	f.initProxy()
 	return f

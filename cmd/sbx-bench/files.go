@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"time"
+
+	sbx "github.com/sbxdev/sbx/sdk/go"
+)
+
+// filesBytes is the size of the file the data path is measured with (the
+// scale issue's 100 MiB).
+const filesBytes = 100 << 20
+
+// throughput is one data path measured several times.
+type throughput struct {
+	name string
+	mibs []float64 // MiB/s of each sample
+}
+
+func (t throughput) p50() float64 {
+	if len(t.mibs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), t.mibs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// rate times f and records its MiB/s for size bytes.
+func (t *throughput) rate(size int64, f func() error) error {
+	t0 := time.Now()
+	if err := f(); err != nil {
+		return fmt.Errorf("%s: %w", t.name, err)
+	}
+	t.mibs = append(t.mibs, float64(size)/(1<<20)/time.Since(t0).Seconds())
+	return nil
+}
+
+// runFiles measures moving a 100 MiB file of random bytes into and out of a
+// sandbox through the Go SDK and `sbx cp`, beside two floors measured in
+// the same run: the same bytes over a plain loopback TCP connection, and
+// `cat` of the file through exec (the exec output relay). The daemon runs
+// as its own process (bin/sbx next to the agent) so that the client's CPU
+// is not its own.
+func runFiles(n int, agentPath, _ string) error {
+	agentPath, tmp, err := benchSetup(agentPath)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	sbxBin := filepath.Join(filepath.Dir(agentPath), "sbx")
+	d, err := startDaemonProc(sbxBin, filepath.Join(tmp, "data"))
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	c := d.c
+	ctx := context.Background()
+	sb, err := c.Create(ctx, sbx.CreateOptions{Timeout: time.Hour, MemoryBytes: 1 << 30})
+	if err != nil {
+		return err
+	}
+	defer sb.Destroy(ctx) //nolint:errcheck
+	data := make([]byte, filesBytes)
+	if _, err := rand.Read(data); err != nil {
+		return err
+	}
+	src := filepath.Join(tmp, "src.bin")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		return err
+	}
+	const boxPath = "/tmp/bench.bin"
+	rs := []*throughput{
+		{name: "loopback TCP copy (floor)"},
+		{name: "exec cat, stdout relay (floor)"},
+		{name: "Go SDK upload"},
+		{name: "Go SDK download"},
+		{name: "sbx cp host→box"},
+		{name: "sbx cp box→host"},
+	}
+	loop, execCat, up, down, cpIn, cpOut := rs[0], rs[1], rs[2], rs[3], rs[4], rs[5]
+	cp := func(from, to string) func() error {
+		return func() error {
+			cmd := exec.Command(sbxBin, "cp", from, to)
+			cmd.Env = append(os.Environ(), "SBX_ADDR="+d.addr)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("sbx cp %s %s: %w: %s", from, to, err, out)
+			}
+			return nil
+		}
+	}
+	dst := filepath.Join(tmp, "dst.bin")
+	samples := max(3, n/8)
+	for range samples {
+		steps := []struct {
+			t *throughput
+			f func() error
+		}{
+			{loop, func() error { return loopbackCopy(data) }},
+			{up, func() error {
+				k, err := sb.Upload(ctx, boxPath, bytes.NewReader(data), 0o644)
+				if err == nil && k != filesBytes {
+					err = fmt.Errorf("uploaded %d bytes, want %d", k, filesBytes)
+				}
+				return err
+			}},
+			{down, func() error {
+				var cw countWriter
+				err := sb.Download(ctx, boxPath, &cw)
+				if err == nil && cw.n != filesBytes {
+					err = fmt.Errorf("downloaded %d bytes, want %d", cw.n, filesBytes)
+				}
+				return err
+			}},
+			{execCat, func() error {
+				var cw countWriter
+				st, err := sb.Exec(ctx, sbx.ExecOptions{Argv: []string{"cat", boxPath}, Stdout: &cw})
+				if err == nil && (st.Code != 0 || cw.n != filesBytes) {
+					err = fmt.Errorf("cat: exit %d, %d bytes, want 0 and %d", st.Code, cw.n, filesBytes)
+				}
+				return err
+			}},
+			{cpIn, cp(src, sb.ID+":"+boxPath)},
+			{cpOut, cp(sb.ID+":"+boxPath, dst)},
+		}
+		for _, s := range steps {
+			if err := s.t.rate(filesBytes, s.f); err != nil {
+				return err
+			}
+		}
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("sbx cp round trip changed the file")
+	}
+	printFiles(samples, rs...)
+	return nil
+}
+
+func printFiles(samples int, rs ...*throughput) {
+	fmt.Printf("100 MiB of random bytes, %d samples each (p50)\n", samples)
+	for _, r := range rs {
+		fmt.Printf("  %-34s %8.0f MiB/s\n", r.name, r.p50())
+	}
+	loop := rs[0].p50()
+	fmt.Printf("SDK upload / download             = %.0f / %.0f MiB/s  (target ≥ 500; %.2f / %.2f of loopback TCP)\n",
+		rs[2].p50(), rs[3].p50(), rs[2].p50()/loop, rs[3].p50()/loop)
+	fmt.Printf("sbx cp in / out                   = %.0f / %.0f MiB/s  (%.2f / %.2f of the SDK)\n",
+		rs[4].p50(), rs[5].p50(), rs[4].p50()/rs[2].p50(), rs[5].p50()/rs[3].p50())
+}
+
+// loopbackCopy sends data over a loopback TCP connection to a reader that
+// discards it: the floor of any network data path on this machine.
+func loopbackCopy(data []byte) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		k, err := io.Copy(io.Discard, c)
+		if err == nil && k != int64(len(data)) {
+			err = fmt.Errorf("loopback: got %d bytes, want %d", k, len(data))
+		}
+		done <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return err
+	}
+	if _, err := c.Write(data); err != nil {
+		c.Close()
+		return err
+	}
+	c.Close()
+	return <-done
+}
