@@ -592,6 +592,14 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
 	return m.toProto(b, stats), nil
 }
 
+// IDs returns the ids of every sandbox, of every tenant (for the daemon's
+// own housekeeping; never for an API caller).
+func (m *Manager) IDs() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.boxes))
+}
+
 // List returns the sandboxes whose labels match every selector, oldest first.
 func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbox, error) {
 	sel, err := ParseSelectors(selectors)
