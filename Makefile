@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X 
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
-.PHONY: all build deps run stop test test-python test-unit lint check-gen bench clean
+.PHONY: all build deps run stop test test-python test-unit lint check-gen bench soak clean
 
 all: build
 
@@ -49,6 +49,11 @@ test-unit:
 
 bench: deps build
 	@./scripts/bench.sh
+
+# The long crash loop: kill -9 the daemon N times under load (SOAK_ROUNDS,
+# SOAK_CLIENTS, SOAK_MAX_BOXES, SOAK_DURATION, SOAK_SEED; see scripts/soak.sh).
+soak:
+	@./scripts/soak.sh
 
 clean:
 	rm -rf bin .tools

@@ -12,7 +12,9 @@
 //     vs none);
 //   - codebases: uploading a 10,000-file tree (vs `tar -x` of it), and `git
 //     status` on a 10,000-file repository mounted as a codebase vs on the
-//     host (`-codebase-only` runs just these).
+//     host (`-codebase-only` runs just these);
+//   - load (`-only load`): 64 concurrent clients × 60 s of mixed calls,
+//     p50/p99 per call and no errors but the deliberate ones (load.go).
 //
 // It starts its own daemon in-process over a temporary data dir. Needs root.
 // Run it with `make bench`.
@@ -37,7 +39,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files or neighbours")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours or load")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
@@ -56,6 +58,9 @@ func main() {
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
 		"neighbours": runNeighbours,
+		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
+		// (-load-clients, -load-duration).
+		"load": runLoad,
 	}
 	f, ok := runs[*only]
 	if !ok {

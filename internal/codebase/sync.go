@@ -23,6 +23,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/boxcopy"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/safepath"
 	"github.com/sbxdev/sbx/internal/store"
@@ -124,6 +125,7 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		removeTree(tmp)
 		return nil, fmt.Errorf("store synced tree: %w", err)
 	}
+	crashpoint.Hit("sync-tree")
 	newSynced := p.equal
 	for _, o := range p.ops {
 		newSynced[o.e.rel] = store.SyncedPath{Revision: newRev, Fingerprint: o.e.fp}
@@ -136,6 +138,7 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		removeTree(m.tree(rec.ID, newRev))
 		return nil, err
 	}
+	crashpoint.Hit("sync-committed")
 	m.gcLocked(ctx)
 	resp.Revision, resp.Written, resp.Deleted = newRev, p.written, p.deleted
 	m.log.Info("codebase synced", "codebase", rec.ID, "revision", newRev, "sandbox", sandboxID,

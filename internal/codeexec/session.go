@@ -13,6 +13,7 @@ import (
 	"time"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/store"
 )
@@ -153,6 +154,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 		return nil, err
 	}
 	ss.execs.Store(0)
+	crashpoint.Hit("session-started")
 	// Registered before its record exists, so that a record without a live
 	// session is always one to restore.
 	s.sessions.put(ss)
@@ -165,6 +167,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 			return nil, fmt.Errorf("create session: %w", err)
 		}
 	}
+	crashpoint.Hit("session-recorded")
 	s.log.Info("shell session created", "session", ss.id, "sandbox", ss.sandbox, "shell", shell)
 	return ss.info(), nil
 }

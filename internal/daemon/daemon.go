@@ -297,6 +297,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sessions.Restore(ctx); err != nil {
 		return err
 	}
+	if err := codeexec.ReapUnrecorded(ctx, mgr, st, mgr.IDs(), log); err != nil {
+		log.Error("removing unrecorded sessions and contexts", "err", err)
+	}
 	defer code.Shutdown()
 	defer sessions.Shutdown()
 	api.AddCode(server.NewCodeServer(code, mgr))

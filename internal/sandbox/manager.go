@@ -23,6 +23,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -272,6 +273,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		m.forget(b.id, "")
 		return nil, err
 	}
+	crashpoint.Hit("create-recorded")
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		// Clean up with a fresh context: the caller's may be what failed.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -312,6 +314,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Unlock()
 		rs.NetNS, rs.DNS = att.NetNS, att.DNS
 	}
+	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
@@ -322,6 +325,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	b.handle = h
 	b.conn = conn
 	b.mu.Unlock()
+	crashpoint.Hit("create-started")
 	if configuredByAgent(spec) {
 		// The command must start as the user, or after the path guards are
 		// mounted, so the agent starts it now.
@@ -334,6 +338,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
 		return fail(err)
 	}
+	crashpoint.Hit("create-running")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
 	return m.toProto(b, nil), nil
 }
@@ -587,6 +592,14 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
 	return m.toProto(b, stats), nil
 }
 
+// IDs returns the ids of every sandbox, of every tenant (for the daemon's
+// own housekeeping; never for an API caller).
+func (m *Manager) IDs() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.boxes))
+}
+
 // List returns the sandboxes whose labels match every selector, oldest first.
 func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbox, error) {
 	sel, err := ParseSelectors(selectors)
@@ -696,6 +709,7 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_DESTROYING, reason); err != nil {
 		return err
 	}
+	crashpoint.Hit("destroy-marked")
 	// Children die with their parent (first: their tokens are its code's).
 	m.destroyChildren(ctx, b.id)
 	b.mu.Lock()
@@ -709,11 +723,13 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 		_ = m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_FAILED, "destroy failed: "+err.Error())
 		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
 	}
+	crashpoint.Hit("destroy-killed")
 	m.detachNetwork(ctx, b.id)
 	m.unmountCodebases(ctx, b.id)
 	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
 		return err
 	}
+	crashpoint.Hit("destroy-unrecorded")
 	b.mu.Lock()
 	b.rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYED)
 	b.mu.Unlock()

@@ -142,6 +142,19 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		_, err := b.conn.Hello(hctx)
 		cancel()
 		if err != nil {
+			// A box recorded running may be frozen: the daemon died
+			// between freezing it for a codebase sync and thawing it.
+			// Thaw (idempotent) and ask again before giving up on it.
+			if rerr := drv.Resume(ctx, nh); rerr == nil {
+				hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err = b.conn.Hello(hctx)
+				cancel()
+				if err == nil {
+					log.Info("thawed a sandbox left frozen by the crash")
+				}
+			}
+		}
+		if err != nil {
 			b.conn.Close()
 			return drop("agent did not answer after daemon restart: " + err.Error())
 		}
