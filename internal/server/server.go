@@ -28,10 +28,11 @@ var (
 
 // Server implements sbxv1connect.SandboxServiceHandler.
 type Server struct {
-	mgr    *sandbox.Manager
-	images *ImageServer
-	code   *CodeServer
-	sess   *SessionServer
+	mgr     *sandbox.Manager
+	images  *ImageServer
+	code    *CodeServer
+	sess    *SessionServer
+	tenants *TenantServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -69,6 +70,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.sess != nil {
 		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
+		mux.Handle(path, h)
+	}
+	if s.tenants != nil {
+		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
