@@ -117,8 +117,8 @@ func printTenant(w io.Writer, t *sbxv1.Tenant) error {
 	fmt.Fprintf(tw, "cpu\t%s\t%s\n", millis(u.GetCpuMillis()), quota(q.GetCpuMillis(), millis(q.GetCpuMillis())))
 	fmt.Fprintf(tw, "disk\t%s\t%s\n", sandbox.FormatBytes(u.GetDiskBytes()), quota(q.GetDiskBytes(), sandbox.FormatBytes(q.GetDiskBytes())))
 	fmt.Fprintf(tw, "storage\t%s\t%s\n", sandbox.FormatBytes(u.GetStorageBytes()), quota(q.GetStorageBytes(), sandbox.FormatBytes(q.GetStorageBytes())))
-	fmt.Fprintf(tw, "  images\t%s\t\n", sandbox.FormatBytes(u.GetImagesBytes()))
-	fmt.Fprintf(tw, "  volumes\t%s\t\n", sandbox.FormatBytes(u.GetVolumesBytes()))
-	fmt.Fprintf(tw, "  codebases\t%s\t\n", sandbox.FormatBytes(u.GetCodebasesBytes()))
+	fmt.Fprintf(tw, "  images\t%s\n", sandbox.FormatBytes(u.GetImagesBytes()))
+	fmt.Fprintf(tw, "  volumes\t%s\n", sandbox.FormatBytes(u.GetVolumesBytes()))
+	fmt.Fprintf(tw, "  codebases\t%s\n", sandbox.FormatBytes(u.GetCodebasesBytes()))
 	return tw.Flush()
 }
