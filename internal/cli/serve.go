@@ -164,26 +164,3 @@ func reloadOnHUP(ctx context.Context, reg *tenant.Registry, path string, log *sl
 		}
 	}
 }
-
-func newTenant(a *app) *cobra.Command {
-	cmd := &cobra.Command{Use: "tenant", Short: "Tenants of a multi-tenant daemon (sbx serve --tenants)"}
-	hash := &cobra.Command{
-		Use:   "hash-token [TOKEN]",
-		Short: "Print a token's hash for the tenants file (without TOKEN: make a new token and print both)",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if len(args[0]) < 16 {
-					return fmt.Errorf("token is shorter than 16 characters: use a long random one (or run without TOKEN to make one)")
-				}
-				fmt.Fprintln(a.stdout, tenant.HashToken(args[0]))
-				return nil
-			}
-			tok := tenant.NewToken()
-			fmt.Fprintf(a.stdout, "token: %s\nhash:  %s\n", tok, tenant.HashToken(tok))
-			return nil
-		},
-	}
-	cmd.AddCommand(hash)
-	return cmd
-}

@@ -55,7 +55,8 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.cfg.Store.GetCodebase(ctx, mt.CodebaseID)
+	// The mount names the codebase: its sandbox's tenant's (Mount saw to it).
+	rec, err := m.cfg.Store.GetCodebaseByID(ctx, mt.CodebaseID)
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +121,12 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		removeTree(tmp)
 		return nil, fmt.Errorf("write sync of sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
 	}
+	release, err := m.reserve(ctx, size-rec.SizeBytes)
+	if err != nil {
+		removeTree(tmp)
+		return nil, fmt.Errorf("sync sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
+	}
+	defer release()
 	// safepath:ok: both are the daemon's own names in the trees dir.
 	if err := os.Rename(tmp, m.tree(rec.ID, newRev)); err != nil {
 		removeTree(tmp)

@@ -238,11 +238,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stores.Close()
 	cbs, err := codebase.Open(ctx, codebase.Config{
 		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
-		Logger: log.With("component", "codebases"),
+		Logger: log.With("component", "codebases"), Storage: stores,
 	})
 	if err != nil {
 		return fmt.Errorf("codebase store: %w", err)
 	}
+	stores.SetCodebases(cbs)
 	mgr, err := sandbox.New(sandbox.Config{
 		Codebases:      cbs,
 		Volumes:        stores,
@@ -278,7 +279,7 @@ func Run(ctx context.Context, cfg Config) error {
 	api := server.New(mgr)
 	streams := server.NewStreams(mgr, cfg.StreamLimits, log.With("component", "api"))
 	api.UseStreams(streams)
-	imageSrv, err := newImageServer(ctx, images, stores, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
+	imageSrv, err := newImageServer(stores, mgr, &gcLock, defaults, log)
 	if err != nil {
 		return err
 	}
@@ -304,6 +305,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer sessions.Shutdown()
 	api.AddCode(server.NewCodeServer(code, mgr))
 	api.AddSessions(server.NewSessionServer(sessions, mgr))
+	api.AddTenants(server.NewTenantServer(mgr, stores, cfg.Tenants))
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),

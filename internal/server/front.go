@@ -286,18 +286,23 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) (*http.Request
 	if f.openAccess() {
 		return r, true
 	}
+	// The admin token reaches no sandbox: it is not a proxy credential.
+	auth := func(tok string) (tenant.Principal, bool) {
+		p, ok := f.authenticate(r, tok)
+		return p, ok && !p.Admin
+	}
 	for _, tok := range []string{bearer(r), r.Header.Get(HeaderToken)} {
-		if p, ok := f.authenticate(r, tok); ok {
+		if p, ok := auth(tok); ok {
 			return admitted(r, p, tok), true
 		}
 	}
 	if c, err := r.Cookie(TokenCookie); err == nil {
-		if p, ok := f.authenticate(r, c.Value); ok {
+		if p, ok := auth(c.Value); ok {
 			return admitted(r, p, c.Value), true
 		}
 	}
 	if q := r.URL.Query().Get(TokenQueryParam); q != "" {
-		if p, ok := f.authenticate(r, q); ok {
+		if p, ok := auth(q); ok {
 			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
 				http.SetCookie(w, &http.Cookie{
 					Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,

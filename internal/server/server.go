@@ -34,6 +34,7 @@ type Server struct {
 	images  *ImageServer
 	code    *CodeServer
 	sess    *SessionServer
+	tenants *TenantServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -85,6 +86,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.sess != nil {
 		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
+		mux.Handle(path, h)
+	}
+	if s.tenants != nil {
+		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -131,20 +131,52 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			}
 		}
 	}
-	if have["tenant"] {
-		return nil
+	if !have["tenant"] {
+		if err := rebuild(ctx, db, "sandboxes", tenantColumns); err != nil {
+			return err
+		}
 	}
-	// One transaction: a daemon killed half-way leaves the old table.
+	cb, err := columns(ctx, db, "codebases")
+	if err != nil {
+		return err
+	}
+	if !cb["tenant"] {
+		return rebuild(ctx, db, "codebases", codebaseTenantColumn)
+	}
+	return nil
+}
+
+// columns returns the column names of table.
+func columns(ctx context.Context, db *sql.DB, table string) (map[string]bool, error) {
+	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+	if err != nil {
+		return nil, fmt.Errorf("read schema of %s: %w", table, err)
+	}
+	defer rows.Close()
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("read schema of %s: %w", table, err)
+		}
+		have[name] = true
+	}
+	return have, rows.Err()
+}
+
+// rebuild runs a table rebuild (ddl) in one transaction: a daemon killed
+// half-way leaves the old table.
+func rebuild(ctx context.Context, db *sql.DB, table, ddl string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin tenant migration: %w", err)
+		return fmt.Errorf("begin tenant migration of %s: %w", table, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	if _, err := tx.ExecContext(ctx, tenantColumns); err != nil {
-		return fmt.Errorf("add tenant columns: %w", err)
+	if _, err := tx.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("add tenant column to %s: %w", table, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit tenant migration: %w", err)
+		return fmt.Errorf("commit tenant migration of %s: %w", table, err)
 	}
 	return nil
 }

@@ -44,6 +44,7 @@ type Client struct {
 	// codebases: see codebase.go.
 	codebases sbxv1connect.CodebaseServiceClient
 	ports     sbxv1connect.PortServiceClient
+	tenants   sbxv1connect.TenantServiceClient
 	baseURL   string
 	token     string
 	tls       *tls.Config // for https:// base URLs
@@ -171,6 +172,7 @@ func NewClient(addr string, opts ...Option) *Client {
 		tls:     o.tls,
 
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
+		tenants:   sbxv1connect.NewTenantServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
 	}
 	c.files = c.api

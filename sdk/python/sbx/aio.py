@@ -31,6 +31,7 @@ from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
+from .tenants import Tenant
 from .volumes import Volume, Volumes
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
@@ -327,6 +328,10 @@ class AsyncClient:
     async def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes."""
         return await _to_thread(self.sync.version)
+
+    async def tenant(self) -> Tenant:
+        """The token's tenant: its quotas and usage."""
+        return await _to_thread(self.sync.tenant)
 
     async def create(self, **kwargs: Any) -> "AsyncSandbox":
         """Create a sandbox (arguments of :meth:`Sandbox.create`)."""

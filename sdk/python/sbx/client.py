@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from ._transport import DEFAULT_ADDR, Transport
 from .codebase import Codebases
 from .images import Images
+from .tenants import Tenant, Tenants
 from .volumes import Volumes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +63,8 @@ class Client:
         self.volumes = Volumes(self._transport)
         #: Codebases (upload with ``from_local``, list, get, download, delete, sync).
         self.codebases = Codebases(self._transport)
+        #: Tenants (``current()``; ``list()`` and ``get()`` with the admin token).
+        self.tenants = Tenants(self._transport)
 
     @property
     def addr(self) -> str:
@@ -71,6 +74,10 @@ class Client:
     def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes, as the daemon's JSON."""
         return self._transport.unary("sbx.v1.SandboxService", "Version", {}, op="version")
+
+    def tenant(self) -> Tenant:
+        """The token's tenant: its quotas and what it uses against them."""
+        return self.tenants.current()
 
     def create(self, **kwargs: Any) -> "Sandbox":
         """Create a sandbox; takes the keyword arguments of :meth:`Sandbox.create`."""
