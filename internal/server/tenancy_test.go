@@ -128,6 +128,11 @@ const tenantsJSON = `{"tenants": [
 func newTenancyEnv(t *testing.T) *tenancyEnv {
 	t.Helper()
 	dir := t.TempDir()
+	// The fake driver's "boxes" are host processes: run_code writes its
+	// runner under codeexec.RunDir on the host itself.
+	if _, err := os.Stat(codeexec.RunDir); errors.Is(err, os.ErrNotExist) {
+		t.Cleanup(func() { os.RemoveAll(codeexec.RunDir) })
+	}
 	ctx := context.Background()
 	st, err := store.Open(ctx, dir)
 	if err != nil {
