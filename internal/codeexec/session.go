@@ -37,7 +37,13 @@ type Sessions struct {
 	stopping atomic.Bool
 	// sessions are the live sessions by id.
 	sessions *registry[*session]
+	limit    Limit // nil: no bound
 }
+
+// SetLimit counts every session command against its sandbox's bound on
+// running commands (commands queued behind another in one shell count
+// too: each holds a client's stream). Call it before serving.
+func (s *Sessions) SetLimit(l Limit) { s.limit = l }
 
 // NewSessions returns a Sessions over agents.
 func NewSessions(agents Agents, log *slog.Logger) *Sessions {
@@ -299,6 +305,13 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 	ss, err := s.sessions.get(ctx, req.GetSession())
 	if err != nil {
 		return err
+	}
+	if s.limit != nil {
+		done, err := s.limit(ctx, ss.sandbox)
+		if err != nil {
+			return err
+		}
+		defer done()
 	}
 	start := time.Now()
 	res := &sbxv1.SessionExecResult{}

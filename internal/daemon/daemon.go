@@ -290,8 +290,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// (before mgr.Close drops the agent connections).
 	code := codeexec.New(mgr, log)
 	code.UseStore(st)
+	code.SetLimit(streams.HoldExec)
 	sessions := codeexec.NewSessions(mgr, log)
 	sessions.UseStore(st)
+	sessions.SetLimit(streams.HoldExec)
 	if err := code.RestoreContexts(ctx); err != nil {
 		return err
 	}

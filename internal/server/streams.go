@@ -69,6 +69,17 @@ func (s *Streams) exec(ctx context.Context, ref string) (*agentconn.Conn, func()
 	return s.open(ctx, ref, s.execs, "running commands", "--exec-max-streams")
 }
 
+// HoldExec counts one command relayed elsewhere (a code run, a session
+// command: internal/codeexec's Limit) against sandbox id's running
+// commands, exactly as exec does.
+func (s *Streams) HoldExec(ctx context.Context, id string) (func(), error) {
+	done, ok := s.execs.Acquire(id)
+	if !ok {
+		return nil, s.refused(id, s.execs, "running commands", "--exec-max-streams")
+	}
+	return done, nil
+}
+
 // file returns the agent of sandbox ref for one file call.
 func (s *Streams) file(ctx context.Context, ref string) (*agentconn.Conn, func(), error) {
 	return s.open(ctx, ref, s.files, "file calls in flight", "--file-max-streams")
@@ -81,8 +92,7 @@ func (s *Streams) open(ctx context.Context, ref string, c *connlimit.Counter[str
 	}
 	done, ok := c.Acquire(id)
 	if !ok {
-		return nil, nil, connect.NewError(connect.CodeResourceExhausted,
-			fmt.Errorf("sandbox %s has %d %s, the most allowed (sbx serve %s): try again when one ends", id, c.Max(), what, flag))
+		return nil, nil, s.refused(id, c, what, flag)
 	}
 	conn, release, err := s.mgr.Agent(ctx, id)
 	if err != nil {
@@ -90,4 +100,9 @@ func (s *Streams) open(ctx context.Context, ref string, c *connlimit.Counter[str
 		return nil, nil, toConnect(err)
 	}
 	return conn, func() { release(); done() }, nil
+}
+
+func (s *Streams) refused(id string, c *connlimit.Counter[string], what, flag string) error {
+	return connect.NewError(connect.CodeResourceExhausted,
+		fmt.Errorf("sandbox %s has %d %s, the most allowed (sbx serve %s): try again when one ends", id, c.Max(), what, flag))
 }
