@@ -102,6 +102,18 @@ func (d *scaleDaemon) stop(sig syscall.Signal) time.Duration {
 	return time.Since(t0)
 }
 
+// shutdown destroys every sandbox left (a run cut short by an error) and
+// stops the daemon, if it runs: sandboxes outlive their daemon.
+func (d *scaleDaemon) shutdown(ctx context.Context) {
+	if d.exited == nil {
+		return
+	}
+	if boxes, err := d.c.List(ctx); err == nil {
+		concurrently(len(boxes), func(i int) error { return boxes[i].Destroy(ctx) }) //nolint:errcheck
+	}
+	d.stop(syscall.SIGTERM)
+}
+
 // rss returns the daemon's resident memory and open fds.
 func (d *scaleDaemon) rss() (rssKiB int64, fds int) {
 	rssKiB = statusField(d.pid, "VmRSS")
@@ -372,11 +384,7 @@ func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 	if _, err := d.start(); err != nil {
 		return err
 	}
-	defer func() {
-		if d.exited != nil {
-			d.stop(syscall.SIGTERM)
-		}
-	}()
+	defer d.shutdown(ctx)
 	// Baselines with no box: restarts, then exec with one box.
 	gracefulBase, _, _, err := restartScale(ctx, d, syscall.SIGTERM, 0)
 	if err != nil {
@@ -547,7 +555,7 @@ func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin st
 	if _, err := d.start(); err != nil {
 		return r, err
 	}
-	defer d.stop(syscall.SIGTERM)
+	defer d.shutdown(ctx)
 	none := &sbx.NetworkPolicy{Mode: "none"}
 	var mu sync.Mutex
 	var boxes []*sbx.Sandbox
