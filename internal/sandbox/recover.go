@@ -160,7 +160,7 @@ func (m *Manager) Run() {
 	if m.pool != nil {
 		m.wg.Add(1)
 		go m.fillPool()
-		m.wakePool()
+		m.pool.wakeUp()
 	}
 	m.wg.Add(1)
 	go func() {
@@ -188,8 +188,8 @@ func (m *Manager) Run() {
 // Sandboxes keep running: a restarted daemon re-attaches them.
 func (m *Manager) Close() {
 	m.stopOnce.Do(func() { close(m.stop) })
+	m.closePool()
 	m.wg.Wait()
-	m.drainPool()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for _, b := range m.boxes {
