@@ -556,11 +556,12 @@ func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin st
 		return r, err
 	}
 	defer d.shutdown(ctx)
-	none := &sbx.NetworkPolicy{Mode: "none"}
 	var mu sync.Mutex
 	var boxes []*sbx.Sandbox
+	// The default policy (public), that of warm boxes: a claim that changes
+	// it also rewrites the box's firewall rules (internal/network).
 	create := func(int) error {
-		sb, err := d.c.Create(ctx, sbx.CreateOptions{Network: none})
+		sb, err := d.c.Create(ctx, sbx.CreateOptions{})
 		if err == nil {
 			mu.Lock()
 			boxes = append(boxes, sb)
