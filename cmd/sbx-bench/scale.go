@@ -362,7 +362,7 @@ func runScale(sizes []int, sbxBin, agentPath, runtimeBin string) error {
 	}
 	for _, n := range sizes {
 		if err := scaleOnce(n, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+			return fmt.Errorf("at %d sandboxes: %w", n, err)
 		}
 	}
 	return nil
