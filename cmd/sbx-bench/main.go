@@ -39,9 +39,11 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours or load")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load or scale")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
+	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
+	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale: the sbx binary run as the daemon")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	flag.Parse()
 	if *codebaseOnly {
@@ -61,6 +63,15 @@ func main() {
 		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
 		// (-load-clients, -load-duration).
 		"load": runLoad,
+		// Not in the default run (minutes at 1000 sandboxes): `make bench
+		// ARGS="-only scale"`.
+		"scale": func(_ int, agentPath, runtimeBin string) error {
+			sizes, err := parseSizes(*scaleSizes)
+			if err != nil {
+				return err
+			}
+			return runScale(sizes, *sbxBin, agentPath, runtimeBin)
+		},
 	}
 	f, ok := runs[*only]
 	if !ok {

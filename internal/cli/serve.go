@@ -14,6 +14,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -74,7 +75,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
-	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant (0: off)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
+	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, fmt.Sprintf("how many started sandboxes the warm pool may grow to when creates come in bursts; it shrinks back to --warm-pool after 30 s without them (0: %d, or --warm-pool if larger)", sandbox.DefaultWarmPoolMax))
 	f.BoolVar(&cfg.Network, "network", true, "give sandboxes networking (bridge, firewall, DNS forwarder); off: loopback only")
 	f.StringVar(&cfg.NetBridge, "net-bridge", "sbx0", "bridge sandboxes attach to")
 	f.StringVar(&cfg.NetSubnet, "net-subnet", "10.213.0.0/16", "IPv4 subnet of the bridge (the first address is the gateway)")
@@ -122,6 +124,12 @@ func checkLimits(cfg daemon.Config) error {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)
 		}
+	}
+	switch {
+	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
+		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
+	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:
+		return fmt.Errorf("--warm-pool-max %d is below --warm-pool %d: the pool never holds fewer than --warm-pool", cfg.WarmPoolMax, cfg.WarmPool)
 	}
 	return nil
 }

@@ -48,8 +48,10 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
 	Defaults runtime.Resources
-	// WarmPool is how many pre-started boxes to keep ready for fast creates.
-	WarmPool int
+	// WarmPool is how many pre-started boxes to keep ready for fast creates
+	// at least; WarmPoolMax how many the pool may grow to under bursts of
+	// creates (0: sandbox.DefaultWarmPoolMax).
+	WarmPool, WarmPoolMax int
 	// Network turns sandbox networking on (bridge, firewall, DNS
 	// forwarder); off, sandboxes have loopback only.
 	Network bool
@@ -256,6 +258,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Limits:         hostLimits(),
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
+		WarmPoolMax:    cfg.WarmPoolMax,
 		Images:         imageResolver{stores: stores, gc: &gcLock},
 		MaxLayerBytes:  maxLayer,
 		BoxAPIAddr:     boxAPI,

@@ -48,8 +48,10 @@ type Config struct {
 	// Images resolves image references (nil: only the host image).
 	Images Images
 	// WarmPool is how many started boxes (default runtime, host image,
-	// default limits) are kept ready for creates to take over (0: none).
-	WarmPool int
+	// default limits) are kept ready for creates to take over at least
+	// (0: no pool); WarmPoolMax is how many the pool may grow to under
+	// demand (0: DefaultWarmPoolMax, or WarmPool if larger). See pool.go.
+	WarmPool, WarmPoolMax int
 	// Network attaches sandboxes to the network (nil: loopback only).
 	Network Network
 	// Volumes resolves named volumes (nil: requests with volumes fail).
@@ -84,9 +86,8 @@ type Manager struct {
 	// tombstones remembers why recently removed sandboxes are gone. Guarded by mu.
 	tombstones map[string]tombstone
 
-	// pool holds warm boxes (nil when disabled); poolWake nudges the filler.
-	pool     chan *warmBox
-	poolWake chan struct{}
+	// pool holds warm boxes (nil when disabled).
+	pool *warmPool
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -161,10 +162,15 @@ func New(cfg Config) (*Manager, error) {
 		scoped:     map[string]string{},
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
-		poolWake:   make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
-		m.pool = make(chan *warmBox, cfg.WarmPool)
+		if cfg.WarmPoolMax == 0 {
+			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)
+		}
+		if cfg.WarmPoolMax < cfg.WarmPool {
+			return nil, fmt.Errorf("warm pool ceiling %d is below its floor %d: %w", cfg.WarmPoolMax, cfg.WarmPool, errdefs.ErrInvalidArgument)
+		}
+		m.pool = newWarmPool(cfg.WarmPool, cfg.WarmPoolMax)
 	}
 	return m, nil
 }
