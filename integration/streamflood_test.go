@@ -146,6 +146,55 @@ func TestStreamFloodStaysInItsSandbox(t *testing.T) {
 		wg.Wait()
 	})
 
+	t.Run("code runs and session commands", func(t *testing.T) {
+		// Relayed by internal/codeexec rather than the exec handlers, and
+		// counted against the same bound: 160 code runs and 160 commands
+		// queued behind each other in one shell, all held open.
+		const n = 320
+		fctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		c := d.client()
+		defer c.Close()
+		sb := c.Sandbox(attacker.ID)
+		sess, err := sb.CreateSession(ctx, sbx.SessionOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close(context.Background())
+		var refused atomic.Int32
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				if i%2 == 0 {
+					_, err = sb.RunCode(fctx, "bash", "sleep 600", sbx.RunCodeOptions{})
+				} else {
+					_, err = sess.Exec(fctx, "sleep 600", sbx.SessionExecOptions{})
+				}
+				switch {
+				case fctx.Err() != nil:
+				case sdkCode(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), "--exec-max-streams"):
+					refused.Add(1)
+				default:
+					errs <- fmt.Errorf("run code or session exec: %v", err)
+				}
+			}()
+		}
+		want := int32(n - defaultExecStreams)
+		waitUntil(t, 120*time.Second, func() bool { return refused.Load() >= want || len(errs) > 0 },
+			func() string { return fmt.Sprintf("%d of %d refused, want %d", refused.Load(), n, want) })
+		t.Logf("code runs and session commands: %d refused of %d; daemon Unix sockets %d, RSS %d MiB", refused.Load(), n, unixSockets(t, pid), vmRSS(t, pid))
+		if len(errs) > 0 {
+			t.Fatalf("a flooding call failed other than with ResourceExhausted naming --exec-max-streams: %v", <-errs)
+		}
+		neighbourWorks(t, neighbour)
+		cancel()
+		wg.Wait()
+	})
+
 	// The flood's streams are released: the box itself works again.
 	waitUntil(t, 30*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
