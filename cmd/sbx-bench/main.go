@@ -41,6 +41,7 @@ func main() {
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
+	allBombsOnly := flag.Bool("all-bombs-only", false, "neighbours: measure at rest and under all bombs together, not under each bomb alone")
 	flag.Parse()
 	if *codebaseOnly {
 		*only = "codebase"
@@ -54,7 +55,9 @@ func main() {
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
-		"neighbours": runNeighbours,
+		"neighbours": func(n int, agentPath, runtimeBin string) error {
+			return runNeighbours(n, agentPath, runtimeBin, *allBombsOnly)
+		},
 	}
 	f, ok := runs[*only]
 	if !ok {
