@@ -3,6 +3,9 @@
 // operations inside the sandbox. See internal/agent.
 //
 //	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N] [--seccomp] [--nofile N] [-- CMD ARGS...]
+//
+// Run by the daemon on the host as `sbx-agent sbx-box-userns-helper ...`,
+// it makes a box's user namespace instead (idmap.Helper).
 package main
 
 import (
@@ -12,9 +15,17 @@ import (
 	"os"
 
 	"github.com/sbxdev/sbx/internal/agent"
+	"github.com/sbxdev/sbx/internal/idmap"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == idmap.HelperArg {
+		if err := idmap.Helper(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-agent: box user namespace:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	opts, err := parseArgs(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-agent:", err)

@@ -45,6 +45,7 @@ func main() {
 	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
 	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale: the sbx binary run as the daemon")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
+	allBombsOnly := flag.Bool("all-bombs-only", false, "neighbours: measure at rest and under all bombs together, not under each bomb alone")
 	flag.Parse()
 	if *codebaseOnly {
 		*only = "codebase"
@@ -59,7 +60,9 @@ func main() {
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
-		"neighbours": runNeighbours,
+		"neighbours": func(n int, agentPath, runtimeBin string) error {
+			return runNeighbours(n, agentPath, runtimeBin, *allBombsOnly)
+		},
 		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
 		// (-load-clients, -load-duration).
 		"load": runLoad,

@@ -39,8 +39,11 @@ import time; time.sleep(1)' 2>/dev/null; done`},
 // runNeighbours measures a neighbour sandbox's `exec true` at rest, while
 // each bomb runs in a box of its own and while all run together, and the
 // daemon's CPU per GB of relayed output. The daemon runs as its own process
-// (bin/sbx next to the agent) so that its CPU time is its own.
-func runNeighbours(n int, agentPath, _ string) error {
+// (bin/sbx next to the agent) so that its CPU time is its own. The
+// neighbour is measured at rest again at the end, and the host's load
+// average printed, so that a change in the machine's other load shows.
+func runNeighbours(n int, agentPath, _ string, allOnly bool) error {
+	fmt.Printf("load average at start: %s", loadAvg())
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -73,6 +76,9 @@ func runNeighbours(n int, agentPath, _ string) error {
 	}
 	results := []result{rest}
 	for _, b := range bombs {
+		if allOnly {
+			break
+		}
 		r, err := underBombs(ctx, c, []int{indexOf(b.name)}, samples, execTrue)
 		if err != nil {
 			return err
@@ -90,6 +96,11 @@ func runNeighbours(n int, agentPath, _ string) error {
 	}
 	r.name = "  while all six run"
 	results = append(results, r)
+	after, err := measure("  at rest again, after the bombs", samples, execTrue)
+	if err != nil {
+		return err
+	}
+	results = append(results, after)
 	fmt.Printf("%-44s %10s %10s %8s %8s\n", "neighbour `exec true`", "p50", "p99", "p50 ×", "p99 ×")
 	for _, r := range results {
 		fmt.Printf("%-44s %s %s %7.2fx %7.2fx", r.name, ms(r.p(0.5)), ms(r.p(0.99)),
@@ -100,6 +111,7 @@ func runNeighbours(n int, agentPath, _ string) error {
 		fmt.Println()
 	}
 	fmt.Printf("p99 under all bombs / at rest = %.2fx  (aim ≤ 5x)\n", float64(r.p(0.99))/float64(rest.p(0.99)))
+	fmt.Printf("load average after the bombs: %s", loadAvg())
 
 	// Daemon CPU per GB relayed: 1 GiB of output through the API, read and
 	// dropped by the client.
@@ -120,6 +132,15 @@ func runNeighbours(n int, agentPath, _ string) error {
 	fmt.Printf("daemon CPU per GiB relayed          = %6.2f s  (%.2f GiB in %.1f s, %.0f MiB/s)\n",
 		(cpu1-cpu0).Seconds()/gb, gb, wall.Seconds(), float64(got.n)/(1<<20)/wall.Seconds())
 	return nil
+}
+
+// loadAvg is /proc/loadavg's line.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return err.Error() + "\n"
+	}
+	return string(b)
 }
 
 func indexOf(name string) int {

@@ -36,6 +36,8 @@ func TestDeps(t *testing.T) {
 		"github.com/sbxdev/sbx/internal/safepath",
 		// The accept loops' backoff (standard library only).
 		"github.com/sbxdev/sbx/internal/connlimit",
+		// The box user namespace helper the daemon runs the agent binary as.
+		"github.com/sbxdev/sbx/internal/idmap",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sbxdev/sbx/internal/daemon"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
@@ -22,7 +23,7 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile, maxLayer, tenantsFile string
+	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits string
 	var boxAPIPort uint16
 	var egressPorts []uint
 	cmd := &cobra.Command{
@@ -56,6 +57,9 @@ func newServe(a *app) *cobra.Command {
 			}
 			if err := checkLimits(cfg); err != nil {
 				return err
+			}
+			if cfg.BoxLimits, err = idmap.ParseLimits(boxLimits); err != nil {
+				return fmt.Errorf("--box-kernel-limits: %w", err)
 			}
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
@@ -104,6 +108,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
+	f.StringVar(&boxLimits, "box-kernel-limits", "", "what all of one sandbox's processes together may hold of the kernel's per-user counters, as name=value,... over the defaults "+
+		idmap.DefaultLimits().String()+" (values above the host's are lowered to them)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -100,6 +101,9 @@ type Config struct {
 	// holes), whatever the sandbox's own disk limit (0 =
 	// image.DefaultMaxLayerBytes).
 	MaxLayerBytes int64
+	// BoxLimits bound one sandbox's share of the kernel's per-user counters
+	// (nil: idmap.DefaultLimits()).
+	BoxLimits idmap.Limits
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
@@ -191,6 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// Per data dir, so that daemons sharing a host (tests, several
 		// tenants) never clean up each other's boxes.
 		CgroupParent: instanceName("sbx", dataDir),
+		BoxLimits:    cfg.BoxLimits,
 		Logger:       log.With("runtime", "oci"),
 	})
 	if err != nil {

@@ -20,19 +20,19 @@ const secbitNoSetuidFixup = 1 << 2
 // 0..r.Size-1 map to r, and its owner is r.Base, not the caller, so the
 // kernel charges what the box's processes count in ucounts (inotify,
 // RLIMIT_SIGPENDING, RLIMIT_NPROC, user namespaces...) to host uid r.Base
-// at every level above the box, never to host root. The namespace is
-// bind-mounted at path (an existing empty file) and stays there until path
-// is unmounted. exe is a binary reachable and executable by r.Base (it is
-// never run: the helper stops at its exec).
-func BoxNamespace(r Range, exe, path string) error {
-	m := fmt.Sprintf("0 %d %d\n", r.Base, r.Size)
-	return withNamespace(int(r.Base), exe, m, func(pid int) error {
-		src := "/proc/" + strconv.Itoa(pid) + "/ns/user"
-		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind user namespace at %s: %w", path, err)
-		}
-		return nil
-	})
+// at every level above the box, never to host root, and all of it
+// together is bounded by lim (see Limits), in a parent namespace of the
+// box's own. The namespace is bind-mounted at path (an existing empty
+// file) and stays there until path is unmounted. exe is the binary whose
+// first argument HelperArg runs Helper (the agent), reachable and
+// executable by r.Base.
+func BoxNamespace(r Range, exe, path string, lim Limits) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		errc <- boxNamespace(r, exe, path, lim)
+	}()
+	return <-errc
 }
 
 // ShiftNamespace returns a user namespace that maps Canonical to r: an
@@ -41,7 +41,7 @@ func BoxNamespace(r Range, exe, path string) error {
 func ShiftNamespace(r Range, exe string) (*os.File, error) {
 	m := fmt.Sprintf("%d %d %d\n", Canonical.Base, r.Base, min(r.Size, Canonical.Size))
 	var out *os.File
-	err := withNamespace(-1, exe, m, func(pid int) error {
+	err := withNamespace(exe, m, func(pid int) error {
 		f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/user")
 		if err != nil {
 			return fmt.Errorf("open user namespace: %w", err)
@@ -52,31 +52,23 @@ func ShiftNamespace(r Range, exe string) (*os.File, error) {
 	return out, err
 }
 
-// withNamespace starts a helper in a new user namespace (created with
-// effective uid and gid owner, if owner >= 0), writes idMap as its uid and
-// gid map, calls use with its pid and kills it.
+// withNamespace starts a helper in a new user namespace, writes idMap as
+// its uid and gid map, calls use with its pid and kills it.
 //
 // The helper is exe run under ptrace: it stops at its exec and never runs a
-// line of exe. It is forked from a thread locked for the purpose whose
-// effective ids are set with raw syscalls (only that thread's credentials
-// change; SECBIT_NO_SETUID_FIXUP keeps its capabilities) and which exits
-// with the goroutine, so no other goroutine ever runs with them. The maps
-// are written from another thread, with the daemon's own credentials.
-func withNamespace(owner int, exe, idMap string, use func(pid int) error) error {
+// line of exe. It is forked from a thread locked for the purpose (the
+// tracer), which exits with the goroutine. The maps are written from
+// another thread.
+func withNamespace(exe, idMap string, use func(pid int) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- forkNamespace(owner, exe, idMap, use)
+		errc <- forkNamespace(exe, idMap, use)
 	}()
 	return <-errc
 }
 
-func forkNamespace(owner int, exe, idMap string, use func(pid int) error) error {
-	if owner >= 0 {
-		if err := setThreadIDs(owner, false); err != nil {
-			return err
-		}
-	}
+func forkNamespace(exe, idMap string, use func(pid int) error) error {
 	cmd := exec.Command(exe)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, Ptrace: true, Pdeathsig: unix.SIGKILL}
 	if err := cmd.Start(); err != nil {

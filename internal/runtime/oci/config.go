@@ -81,6 +81,11 @@ type Config struct {
 	// IDPool is where boxes' id ranges are carved from (zero =
 	// idmap.DefaultPool).
 	IDPool idmap.Pool
+	// BoxLimits bound what all of one box's processes together hold of the
+	// kernel's per-user counters (user and other namespaces, inotify and
+	// fanotify, queued signals, message queues; see idmap.Limits). nil =
+	// idmap.DefaultLimits(); values above the host's are lowered to them.
+	BoxLimits idmap.Limits
 	// Logger receives driver logs; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -58,7 +58,9 @@ type Driver struct {
 	agentSeccomp bool
 	// ids hands out each box's own host id range (see package idmap).
 	ids *idmap.Allocator
-	log *slog.Logger
+	// boxLimits are the per-box kernel counter limits, at most the host's.
+	boxLimits idmap.Limits
+	log       *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -115,6 +117,9 @@ func New(cfg Config) (*Driver, error) {
 		pool = idmap.DefaultPool
 	}
 	if d.ids, err = idmap.NewAllocator(cfg.IDMapDir, pool); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	if d.boxLimits, err = boxLimits(cfg.BoxLimits, d.log); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
 	if err := checkSearchable(d.stateDir); err != nil {

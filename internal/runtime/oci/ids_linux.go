@@ -3,6 +3,7 @@ package oci
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -49,7 +50,7 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 	// The helper execs (and stops at) the agent binary of the agent layer:
 	// a file every box's root can reach and execute.
 	exe := filepath.Join(d.agentLayer, agentInBox)
-	if err := idmap.BoxNamespace(r, exe, ns); err != nil {
+	if err := idmap.BoxNamespace(r, exe, ns, d.boxLimits); err != nil {
 		return nil, fmt.Errorf("create box user namespace: %w", err)
 	}
 	undo.add(func() error { return unmount(ns) })
@@ -61,6 +62,26 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 }
 
 func (b *boxIDs) Close() error { return b.shift.Close() }
+
+// boxLimits checks the configured per-box kernel limits (nil: the
+// defaults) and lowers those above the host's, saying so.
+func boxLimits(l idmap.Limits, log *slog.Logger) (idmap.Limits, error) {
+	if l == nil {
+		l = idmap.DefaultLimits()
+	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	host, err := idmap.HostLimits()
+	if err != nil {
+		return nil, err
+	}
+	out, lowered := l.Clamp(host)
+	if len(lowered) > 0 {
+		log.Warn("box kernel limits above the host's lowered to them", "lowered", lowered)
+	}
+	return out, nil
+}
 
 // mapDir attaches an idmapped copy of src at dst (created), unmounted by
 // undo.
