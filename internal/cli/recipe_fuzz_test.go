@@ -16,23 +16,6 @@ import (
 // packs only what lies inside the build context (the context holds a
 // symlink to a directory outside it, whose file must never be read).
 func FuzzParseRecipe(f *testing.F) {
-	outside := f.TempDir()
-	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("outside-secret"), 0o600); err != nil {
-		f.Fatal(err)
-	}
-	ctx := f.TempDir()
-	if err := os.MkdirAll(filepath.Join(ctx, "app"), 0o755); err != nil {
-		f.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ctx, "app", "main.py"), []byte("print(1)\n"), 0o644); err != nil {
-		f.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(ctx, "out")); err != nil {
-		f.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(ctx, "app", "out")); err != nil {
-		f.Fatal(err)
-	}
 	for _, s := range []string{
 		"from: debian:bookworm\nsteps:\n  - apt_install: [python3, python3-pip]\n  - run: make install\n  - env: {APP_ENV: prod}\n",
 		"from: x\nsteps:\n  - copy: {src: ./app, dest: /app}\n  - copy: {src: app/main.py, dest: /srv}\n",
@@ -44,6 +27,9 @@ func FuzzParseRecipe(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// Per input: a fuzzing worker is killed at the end without running
+		// the F's cleanups.
+		ctx := buildContextDir(t)
 		r, err := parseRecipe(data, ctx)
 		if err != nil {
 			return
@@ -75,4 +61,23 @@ func FuzzParseRecipe(f *testing.F) {
 			}
 		}
 	})
+}
+
+// buildContextDir makes a build context with app/main.py and symlinks to a
+// directory outside it holding the file "secret".
+func buildContextDir(t *testing.T) string {
+	t.Helper()
+	outside, ctx := t.TempDir(), t.TempDir()
+	for _, err := range []error{
+		os.WriteFile(filepath.Join(outside, "secret"), []byte("outside-secret"), 0o600),
+		os.MkdirAll(filepath.Join(ctx, "app"), 0o755),
+		os.WriteFile(filepath.Join(ctx, "app", "main.py"), []byte("print(1)\n"), 0o644),
+		os.Symlink(outside, filepath.Join(ctx, "out")),
+		os.Symlink(outside, filepath.Join(ctx, "app", "out")),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctx
 }
