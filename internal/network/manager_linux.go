@@ -2,8 +2,6 @@ package network
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -309,19 +307,7 @@ func (m *Manager) egressBox(src netip.Addr) (egressBox, bool) {
 // resolveA asks the upstream resolvers (not the box's view) for host's
 // IPv4 addresses.
 func (m *Manager) resolveA(ctx context.Context, host string) ([]netip.Addr, error) {
-	var id [2]byte
-	_, _ = rand.Read(id[:])
-	resp, err := m.dns.forward(buildQuery(binary.BigEndian.Uint16(id[:]), host), "udp")
-	if err != nil {
-		return nil, err
-	}
-	if len(resp) < 12 || resp[0] != id[0] || resp[1] != id[1] {
-		return nil, errors.New("bad DNS answer")
-	}
-	if rc := resp[3] & 0x0F; rc != 0 {
-		return nil, fmt.Errorf("DNS rcode %d", rc)
-	}
-	return answerAddrs(resp), nil
+	return m.dns.resolveA(host)
 }
 
 // Update switches a sandbox to policy p. Rules change in one transaction;

@@ -66,7 +66,11 @@ func inNetNS(t *testing.T, path string, fn func()) {
 
 func queryA(c net.Conn, name string) (byte, []netip.Addr, error) {
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write(buildQuery(7, name)); err != nil {
+	q, err := buildQuery(7, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := c.Write(q); err != nil {
 		return 0, nil, err
 	}
 	buf := make([]byte, 512)

@@ -233,6 +233,9 @@ func normalizePattern(s string) (string, error) {
 // example.com itself.
 func MatchDomain(patterns []string, name string) bool {
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if !isDNSName(name) {
+		return false
+	}
 	for _, p := range patterns {
 		if suffix, ok := strings.CutPrefix(p, "*."); ok {
 			if strings.HasSuffix(name, "."+suffix) {
@@ -243,6 +246,24 @@ func MatchDomain(patterns []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// isDNSName reports whether name (without its trailing dot) is made of
+// 1 to 63-byte labels, at most 253 bytes in all: only such a name reaches a
+// resolver as the labels it reads as. "evil.test..allowed.test" (an empty
+// label ends a name on the wire) or a label of 192 bytes or more (its length
+// byte reads as a compression pointer) would be checked as one name and
+// resolved as another.
+func isDNSName(name string) bool {
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for l := range strings.SplitSeq(name, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+	}
+	return true
 }
 
 // Attachment is how a sandbox is attached to the network.
