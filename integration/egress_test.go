@@ -232,6 +232,14 @@ func TestEgressAllowModeE2E(t *testing.T) {
 		{"SNI of another name to the allowed address", "-k --resolve blocked.test:443:" + inetAllowed + " https://blocked.test/", "000"},
 		{"allowed SNI", "-k https://a.allowed.test/", "200"},
 		{"allowed name resolving to the metadata address", "http://meta.allowed.test/", "403"},
+		// Matches *.allowed.test as a string, but its empty label ends the
+		// name on the wire: the proxy once asked DNS for blocked.test
+		// (with the rest of the name read as the query's type and class:
+		// 502 here; a crafted label with NUL bytes made it a clean query
+		// for another name, see internal/network's
+		// TestRouteResolvesWhatItChecks). Now it is refused by policy.
+		{"Host with an empty label", "-H 'Host: blocked.test..allowed.test' http://" + inetAllowed + "/", "403"},
+		{"Host with an over-long label", "-H 'Host: x." + strings.Repeat("a", 64) + ".allowed.test' http://" + inetAllowed + "/", "403"},
 	} {
 		if got := code(tt.args); got != tt.want {
 			t.Errorf("%s: curl %s: got %s, want %s", tt.name, tt.args, got, tt.want)
