@@ -94,13 +94,25 @@ def _http_chunk(data: bytes) -> bytes:
     return b"%X\r\n" % len(data) + data + b"\r\n"
 
 
+class _SendError(Exception):
+    """Sending to the daemon failed (the socket's error is the cause); what
+    reading the upload's source raises passes through as it is."""
+
+
 def _send_data(sock: socket.socket, first: bytes, source: Source, data_field: int, chunk_size: int) -> None:
     """Write a chunked request body: the enveloped message ``first``, then
     the bytes of ``source`` as messages of one ``bytes`` field
     (``data_field``) of up to ``chunk_size`` bytes, each sent from one
     reused buffer holding the HTTP chunk line, the envelope, the field's tag
     and length, the data and the chunk's end."""
-    sock.sendall(_http_chunk(struct.pack(">BI", 0, len(first)) + first))
+
+    def send(b: Union[bytes, memoryview]) -> None:
+        try:
+            sock.sendall(b)
+        except OSError as e:
+            raise _SendError(str(e)) from e
+
+    send(_http_chunk(struct.pack(">BI", 0, len(first)) + first))
     buf = bytearray(_PREFIX_ROOM + chunk_size + 2)
     mv = memoryview(buf)
     body = mv[_PREFIX_ROOM : _PREFIX_ROOM + chunk_size]
@@ -152,8 +164,8 @@ def _send_data(sock: socket.socket, first: bytes, source: Source, data_field: in
         buf[start:_PREFIX_ROOM] = prefix
         end = _PREFIX_ROOM + n
         buf[end : end + 2] = b"\r\n"
-        sock.sendall(mv[start : end + 2])
-    sock.sendall(b"0\r\n\r\n")
+        send(mv[start : end + 2])
+    send(b"0\r\n\r\n")
 
 
 def _error_from_json(obj: Any, op: str, status: int = 0) -> SbxError:
@@ -426,14 +438,19 @@ class Transport:
                     conn.putheader(k, v)
                 conn.putheader("Transfer-Encoding", "chunked")
                 conn.endheaders()
-                assert conn.sock is not None
-                _send_data(conn.sock, first, source, data_field, chunk_size)
-            except (BrokenPipeError, ConnectionResetError) as e:
-                # The daemon may have answered (with an error) before reading
-                # everything: try to read that answer below.
-                send_error = e
             except (OSError, http.client.HTTPException) as e:
                 raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+            assert conn.sock is not None
+            try:
+                # What reading the source raises passes through as it is.
+                _send_data(conn.sock, first, source, data_field, chunk_size)
+            except _SendError as e:
+                cause = e.__cause__
+                if not isinstance(cause, (BrokenPipeError, ConnectionResetError)):
+                    raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {cause}", op=op) from cause
+                # The daemon may have answered (with an error) before reading
+                # everything: try to read that answer below.
+                send_error = cause
             try:
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:

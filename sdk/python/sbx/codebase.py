@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -409,11 +410,11 @@ class Codebases:
         """The current revision as a tar: returned as bytes, or written to
         ``dest`` (a path or a binary file; then the byte count is returned)."""
         if dest is None:
-            out = bytearray()
+            out = io.BytesIO()
             with self._stream(ref) as stream:
                 for data in stream:
-                    out += data
-            return bytes(out)
+                    out.write(data)
+            return out.getvalue()
         if isinstance(dest, (str, os.PathLike)):
             with open(dest, "wb") as f:
                 return self.download(ref, f)

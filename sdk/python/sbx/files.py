@@ -89,11 +89,11 @@ class Files:
         Raises:
             NotFoundError: the file does not exist.
         """
-        out = bytearray()
+        out = io.BytesIO()
         with self._read_stream(path, offset, length) as stream:
             for data in stream:
-                out += data
-        return bytes(out)
+                out.write(data)
+        return out.getvalue()
 
     def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         """Return a file's content decoded as text."""
@@ -263,14 +263,14 @@ class Files:
 
     def download_tar(self, remote_path: str) -> bytes:
         """Return a tar of ``remote_path`` (a directory's contents, or one file)."""
-        out = bytearray()
+        out = io.BytesIO()
         req = {"sandbox": self._id, "path": remote_path}
         with self._t.data_stream(
             _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}"
         ) as stream:
             for data in stream:
-                out += data
-        return bytes(out)
+                out.write(data)
+        return out.getvalue()
 
     def download_dir(self, remote_dir: str, local_dir: str) -> int:
         """Copy the contents of ``remote_dir`` of the sandbox into ``local_dir``
