@@ -9,7 +9,9 @@ loopback floor of the same run; runnable by hand too:
     PYTHONPATH=sdk/python /usr/bin/python3 scripts/bench-python-files.py \\
         --addr 127.0.0.1:7777 --sandbox ID --src /tmp/100m.bin --samples 3
 
-Prints one JSON object: MiB/s of every sample of each step.
+Prints one JSON object: MiB/s of every sample of each step, and the CPU
+seconds (user + system) this process spent in each sample ("cpu_<step>"):
+what the client costs, as against the wall time spent waiting on the daemon.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -72,11 +75,18 @@ def main() -> int:
 
     steps = {"upload": upload, "download": download, "read": read}
     out = {k: [] for k in steps}
+    out.update({"cpu_" + k: [] for k in steps})
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
     for _ in range(args.samples):
         for name, f in steps.items():
-            t0 = time.perf_counter()
+            c0, t0 = cpu(), time.perf_counter()
             f()
             out[name].append(mib / (time.perf_counter() - t0))
+            out["cpu_" + name].append(cpu() - c0)
     if args.profile:
         import cProfile
 

@@ -101,6 +101,7 @@ func runFiles(n int, agentPath, _ string) error {
 	}
 	loop, execCat, up, down, cpIn, cpOut := rs[0], rs[1], rs[2], rs[3], rs[4], rs[5]
 	pyUp, pyDown, pyRead := rs[6], rs[7], rs[8]
+	var pyCPU pythonCPU
 	py := pythonBenchAvailable()
 	if !py {
 		fmt.Printf("(Python SDK not measured: %s or %s missing; run from the repository root)\n", pythonBin, pythonBench)
@@ -156,7 +157,7 @@ func runFiles(n int, agentPath, _ string) error {
 			}
 		}
 		if py {
-			if err := pythonFiles(d.addr, sb.ID, src, pyUp, pyDown, pyRead); err != nil {
+			if err := pythonFiles(d.addr, sb.ID, src, pyUp, pyDown, pyRead, &pyCPU); err != nil {
 				return err
 			}
 		}
@@ -169,8 +170,17 @@ func runFiles(n int, agentPath, _ string) error {
 		return fmt.Errorf("sbx cp round trip changed the file")
 	}
 	printFiles(samples, rs...)
+	if py {
+		fmt.Printf("Python client CPU per 100 MiB (p50) = %.0f ms up / %.0f ms down / %.0f ms read() (the rest of the wall time is waiting on the daemon)\n",
+			p50(pyCPU.up)*1000, p50(pyCPU.down)*1000, p50(pyCPU.read)*1000)
+	}
 	return nil
 }
+
+// pythonCPU is the CPU seconds the Python bench process spent per sample.
+type pythonCPU struct{ up, down, read []float64 }
+
+func p50(xs []float64) float64 { return throughput{mibs: xs}.p50() }
 
 func printFiles(samples int, rs ...*throughput) {
 	fmt.Printf("100 MiB of random bytes, %d samples each (p50)\n", samples)
@@ -199,7 +209,7 @@ func pythonBenchAvailable() bool {
 
 // pythonFiles runs one sample of each Python SDK step (timed inside the
 // script, so the interpreter's start is not counted) and records them.
-func pythonFiles(addr, sandbox, src string, up, down, read *throughput) error {
+func pythonFiles(addr, sandbox, src string, up, down, read *throughput, cpu *pythonCPU) error {
 	cmd := exec.Command(pythonBin, pythonBench, "--addr", addr, "--sandbox", sandbox, "--src", src, "--samples", "1")
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 	var stderr bytes.Buffer
@@ -221,6 +231,9 @@ func pythonFiles(addr, sandbox, src string, up, down, read *throughput) error {
 		}
 		s.t.mibs = append(s.t.mibs, got[s.key]...)
 	}
+	cpu.up = append(cpu.up, got["cpu_upload"]...)
+	cpu.down = append(cpu.down, got["cpu_download"]...)
+	cpu.read = append(cpu.read, got["cpu_read"]...)
 	return nil
 }
 
