@@ -29,7 +29,7 @@ import ssl
 import struct
 import threading
 import urllib.parse
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Union
 
 from . import _proto
 from .errors import SbxConnectionError, SbxError, UnknownError, error_from_code
