@@ -139,16 +139,23 @@ def _send_data(sock: socket.socket, first: bytes, source: Source, data_field: in
             return n
 
     elif hasattr(source, "read"):
+        # A file without readinto (a text file gives str: sent as UTF-8,
+        # which may be longer than asked for: the rest goes next time).
         read = source.read
+        pending = memoryview(b"")
 
         def fill() -> int:
-            chunk = read(chunk_size)
-            if isinstance(chunk, str):
-                chunk = chunk.encode("utf-8")
-            n = len(chunk)
-            if n > chunk_size:
-                raise ValueError(f"read({chunk_size}) of the upload source returned {n} bytes")
-            body[:n] = chunk
+            nonlocal pending
+            if not pending:
+                chunk = read(chunk_size)
+                if isinstance(chunk, str):
+                    chunk = chunk.encode("utf-8")
+                if not chunk:
+                    return 0
+                pending = memoryview(chunk).cast("B")
+            n = min(chunk_size, len(pending))
+            body[:n] = pending[:n]
+            pending = pending[n:]
             return n
 
     else:

@@ -245,7 +245,7 @@ def write_answer(req: Request) -> bytes:
     return response(chunked(frame(resp), end_stream()))
 
 
-@pytest.mark.parametrize("kind", ["bytes", "memoryview", "file", "read-only", "str"])
+@pytest.mark.parametrize("kind", ["bytes", "memoryview", "file", "read-only", "str", "text-file"])
 def test_write_sends_header_then_1mib_messages(fake: Any, tmp_path: Any, kind: str) -> None:
     data = os.urandom((3 << 20) + 12345)
     src: Any = data
@@ -270,6 +270,13 @@ def test_write_sends_header_then_1mib_messages(fake: Any, tmp_path: Any, kind: s
     elif kind == "str":
         src = "héllo wörld " * 100_000
         data = src.encode()
+    elif kind == "text-file":
+        # read(1 MiB) of it gives 1 Mi characters: 2 MiB of UTF-8.
+        import io
+
+        text = "é" * (3 << 20)
+        src = io.StringIO(text)
+        data = text.encode()
     d = fake(write_answer)
     try:
         got = run_bounded(lambda: files(d).write("/dir/f", src, 0o600, append=True))
