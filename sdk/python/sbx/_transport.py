@@ -29,7 +29,7 @@ import ssl
 import struct
 import threading
 import urllib.parse
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Union
+from typing import IO, Any, Callable, Dict, Iterator, Optional, Union
 
 from . import _proto
 from .errors import SbxConnectionError, SbxError, UnknownError, error_from_code
@@ -335,57 +335,6 @@ class Transport:
             conn.close()
             raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
         return ServerStream(conn, resp, op)
-
-    # -- client streaming ----------------------------------------------------
-
-    def client_stream(
-        self,
-        service: str,
-        method: str,
-        messages: Iterable[Dict[str, Any]],
-        *,
-        op: str = "",
-    ) -> Dict[str, Any]:
-        """Send ``messages`` as one streamed request body (chunked) and return
-        the single response message."""
-        conn = self._connect(None)
-        stream: Optional[ServerStream] = None
-        try:
-            body = (envelope(m) for m in messages)
-            send_error: Optional[BaseException] = None
-            try:
-                conn.request(
-                    "POST",
-                    self._path(service, method),
-                    body=body,
-                    headers=self._headers("application/connect+json", None),
-                    encode_chunked=True,
-                )
-            except (BrokenPipeError, ConnectionResetError) as e:
-                # The daemon may have answered (with an error) before reading
-                # everything: try to read that answer below.
-                send_error = e
-            except (OSError, http.client.HTTPException) as e:
-                raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
-            try:
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as e:
-                raise SbxConnectionError(
-                    f"talking to the sbx daemon at {self.addr}: {send_error or e}", op=op
-                ) from e
-            stream = ServerStream(conn, resp, op)
-            result: Optional[Dict[str, Any]] = None
-            for msg in stream:
-                if result is None:
-                    result = msg
-            if result is None:
-                raise UnknownError("the daemon sent no response message", op=op)
-            return result
-        finally:
-            if stream is not None:
-                stream.close()
-            conn.close()
-
 
     # -- bulk data (application/connect+proto) ---------------------------------
 
