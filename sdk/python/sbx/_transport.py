@@ -631,3 +631,18 @@ class ChunkStream(ServerStream):
 
     def __enter__(self) -> "ChunkStream":
         return self
+
+    def copy_to(self, dest: Any) -> int:
+        """Write every chunk to the binary file ``dest`` and return the byte
+        count. As with any ``write()`` of the io module, ``dest`` must not
+        keep the memoryview it is given; short writes (raw files) are
+        continued."""
+        n = 0
+        for data in self:
+            n += len(data)
+            while data:
+                k = dest.write(data)
+                if k is None or k >= len(data):
+                    break
+                data = data[k:]
+        return n

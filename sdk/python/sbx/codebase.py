@@ -418,12 +418,8 @@ class Codebases:
         if isinstance(dest, (str, os.PathLike)):
             with open(dest, "wb") as f:
                 return self.download(ref, f)
-        n = 0
         with self._stream(ref) as stream:
-            for data in stream:
-                dest.write(data)  # type: ignore[arg-type]
-                n += len(data)
-        return n
+            return stream.copy_to(dest)
 
     def delete(self, ref: str) -> None:
         """Delete a codebase.

@@ -102,16 +102,13 @@ class Files:
     def download_file(self, remote_path: str, local: Union[str, "os.PathLike[str]", IO[bytes]]) -> int:
         """Copy a file of the sandbox to ``local``: a path (written to a
         temporary file beside it and renamed into place when complete) or a
-        binary file object open for writing (written from where it is).
-        The bytes stream through one buffer: a file of any size takes
+        binary file object open for writing (written from where it is;
+        its ``write()`` gets memoryviews of a reused buffer, as io's do).
+        The bytes stream through that one buffer: a file of any size takes
         little memory. Returns its size."""
         if not isinstance(local, (str, os.PathLike)):
-            n = 0
             with self._read_stream(remote_path, 0, 0) as stream:
-                for data in stream:
-                    local.write(data)  # type: ignore[arg-type]
-                    n += len(data)
-            return n
+                return stream.copy_to(local)
         local_path = os.fspath(local)
         n = 0
         tmp = local_path + ".sbx-partial"

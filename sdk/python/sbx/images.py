@@ -122,14 +122,10 @@ class Images:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             return n
-        n = 0
         with self._t.data_stream(
             _SERVICE, "ExportImage", {"ref": ref}, _proto.EXPORT_IMAGE_REQUEST, op=f"export {ref}"
         ) as stream:
-            for data in stream:
-                dest.write(data)  # type: ignore[arg-type]
-                n += len(data)
-        return n
+            return stream.copy_to(dest)
 
     def build(
         self,

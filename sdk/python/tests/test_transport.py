@@ -276,6 +276,27 @@ def test_download_memory_is_bounded(fake: Any) -> None:
     assert grew < 16 << 20, f"peak RSS grew by {grew >> 20} MiB downloading {want >> 20} MiB, want < 16 MiB"
 
 
+def test_download_to_short_writing_file(fake: Any) -> None:
+    # A raw file may write less than it is given: the rest is written too.
+    data = os.urandom(700_000)
+    body = chunked(frame(P.encode({"data": data[:400_000]}, P.FILE_CHUNK)),
+                   frame(P.encode({"data": data[400_000:]}, P.FILE_CHUNK)), end_stream())
+    d = fake(lambda req: response(body))
+
+    class Short:
+        def __init__(self) -> None:
+            self.got = bytearray()
+
+        def write(self, b: Any) -> int:
+            k = min(len(b), 4099)
+            self.got += b[:k]
+            return k
+
+    dest = Short()
+    assert run_bounded(lambda: files(d).download_file("/x", dest)) == len(data)
+    assert bytes(dest.got) == data
+
+
 def test_http_error_status(fake: Any) -> None:
     body = json.dumps({"code": "unauthenticated", "message": "no token"}).encode()
     d = fake(lambda req: b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
