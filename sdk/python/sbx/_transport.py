@@ -29,6 +29,7 @@ import ssl
 import struct
 import threading
 import urllib.parse
+import zlib
 from typing import IO, Any, Callable, Dict, Iterator, Optional, Union
 
 from . import _proto
@@ -94,17 +95,41 @@ def _http_chunk(data: bytes) -> bytes:
     return b"%X\r\n" % len(data) + data + b"\r\n"
 
 
+def _gzip(data: Union[bytes, memoryview]) -> bytes:
+    """gzip at the default level (as Go's compress/gzip; not Python's 9)."""
+    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+def _gunzip(data: Union[bytes, memoryview], limit: int) -> bytes:
+    """Decompress one gzipped message of at most ``limit`` bytes; a larger
+    one (a decompression bomb) or a cut or corrupt one raises ValueError."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise ValueError(f"invalid gzip: {e}") from None
+    if len(out) > limit:
+        raise ValueError(f"it decompresses to more than {limit} bytes")
+    if not d.eof:
+        raise ValueError("invalid gzip: the compressed message is cut off")
+    return out
+
+
 class _SendError(Exception):
     """Sending to the daemon failed (the socket's error is the cause); what
     reading the upload's source raises passes through as it is."""
 
 
-def _send_data(sock: socket.socket, first: bytes, source: Source, data_field: int, chunk_size: int) -> None:
+def _send_data(
+    sock: socket.socket, first: bytes, source: Source, data_field: int, chunk_size: int, gz: bool = False
+) -> None:
     """Write a chunked request body: the enveloped message ``first``, then
     the bytes of ``source`` as messages of one ``bytes`` field
     (``data_field``) of up to ``chunk_size`` bytes, each sent from one
     reused buffer holding the HTTP chunk line, the envelope, the field's tag
-    and length, the data and the chunk's end."""
+    and length, the data and the chunk's end. With ``gz`` the data messages
+    are gzipped (and so no longer sent from the buffer)."""
 
     def send(b: Union[bytes, memoryview]) -> None:
         try:
@@ -165,6 +190,12 @@ def _send_data(sock: socket.socket, first: bytes, source: Source, data_field: in
         if n == 0:
             break
         field = _proto.data_prefix(data_field, n)
+        if gz:
+            start = _PREFIX_ROOM - len(field)
+            buf[start:_PREFIX_ROOM] = field
+            packed = _gzip(mv[start : _PREFIX_ROOM + n])
+            send(_http_chunk(struct.pack(">BI", _FLAG_COMPRESSED, len(packed)) + packed))
+            continue
         msg_len = len(field) + n
         prefix = b"%X\r\n" % (5 + msg_len) + struct.pack(">BI", 0, msg_len) + field
         start = _PREFIX_ROOM - len(prefix)
@@ -199,6 +230,9 @@ class Transport:
         cacert: PEM file of the CA(s) to trust for an ``https://`` daemon
             besides the system's (``sbx serve --tls-cert`` with a private CA).
             ``None`` means ``$SBX_CACERT`` (unset: the system's roots only).
+        file_compression: gzip the messages of the data calls made with
+            ``compress=True`` (the file transfers), which also lets the
+            daemon gzip its answers to them.
     """
 
     def __init__(
@@ -209,7 +243,9 @@ class Transport:
         connect_timeout: float = 10.0,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
+        self.file_compression = file_compression
         self.token = os.environ.get("SBX_TOKEN", "") if token is None else token
         cacert = os.environ.get("SBX_CACERT") or None if cacert is None else cacert
         self._ssl = ssl.create_default_context()
@@ -262,7 +298,7 @@ class Transport:
         """The headers carrying the API token (none without one)."""
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def _headers(self, content_type: str, timeout: Optional[float]) -> Dict[str, str]:
+    def _headers(self, content_type: str, timeout: Optional[float], gzip_stream: bool = False) -> Dict[str, str]:
         h = {
             "Content-Type": content_type,
             "Connect-Protocol-Version": "1",
@@ -271,6 +307,12 @@ class Transport:
         }
         if timeout is not None:
             h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))
+        if gzip_stream:
+            # Our messages may be gzipped, and so may the daemon's answers
+            # (it sends data streams uncompressed to anyone who does not
+            # compress their own request).
+            h["Connect-Content-Encoding"] = "gzip"
+            h["Connect-Accept-Encoding"] = "gzip"
         return h
 
     # -- unary -------------------------------------------------------------
@@ -346,18 +388,25 @@ class Transport:
         schema: "_proto.Schema",
         *,
         op: str = "",
+        compress: bool = False,
     ) -> ChunkStream:
         """Start a server stream of FileChunk messages (file, tar, codebase
         or image bytes). ``request`` (in its JSON form) is encoded with
-        ``schema``. Iterate the result for the data as memoryviews."""
+        ``schema``. Iterate the result for the data as memoryviews. With
+        ``compress`` and the transport's ``file_compression``, the request
+        is gzipped and the daemon may gzip its answer."""
         body = _proto.encode(request, schema)
+        gz = compress and self.file_compression
+        flags = 0
+        if gz:
+            body, flags = _gzip(body), _FLAG_COMPRESSED
         conn = self._connect(None)
         try:
             conn.request(
                 "POST",
                 self._path(service, method),
-                body=struct.pack(">BI", 0, len(body)) + body,
-                headers=self._headers("application/connect+proto", None),
+                body=struct.pack(">BI", flags, len(body)) + body,
+                headers=self._headers("application/connect+proto", None, gzip_stream=gz),
             )
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
@@ -376,12 +425,15 @@ class Transport:
         *,
         op: str = "",
         chunk_size: int = UPLOAD_CHUNK,
+        compress: bool = False,
     ) -> Dict[str, Any]:
         """Make a client-streaming call whose first message is ``{"header":
         header}`` and whose others carry the bytes of ``source`` (bytes, str
         as UTF-8, or a binary file read from where it is) in the request's
         ``data`` field, ``chunk_size`` bytes a message; return the single
-        response message in its JSON form."""
+        response message in its JSON form. With ``compress`` and the
+        transport's ``file_compression``, the data messages are gzipped."""
+        gz = compress and self.file_compression
         first = _proto.encode({"header": header}, request_schema)
         data_field = request_schema.by_name["data"].number
         conn = self._connect(None)
@@ -390,7 +442,7 @@ class Transport:
             send_error: Optional[BaseException] = None
             try:
                 conn.putrequest("POST", self._path(service, method), skip_accept_encoding=True)
-                for k, v in self._headers("application/connect+proto", None).items():
+                for k, v in self._headers("application/connect+proto", None, gzip_stream=gz).items():
                     conn.putheader(k, v)
                 conn.putheader("Transfer-Encoding", "chunked")
                 conn.endheaders()
@@ -399,7 +451,7 @@ class Transport:
             assert conn.sock is not None
             try:
                 # What reading the source raises passes through as it is.
-                _send_data(conn.sock, first, source, data_field, chunk_size)
+                _send_data(conn.sock, first, source, data_field, chunk_size, gz)
             except _SendError as e:
                 cause = e.__cause__
                 if not isinstance(cause, (BrokenPipeError, ConnectionResetError)):
@@ -534,8 +586,8 @@ class ServerStream(Iterator[Dict[str, Any]]):
                 self._finish()
                 raise error_from_code("internal", "compressed message without an encoding", op=self._op)
             try:
-                payload = gzip.decompress(payload)
-            except (OSError, EOFError, ValueError) as e:
+                payload = _gunzip(payload, self._max)
+            except ValueError as e:
                 self._finish()
                 raise error_from_code("internal", f"invalid compressed message: {e}", op=self._op) from e
         if flags & _FLAG_END_STREAM:

@@ -352,8 +352,11 @@ class AsyncClient:
         client: Optional[Client] = None,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
-        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token, cacert=cacert)
+        self.sync = client if client is not None else Client(
+            addr, timeout=timeout, token=token, cacert=cacert, file_compression=file_compression
+        )
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
 

@@ -70,7 +70,9 @@ class Files:
             req["offset"] = offset
         if length:
             req["length"] = length
-        return self._t.data_stream(_SERVICE, "ReadFile", req, _proto.READ_FILE_REQUEST, op=f"read {path}")
+        return self._t.data_stream(
+            _SERVICE, "ReadFile", req, _proto.READ_FILE_REQUEST, op=f"read {path}", compress=True
+        )
 
     def iter_read(self, path: str, offset: int = 0, length: int = 0) -> Iterator[bytes]:
         """Yield a file's content in chunks as they arrive.
@@ -163,7 +165,7 @@ class Files:
             header["makeParents"] = True
         resp = self._t.upload_stream(
             _SERVICE, "WriteFile", header, self._source(data),
-            _proto.WRITE_FILE_REQUEST, _proto.WRITE_FILE_RESPONSE, op=f"write {path}",
+            _proto.WRITE_FILE_REQUEST, _proto.WRITE_FILE_RESPONSE, op=f"write {path}", compress=True,
         )
         return int(resp.get("bytesWritten") or 0)
 
@@ -234,7 +236,7 @@ class Files:
 
         resp = self._t.upload_stream(
             _SERVICE, "UploadTar", {"sandbox": self._id, "path": remote_dir}, self._source(tar),
-            _proto.UPLOAD_TAR_REQUEST, _proto.UPLOAD_TAR_RESPONSE, op=f"upload to {remote_dir}",
+            _proto.UPLOAD_TAR_REQUEST, _proto.UPLOAD_TAR_RESPONSE, op=f"upload to {remote_dir}", compress=True,
         )
         return {"files": int(resp.get("files") or 0), "bytes": int(resp.get("bytes") or 0)}
 
@@ -253,7 +255,8 @@ class Files:
         in chunks as they arrive."""
         req = {"sandbox": self._id, "path": remote_path}
         with self._t.data_stream(
-            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}"
+            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}",
+            compress=True,
         ) as stream:
             for data in stream:
                 yield bytes(data)
@@ -263,7 +266,8 @@ class Files:
         out = io.BytesIO()
         req = {"sandbox": self._id, "path": remote_path}
         with self._t.data_stream(
-            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}"
+            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}",
+            compress=True,
         ) as stream:
             for data in stream:
                 out.write(data)

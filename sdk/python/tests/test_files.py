@@ -97,6 +97,24 @@ def test_random_bytes_round_trip_every_path(shared_sandbox: sbx.Sandbox, tmp_pat
     f.remove("/root/rand2", recursive=True)
 
 
+def test_file_compression_round_trip(shared_sandbox: sbx.Sandbox, client: sbx.Client, tmp_path) -> None:
+    # Asked for, gzip both ways: compressible and random bytes arrive intact.
+    gz = sbx.Sandbox.from_id(shared_sandbox.id, client=sbx.Client(client.addr, timeout=120, file_compression=True))
+    for name, data in (("text", b"a line of a log file\n" * 300_000), ("random", os.urandom((2 << 20) + 3))):
+        assert gz.files.write(f"/root/gz-{name}", data) == len(data)
+        assert shared_sandbox.files.read(f"/root/gz-{name}") == data
+        assert gz.files.read(f"/root/gz-{name}") == data
+        out = tmp_path / name
+        assert gz.files.download_file(f"/root/gz-{name}", str(out)) == len(data)
+        assert out.read_bytes() == data
+    tar_bytes = gz.files.download_tar("/root/gz-text")
+    assert gz.files.upload_tar("/root/gz-dir", tar_bytes)["files"] == 1
+    assert shared_sandbox.files.read("/root/gz-dir/gz-text") == b"a line of a log file\n" * 300_000
+    shared_sandbox.files.remove("/root/gz-dir", recursive=True)
+    for name in ("text", "random"):
+        shared_sandbox.files.remove(f"/root/gz-{name}")
+
+
 def test_sparse_download_keeps_data(shared_sandbox: sbx.Sandbox, tmp_path) -> None:
     # Holes arrive as zeros and stay holes locally; data around them intact.
     shared_sandbox.run(

@@ -4,6 +4,7 @@ No real daemon needed."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -49,11 +50,19 @@ class Request:
         self.body = body
 
     def messages(self) -> List[bytes]:
+        """The request's messages (gzipped ones decompressed)."""
+        return [m for _, m in self.frames()]
+
+    def frames(self) -> List[Any]:
         out, pos = [], 0
         while pos < len(self.body):
             flags, n = struct.unpack_from(">BI", self.body, pos)
-            assert flags == 0, f"request message flags {flags}, want 0"
-            out.append(self.body[pos + 5 : pos + 5 + n])
+            assert flags in (0, 1), f"request message flags {flags}, want 0 or 1"
+            m = self.body[pos + 5 : pos + 5 + n]
+            if flags:
+                assert self.headers.get("connect-content-encoding") == "gzip", "a gzipped message in an identity stream"
+                m = gzip.decompress(m)
+            out.append((flags, m))
             pos += 5 + n
         return out
 
@@ -164,8 +173,8 @@ def run_bounded(f: Callable[[], Any]) -> Any:
     return box["value"]
 
 
-def files(d: FakeDaemon) -> sbx.Files:
-    return sbx.Files(Transport(d.addr), "sb-1")
+def files(d: FakeDaemon, compress: bool = False) -> sbx.Files:
+    return sbx.Files(Transport(d.addr, file_compression=compress), "sb-1")
 
 
 def test_read_request_and_split_answer(fake: Any) -> None:
@@ -404,3 +413,57 @@ def test_upload_source_error_propagates(fake: Any) -> None:
     d = fake(write_answer)
     with pytest.raises(OSError, match="disk on fire"):
         run_bounded(lambda: files(d).write("/x", Broken()))  # type: ignore[arg-type]
+
+
+def gz_response(body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/connect+proto\r\nConnect-Content-Encoding: gzip\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + body
+    )
+
+
+def test_file_compression_is_asked_for_and_taken(fake: Any) -> None:
+    # Asked for: the request says gzip and is gzipped, the answer's gzipped
+    # messages (the end-of-stream one too) are decompressed.
+    data = b"compressible line\n" * 50_000
+    body = chunked(frame(gzip.compress(P.encode({"data": data}, P.FILE_CHUNK)), flags=1),
+                   frame(P.encode({"data": b"tail"}, P.FILE_CHUNK)),
+                   frame(gzip.compress(json.dumps({}).encode()), flags=3))
+    d = fake(lambda req: gz_response(body))
+    assert run_bounded(lambda: files(d, compress=True).read("/x")) == data + b"tail"
+    (req,) = d.requests
+    assert (req.headers.get("connect-content-encoding"), req.headers.get("connect-accept-encoding")) == ("gzip", "gzip")
+    assert [f for f, _ in req.frames()] == [1], "the request message is not gzipped"
+    assert P.decode(req.messages()[0], P.READ_FILE_REQUEST) == {"sandbox": "sb-1", "path": "/x"}
+
+
+def test_file_compression_upload(fake: Any) -> None:
+    data = os.urandom(1 << 20) + b"z" * (3 << 20)
+    d = fake(write_answer)
+    assert run_bounded(lambda: files(d, compress=True).write("/x", data)) == len(data)
+    (req,) = d.requests
+    flags = [f for f, _ in req.frames()]
+    assert flags == [0, 1, 1, 1, 1], f"message flags {flags}, want the header plain and the data gzipped"
+    assert b"".join(bytes(P.decode(m, P.WRITE_FILE_REQUEST)["data"]) for m in req.messages()[1:]) == data
+    assert req.headers.get("connect-content-encoding") == "gzip"
+    # Not asked for: nothing says gzip.
+    d2 = fake(write_answer)
+    run_bounded(lambda: files(d2).write("/x", b"abc"))
+    assert "connect-content-encoding" not in d2.requests[0].headers
+    assert "connect-accept-encoding" not in d2.requests[0].headers
+
+
+@pytest.mark.parametrize(
+    "payload,msg",
+    [
+        # 65 MiB of zeros in 65 KiB: more than a message may be.
+        (gzip.compress(b"\x0a\x80\x80\x90\x20" + bytes(65 << 20)), "decompresses to more than 67108864 bytes"),
+        (gzip.compress(P.encode({"data": b"abc" * 1000}, P.FILE_CHUNK))[:-30], "cut off"),
+        (b"not gzip at all", "invalid gzip"),
+    ],
+)
+def test_hostile_compressed_answers(fake: Any, payload: bytes, msg: str) -> None:
+    d = fake(lambda req: gz_response(chunked(frame(payload, flags=1), end_stream())))
+    with pytest.raises(sbx.SbxError) as ei:
+        run_bounded(lambda: files(d, compress=True).read("/x"))
+    assert ei.value.code == "internal" and msg in str(ei.value), str(ei.value)
