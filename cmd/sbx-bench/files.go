@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -45,12 +46,20 @@ func (t *throughput) rate(size int64, f func() error) error {
 	return nil
 }
 
+// pythonBench is the script that measures the Python SDK's data path, and
+// the interpreter it runs with (Debian's: the SDK needs nothing else).
+const (
+	pythonBench = "scripts/bench-python-files.py"
+	pythonBin   = "/usr/bin/python3"
+)
+
 // runFiles measures moving a 100 MiB file of random bytes into and out of a
-// sandbox through the Go SDK and `sbx cp`, beside two floors measured in
-// the same run: the same bytes over a plain loopback TCP connection, and
-// `cat` of the file through exec (the exec output relay). The daemon runs
-// as its own process (bin/sbx next to the agent) so that the client's CPU
-// is not its own.
+// sandbox through the Go SDK, the Python SDK (scripts/bench-python-files.py,
+// when run from the repository with /usr/bin/python3 present) and `sbx cp`,
+// beside two floors measured in the same run: the same bytes over a plain
+// loopback TCP connection, and `cat` of the file through exec (the exec
+// output relay). The daemon runs as its own process (bin/sbx next to the
+// agent) so that the client's CPU is not its own.
 func runFiles(n int, agentPath, _ string) error {
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
@@ -86,8 +95,18 @@ func runFiles(n int, agentPath, _ string) error {
 		{name: "Go SDK download"},
 		{name: "sbx cp host→box"},
 		{name: "sbx cp box→host"},
+		{name: "Python SDK upload (write)"},
+		{name: "Python SDK download (download_file)"},
+		{name: "Python SDK read() to bytes"},
 	}
 	loop, execCat, up, down, cpIn, cpOut := rs[0], rs[1], rs[2], rs[3], rs[4], rs[5]
+	pyUp, pyDown, pyRead := rs[6], rs[7], rs[8]
+	var pyCPU pythonCPU
+	py := pythonBenchAvailable()
+	if !py {
+		fmt.Printf("(Python SDK not measured: %s or %s missing; run from the repository root)\n", pythonBin, pythonBench)
+		rs = rs[:6]
+	}
 	cp := func(from, to string) func() error {
 		return func() error {
 			cmd := exec.Command(sbxBin, "cp", from, to)
@@ -137,6 +156,11 @@ func runFiles(n int, agentPath, _ string) error {
 				return err
 			}
 		}
+		if py {
+			if err := pythonFiles(d.addr, sb.ID, src, pyUp, pyDown, pyRead, &pyCPU); err != nil {
+				return err
+			}
+		}
 	}
 	got, err := os.ReadFile(dst)
 	if err != nil {
@@ -146,8 +170,17 @@ func runFiles(n int, agentPath, _ string) error {
 		return fmt.Errorf("sbx cp round trip changed the file")
 	}
 	printFiles(samples, rs...)
+	if py {
+		fmt.Printf("Python client CPU per 100 MiB (p50) = %.0f ms up / %.0f ms down / %.0f ms read() (the rest of the wall time is waiting on the daemon)\n",
+			p50(pyCPU.up)*1000, p50(pyCPU.down)*1000, p50(pyCPU.read)*1000)
+	}
 	return nil
 }
+
+// pythonCPU is the CPU seconds the Python bench process spent per sample.
+type pythonCPU struct{ up, down, read []float64 }
+
+func p50(xs []float64) float64 { return throughput{mibs: xs}.p50() }
 
 func printFiles(samples int, rs ...*throughput) {
 	fmt.Printf("100 MiB of random bytes, %d samples each (p50)\n", samples)
@@ -159,6 +192,49 @@ func printFiles(samples int, rs ...*throughput) {
 		rs[2].p50(), rs[3].p50(), rs[2].p50()/loop, rs[3].p50()/loop)
 	fmt.Printf("sbx cp in / out                   = %.0f / %.0f MiB/s  (%.2f / %.2f of the SDK)\n",
 		rs[4].p50(), rs[5].p50(), rs[4].p50()/rs[2].p50(), rs[5].p50()/rs[3].p50())
+	if len(rs) > 7 {
+		fmt.Printf("Python SDK upload / download      = %.0f / %.0f MiB/s  (target ≥ 500; %.2f / %.2f of the Go SDK)\n",
+			rs[6].p50(), rs[7].p50(), rs[6].p50()/rs[2].p50(), rs[7].p50()/rs[3].p50())
+	}
+}
+
+func pythonBenchAvailable() bool {
+	for _, p := range []string{pythonBin, pythonBench} {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// pythonFiles runs one sample of each Python SDK step (timed inside the
+// script, so the interpreter's start is not counted) and records them.
+func pythonFiles(addr, sandbox, src string, up, down, read *throughput, cpu *pythonCPU) error {
+	cmd := exec.Command(pythonBin, pythonBench, "--addr", addr, "--sandbox", sandbox, "--src", src, "--samples", "1")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("python SDK bench: %w: %s", err, stderr.Bytes())
+	}
+	var got map[string][]float64
+	if err := json.Unmarshal(out, &got); err != nil {
+		return fmt.Errorf("python SDK bench: reading its output %q: %w", out, err)
+	}
+	for _, s := range []struct {
+		key string
+		t   *throughput
+	}{{"upload", up}, {"download", down}, {"read", read}} {
+		if len(got[s.key]) == 0 {
+			return fmt.Errorf("python SDK bench: no %q figure in %q", s.key, out)
+		}
+		s.t.mibs = append(s.t.mibs, got[s.key]...)
+	}
+	cpu.up = append(cpu.up, got["cpu_upload"]...)
+	cpu.down = append(cpu.down, got["cpu_download"]...)
+	cpu.read = append(cpu.read, got["cpu_read"]...)
+	return nil
 }
 
 // loopbackCopy sends data over a loopback TCP connection to a reader that

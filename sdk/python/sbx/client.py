@@ -40,6 +40,12 @@ class Client:
             ``None`` means ``$SBX_TOKEN``; without one no token is sent.
         cacert: PEM file of CAs to trust for an ``https://`` daemon (a
             private CA); ``None`` means ``$SBX_CACERT``.
+        file_compression: gzip file transfers (``sandbox.files`` reads,
+            writes and tars) in both directions. The daemon sends file data
+            uncompressed unless a client asks for it this way: on loopback
+            or a LAN gzip is several times slower than the link, so ask only
+            over a slow link and for data that compresses (source trees,
+            logs), never for binaries or archives.
 
     Example::
 
@@ -55,8 +61,11 @@ class Client:
         timeout: Optional[float] = None,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
-        self._transport = Transport(addr, timeout=timeout, token=token, cacert=cacert)
+        self._transport = Transport(
+            addr, timeout=timeout, token=token, cacert=cacert, file_compression=file_compression
+        )
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
         #: Named persistent volumes (create, list, get, remove).
