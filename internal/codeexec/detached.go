@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -194,6 +195,19 @@ func ReapUnrecorded(ctx context.Context, agents Agents, st ProcessStore, ids []s
 	return nil
 }
 
+// The prefixes of session and context ids.
+const (
+	sessionPrefix = "sess-"
+	contextPrefix = "ctx-"
+)
+
+// ownID reports whether a detached process id is one this package hands
+// out (a session's or a context's): the sandbox's entrypoint and processes
+// others start are never reaped.
+func ownID(id string) bool {
+	return strings.HasPrefix(id, sessionPrefix) || strings.HasPrefix(id, contextPrefix)
+}
+
 func reapIn(ctx context.Context, agents Agents, sandbox string, known map[string]bool, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -210,7 +224,7 @@ func reapIn(ctx context.Context, agents Agents, sandbox string, known map[string
 		return
 	}
 	for _, p := range resp.Msg.GetProcesses() {
-		if known[p.GetId()] {
+		if known[p.GetId()] || !ownID(p.GetId()) {
 			continue
 		}
 		_, err := conn.RemoveDetached(ctx, connect.NewRequest(&agentv1.RemoveDetachedRequest{Id: p.GetId()}))

@@ -125,7 +125,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	}
 	defer release()
 	ss := &session{
-		owner: s, id: "sess-" + newID(), sandbox: sbID, shell: shell, created: time.Now(),
+		owner: s, id: sessionPrefix + newID(), sandbox: sbID, shell: shell, created: time.Now(),
 		token: []byte("\x1eSBX" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
 		seq: time.Now().UnixMicro(),
 	}
