@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ const scaleClients = 8
 type scaleDaemon struct {
 	sbxBin, agent, runtimeBin, dataDir, addr, logPath string
 	warmPool                                          int
+	net                                               scaleNet
 	cmd                                               *exec.Cmd
 	c                                                 *sbx.Client
 	pid                                               int
@@ -45,8 +47,8 @@ type scaleDaemon struct {
 func (d *scaleDaemon) args() []string {
 	a := []string{"serve", "--listen", d.addr, "--data-dir", d.dataDir, "--agent", d.agent,
 		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0",
-		"--net-bridge", "sbxsc0", "--net-table", "sbxscale", "--net-subnet", "10.214.0.0/16",
-		"--box-api-port", "7491"}
+		"--net-bridge", d.net.bridge, "--net-table", d.net.table, "--net-subnet", d.net.subnet,
+		"--box-api-port", d.net.apiPort}
 	if d.runtimeBin != "" {
 		a = append(a, "--oci-runtime", d.runtimeBin)
 	}
@@ -347,7 +349,7 @@ func freePort() (string, error) {
 }
 
 // runScale runs the scale measurements for each size in sizes.
-func runScale(sizes []int, sbxBin, agentPath, runtimeBin string) error {
+func runScale(sizes []int, net scaleNet, sbxBin, agentPath, runtimeBin string) error {
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -361,21 +363,21 @@ func runScale(sizes []int, sbxBin, agentPath, runtimeBin string) error {
 		return err
 	}
 	for _, n := range sizes {
-		if err := scaleOnce(n, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
+		if err := scaleOnce(n, net, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
 			return fmt.Errorf("at %d sandboxes: %w", n, err)
 		}
 	}
 	return nil
 }
 
-func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
+func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 	ctx := context.Background()
 	addr, err := freePort()
 	if err != nil {
 		return err
 	}
 	dir := filepath.Join(tmp, fmt.Sprintf("n%d", n))
-	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr,
+	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, net: net,
 		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(tmp, fmt.Sprintf("daemon-%d.log", n))}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
@@ -450,7 +452,7 @@ func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 	}
 	d.stop(syscall.SIGTERM)
 
-	warm, err := scaleWarm(ctx, n, tmp, sbxBin, agentPath, runtimeBin)
+	warm, err := scaleWarm(ctx, n, net, tmp, sbxBin, agentPath, runtimeBin)
 	if err != nil {
 		return fmt.Errorf("warm: %w", err)
 	}
@@ -541,13 +543,13 @@ func warmCount(logPath string) int {
 // scaleWarm measures creates with the warm pool on: bursts of scaleClients
 // concurrent creates with the pool refilled between them, then n creates in
 // a row, then destroys.
-func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin string) (warmResults, error) {
+func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath, runtimeBin string) (warmResults, error) {
 	var r warmResults
 	addr, err := freePort()
 	if err != nil {
 		return r, err
 	}
-	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, warmPool: 2,
+	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, warmPool: 2, net: net,
 		dataDir: filepath.Join(tmp, fmt.Sprintf("warm%d", n), "data"), logPath: filepath.Join(tmp, fmt.Sprintf("daemon-warm-%d.log", n))}
 	if err := os.MkdirAll(filepath.Dir(d.dataDir), 0o711); err != nil {
 		return r, err
@@ -602,6 +604,22 @@ func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin st
 	}
 	r.destroyRate = rate(len(boxes), dwall)
 	return r, nil
+}
+
+// scaleNet names the scale daemons' network: bridge, nftables table, subnet
+// and the port boxes reach the API on.
+type scaleNet struct{ bridge, table, subnet, apiPort string }
+
+// parseScaleNet parses -scale-net.
+func parseScaleNet(s string) (scaleNet, error) {
+	f := strings.Split(s, ",")
+	if len(f) != 4 || slices.Contains(f, "") {
+		return scaleNet{}, fmt.Errorf("-scale-net %q: want bridge,table,subnet,box-api-port", s)
+	}
+	if _, err := strconv.ParseUint(f[3], 10, 16); err != nil {
+		return scaleNet{}, fmt.Errorf("-scale-net %q: box API port %q is not a port number", s, f[3])
+	}
+	return scaleNet{bridge: f[0], table: f[1], subnet: f[2], apiPort: f[3]}, nil
 }
 
 // parseSizes parses -scale-n.
