@@ -203,6 +203,9 @@ func TestWarmPoolAdapts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := m.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// No demand from here on: the pool halves its target until the floor.
 	waitFor(t, "the pool to refill", func() bool { idle, _ := poolState(m); return len(idle) == burst })
 	m.pool.mu.Lock()
