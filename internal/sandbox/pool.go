@@ -191,7 +191,12 @@ func (m *Manager) refill(drv runtime.Driver) {
 			w = nil
 		}
 	}
+	idle := len(p.idle)
 	p.mu.Unlock()
+	if err == nil && w == nil {
+		// What `sbx-bench -only scale` waits for between bursts.
+		m.log.Info("warm pool: box ready", "idle", idle)
+	}
 	if w != nil {
 		m.destroyWarm(context.Background(), w, drv)
 	}
@@ -310,16 +315,13 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
-	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
-		m.forget(b.id, "")
-		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
-		return nil, err
-	}
+	// The record is written once, running, after the box is set up: a
+	// crash before that leaves a started box no record accounts for, which
+	// the driver's Cleanup removes at the next start like any warm box.
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		m.destroyWarm(cctx, w, drv)
-		_ = m.cfg.Store.Delete(cctx, b.id)
 		m.forget(b.id, "")
 		return nil, err
 	}
@@ -345,7 +347,10 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	if err := configure(ctx, w.conn, b.id, spec); err != nil {
 		return fail(err)
 	}
-	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+	b.mu.Lock()
+	rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_RUNNING)
+	b.mu.Unlock()
+	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		return fail(err)
 	}
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime, "warm", true)
