@@ -1,9 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -487,40 +487,34 @@ type warmResults struct {
 	burstRate, sustainedRate, destroyRate float64
 }
 
-// warmBoxes counts started boxes of the daemon that are not sandboxes:
-// the warm pool (box dirs whose agent listens, less the sandboxes).
-func warmBoxes(ctx context.Context, d *scaleDaemon) (int, error) {
-	ents, err := os.ReadDir(filepath.Join(d.dataDir, "oci", "boxes"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 0, err
+// warmIdle is how many boxes the daemon's warm pool held when it last
+// took one in: its last "warm pool: box ready" log line (-1: none yet).
+// Between bursts nothing takes a box, so that is what the pool holds; the
+// box dirs cannot tell, a box has its agent socket before it is handed in.
+func warmIdle(logPath string) int {
+	b, _ := os.ReadFile(logPath)
+	i := bytes.LastIndex(b, []byte(`msg="warm pool: box ready" idle=`))
+	if i < 0 {
+		return -1
 	}
-	listed, err := d.c.List(ctx)
+	rest := b[i+len(`msg="warm pool: box ready" idle=`):]
+	if j := bytes.IndexAny(rest, " \n"); j >= 0 {
+		rest = rest[:j]
+	}
+	n, err := strconv.Atoi(string(rest))
 	if err != nil {
-		return 0, err
+		return -1
 	}
-	isSandbox := map[string]bool{}
-	for _, b := range listed {
-		isSandbox[b.ID] = true
-	}
-	n := 0
-	for _, e := range ents {
-		if _, err := os.Stat(filepath.Join(d.dataDir, "oci", "boxes", e.Name(), "agent.sock")); err == nil && !isSandbox[e.Name()] {
-			n++
-		}
-	}
-	return n, nil
+	return n
 }
 
 // waitWarm waits until the pool holds at least k boxes, or has held the
 // same number for 3 s (its cap is smaller), at most 60 s.
-func waitWarm(ctx context.Context, d *scaleDaemon, k int) error {
+func waitWarm(logPath string, k int) error {
 	deadline := time.Now().Add(60 * time.Second)
 	last, since := -1, time.Now()
 	for {
-		n, err := warmBoxes(ctx, d)
-		if err != nil {
-			return err
-		}
+		n := warmIdle(logPath)
 		if n != last {
 			last, since = n, time.Now()
 		}
@@ -579,7 +573,7 @@ func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath,
 	var burstWall time.Duration
 	before := warmCount(d.logPath)
 	for range r.rounds {
-		if err := waitWarm(ctx, d, scaleClients); err != nil {
+		if err := waitWarm(d.logPath, scaleClients); err != nil {
 			return r, err
 		}
 		wall, _, err := concurrently(scaleClients, create)
