@@ -254,7 +254,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	if w := m.takeWarm(spec, drv); w != nil {
+	w, done := m.takeWarm(spec, drv)
+	defer done()
+	if w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil || isUserError(err) {
 			return sb, err

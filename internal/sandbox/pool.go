@@ -71,7 +71,11 @@ type warmPool struct {
 	// takes are the times of recent creates that could take a warm box
 	// (within demandWindow); lastTake is the latest, lastShrink when the
 	// target last shrank.
-	takes      []time.Time
+	takes []time.Time
+	// active counts pool-eligible creates in flight: a burst of clients
+	// whose creates reach the pool spread over more than demandWindow (a
+	// loaded host) still shows as that many at once.
+	active     int
 	lastTake   time.Time
 	lastShrink time.Time
 	backoff    time.Duration
@@ -103,7 +107,7 @@ func (p *warmPool) demandLocked(now time.Time) {
 		p.takes = p.takes[len(p.takes)-p.max:]
 	}
 	p.lastTake = now
-	p.target = max(p.target, min(len(p.takes), p.max))
+	p.target = max(p.target, min(max(len(p.takes), p.active), p.max))
 }
 
 // shrinkLocked halves the target after shrinkAfter without demand and
@@ -247,21 +251,28 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 	m.detachNetwork(ctx, w.id)
 }
 
-// takeWarm returns a warm box suitable for spec, or nil.
-func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
+// takeWarm returns a warm box suitable for spec, or nil, and a func the
+// create calls when it ends (it counts toward the pool's demand until then).
+func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*warmBox, func()) {
 	// Domain secrets need a CA bundle mount, which a running box cannot get;
 	// codebase layers are mounted before the box starts; a scoped token is
 	// in the box's environment from its start: all cold create.
 	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
 		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 || spec.ScopedToken {
-		return nil
+		return nil, func() {}
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
-		return nil
+		return nil, func() {}
 	}
 	p := m.pool
 	p.mu.Lock()
 	var w *warmBox
+	p.active++
+	done := func() {
+		p.mu.Lock()
+		p.active--
+		p.mu.Unlock()
+	}
 	if !p.closed {
 		p.demandLocked(time.Now())
 		if len(p.idle) > 0 {
@@ -271,7 +282,7 @@ func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver)
 	}
 	p.mu.Unlock()
 	p.wakeUp()
-	return w
+	return w, done
 }
 
 // putBackWarm returns an unused warm box to the pool, or destroys it if

@@ -220,3 +220,19 @@ func TestWarmPoolAdapts(t *testing.T) {
 		t.Errorf("after shrinking: %d boxes live, want the 1 warm box", n)
 	}
 }
+
+// A burst of creates that reach the pool spread over more than the demand
+// window (a loaded host) still raises the target to the creates in flight.
+func TestWarmPoolDemandCountsCreatesInFlight(t *testing.T) {
+	p := newWarmPool(1, 16)
+	now := time.Now()
+	for i := range 8 {
+		p.mu.Lock()
+		p.active++
+		p.demandLocked(now.Add(time.Duration(i) * 2 * demandWindow))
+		p.mu.Unlock()
+	}
+	if p.target != 8 {
+		t.Errorf("target after 8 creates in flight, %v apart: got %d, want 8", 2*demandWindow, p.target)
+	}
+}
