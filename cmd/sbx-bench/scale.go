@@ -464,6 +464,9 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 		scaleClients, warm.burstRate, warm.rounds, scaleClients, warm.burstWarm, warm.rounds*scaleClients)
 	fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (sustained: the pool refills at the cold rate; %d served warm)\n",
 		scaleClients, n, warm.sustainedRate, warm.sustainedWarm)
+	if warm.claimFailures > 0 {
+		fmt.Printf("  warm hand-overs that failed (went cold): %d; first: %s\n", warm.claimFailures, warm.firstClaimFailure)
+	}
 	fmt.Printf("destroys/s, %d clients              = %6.1f  (cold daemon, N=%d); warm daemon: %.1f/s\n", scaleClients, rate(len(boxes), dwall), n, warm.destroyRate)
 	fmt.Printf("host memory per idle sandbox        = %6.2f MiB  (MemAvailable delta %.0f MiB over %d)\n", mib((memBefore-memAfter)/int64(n)), mib(memBefore-memAfter), n)
 	if cgN > 0 {
@@ -483,7 +486,11 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 }
 
 type warmResults struct {
-	rounds, burstWarm, sustainedWarm      int
+	rounds, burstWarm, sustainedWarm int
+	// claimFailures counts warm boxes whose hand-over failed (the create
+	// then went cold); firstClaimFailure is the first such log line.
+	claimFailures                         int
+	firstClaimFailure                     string
 	burstRate, sustainedRate, destroyRate float64
 }
 
@@ -597,6 +604,15 @@ func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath,
 		return r, err
 	}
 	r.destroyRate = rate(len(boxes), dwall)
+	log, _ := os.ReadFile(d.logPath)
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "warm pool: handing over a box failed") {
+			if r.claimFailures == 0 {
+				r.firstClaimFailure = l
+			}
+			r.claimFailures++
+		}
+	}
 	return r, nil
 }
 
