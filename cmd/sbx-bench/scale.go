@@ -494,17 +494,22 @@ type warmResults struct {
 	burstRate, sustainedRate, destroyRate float64
 }
 
-// warmIdle is how many boxes the daemon's warm pool held when it last
-// took one in: its last "warm pool: box ready" log line (-1: none yet).
-// Between bursts nothing takes a box, so that is what the pool holds; the
-// box dirs cannot tell, a box has its agent socket before it is handed in.
+// warmIdle is how many boxes the daemon's warm pool holds: the idle count
+// of its last "warm pool: box ready" or "warm pool: box taken" log line
+// (-1: none yet). The box dirs cannot tell: a box has its agent socket
+// before it is handed in.
 func warmIdle(logPath string) int {
 	b, _ := os.ReadFile(logPath)
-	i := bytes.LastIndex(b, []byte(`msg="warm pool: box ready" idle=`))
+	i := -1
+	var rest []byte
+	for _, msg := range []string{`msg="warm pool: box ready" idle=`, `msg="warm pool: box taken" idle=`} {
+		if j := bytes.LastIndex(b, []byte(msg)); j > i {
+			i, rest = j, b[j+len(msg):]
+		}
+	}
 	if i < 0 {
 		return -1
 	}
-	rest := b[i+len(`msg="warm pool: box ready" idle=`):]
 	if j := bytes.IndexAny(rest, " \n"); j >= 0 {
 		rest = rest[:j]
 	}

@@ -280,8 +280,12 @@ func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver)
 			p.idle = slices.Delete(p.idle, 0, 1)
 		}
 	}
+	idle := len(p.idle)
 	p.mu.Unlock()
 	p.wakeUp()
+	if w != nil {
+		m.log.Info("warm pool: box taken", "idle", idle)
+	}
 	return w, done
 }
 
