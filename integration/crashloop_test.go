@@ -815,6 +815,10 @@ func TestCrashPoints(t *testing.T) {
 		m.verify(t, ctx, d, "restart to arm "+point)
 		dying.Store(false)
 		w := worker(round)
+		// The teardown after a destroy runs in the background: its points
+		// are reached after the destroy answered.
+		background := point == "destroy-killed" || point == "destroy-unrecorded"
+		var victim boxModel
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -822,7 +826,11 @@ func TestCrashPoints(t *testing.T) {
 			case strings.HasPrefix(point, "create-") || strings.HasPrefix(point, "oci-create-"):
 				w.createOpts(ctx, true)
 			case strings.HasPrefix(point, "destroy-"):
-				w.destroy(ctx, w.pickOrFail(false))
+				b := w.pickOrFail(false)
+				m.mu.Lock()
+				victim = *b
+				m.mu.Unlock()
+				w.destroy(ctx, b)
 			case strings.HasPrefix(point, "sync-"):
 				w.sync(ctx, w.pickOrFail(true))
 			case strings.HasPrefix(point, "session-"):
@@ -831,11 +839,14 @@ func TestCrashPoints(t *testing.T) {
 				t.Errorf("no operation reaches crash point %s", point)
 			}
 		}()
-		reached := false
+		reached, answered := false, false
 		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !reached; {
 			select {
 			case <-done:
-				t.Fatalf("%s: the operation ended without reaching the crash point", point)
+				if !background {
+					t.Fatalf("%s: the operation ended without reaching the crash point", point)
+				}
+				answered = true
 			case <-time.After(5 * time.Millisecond):
 			}
 			_, err := os.Stat(filepath.Join(pointDir, point))
@@ -844,11 +855,33 @@ func TestCrashPoints(t *testing.T) {
 		if !reached {
 			t.Fatalf("crash point %s not reached within a minute", point)
 		}
+		if background {
+			// The destroy answers although its teardown is held at the
+			// point, and the name is free for a new sandbox at once.
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: the destroy of %s did not answer while its teardown was held at the crash point (answered before: %v)", point, victim.id, answered)
+			}
+			sb, err := d.client().Create(ctx, sbx.CreateOptions{Name: victim.name})
+			if err != nil {
+				t.Fatalf("%s: creating a sandbox named %s while the destroyed %s is torn down: %v", point, victim.name, victim.id, err)
+			}
+			d.remember(sb.ID)
+			m.mu.Lock()
+			m.boxes[victim.name] = &boxModel{name: victim.name, id: sb.ID, state: boxAlive, files: map[string][]byte{}, pending: map[string][]byte{}, sessions: map[string]bool{}}
+			m.mu.Unlock()
+		}
 		dying.Store(true)
 		d.kill9()
 		<-done
 		d.env = nil
 		d.start()
+		if background {
+			if _, err := d.client().Get(ctx, victim.id); !sbx.IsNotFound(err) {
+				t.Errorf("killed at %s: sandbox %s, destroyed before the crash: got %v, want NotFound", point, victim.id, err)
+			}
+		}
 		m.verify(t, ctx, d, "killed at "+point)
 		if t.Failed() {
 			return

@@ -331,7 +331,8 @@ func mentionsAny(s string, ids map[string]bool) bool {
 
 func (d *daemon) assertNoLeaks(live ...string) {
 	d.t.Helper()
-	// Destroy is synchronous, but give reaped processes a moment to vanish from /proc.
+	// Destroy answers before its box is torn down (in the background):
+	// wait for the teardown, and for reaped processes to vanish from /proc.
 	var l []string
 	for range 50 {
 		if l = d.leaks(live...); len(l) == 0 {

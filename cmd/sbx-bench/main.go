@@ -44,6 +44,7 @@ func main() {
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
 	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale: the sbx binary run as the daemon")
+	scaleNet := flag.String("scale-net", "sbxsc0,sbxscale,10.214.0.0/16,7491", "with -only scale: the daemons' bridge, nftables table, subnet and box API port (comma-separated), so runs beside other daemons do not collide")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	allBombsOnly := flag.Bool("all-bombs-only", false, "neighbours: measure at rest and under all bombs together, not under each bomb alone")
 	flag.Parse()
@@ -73,7 +74,11 @@ func main() {
 			if err != nil {
 				return err
 			}
-			return runScale(sizes, *sbxBin, agentPath, runtimeBin)
+			net, err := parseScaleNet(*scaleNet)
+			if err != nil {
+				return err
+			}
+			return runScale(sizes, net, *sbxBin, agentPath, runtimeBin)
 		},
 	}
 	f, ok := runs[*only]

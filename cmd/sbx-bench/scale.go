@@ -1,14 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ const scaleClients = 8
 type scaleDaemon struct {
 	sbxBin, agent, runtimeBin, dataDir, addr, logPath string
 	warmPool                                          int
+	net                                               scaleNet
 	cmd                                               *exec.Cmd
 	c                                                 *sbx.Client
 	pid                                               int
@@ -45,8 +47,8 @@ type scaleDaemon struct {
 func (d *scaleDaemon) args() []string {
 	a := []string{"serve", "--listen", d.addr, "--data-dir", d.dataDir, "--agent", d.agent,
 		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0",
-		"--net-bridge", "sbxsc0", "--net-table", "sbxscale", "--net-subnet", "10.214.0.0/16",
-		"--box-api-port", "7491"}
+		"--net-bridge", d.net.bridge, "--net-table", d.net.table, "--net-subnet", d.net.subnet,
+		"--box-api-port", d.net.apiPort}
 	if d.runtimeBin != "" {
 		a = append(a, "--oci-runtime", d.runtimeBin)
 	}
@@ -347,7 +349,7 @@ func freePort() (string, error) {
 }
 
 // runScale runs the scale measurements for each size in sizes.
-func runScale(sizes []int, sbxBin, agentPath, runtimeBin string) error {
+func runScale(sizes []int, net scaleNet, sbxBin, agentPath, runtimeBin string) error {
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -361,21 +363,21 @@ func runScale(sizes []int, sbxBin, agentPath, runtimeBin string) error {
 		return err
 	}
 	for _, n := range sizes {
-		if err := scaleOnce(n, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
+		if err := scaleOnce(n, net, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
 			return fmt.Errorf("at %d sandboxes: %w", n, err)
 		}
 	}
 	return nil
 }
 
-func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
+func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 	ctx := context.Background()
 	addr, err := freePort()
 	if err != nil {
 		return err
 	}
 	dir := filepath.Join(tmp, fmt.Sprintf("n%d", n))
-	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr,
+	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, net: net,
 		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(tmp, fmt.Sprintf("daemon-%d.log", n))}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
@@ -450,7 +452,7 @@ func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 	}
 	d.stop(syscall.SIGTERM)
 
-	warm, err := scaleWarm(ctx, n, tmp, sbxBin, agentPath, runtimeBin)
+	warm, err := scaleWarm(ctx, n, net, tmp, sbxBin, agentPath, runtimeBin)
 	if err != nil {
 		return fmt.Errorf("warm: %w", err)
 	}
@@ -462,6 +464,9 @@ func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 		scaleClients, warm.burstRate, warm.rounds, scaleClients, warm.burstWarm, warm.rounds*scaleClients)
 	fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (sustained: the pool refills at the cold rate; %d served warm)\n",
 		scaleClients, n, warm.sustainedRate, warm.sustainedWarm)
+	if warm.claimFailures > 0 {
+		fmt.Printf("  warm hand-overs that failed (went cold): %d; first: %s\n", warm.claimFailures, warm.firstClaimFailure)
+	}
 	fmt.Printf("destroys/s, %d clients              = %6.1f  (cold daemon, N=%d); warm daemon: %.1f/s\n", scaleClients, rate(len(boxes), dwall), n, warm.destroyRate)
 	fmt.Printf("host memory per idle sandbox        = %6.2f MiB  (MemAvailable delta %.0f MiB over %d)\n", mib((memBefore-memAfter)/int64(n)), mib(memBefore-memAfter), n)
 	if cgN > 0 {
@@ -481,44 +486,47 @@ func scaleOnce(n int, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
 }
 
 type warmResults struct {
-	rounds, burstWarm, sustainedWarm      int
+	rounds, burstWarm, sustainedWarm int
+	// claimFailures counts warm boxes whose hand-over failed (the create
+	// then went cold); firstClaimFailure is the first such log line.
+	claimFailures                         int
+	firstClaimFailure                     string
 	burstRate, sustainedRate, destroyRate float64
 }
 
-// warmBoxes counts started boxes of the daemon that are not sandboxes:
-// the warm pool (box dirs whose agent listens, less the sandboxes).
-func warmBoxes(ctx context.Context, d *scaleDaemon) (int, error) {
-	ents, err := os.ReadDir(filepath.Join(d.dataDir, "oci", "boxes"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 0, err
-	}
-	listed, err := d.c.List(ctx)
-	if err != nil {
-		return 0, err
-	}
-	isSandbox := map[string]bool{}
-	for _, b := range listed {
-		isSandbox[b.ID] = true
-	}
-	n := 0
-	for _, e := range ents {
-		if _, err := os.Stat(filepath.Join(d.dataDir, "oci", "boxes", e.Name(), "agent.sock")); err == nil && !isSandbox[e.Name()] {
-			n++
+// warmIdle is how many boxes the daemon's warm pool holds: the idle count
+// of its last "warm pool: box ready" or "warm pool: box taken" log line
+// (-1: none yet). The box dirs cannot tell: a box has its agent socket
+// before it is handed in.
+func warmIdle(logPath string) int {
+	b, _ := os.ReadFile(logPath)
+	i := -1
+	var rest []byte
+	for _, msg := range []string{`msg="warm pool: box ready" idle=`, `msg="warm pool: box taken" idle=`} {
+		if j := bytes.LastIndex(b, []byte(msg)); j > i {
+			i, rest = j, b[j+len(msg):]
 		}
 	}
-	return n, nil
+	if i < 0 {
+		return -1
+	}
+	if j := bytes.IndexAny(rest, " \n"); j >= 0 {
+		rest = rest[:j]
+	}
+	n, err := strconv.Atoi(string(rest))
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // waitWarm waits until the pool holds at least k boxes, or has held the
 // same number for 3 s (its cap is smaller), at most 60 s.
-func waitWarm(ctx context.Context, d *scaleDaemon, k int) error {
+func waitWarm(logPath string, k int) error {
 	deadline := time.Now().Add(60 * time.Second)
 	last, since := -1, time.Now()
 	for {
-		n, err := warmBoxes(ctx, d)
-		if err != nil {
-			return err
-		}
+		n := warmIdle(logPath)
 		if n != last {
 			last, since = n, time.Now()
 		}
@@ -541,13 +549,13 @@ func warmCount(logPath string) int {
 // scaleWarm measures creates with the warm pool on: bursts of scaleClients
 // concurrent creates with the pool refilled between them, then n creates in
 // a row, then destroys.
-func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin string) (warmResults, error) {
+func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath, runtimeBin string) (warmResults, error) {
 	var r warmResults
 	addr, err := freePort()
 	if err != nil {
 		return r, err
 	}
-	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, warmPool: 2,
+	d := &scaleDaemon{sbxBin: sbxBin, agent: agentPath, runtimeBin: runtimeBin, addr: addr, warmPool: 2, net: net,
 		dataDir: filepath.Join(tmp, fmt.Sprintf("warm%d", n), "data"), logPath: filepath.Join(tmp, fmt.Sprintf("daemon-warm-%d.log", n))}
 	if err := os.MkdirAll(filepath.Dir(d.dataDir), 0o711); err != nil {
 		return r, err
@@ -577,7 +585,7 @@ func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin st
 	var burstWall time.Duration
 	before := warmCount(d.logPath)
 	for range r.rounds {
-		if err := waitWarm(ctx, d, scaleClients); err != nil {
+		if err := waitWarm(d.logPath, scaleClients); err != nil {
 			return r, err
 		}
 		wall, _, err := concurrently(scaleClients, create)
@@ -601,7 +609,32 @@ func scaleWarm(ctx context.Context, n int, tmp, sbxBin, agentPath, runtimeBin st
 		return r, err
 	}
 	r.destroyRate = rate(len(boxes), dwall)
+	log, _ := os.ReadFile(d.logPath)
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "warm pool: handing over a box failed") {
+			if r.claimFailures == 0 {
+				r.firstClaimFailure = l
+			}
+			r.claimFailures++
+		}
+	}
 	return r, nil
+}
+
+// scaleNet names the scale daemons' network: bridge, nftables table, subnet
+// and the port boxes reach the API on.
+type scaleNet struct{ bridge, table, subnet, apiPort string }
+
+// parseScaleNet parses -scale-net.
+func parseScaleNet(s string) (scaleNet, error) {
+	f := strings.Split(s, ",")
+	if len(f) != 4 || slices.Contains(f, "") {
+		return scaleNet{}, fmt.Errorf("-scale-net %q: want bridge,table,subnet,box-api-port", s)
+	}
+	if _, err := strconv.ParseUint(f[3], 10, 16); err != nil {
+		return scaleNet{}, fmt.Errorf("-scale-net %q: box API port %q is not a port number", s, f[3])
+	}
+	return scaleNet{bridge: f[0], table: f[1], subnet: f[2], apiPort: f[3]}, nil
 }
 
 // parseSizes parses -scale-n.

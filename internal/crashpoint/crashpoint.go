@@ -26,9 +26,9 @@ var Points = []string{
 	"oci-create-started", // oci: the runtime started the box, its agent not yet ready
 	"create-started",     // sandbox: the driver returned a running box, the record still says creating
 	"create-running",     // sandbox: the record says running, the client not yet told
-	"destroy-marked",     // sandbox: the record says destroying, the box still runs
-	"destroy-killed",     // sandbox: the driver destroyed the box, network and codebase mounts remain, the record too
-	"destroy-unrecorded", // sandbox: the record is gone, the box still in memory
+	"destroy-marked",     // sandbox: the record says destroying (name released), the box still runs and is in memory
+	"destroy-killed",     // sandbox, background teardown: the destroy was answered, the driver destroyed the box, network and codebase mounts remain, the record too
+	"destroy-unrecorded", // sandbox, background teardown: the record is gone, the teardown not yet logged
 	"sync-tree",          // codebase: a sync's new revision tree is in place, not yet committed
 	"sync-committed",     // codebase: the revision is committed, the client not yet told
 	"session-started",    // codeexec: a session's shell runs in the box, no record of it yet

@@ -88,6 +88,8 @@ type Manager struct {
 
 	// pool holds warm boxes (nil when disabled).
 	pool *warmPool
+	// teardowns tears destroyed boxes down in the background.
+	teardowns teardowns
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -252,7 +254,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	if w := m.takeWarm(spec, drv); w != nil {
+	w, done := m.takeWarm(spec, drv)
+	defer done()
+	if w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil || isUserError(err) {
 			return sb, err
@@ -690,7 +694,10 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 	return m.toProto(b, nil), nil
 }
 
-// Destroy kills a sandbox and releases everything it held.
+// Destroy destroys a sandbox: once it returns, the sandbox is gone from
+// every listing and its name is free; its box is killed and everything it
+// held released in the background (teardown.go), finished by the next
+// start's recovery if the daemon dies first.
 func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -705,42 +712,53 @@ func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
 	return m.destroyLocked(ctx, b, reason)
 }
 
-// destroyLocked destroys b; b.opMu must be held.
+// destroyLocked destroys b; b.opMu must be held. It returns once b is
+// marked destroying in the store (its name free for a new sandbox) and
+// gone from memory; the teardown runs in the background (teardown.go).
 func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) error {
 	// Finish the destroy even if the caller goes away half-way.
 	ctx = context.WithoutCancel(ctx)
-	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
+	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYING || st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
 		return nil
 	}
-	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_DESTROYING, reason); err != nil {
+	if err := m.markDestroying(ctx, b, reason); err != nil {
 		return err
 	}
 	crashpoint.Hit("destroy-marked")
 	// Children die with their parent (first: their tokens are its code's).
 	m.destroyChildren(ctx, b.id)
 	b.mu.Lock()
-	h, conn := b.handle, b.conn
+	conn := b.conn
 	b.conn = nil
 	b.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
-	if err := b.driver.Destroy(ctx, h); err != nil {
-		_ = m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_FAILED, "destroy failed: "+err.Error())
-		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
+	m.forget(b.id, reason)
+	if !m.tearDownLater(b, reason) {
+		m.tearDown(ctx, b, reason)
 	}
-	crashpoint.Hit("destroy-killed")
-	m.detachNetwork(ctx, b.id)
-	m.unmountCodebases(ctx, b.id)
-	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
+	return nil
+}
+
+// markDestroying persists that b is being destroyed, releasing its name.
+func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) error {
+	b.mu.Lock()
+	rec := *b.rec
+	rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYING)
+	rec.StateDetail = reason
+	hjson, err := marshalHandle(b.handle)
+	b.mu.Unlock()
+	if err != nil {
 		return err
 	}
-	crashpoint.Hit("destroy-unrecorded")
+	rec.Handle = hjson
+	if err := m.cfg.Store.MarkDestroying(ctx, &rec); err != nil {
+		return err
+	}
 	b.mu.Lock()
-	b.rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYED)
+	b.rec = &rec
 	b.mu.Unlock()
-	m.forget(b.id, reason)
-	m.log.Info("sandbox destroyed", "sandbox", b.id, "reason", reason)
 	return nil
 }
 

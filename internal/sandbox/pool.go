@@ -71,7 +71,11 @@ type warmPool struct {
 	// takes are the times of recent creates that could take a warm box
 	// (within demandWindow); lastTake is the latest, lastShrink when the
 	// target last shrank.
-	takes      []time.Time
+	takes []time.Time
+	// active counts pool-eligible creates in flight: a burst of clients
+	// whose creates reach the pool spread over more than demandWindow (a
+	// loaded host) still shows as that many at once.
+	active     int
 	lastTake   time.Time
 	lastShrink time.Time
 	backoff    time.Duration
@@ -103,7 +107,7 @@ func (p *warmPool) demandLocked(now time.Time) {
 		p.takes = p.takes[len(p.takes)-p.max:]
 	}
 	p.lastTake = now
-	p.target = max(p.target, min(len(p.takes), p.max))
+	p.target = max(p.target, min(max(len(p.takes), p.active), p.max))
 }
 
 // shrinkLocked halves the target after shrinkAfter without demand and
@@ -191,7 +195,12 @@ func (m *Manager) refill(drv runtime.Driver) {
 			w = nil
 		}
 	}
+	idle := len(p.idle)
 	p.mu.Unlock()
+	if err == nil && w == nil {
+		// What `sbx-bench -only scale` waits for between bursts.
+		m.log.Info("warm pool: box ready", "idle", idle)
+	}
 	if w != nil {
 		m.destroyWarm(context.Background(), w, drv)
 	}
@@ -242,21 +251,28 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 	m.detachNetwork(ctx, w.id)
 }
 
-// takeWarm returns a warm box suitable for spec, or nil.
-func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
+// takeWarm returns a warm box suitable for spec, or nil, and a func the
+// create calls when it ends (it counts toward the pool's demand until then).
+func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*warmBox, func()) {
 	// Domain secrets need a CA bundle mount, which a running box cannot get;
 	// codebase layers are mounted before the box starts; a scoped token is
 	// in the box's environment from its start: all cold create.
 	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
 		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 || spec.ScopedToken {
-		return nil
+		return nil, func() {}
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
-		return nil
+		return nil, func() {}
 	}
 	p := m.pool
 	p.mu.Lock()
 	var w *warmBox
+	p.active++
+	done := func() {
+		p.mu.Lock()
+		p.active--
+		p.mu.Unlock()
+	}
 	if !p.closed {
 		p.demandLocked(time.Now())
 		if len(p.idle) > 0 {
@@ -264,9 +280,13 @@ func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver)
 			p.idle = slices.Delete(p.idle, 0, 1)
 		}
 	}
+	idle := len(p.idle)
 	p.mu.Unlock()
 	p.wakeUp()
-	return w
+	if w != nil {
+		m.log.Info("warm pool: box taken", "idle", idle)
+	}
+	return w, done
 }
 
 // putBackWarm returns an unused warm box to the pool, or destroys it if
@@ -310,16 +330,13 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
-	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
-		m.forget(b.id, "")
-		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
-		return nil, err
-	}
+	// The record is written once, running, after the box is set up: a
+	// crash before that leaves a started box no record accounts for, which
+	// the driver's Cleanup removes at the next start like any warm box.
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		m.destroyWarm(cctx, w, drv)
-		_ = m.cfg.Store.Delete(cctx, b.id)
 		m.forget(b.id, "")
 		return nil, err
 	}
@@ -345,7 +362,10 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	if err := configure(ctx, w.conn, b.id, spec); err != nil {
 		return fail(err)
 	}
-	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+	b.mu.Lock()
+	rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_RUNNING)
+	b.mu.Unlock()
+	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		return fail(err)
 	}
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime, "warm", true)

@@ -203,6 +203,9 @@ func TestWarmPoolAdapts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := m.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// No demand from here on: the pool halves its target until the floor.
 	waitFor(t, "the pool to refill", func() bool { idle, _ := poolState(m); return len(idle) == burst })
 	m.pool.mu.Lock()
@@ -215,4 +218,20 @@ func TestWarmPoolAdapts(t *testing.T) {
 	})
 	// The boxes the pool let go are destroyed after they leave it.
 	waitFor(t, "the excess warm boxes to be destroyed (1 box live)", func() bool { return liveBoxes(t, state) == 1 })
+}
+
+// A burst of creates that reach the pool spread over more than the demand
+// window (a loaded host) still raises the target to the creates in flight.
+func TestWarmPoolDemandCountsCreatesInFlight(t *testing.T) {
+	p := newWarmPool(1, 16)
+	now := time.Now()
+	for i := range 8 {
+		p.mu.Lock()
+		p.active++
+		p.demandLocked(now.Add(time.Duration(i) * 2 * demandWindow))
+		p.mu.Unlock()
+	}
+	if p.target != 8 {
+		t.Errorf("target after 8 creates in flight, %v apart: got %d, want 8", 2*demandWindow, p.target)
+	}
 }

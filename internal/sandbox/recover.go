@@ -221,12 +221,14 @@ func (m *Manager) Run() {
 	}()
 }
 
-// Close stops the background loops and destroys the idle warm boxes.
-// Sandboxes keep running: a restarted daemon re-attaches them.
+// Close stops the background loops, destroys the idle warm boxes and waits
+// for the teardowns of destroyed sandboxes. Sandboxes keep running: a
+// restarted daemon re-attaches them.
 func (m *Manager) Close() {
 	m.stopOnce.Do(func() { close(m.stop) })
 	m.closePool()
 	m.wg.Wait()
+	m.closeTeardowns()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for _, b := range m.boxes {

@@ -270,6 +270,23 @@ func (s *Store) Update(ctx context.Context, r *Record) error {
 	return nil
 }
 
+// MarkDestroying records that a sandbox is being destroyed: its state,
+// handle and detail as in r, and its name released (NULL), so that a new
+// sandbox may take the name while the old one is torn down. The next
+// start's recovery finishes the teardown of a record left in this state.
+func (s *Store) MarkDestroying(ctx context.Context, r *Record) error {
+	res, err := s.db.ExecContext(ctx,
+		`UPDATE sandboxes SET state = ?, handle = ?, state_detail = ?, name = NULL WHERE id = ?`,
+		r.State, []byte(r.Handle), r.StateDetail, r.ID)
+	if err != nil {
+		return fmt.Errorf("mark sandbox %s destroying: %w", r.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", r.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
 // TouchMany records last-activity times in one transaction.
 func (s *Store) TouchMany(ctx context.Context, lastActive map[string]int64) error {
 	if len(lastActive) == 0 {
