@@ -61,17 +61,27 @@ func AwaitReady(ctx context.Context, ready *os.File, timeout time.Duration) erro
 }
 
 // The agent is on the sandbox's side of the boundary, so what the daemon
-// buffers of its answers is bounded: each stream holds at most
-// streamWindow bytes the daemon has not passed on yet (a slow client of a
-// file read stops the agent there, through HTTP/2 flow control), a
-// connection at most connWindow, and no message may be larger than
-// MaxMessageBytes (one huge message would otherwise be read whole into
-// memory).
+// buffers of its answers is bounded: each stream holds at most StreamWindow
+// bytes the daemon has not passed on yet (a slow client of a file read stops
+// the agent there, through HTTP/2 flow control), a connection at most
+// ConnWindow, and no message may be larger than MaxMessageBytes (one huge
+// message would otherwise be read whole into memory). A stream whose client
+// stopped reading keeps its window's bytes counted against the connection's
+// until it ends, so ConnWindow leaves room for every file call a sandbox may
+// have in flight (internal/server's DefaultFilesPerSandbox) each holding a
+// full StreamWindow, plus ReservedWindow for everything else: otherwise the
+// stalled calls take the whole connection window and the box's next calls
+// (its Hello, another client's read) wait for data that never comes.
 const (
-	streamWindow = 1 << 20
-	connWindow   = 32 << 20
+	StreamWindow   = 512 << 10
+	ReservedWindow = 16 << 20
+	// MaxStalledStreams is how many streams may stall with a full window
+	// and leave the reserve alone: the most file calls in flight per
+	// sandbox `sbx serve --file-max-streams` accepts.
+	MaxStalledStreams = 64
+	ConnWindow        = MaxStalledStreams*StreamWindow + ReservedWindow
 	// MaxMessageBytes bounds one message from the agent: file data comes
-	// in 1 MiB chunks, the largest answers are recursive listings.
+	// in 256 KiB chunks, the largest answers are recursive listings.
 	MaxMessageBytes = 64 << 20
 )
 
@@ -118,8 +128,8 @@ func New(dial DialFunc, opts ...Option) *Conn {
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
 		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerStream:     streamWindow,
-			MaxReceiveBufferPerConnection: connWindow,
+			MaxReceiveBufferPerStream:     StreamWindow,
+			MaxReceiveBufferPerConnection: ConnWindow,
 		},
 	}
 	hc := &http.Client{Transport: tr}

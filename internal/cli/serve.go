@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/network"
@@ -132,6 +133,9 @@ func checkLimits(cfg daemon.Config) error {
 		}
 	}
 	switch {
+	case cfg.StreamLimits.FilesPerSandbox > agentconn.MaxStalledStreams:
+		return fmt.Errorf("--file-max-streams %d: at most %d (each file call may hold a flow-control window of the sandbox's agent connection)",
+			cfg.StreamLimits.FilesPerSandbox, agentconn.MaxStalledStreams)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
 	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sbxdev/sbx/internal/daemon"
+	"github.com/sbxdev/sbx/internal/server"
+)
+
+func TestCheckLimits(t *testing.T) {
+	valid := func() daemon.Config {
+		var cfg daemon.Config
+		cfg.NetLimits.DNSQueriesPerSec, cfg.NetLimits.DNSInFlight, cfg.NetLimits.DNSTCPConns = 1, 1, 1
+		cfg.NetLimits.DNSTCPIdleTimeout, cfg.NetLimits.EgressConns, cfg.NetLimits.EgressIdleTimeout = 1, 1, 1
+		cfg.ProxyMaxConns = 1
+		cfg.StreamLimits = server.StreamLimits{ExecsPerSandbox: 256, FilesPerSandbox: 64}
+		return cfg
+	}
+	for _, tc := range []struct {
+		name    string
+		change  func(*daemon.Config)
+		wantErr string
+	}{
+		{"defaults", func(*daemon.Config) {}, ""},
+		{"no file calls", func(c *daemon.Config) { c.StreamLimits.FilesPerSandbox = 0 }, "--file-max-streams must be positive"},
+		{"more file calls than the agent window holds", func(c *daemon.Config) { c.StreamLimits.FilesPerSandbox = 65 }, "--file-max-streams 65: at most 64"},
+		{"negative exec streams", func(c *daemon.Config) { c.StreamLimits.ExecsPerSandbox = -1 }, "--exec-max-streams must be positive"},
+		{"pool max below floor", func(c *daemon.Config) { c.WarmPool, c.WarmPoolMax = 4, 2 }, "--warm-pool-max 2 is below --warm-pool 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := valid()
+			tc.change(&cfg)
+			err := checkLimits(cfg)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("checkLimits: %v, want nil", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("checkLimits: %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
