@@ -41,7 +41,7 @@ func main() {
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
-	allBombsOnly := flag.Bool("all-bombs-only", false, "neighbours: measure at rest and under all bombs together, not under each bomb alone")
+	rounds := flag.Int("rounds", 0, "neighbours: instead of each bomb alone and all together once, alternate this many rounds of at rest and all bombs together, pooled (steadier on a machine with other load)")
 	flag.Parse()
 	if *codebaseOnly {
 		*only = "codebase"
@@ -56,7 +56,7 @@ func main() {
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
 		"neighbours": func(n int, agentPath, runtimeBin string) error {
-			return runNeighbours(n, agentPath, runtimeBin, *allBombsOnly)
+			return runNeighbours(n, agentPath, runtimeBin, *rounds)
 		},
 	}
 	f, ok := runs[*only]
