@@ -41,6 +41,9 @@ func main() {
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
+	var nbOpts neighbourOpts
+	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours: the daemon's --boxes-cpu-shares (0: its default)")
+	flag.Uint64Var(&nbOpts.benchShares, "bench-cpu-shares", 0, "neighbours: run the bench and its daemon in a cgroup v1 cpu group of these shares (e.g. 262144 with -boxes-cpu-shares 262144 or 32768), so that other load on the machine weighs little against the daemon and the boxes")
 	rounds := flag.Int("rounds", 0, "neighbours: instead of each bomb alone and all together once, alternate this many rounds of at rest and all bombs together, pooled (steadier on a machine with other load)")
 	flag.Parse()
 	if *codebaseOnly {
@@ -56,7 +59,8 @@ func main() {
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
 		"neighbours": func(n int, agentPath, runtimeBin string) error {
-			return runNeighbours(n, agentPath, runtimeBin, *rounds)
+			nbOpts.rounds = *rounds
+			return runNeighbours(n, agentPath, runtimeBin, nbOpts)
 		},
 	}
 	f, ok := runs[*only]

@@ -44,14 +44,26 @@ import time; time.sleep(1)' 2>/dev/null; done`},
 // average printed, so that a change in the machine's other load shows.
 // With rounds > 0 it alternates rounds of at rest and all bombs together
 // instead (see neighbourRounds).
-func runNeighbours(n int, agentPath, _ string, rounds int) error {
+func runNeighbours(n int, agentPath, _ string, o neighbourOpts) error {
 	fmt.Printf("load average at start: %s", loadAvg())
+	rounds := o.rounds
+	if o.benchShares > 0 {
+		undo, err := cpuGroup(o.benchShares)
+		if err != nil {
+			return err
+		}
+		defer undo()
+	}
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	c, pid, stop, err := startDaemonProcess(filepath.Join(filepath.Dir(agentPath), "sbx"), filepath.Join(tmp, "data"))
+	var extra []string
+	if o.boxesShares > 0 {
+		extra = append(extra, "--boxes-cpu-shares", strconv.FormatUint(o.boxesShares, 10))
+	}
+	c, pid, stop, err := startDaemonProcess(filepath.Join(filepath.Dir(agentPath), "sbx"), filepath.Join(tmp, "data"), extra...)
 	if err != nil {
 		return err
 	}
@@ -174,6 +186,39 @@ func neighbourRounds(ctx context.Context, c *sbx.Client, rounds, n int, f func()
 	return nil
 }
 
+// neighbourOpts are the neighbours measurement's own flags.
+type neighbourOpts struct {
+	rounds      int
+	boxesShares uint64 // the daemon's --boxes-cpu-shares
+	benchShares uint64 // cpu.shares of a cgroup the bench and its daemon run in
+}
+
+// cpuGroup moves this process (and so the daemon it starts) into a new
+// cgroup v1 cpu group with these shares, and returns how to move back and
+// remove it.
+func cpuGroup(shares uint64) (func(), error) {
+	root := "/sys/fs/cgroup/cpu"
+	dir := filepath.Join(root, fmt.Sprintf("sbx-bench-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("-bench-cpu-shares needs the cgroup v1 cpu hierarchy: %w", err)
+	}
+	move := func(to string) error {
+		return os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0)
+	}
+	err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte(strconv.FormatUint(shares, 10)), 0)
+	if err == nil {
+		err = move(dir)
+	}
+	if err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("bench cpu group: %w", err)
+	}
+	return func() {
+		_ = move(root)
+		_ = os.Remove(dir)
+	}, nil
+}
+
 // loadAvg is /proc/loadavg's line.
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -256,14 +301,14 @@ func processCPU(pid int) (time.Duration, error) {
 
 // startDaemonProcess runs `sbx serve` as a child (no warm pool, networking
 // off) and returns a client, its pid and a stop function.
-func startDaemonProcess(sbxBin, dataDir string) (*sbx.Client, int, func(), error) {
+func startDaemonProcess(sbxBin, dataDir string, extraArgs ...string) (*sbx.Client, int, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, 0, nil, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(sbxBin, "serve", "--listen", addr, "--data-dir", dataDir, "--warm-pool", "0", "--network=false")
+	cmd := exec.Command(sbxBin, append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--warm-pool", "0", "--network=false"}, extraArgs...)...)
 	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
 		return nil, 0, nil, fmt.Errorf("start %s: %w", sbxBin, err)
