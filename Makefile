@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X 
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
-.PHONY: all build deps run stop test test-python test-unit lint check-gen bench clean
+.PHONY: all build deps run stop test test-python test-unit lint check-gen bench soak fuzz clean
 
 all: build
 
@@ -28,6 +28,8 @@ stop:
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^api/gen/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
+	cd api && $(GO) mod tidy -diff
 	$(GO) vet ./...
 	cd api && $(GO) vet ./...
 	./.tools/staticcheck ./...
@@ -39,6 +41,7 @@ check-gen: deps
 test: deps build lint check-gen
 	SBX_TEST_NETWORK_BUILD=1 SBX_TEST_DEBOOTSTRAP=1 $(GO) test -race -count=1 -timeout 25m ./...
 	cd api && $(GO) test -race -count=1 ./...
+	FUZZTIME=3s ./scripts/fuzz.sh
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh
 
 test-python: build
@@ -47,8 +50,19 @@ test-python: build
 test-unit:
 	$(GO) test -count=1 ./...
 
+# Every fuzz target for FUZZTIME each (one worker); a crash leaves its input
+# under the package's testdata/fuzz/ to commit with the fix.
+FUZZTIME ?= 60s
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
 bench: deps build
 	@./scripts/bench.sh
+
+# The long crash loop: kill -9 the daemon N times under load (SOAK_ROUNDS,
+# SOAK_CLIENTS, SOAK_MAX_BOXES, SOAK_DURATION, SOAK_SEED; see scripts/soak.sh).
+soak:
+	@./scripts/soak.sh
 
 clean:
 	rm -rf bin .tools

@@ -112,6 +112,11 @@ func TestEgressDomainSecretsE2E(t *testing.T) {
 	if env := mustRun(t, ctx, sb, "env"); strings.Contains(env, value) || !strings.Contains(env, "SSL_CERT_FILE=/etc/sbx/ca-bundle.crt") {
 		t.Errorf("env of the box shows the value or lacks the CA bundle:\n%s", env)
 	}
+	// The bundle is the root of a tmpfs of its own: a bind of a directory
+	// would show the daemon's data dir in the box's mountinfo.
+	if mi := mustRun(t, ctx, sb, "cat /proc/self/mountinfo"); strings.Contains(mi, d.dataDir) || strings.Contains(mi, sb.ID) {
+		t.Errorf("mountinfo of a box with domain secrets shows the data dir or its id:\n%s", mi)
+	}
 
 	t.Run("api never returns the value", func(t *testing.T) {
 		got, err := d.client().Get(ctx, sb.ID)
@@ -227,6 +232,14 @@ func TestEgressAllowModeE2E(t *testing.T) {
 		{"SNI of another name to the allowed address", "-k --resolve blocked.test:443:" + inetAllowed + " https://blocked.test/", "000"},
 		{"allowed SNI", "-k https://a.allowed.test/", "200"},
 		{"allowed name resolving to the metadata address", "http://meta.allowed.test/", "403"},
+		// Matches *.allowed.test as a string, but its empty label ends the
+		// name on the wire: the proxy once asked DNS for blocked.test
+		// (with the rest of the name read as the query's type and class:
+		// 502 here; a crafted label with NUL bytes made it a clean query
+		// for another name, see internal/network's
+		// TestRouteResolvesWhatItChecks). Now it is refused by policy.
+		{"Host with an empty label", "-H 'Host: blocked.test..allowed.test' http://" + inetAllowed + "/", "403"},
+		{"Host with an over-long label", "-H 'Host: x." + strings.Repeat("a", 64) + ".allowed.test' http://" + inetAllowed + "/", "403"},
 	} {
 		if got := code(tt.args); got != tt.want {
 			t.Errorf("%s: curl %s: got %s, want %s", tt.name, tt.args, got, tt.want)

@@ -46,7 +46,9 @@ func binaries(t *testing.T) string {
 		}
 		_ = os.Chmod(dir, 0o755)
 		for _, pkg := range []string{"sbx", "sbx-agent"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "../cmd/"+pkg)
+			// With crash points compiled in (inert unless a test arms them
+			// through the daemon's environment; see internal/crashpoint).
+			cmd := exec.Command("go", "build", "-tags", "sbxcrashpoints", "-o", filepath.Join(dir, pkg), "../cmd/"+pkg)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				build.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
@@ -71,6 +73,8 @@ type daemon struct {
 	log     *os.File
 	exited  chan struct{}
 	args    []string
+	// env is added to the daemon's environment at each start.
+	env []string
 	// token is the daemon's API token ("" = none).
 	token string
 	// tls, when set, is the clients' TLS configuration (the daemon serves HTTPS).
@@ -184,6 +188,9 @@ func (d *daemon) start() {
 		"--network=false"} // network tests turn it on with a bridge of their own
 	d.cmd = exec.Command(d.bin, append(args, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if len(d.env) > 0 {
+		d.cmd.Env = append(os.Environ(), d.env...)
+	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -324,7 +331,8 @@ func mentionsAny(s string, ids map[string]bool) bool {
 
 func (d *daemon) assertNoLeaks(live ...string) {
 	d.t.Helper()
-	// Destroy is synchronous, but give reaped processes a moment to vanish from /proc.
+	// Destroy answers before its box is torn down (in the background):
+	// wait for the teardown, and for reaped processes to vanish from /proc.
 	var l []string
 	for range 50 {
 		if l = d.leaks(live...); len(l) == 0 {

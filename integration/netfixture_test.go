@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	goruntime "runtime"
@@ -231,21 +232,33 @@ func removeNetworking(bridge, table string) {
 	}
 }
 
-// nftChains lists the chains of a table.
-func nftChains(t *testing.T, table string) map[string]bool {
+// nftElementsOf lists the elements of a table's sets that are the box at
+// ip's ("set key" for each; the table keys every box's state by address).
+func nftElementsOf(t *testing.T, table, ip string) []string {
 	t.Helper()
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		t.Fatalf("box address %q: %v", ip, err)
+	}
+	key := a.As4()
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	sets, err := c.GetSets(&nftables.Table{Name: table, Family: nftables.TableFamilyINet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	for _, ch := range chains {
-		if ch.Table.Name == table {
-			out[ch.Name] = true
+	var out []string
+	for _, s := range sets {
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			t.Fatalf("elements of %s: %v", s.Name, err)
+		}
+		for _, el := range els {
+			if len(el.Key) >= 4 && string(el.Key[:4]) == string(key[:]) {
+				out = append(out, s.Name+" "+hex.EncodeToString(el.Key))
+			}
 		}
 	}
 	return out

@@ -246,25 +246,25 @@ func TestNetworkPolicies(t *testing.T) {
 
 	t.Run("destroy leaves nothing", func(t *testing.T) {
 		sb := createNet(t, ctx, d, &sbx.NetworkPolicy{Mode: "allow", AllowDomains: []string{"*.allowed.test"}})
-		var name, veth string
+		var name, veth, ip string
 		for _, s := range d.state(t).Slots {
 			if s.Owner == sb.ID {
-				name, veth = s.Name, s.Veth
+				name, veth, ip = s.Name, s.Veth, s.IP
 			}
 		}
-		if name == "" || !linkExists(veth) || !nftChains(t, d.table)["f_"+name] {
-			t.Fatalf("slot %q veth %q: not set up", name, veth)
+		if name == "" || !linkExists(veth) || len(nftElementsOf(t, d.table, ip)) == 0 {
+			t.Fatalf("slot %q veth %q address %q: not set up", name, veth, ip)
 		}
 		if err := sb.Destroy(ctx); err != nil {
 			t.Fatal(err)
 		}
-		d.waitNetGone(t, sb.ID, name, veth)
+		d.waitNetGone(t, sb.ID, name, veth, ip)
 	})
 }
 
 // waitNetGone waits for a destroyed sandbox's veth, namespace, rules and
 // address to be gone (veths are deleted in the background).
-func (d *netDaemon) waitNetGone(t *testing.T, id, slot, veth string) {
+func (d *netDaemon) waitNetGone(t *testing.T, id, slot, veth, ip string) {
 	t.Helper()
 	var left []string
 	for range 100 {
@@ -275,8 +275,8 @@ func (d *netDaemon) waitNetGone(t *testing.T, id, slot, veth string) {
 		if _, err := os.Stat(filepath.Join(d.dataDir, "network", "ns", slot)); err == nil {
 			left = append(left, "netns "+slot)
 		}
-		if ch := nftChains(t, d.table); ch["f_"+slot] || ch["i_"+slot] {
-			left = append(left, "nft chains of "+slot)
+		if els := nftElementsOf(t, d.table, ip); len(els) != 0 {
+			left = append(left, fmt.Sprintf("nft elements %v", els))
 		}
 		for _, s := range d.state(t).Slots {
 			if s.Owner == id {

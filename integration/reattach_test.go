@@ -212,3 +212,35 @@ func TestSessionsAndContextsSurviveDaemonRestart(t *testing.T) {
 		t.Errorf("contexts after close and restart: got %v, %v, want none", list, err)
 	}
 }
+
+// TestEntrypointSurvivesDaemonRestart: a sandbox's own command is a detached
+// process of its agent that no session or context record names; a daemon
+// coming back (gracefully or after kill -9) must leave it running. The
+// start-up sweep of detached processes a crash left unrecorded once killed
+// it along with them (a box serving HTTP stopped answering after a restart).
+func TestEntrypointSurvivesDaemonRestart(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 3*time.Minute)
+	sb := newBox(t, ctx, d, sbx.CreateOptions{Command: []string{"python3", "-m", "http.server", "8000"}})
+	serving := func() bool {
+		code, err := fetchCode(ctx, sb, "127.0.0.1:8000")
+		return err == nil && code == 0
+	}
+	waitUntil(t, 30*time.Second, serving, func() string { return "the entrypoint never served" })
+	for _, restart := range []struct {
+		name string
+		do   func()
+	}{
+		{"graceful restart", func() { d.stop(); d.start() }},
+		{"kill -9", func() { d.kill9(); d.start() }},
+	} {
+		restart.do()
+		if _, err := d.client().Get(ctx, sb.ID); err != nil {
+			t.Fatalf("after a %s: %v", restart.name, err)
+		}
+		// The sweep runs before the daemon serves: by now it has run.
+		if !serving() {
+			t.Fatalf("after a %s the sandbox's entrypoint no longer serves:\n%s", restart.name, procsMatching(ctx, t, sb, "http.server"))
+		}
+	}
+}

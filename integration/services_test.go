@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -476,8 +477,9 @@ func TestSecondDaemonSameBridgeAndTable(t *testing.T) {
 		t.Fatalf("before: public.test resolves to %q, want %s", got, inetPublic)
 	}
 	before := nftSnapshot(t, a.table)
-	if !strings.Contains(before, "chain f_") {
-		t.Fatalf("daemon A's table has no box chains:\n%s", before)
+	boxKey := hex.EncodeToString(netip.MustParseAddr(sb.Info.GetIpAddress()).AsSlice())
+	if !strings.Contains(before, "set boxes element "+boxKey) {
+		t.Fatalf("daemon A's table does not hold its box %s:\n%s", sb.Info.GetIpAddress(), before)
 	}
 
 	// Daemon B: its own data dir and API address, A's bridge, subnet and

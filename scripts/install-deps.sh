@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 need=()
 # ruby, node-typescript and r-base-core let the tests run code in those languages (run_code);
 # python3-plotly and python3-seaborn (with pandas: ~10 MB of .debs, ~85 MB installed: plotly 44 MB, pandas 38 MB;
-# no recommends) let them test plot capture.
+# no recommends) let them test plot capture. nftables (the nft command) lets a test read set elements back.
 for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip \
   python3-plotly python3-seaborn \
-  git ruby node-typescript r-base-core default-jdk-headless g++; do
+  git ruby node-typescript r-base-core default-jdk-headless g++ nftables; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

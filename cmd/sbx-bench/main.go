@@ -12,7 +12,9 @@
 //     vs none);
 //   - codebases: uploading a 10,000-file tree (vs `tar -x` of it), and `git
 //     status` on a 10,000-file repository mounted as a codebase vs on the
-//     host (`-codebase-only` runs just these).
+//     host (`-codebase-only` runs just these);
+//   - load (`-only load`): 64 concurrent clients × 60 s of mixed calls,
+//     p50/p99 per call and no errors but the deliberate ones (load.go).
 //
 // It starts its own daemon in-process over a temporary data dir. Needs root.
 // Run it with `make bench`.
@@ -37,9 +39,12 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase or neighbours")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load or scale")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
+	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
+	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale: the sbx binary run as the daemon")
+	scaleNet := flag.String("scale-net", "sbxsc0,sbxscale,10.214.0.0/16,7491", "with -only scale: the daemons' bridge, nftables table, subnet and box API port (comma-separated), so runs beside other daemons do not collide")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	var nbOpts neighbourOpts
 	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours: the daemon's --boxes-cpu-shares (0: its default)")
@@ -55,12 +60,29 @@ func main() {
 		"exec":     runExec,
 		"network":  runNetwork,
 		"codebase": runCodebase,
+		"files":    runFiles,
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
 		"neighbours": func(n int, agentPath, runtimeBin string) error {
 			nbOpts.rounds = *rounds
 			return runNeighbours(n, agentPath, runtimeBin, nbOpts)
+		},
+		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
+		// (-load-clients, -load-duration).
+		"load": runLoad,
+		// Not in the default run (minutes at 1000 sandboxes): `make bench
+		// ARGS="-only scale"`.
+		"scale": func(_ int, agentPath, runtimeBin string) error {
+			sizes, err := parseSizes(*scaleSizes)
+			if err != nil {
+				return err
+			}
+			net, err := parseScaleNet(*scaleNet)
+			if err != nil {
+				return err
+			}
+			return runScale(sizes, net, *sbxBin, agentPath, runtimeBin)
 		},
 	}
 	f, ok := runs[*only]

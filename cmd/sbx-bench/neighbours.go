@@ -300,32 +300,50 @@ func processCPU(pid int) (time.Duration, error) {
 }
 
 // startDaemonProcess runs `sbx serve` as a child (no warm pool, networking
-// off) and returns a client, its pid and a stop function.
-func startDaemonProcess(sbxBin, dataDir string, extraArgs ...string) (*sbx.Client, int, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// off, then args) and returns a client, its pid and a stop function.
+func startDaemonProcess(sbxBin, dataDir string, args ...string) (*sbx.Client, int, func(), error) {
+	d, err := startDaemonProc(sbxBin, dataDir, args...)
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	return d.c, d.cmd.Process.Pid, d.stop, nil
+}
+
+// daemonProc is a daemon started as a child process.
+type daemonProc struct {
+	c    *sbx.Client
+	addr string
+	cmd  *exec.Cmd
+}
+
+func (d *daemonProc) stop() { _ = d.cmd.Process.Signal(os.Interrupt); _ = d.cmd.Wait() }
+
+// startDaemonProc starts `sbx serve` as startDaemonProcess does and waits
+// until it serves.
+func startDaemonProc(sbxBin, dataDir string, args ...string) (*daemonProc, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(sbxBin, append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--warm-pool", "0", "--network=false"}, extraArgs...)...)
+	cmd := exec.Command(sbxBin, append([]string{"serve", "--listen", addr, "--data-dir", dataDir, "--warm-pool", "0", "--network=false"}, args...)...)
 	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
-		return nil, 0, nil, fmt.Errorf("start %s: %w", sbxBin, err)
+		return nil, fmt.Errorf("start %s: %w", sbxBin, err)
 	}
-	stop := func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }
-	c := sbx.NewClient(addr)
+	d := &daemonProc{c: sbx.NewClient(addr), addr: addr, cmd: cmd}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.List(ctx)
+		_, err := d.c.List(ctx)
 		cancel()
 		if err == nil {
-			return c, cmd.Process.Pid, stop, nil
+			return d, nil
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return nil, 0, nil, errors.Join(errors.New("daemon did not serve"), err)
+			d.stop()
+			return nil, errors.Join(errors.New("daemon did not serve"), err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

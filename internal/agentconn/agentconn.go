@@ -60,6 +60,21 @@ func AwaitReady(ctx context.Context, ready *os.File, timeout time.Duration) erro
 	}
 }
 
+// The agent is on the sandbox's side of the boundary, so what the daemon
+// buffers of its answers is bounded: each stream holds at most
+// streamWindow bytes the daemon has not passed on yet (a slow client of a
+// file read stops the agent there, through HTTP/2 flow control), a
+// connection at most connWindow, and no message may be larger than
+// MaxMessageBytes (one huge message would otherwise be read whole into
+// memory).
+const (
+	streamWindow = 1 << 20
+	connWindow   = 32 << 20
+	// MaxMessageBytes bounds one message from the agent: file data comes
+	// in 1 MiB chunks, the largest answers are recursive listings.
+	MaxMessageBytes = 64 << 20
+)
+
 // DialFunc opens a new connection to an agent.
 type DialFunc func(ctx context.Context) (net.Conn, error)
 
@@ -102,10 +117,15 @@ func New(dial DialFunc, opts ...Option) *Conn {
 		},
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerStream:     streamWindow,
+			MaxReceiveBufferPerConnection: connWindow,
+		},
 	}
 	hc := &http.Client{Transport: tr}
-	client := agentv1connect.NewAgentServiceClient(hc, "http://agent")
-	execOnce := connect.NewClient[sbxv1.ExecInput, sbxv1.ExecOutput](hc, "http://agent"+agentv1connect.AgentServiceExecProcedure)
+	client := agentv1connect.NewAgentServiceClient(hc, "http://agent", connect.WithReadMaxBytes(MaxMessageBytes))
+	execOnce := connect.NewClient[sbxv1.ExecInput, sbxv1.ExecOutput](hc, "http://agent"+agentv1connect.AgentServiceExecProcedure,
+		connect.WithReadMaxBytes(MaxMessageBytes))
 	c := &Conn{AgentServiceClient: client, transport: tr, execOnce: execOnce}
 	for _, o := range opts {
 		o(c)

@@ -8,7 +8,10 @@
 //
 // It drives sandboxes only through internal/sandbox's Manager and stores
 // images only through internal/image's Store; the daemon wires it and the
-// RPC server calls it.
+// RPC server calls it. A build runs as its request's tenant
+// (tenant.FromContext): its base, steps' images and cache live in that
+// tenant's store, and its step sandboxes are the tenant's, counted against
+// its quotas.
 package builder
 
 import (
@@ -29,6 +32,7 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/sandbox"
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 // BuildLabel marks the sandboxes builds run steps in.
@@ -37,18 +41,26 @@ const BuildLabel = "sbx.build"
 // Config wires a Builder.
 type Config struct {
 	Manager *sandbox.Manager
-	Store   *image.Store
-	// CacheDir holds the step cache (one small JSON file per key); the
-	// daemon puts it under the image store's dir.
-	CacheDir string
-	// Resources of build sandboxes (zero fields: the manager's defaults).
+	// Stores gives each build its tenant's image store and step cache.
+	Stores Stores
+	// Resources of build sandboxes (zero fields: the manager's defaults),
+	// each cut down to the tenant's quota.
 	Resources *sbxv1.Resources
+	// Storage, when set, is asked after every stored step whether the
+	// tenant's images still fit its storage quota; an error ends the build.
+	Storage func(ctx context.Context) error
 	// StepTimeout bounds one step (default 1h).
 	StepTimeout time.Duration
 	// Mirror is the Debian mirror debootstrap uses ("" = the one the
 	// host's apt sources name, else deb.debian.org).
 	Mirror string
 	Logger *slog.Logger
+}
+
+// Stores gives a build the image store and step cache directory of ctx's
+// tenant (the step cache is one small JSON file per key, under the store).
+type Stores interface {
+	BuildStore(ctx context.Context) (store *image.Store, cacheDir string, err error)
 }
 
 // Builder runs recipes. Builds may run concurrently.
@@ -61,8 +73,8 @@ type Builder struct {
 
 // New returns a Builder.
 func New(cfg Config) (*Builder, error) {
-	if cfg.Manager == nil || cfg.Store == nil || cfg.CacheDir == "" {
-		return nil, errors.New("builder needs a manager, a store and a cache dir")
+	if cfg.Manager == nil || cfg.Stores == nil {
+		return nil, errors.New("builder needs a manager and stores")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -70,10 +82,14 @@ func New(cfg Config) (*Builder, error) {
 	if cfg.StepTimeout == 0 {
 		cfg.StepTimeout = time.Hour
 	}
-	if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create build cache: %w", err)
-	}
 	return &Builder{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// build is one build's tenant's store and step cache.
+type build struct {
+	*Builder
+	store    *image.Store
+	cacheDir string
 }
 
 // Emit receives build events in order; an error from it aborts the build.
@@ -92,7 +108,6 @@ func stepEvent(i int, desc, phase string, d time.Duration) *sbxv1.ImageProgress 
 // (statuses, step phases, step output) go to emit; the caller sends the
 // final `done` itself.
 func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
-	start := time.Now()
 	r := req.GetRecipe()
 	if err := validate(r); err != nil {
 		return nil, err
@@ -102,8 +117,22 @@ func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit 
 			return nil, err
 		}
 	}
+	store, cacheDir, err := b.cfg.Stores.BuildStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create build cache: %w", err)
+	}
+	return (&build{Builder: b, store: store, cacheDir: cacheDir}).run(ctx, req, emit)
+}
+
+// run runs a validated request's recipe.
+func (b *build) run(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
+	start := time.Now()
+	r := req.GetRecipe()
 	// Intermediate images of this build survive a prune until it ends.
-	lease := b.cfg.Store.NewLease()
+	lease := b.store.NewLease()
 	defer lease.Release()
 	ctx = image.WithLease(ctx, lease)
 	network := b.networkAvailable(ctx)
@@ -133,13 +162,18 @@ func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit 
 		t0 := time.Now()
 		var next *image.Image
 		if configOnly(step) {
-			next, err = b.cfg.Store.Compose(ctx, cur.Digest, nil, image.ImageSpec{
+			next, err = b.store.Compose(ctx, cur.Digest, nil, image.ImageSpec{
 				Config: applyConfig(cur.Config, step), CreatedBy: desc, Intermediate: true})
 		} else {
 			next, err = b.runStep(ctx, n, step, cur, emit)
 		}
 		if err != nil {
 			return nil, err
+		}
+		if b.cfg.Storage != nil {
+			if err := b.cfg.Storage(ctx); err != nil {
+				return nil, fmt.Errorf("step %d (%s): %w", n, kind(step), err)
+			}
 		}
 		if err := b.remember(ctx, key, desc, cur, next); err != nil {
 			b.log.Warn("build cache: not saving step", "step", desc, "err", err)
@@ -150,10 +184,10 @@ func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit 
 		}
 	}
 	if tag := req.GetTag(); tag != "" {
-		if err := b.cfg.Store.Tag(ctx, cur.Digest, tag); err != nil {
+		if err := b.store.Tag(ctx, cur.Digest, tag); err != nil {
 			return nil, fmt.Errorf("tag the result: %w", err)
 		}
-		if cur, err = b.cfg.Store.Get(ctx, tag); err != nil {
+		if cur, err = b.store.Get(ctx, tag); err != nil {
 			return nil, err
 		}
 	}
@@ -181,13 +215,13 @@ func (b *Builder) networkAvailable(ctx context.Context) bool {
 }
 
 // base resolves the recipe's `from`, making debian:bookworm if needed.
-func (b *Builder) base(ctx context.Context, r *sbxv1.Recipe, network bool, emit Emit) (*image.Image, error) {
+func (b *build) base(ctx context.Context, r *sbxv1.Recipe, network bool, emit Emit) (*image.Image, error) {
 	from := r.GetFrom()
 	if from == sandbox.HostImage {
 		return nil, fmt.Errorf("from: host: building on the built-in host image is not supported yet "+
 			"(its /usr is the host's, not a layer); use debian:bookworm or another image: %w", errdefs.ErrInvalidArgument)
 	}
-	img, err := b.cfg.Store.Get(ctx, from)
+	img, err := b.store.Get(ctx, from)
 	if err == nil {
 		return img, nil
 	}
@@ -213,16 +247,16 @@ type cacheEntry struct {
 	Created time.Time         `json:"created"`
 }
 
-func (b *Builder) cachePath(key string) string { return filepath.Join(b.cfg.CacheDir, key+".json") }
+func (b *build) cachePath(key string) string { return filepath.Join(b.cacheDir, key+".json") }
 
 // fromCache recomposes a cached step's image; false means a miss (no
 // entry, or its layer was pruned).
-func (b *Builder) fromCache(ctx context.Context, cur *image.Image, key, desc string) (*image.Image, bool) {
+func (b *build) fromCache(ctx context.Context, cur *image.Image, key, desc string) (*image.Image, bool) {
 	var e cacheEntry
 	if err := readJSON(b.cachePath(key), &e); err != nil {
 		return nil, false
 	}
-	img, err := b.cfg.Store.Compose(ctx, cur.Digest, e.Layers, image.ImageSpec{
+	img, err := b.store.Compose(ctx, cur.Digest, e.Layers, image.ImageSpec{
 		Config: e.Config, CreatedBy: desc, Created: e.Created, Intermediate: true})
 	if err != nil {
 		b.log.Info("build cache: entry unusable, rerunning the step", "step", desc, "err", err)
@@ -232,8 +266,8 @@ func (b *Builder) fromCache(ctx context.Context, cur *image.Image, key, desc str
 }
 
 // remember saves the step that turned parent into img under key.
-func (b *Builder) remember(ctx context.Context, key, desc string, parent, img *image.Image) error {
-	layers, err := b.cfg.Store.LayersOf(ctx, img.Digest)
+func (b *build) remember(ctx context.Context, key, desc string, parent, img *image.Image) error {
+	layers, err := b.store.LayersOf(ctx, img.Digest)
 	if err != nil {
 		return err
 	}
@@ -242,14 +276,14 @@ func (b *Builder) remember(ctx context.Context, key, desc string, parent, img *i
 }
 
 // runStep runs a step in a sandbox created from cur and commits its diff.
-func (b *Builder) runStep(ctx context.Context, n int, step *sbxv1.RecipeStep, cur *image.Image, emit Emit) (*image.Image, error) {
+func (b *build) runStep(ctx context.Context, n int, step *sbxv1.RecipeStep, cur *image.Image, emit Emit) (*image.Image, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StepTimeout)
 	defer cancel()
 	sb, err := b.cfg.Manager.Create(ctx, &sbxv1.CreateSandboxRequest{
 		Image:     cur.Digest,
 		Labels:    map[string]string{BuildLabel: "1"},
 		TimeoutMs: b.cfg.StepTimeout.Milliseconds() + time.Minute.Milliseconds(),
-		Resources: b.cfg.Resources,
+		Resources: withinQuota(b.cfg.Resources, tenant.FromContext(ctx).Quotas),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("step %d (%s): create sandbox: %w", n, kind(step), err)
@@ -285,7 +319,7 @@ func (b *Builder) runStep(ctx context.Context, n int, step *sbxv1.RecipeStep, cu
 		pw.CloseWithError(err)
 		done <- err
 	}()
-	img, err := b.cfg.Store.CommitSpec(ctx, cur.Digest, pr, image.ImageSpec{
+	img, err := b.store.CommitSpec(ctx, cur.Digest, pr, image.ImageSpec{
 		Config: cur.Config, CreatedBy: describe(step), Intermediate: true})
 	pr.CloseWithError(errors.New("commit ended"))
 	if derr := <-done; derr != nil {
@@ -295,6 +329,29 @@ func (b *Builder) runStep(ctx context.Context, n int, step *sbxv1.RecipeStep, cu
 		return nil, fmt.Errorf("step %d (%s): store the layer: %w", n, kind(step), err)
 	}
 	return img, nil
+}
+
+// withinQuota cuts build sandbox resources r down to a tenant's quotas, so
+// that a tenant with nothing else running can build (the create still
+// counts against the quota and fails, naming it, when other sandboxes
+// hold it). The disk stays within the memory it is kept in.
+func withinQuota(r *sbxv1.Resources, q tenant.Quotas) *sbxv1.Resources {
+	if r == nil {
+		return nil
+	}
+	out := &sbxv1.Resources{MemoryBytes: r.GetMemoryBytes(), CpuMillis: r.GetCpuMillis(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
+	cut := func(v *int64, limit int64) {
+		if limit > 0 && *v > limit {
+			*v = limit
+		}
+	}
+	cut(&out.MemoryBytes, q.MemoryBytes)
+	cut(&out.CpuMillis, q.CPUMillis)
+	cut(&out.DiskBytes, q.DiskBytes)
+	if out.MemoryBytes > 0 {
+		cut(&out.DiskBytes, sandbox.MaxDiskInMemory(out.MemoryBytes))
+	}
+	return out
 }
 
 // exec runs a shell command in a sandbox, streaming its output as log

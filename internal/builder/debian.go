@@ -48,10 +48,10 @@ func isDebianBookworm(ref string) bool {
 // outside any sandbox: debootstrap needs the network and mknod/chroot; the
 // result is then imported through the same hostile-tar extractor as any
 // layer.
-func (b *Builder) ensureDebian(ctx context.Context, emit Emit) (*image.Image, error) {
+func (b *build) ensureDebian(ctx context.Context, emit Emit) (*image.Image, error) {
 	b.debianMu.Lock()
 	defer b.debianMu.Unlock()
-	if img, err := b.cfg.Store.Get(ctx, DebianRef); err == nil {
+	if img, err := b.store.Get(ctx, DebianRef); err == nil {
 		return img, nil // made by a concurrent build
 	}
 	start := time.Now()
@@ -63,7 +63,7 @@ func (b *Builder) ensureDebian(ctx context.Context, emit Emit) (*image.Image, er
 	if mirror == "" {
 		mirror = hostMirror("/etc/apt")
 	}
-	work, err := os.MkdirTemp(b.cfg.CacheDir, "debootstrap-")
+	work, err := os.MkdirTemp(b.cacheDir, "debootstrap-")
 	if err != nil {
 		return nil, fmt.Errorf("debootstrap: %w", err)
 	}
@@ -87,7 +87,7 @@ func (b *Builder) ensureDebian(ctx context.Context, emit Emit) (*image.Image, er
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(tarDir(ctx, root, pw)) }()
-	img, err := b.cfg.Store.CommitSpec(ctx, "", pr, image.ImageSpec{
+	img, err := b.store.CommitSpec(ctx, "", pr, image.ImageSpec{
 		Config: debianConfig, CreatedBy: "debootstrap --variant=minbase bookworm " + mirror, Tag: DebianRef})
 	pr.CloseWithError(errors.New("commit ended"))
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -91,6 +92,12 @@ func validate(r *sbxv1.Recipe) error {
 }
 
 func validateStep(s *sbxv1.RecipeStep) error {
+	// The cache key encodes strings as JSON, which turns every invalid
+	// UTF-8 sequence into U+FFFD: two different commands would share a
+	// key (and one would reuse the other's cached layer).
+	if !validUTF8(s) {
+		return fmt.Errorf("not valid UTF-8")
+	}
 	switch st := s.GetStep().(type) {
 	case nil:
 		return fmt.Errorf("empty step")
@@ -131,6 +138,36 @@ func validateStep(s *sbxv1.RecipeStep) error {
 		}
 	}
 	return nil
+}
+
+// validUTF8 reports whether every string of s (a copy's tar aside) is
+// valid UTF-8.
+func validUTF8(s *sbxv1.RecipeStep) bool {
+	strs := packages(s)
+	switch st := s.GetStep().(type) {
+	case *sbxv1.RecipeStep_Run:
+		strs = append(strs, st.Run)
+	case *sbxv1.RecipeStep_Copy:
+		strs = append(strs, st.Copy.GetDest())
+	case *sbxv1.RecipeStep_Env:
+		for k, v := range st.Env.GetEnv() {
+			strs = append(strs, k, v)
+		}
+	case *sbxv1.RecipeStep_Workdir:
+		strs = append(strs, st.Workdir)
+	case *sbxv1.RecipeStep_Entrypoint:
+		strs = append(strs, st.Entrypoint.GetValues()...)
+	case *sbxv1.RecipeStep_Cmd:
+		strs = append(strs, st.Cmd.GetValues()...)
+	case *sbxv1.RecipeStep_User:
+		strs = append(strs, st.User)
+	}
+	for _, v := range strs {
+		if !utf8.ValidString(v) {
+			return false
+		}
+	}
+	return true
 }
 
 func packages(s *sbxv1.RecipeStep) []string {

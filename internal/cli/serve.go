@@ -15,6 +15,7 @@ import (
 	"github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -78,7 +79,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
-	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant (0: off)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
+	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, fmt.Sprintf("how many started sandboxes the warm pool may grow to when creates come in bursts; it shrinks back to --warm-pool after 30 s without them (0: %d, or --warm-pool if larger)", sandbox.DefaultWarmPoolMax))
 	f.BoolVar(&cfg.Network, "network", true, "give sandboxes networking (bridge, firewall, DNS forwarder); off: loopback only")
 	f.StringVar(&cfg.NetBridge, "net-bridge", "sbx0", "bridge sandboxes attach to")
 	f.StringVar(&cfg.NetSubnet, "net-subnet", "10.213.0.0/16", "IPv4 subnet of the bridge (the first address is the gateway)")
@@ -95,6 +97,8 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetLimits.EgressConns, "egress-max-conns", d.EgressConns, "connections one sandbox may hold through the egress proxy")
 	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
+	f.IntVar(&cfg.StreamLimits.ExecsPerSandbox, "exec-max-streams", server.DefaultExecsPerSandbox, "commands one sandbox may have running through the API at once (exec, exec -i, the SDKs' exec); the excess gets ResourceExhausted")
+	f.IntVar(&cfg.StreamLimits.FilesPerSandbox, "file-max-streams", server.DefaultFilesPerSandbox, "file calls on one sandbox in flight at once (reads, writes, cp, tars, listings); the excess gets ResourceExhausted")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
@@ -122,10 +126,17 @@ func checkLimits(cfg daemon.Config) error {
 		{"--dns-tcp-conns", int64(l.DNSTCPConns)}, {"--dns-tcp-idle-timeout", int64(l.DNSTCPIdleTimeout)},
 		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
 		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
+		{"--exec-max-streams", int64(cfg.StreamLimits.ExecsPerSandbox)}, {"--file-max-streams", int64(cfg.StreamLimits.FilesPerSandbox)},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)
 		}
+	}
+	switch {
+	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
+		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
+	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:
+		return fmt.Errorf("--warm-pool-max %d is below --warm-pool %d: the pool never holds fewer than --warm-pool", cfg.WarmPoolMax, cfg.WarmPool)
 	}
 	return nil
 }
@@ -167,27 +178,4 @@ func reloadOnHUP(ctx context.Context, reg *tenant.Registry, path string, log *sl
 			log.Info("tenants file reloaded", "file", path)
 		}
 	}
-}
-
-func newTenant(a *app) *cobra.Command {
-	cmd := &cobra.Command{Use: "tenant", Short: "Tenants of a multi-tenant daemon (sbx serve --tenants)"}
-	hash := &cobra.Command{
-		Use:   "hash-token [TOKEN]",
-		Short: "Print a token's hash for the tenants file (without TOKEN: make a new token and print both)",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if len(args[0]) < 16 {
-					return fmt.Errorf("token is shorter than 16 characters: use a long random one (or run without TOKEN to make one)")
-				}
-				fmt.Fprintln(a.stdout, tenant.HashToken(args[0]))
-				return nil
-			}
-			tok := tenant.NewToken()
-			fmt.Fprintf(a.stdout, "token: %s\nhash:  %s\n", tok, tenant.HashToken(tok))
-			return nil
-		},
-	}
-	cmd.AddCommand(hash)
-	return cmd
 }

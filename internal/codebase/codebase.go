@@ -15,12 +15,18 @@
 //	                         tree under it (runtime.Mount.Overlay)
 //	tmp/                     uploads being extracted
 //
+// Every codebase belongs to a tenant (tenant.FromContext of the request
+// that made it; "" in single-user mode): Get, List, Download, Delete and
+// Mount see only the caller's tenant's, and names are per tenant. A sync
+// reaches a codebase through its sandbox's mount, which only the owning
+// tenant could make.
+//
 // Metadata lives in the daemon's SQLite database (internal/store): the
 // codebase and its current revision, the revision at which each path last
 // changed, the mounts (with the revision of their lower layer) and, per
 // mount, what the sandbox already synced. Files are owned by sandbox root
 // (host uid UIDShift). Uploads go through the hostile-tar extractor in
-// extract_linux.go. It imports internal/store and errdefs; internal/sandbox reaches it through an
+// extract_linux.go. It imports internal/store, internal/tenant and errdefs; internal/sandbox reaches it through an
 // interface wired by internal/daemon, internal/server calls it directly.
 package codebase
 
@@ -45,6 +51,7 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/safepath"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
 )
 
 // Defaults of Config.
@@ -69,7 +76,30 @@ type Config struct {
 	MaxBytes   int64
 	MaxEntries int
 	Logger     *slog.Logger
+	// Storage, when set, admits the growth of a tenant's codebases (a
+	// create, a sync) against its storage quota.
+	Storage Storage
 }
+
+// Storage admits growth against the storage quota of ctx's tenant.
+type Storage interface {
+	// ReserveStorage returns once add more bytes fit ctx's tenant's
+	// quota (else an error wrapping errdefs.ErrResourceExhausted naming
+	// it); the admission holds until release, by which time the bytes
+	// must be accounted (the codebase's record written).
+	ReserveStorage(ctx context.Context, add int64) (release func(), err error)
+}
+
+// reserve is Config.Storage's ReserveStorage, or nothing without one.
+func (m *Manager) reserve(ctx context.Context, add int64) (func(), error) {
+	if m.cfg.Storage == nil {
+		return func() {}, nil
+	}
+	return m.cfg.Storage.ReserveStorage(ctx, add)
+}
+
+// owner is the tenant a request acts for.
+func owner(ctx context.Context) string { return tenant.FromContext(ctx).Tenant }
 
 // Manager manages the codebases of one data dir. Safe for concurrent use.
 type Manager struct {
@@ -163,7 +193,7 @@ func (m *Manager) Create(ctx context.Context, hdr *sbxv1.CreateCodebaseHeader, r
 		return nil, nil, fmt.Errorf("max_file_bytes %d: must not be negative: %w", hdr.GetMaxFileBytes(), errdefs.ErrInvalidArgument)
 	}
 	if hdr.GetName() != "" {
-		if _, err := m.cfg.Store.GetCodebase(ctx, hdr.GetName()); err == nil {
+		if _, err := m.cfg.Store.GetCodebase(ctx, owner(ctx), hdr.GetName()); err == nil {
 			return nil, nil, fmt.Errorf("codebase name %q is taken: %w", hdr.GetName(), errdefs.ErrAlreadyExists)
 		}
 	}
@@ -202,10 +232,15 @@ func (m *Manager) Create(ctx context.Context, hdr *sbxv1.CreateCodebaseHeader, r
 	now := time.Now().UnixMilli()
 	rec := &store.CodebaseRecord{
 		ID: newID(), Name: hdr.GetName(), Revision: 1, FileCount: files, SizeBytes: size,
-		CreatedAtMs: now, UpdatedAtMs: now, Skipped: sj,
+		CreatedAtMs: now, UpdatedAtMs: now, Skipped: sj, Tenant: owner(ctx),
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	release, err := m.reserve(ctx, size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create codebase: %w", err)
+	}
+	defer release()
 	if err := os.MkdirAll(filepath.Join(m.treesDir(), rec.ID), 0o711); err != nil {
 		return nil, nil, fmt.Errorf("create codebase dir: %w", err)
 	}
@@ -255,16 +290,16 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Codebase, error) 
 	if ref == "" {
 		return nil, fmt.Errorf("no codebase id or name given: %w", errdefs.ErrInvalidArgument)
 	}
-	rec, err := m.cfg.Store.GetCodebase(ctx, ref)
+	rec, err := m.cfg.Store.GetCodebase(ctx, owner(ctx), ref)
 	if err != nil {
 		return nil, err
 	}
 	return m.toProto(ctx, rec)
 }
 
-// List describes every codebase, oldest first.
+// List describes ctx's tenant's codebases, oldest first.
 func (m *Manager) List(ctx context.Context) ([]*sbxv1.Codebase, error) {
-	recs, err := m.cfg.Store.ListCodebases(ctx)
+	recs, err := m.cfg.Store.TenantCodebases(ctx, owner(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +321,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rec, err := m.cfg.Store.GetCodebase(ctx, ref)
+	rec, err := m.cfg.Store.GetCodebase(ctx, owner(ctx), ref)
 	if err != nil {
 		return err
 	}
@@ -313,12 +348,17 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	return nil
 }
 
+// Bytes is what tenant t's codebases hold at their current revisions.
+func (m *Manager) Bytes(ctx context.Context, t string) (int64, error) {
+	return m.cfg.Store.CodebaseBytes(ctx, t)
+}
+
 // Download writes the current revision of a codebase to w as a tar, owners
 // shifted back to sandbox ids.
 func (m *Manager) Download(ctx context.Context, ref string, w io.Writer) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	rec, err := m.cfg.Store.GetCodebase(ctx, ref)
+	rec, err := m.cfg.Store.GetCodebase(ctx, owner(ctx), ref)
 	if err != nil {
 		return err
 	}

@@ -246,6 +246,10 @@ func (x *treeExtractor) entry(hdr *tar.Header, tr io.Reader) error {
 		return fmt.Errorf("name appears twice: %w", errRejected)
 	}
 	x.seen[name] = hdr.Typeflag
+	if x.dirs[name] && hdr.Typeflag != tar.TypeDir {
+		// Made as the parent of an earlier entry ("a/b", then file "a").
+		return fmt.Errorf("name is a directory earlier in the upload: %w", errRejected)
+	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := x.mkdirAll(name); err != nil {

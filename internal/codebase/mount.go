@@ -37,7 +37,8 @@ func (m *Manager) Mount(ctx context.Context, sandboxID string, cm *sbxv1.Codebas
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rec, err := m.cfg.Store.GetCodebase(ctx, cm.GetCodebase())
+	// The creating request's tenant's codebase: another's is not found.
+	rec, err := m.cfg.Store.GetCodebase(ctx, owner(ctx), cm.GetCodebase())
 	if err != nil {
 		return runtime.Mount{}, err
 	}

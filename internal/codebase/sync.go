@@ -23,6 +23,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/boxcopy"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/safepath"
 	"github.com/sbxdev/sbx/internal/store"
@@ -54,7 +55,8 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.cfg.Store.GetCodebase(ctx, mt.CodebaseID)
+	// The mount names the codebase: its sandbox's tenant's (Mount saw to it).
+	rec, err := m.cfg.Store.GetCodebaseByID(ctx, mt.CodebaseID)
 	if err != nil {
 		return nil, err
 	}
@@ -119,11 +121,18 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		removeTree(tmp)
 		return nil, fmt.Errorf("write sync of sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
 	}
+	release, err := m.reserve(ctx, size-rec.SizeBytes)
+	if err != nil {
+		removeTree(tmp)
+		return nil, fmt.Errorf("sync sandbox %s into codebase %s: %w", sandboxID, rec.ID, err)
+	}
+	defer release()
 	// safepath:ok: both are the daemon's own names in the trees dir.
 	if err := os.Rename(tmp, m.tree(rec.ID, newRev)); err != nil {
 		removeTree(tmp)
 		return nil, fmt.Errorf("store synced tree: %w", err)
 	}
+	crashpoint.Hit("sync-tree")
 	newSynced := p.equal
 	for _, o := range p.ops {
 		newSynced[o.e.rel] = store.SyncedPath{Revision: newRev, Fingerprint: o.e.fp}
@@ -136,6 +145,7 @@ func (m *Manager) Sync(ctx context.Context, sandboxID, path string, dryRun, forc
 		removeTree(m.tree(rec.ID, newRev))
 		return nil, err
 	}
+	crashpoint.Hit("sync-committed")
 	m.gcLocked(ctx)
 	resp.Revision, resp.Written, resp.Deleted = newRev, p.written, p.deleted
 	m.log.Info("codebase synced", "codebase", rec.ID, "revision", newRev, "sandbox", sandboxID,

@@ -79,6 +79,12 @@ type Agents interface {
 	ResolveID(ctx context.Context, ref string) (string, error)
 }
 
+// Limit admits one command relayed for a client (a code run, a session
+// command) into sandbox id, counted against that sandbox's bound on running
+// commands; call release when its relay ends. An error (ResourceExhausted
+// naming the bound) refuses it. internal/server's Streams provides it.
+type Limit func(ctx context.Context, id string) (release func(), err error)
+
 // Sink receives a run's events: output chunks, then the result.
 type Sink func(*sbxv1.RunCodeEvent) error
 
@@ -93,7 +99,12 @@ type Service struct {
 	stopping atomic.Bool
 	// contexts are the live contexts by id.
 	contexts *registry[*kernel]
+	limit    Limit // nil: no bound
 }
+
+// SetLimit counts every code run against its sandbox's bound on running
+// commands. Call it before serving.
+func (s *Service) SetLimit(l Limit) { s.limit = l }
 
 // New returns a Service over agents.
 func New(agents Agents, log *slog.Logger) *Service {
@@ -146,6 +157,18 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	sandboxRef := req.GetSandbox()
 	if k != nil {
 		sandboxRef = k.sandbox
+	}
+	if s.limit != nil {
+		id, err := s.agents.ResolveID(ctx, sandboxRef)
+		if err != nil {
+			return err
+		}
+		done, err := s.limit(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer done()
+		sandboxRef = id
 	}
 	conn, release, err := s.agents.Agent(ctx, sandboxRef)
 	if err != nil {

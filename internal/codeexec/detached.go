@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -154,4 +157,81 @@ func forgetProcess(agents Agents, st ProcessStore, log interface{ Warn(string, .
 			log.Warn("removing detached process", "id", id, "sandbox", sandbox, "err", err)
 		}
 	}()
+}
+
+// ReapUnrecorded kills and forgets the detached processes (shells of
+// sessions, kernels of contexts) in the sandboxes ids that no record
+// accounts for: those a crash left between starting them and recording
+// them, whose clients were never given their ids. Call it once at start,
+// after the sessions and contexts are restored and before serving (a
+// process being created is unrecorded too). Stopped sandboxes are skipped.
+func ReapUnrecorded(ctx context.Context, agents Agents, st ProcessStore, ids []string, log *slog.Logger) error {
+	known := map[string]bool{}
+	for _, kind := range []string{store.ProcessSession, store.ProcessContext} {
+		recs, err := st.ListProcesses(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("reap unrecorded processes: %w", err)
+		}
+		for _, r := range recs {
+			known[r.ID] = true
+		}
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(8, len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				reapIn(ctx, agents, id, known, log)
+			}
+		}()
+	}
+	for _, id := range ids {
+		work <- id
+	}
+	close(work)
+	wg.Wait()
+	return nil
+}
+
+// The prefixes of session and context ids.
+const (
+	sessionPrefix = "sess-"
+	contextPrefix = "ctx-"
+)
+
+// ownID reports whether a detached process id is one this package hands
+// out (a session's or a context's): the sandbox's entrypoint and processes
+// others start are never reaped.
+func ownID(id string) bool {
+	return strings.HasPrefix(id, sessionPrefix) || strings.HasPrefix(id, contextPrefix)
+}
+
+func reapIn(ctx context.Context, agents Agents, sandbox string, known map[string]bool, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, release, err := agents.Agent(ctx, sandbox)
+	if err != nil {
+		return // stopped, or gone
+	}
+	defer release()
+	resp, err := conn.ListDetached(ctx, connect.NewRequest(&agentv1.ListDetachedRequest{}))
+	if err != nil {
+		if connect.CodeOf(err) != connect.CodeUnimplemented {
+			log.Warn("listing detached processes", "sandbox", sandbox, "err", err)
+		}
+		return
+	}
+	for _, p := range resp.Msg.GetProcesses() {
+		if known[p.GetId()] || !ownID(p.GetId()) {
+			continue
+		}
+		_, err := conn.RemoveDetached(ctx, connect.NewRequest(&agentv1.RemoveDetachedRequest{Id: p.GetId()}))
+		if err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			log.Warn("removing unrecorded detached process", "sandbox", sandbox, "id", p.GetId(), "err", err)
+			continue
+		}
+		log.Info("removed a detached process no record accounts for (started by a crashed daemon)", "sandbox", sandbox, "id", p.GetId())
+	}
 }

@@ -83,7 +83,7 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 		return nil, err
 	}
 	defer release()
-	id := "ctx-" + newID()
+	id := contextPrefix + newID()
 	script := RunDir + "/kernels/" + lang.kernel
 	if err := writeFile(ctx, conn, script, []byte(kernelScripts[lang.kernel])); err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/store"
 )
@@ -36,7 +37,13 @@ type Sessions struct {
 	stopping atomic.Bool
 	// sessions are the live sessions by id.
 	sessions *registry[*session]
+	limit    Limit // nil: no bound
 }
+
+// SetLimit counts every session command against its sandbox's bound on
+// running commands (commands queued behind another in one shell count
+// too: each holds a client's stream). Call it before serving.
+func (s *Sessions) SetLimit(l Limit) { s.limit = l }
 
 // NewSessions returns a Sessions over agents.
 func NewSessions(agents Agents, log *slog.Logger) *Sessions {
@@ -118,7 +125,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	}
 	defer release()
 	ss := &session{
-		owner: s, id: "sess-" + newID(), sandbox: sbID, shell: shell, created: time.Now(),
+		owner: s, id: sessionPrefix + newID(), sandbox: sbID, shell: shell, created: time.Now(),
 		token: []byte("\x1eSBX" + newID() + ":"), events: make(chan *sbxv1.ExecOutput, 256),
 		seq: time.Now().UnixMicro(),
 	}
@@ -153,6 +160,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 		return nil, err
 	}
 	ss.execs.Store(0)
+	crashpoint.Hit("session-started")
 	// Registered before its record exists, so that a record without a live
 	// session is always one to restore.
 	s.sessions.put(ss)
@@ -165,6 +173,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 			return nil, fmt.Errorf("create session: %w", err)
 		}
 	}
+	crashpoint.Hit("session-recorded")
 	s.log.Info("shell session created", "session", ss.id, "sandbox", ss.sandbox, "shell", shell)
 	return ss.info(), nil
 }
@@ -296,6 +305,13 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 	ss, err := s.sessions.get(ctx, req.GetSession())
 	if err != nil {
 		return err
+	}
+	if s.limit != nil {
+		done, err := s.limit(ctx, ss.sandbox)
+		if err != nil {
+			return err
+		}
+		defer done()
 	}
 	start := time.Now()
 	res := &sbxv1.SessionExecResult{}

@@ -49,8 +49,10 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
 	Defaults runtime.Resources
-	// WarmPool is how many pre-started boxes to keep ready for fast creates.
-	WarmPool int
+	// WarmPool is how many pre-started boxes to keep ready for fast creates
+	// at least; WarmPoolMax how many the pool may grow to under bursts of
+	// creates (0: sandbox.DefaultWarmPoolMax).
+	WarmPool, WarmPoolMax int
 	// Network turns sandbox networking on (bridge, firewall, DNS
 	// forwarder); off, sandboxes have loopback only.
 	Network bool
@@ -72,7 +74,10 @@ type Config struct {
 	// ProxyMaxConns bounds the connections one sandbox has open through
 	// the port proxy (0: server.DefaultMaxConnsPerSandbox).
 	ProxyMaxConns int
-	Logger        *slog.Logger
+	// StreamLimits bound the exec and file calls relayed to one sandbox's
+	// agent at once (zero fields: the server's defaults).
+	StreamLimits server.StreamLimits
+	Logger       *slog.Logger
 	// AuthToken, when set, is required on every API and proxied request.
 	AuthToken string
 	// InsecureNoAuth allows a non-loopback Listen without AuthToken.
@@ -248,11 +253,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stores.Close()
 	cbs, err := codebase.Open(ctx, codebase.Config{
 		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
-		Logger: log.With("component", "codebases"),
+		Logger: log.With("component", "codebases"), Storage: stores,
 	})
 	if err != nil {
 		return fmt.Errorf("codebase store: %w", err)
 	}
+	stores.SetCodebases(cbs)
 	mgr, err := sandbox.New(sandbox.Config{
 		Codebases:      cbs,
 		Volumes:        stores,
@@ -265,6 +271,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Limits:         hostLimits(),
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
+		WarmPoolMax:    cfg.WarmPoolMax,
 		Images:         imageResolver{stores: stores, gc: &gcLock},
 		MaxLayerBytes:  maxLayer,
 		BoxAPIAddr:     boxAPI,
@@ -286,7 +293,9 @@ func Run(ctx context.Context, cfg Config) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	api := server.New(mgr)
-	imageSrv, err := newImageServer(ctx, images, stores, mgr, &gcLock, filepath.Join(dataDir, "images", "build-cache"), defaults, log)
+	streams := server.NewStreams(mgr, cfg.StreamLimits, log.With("component", "api"))
+	api.UseStreams(streams)
+	imageSrv, err := newImageServer(stores, mgr, &gcLock, defaults, log)
 	if err != nil {
 		return err
 	}
@@ -297,26 +306,32 @@ func Run(ctx context.Context, cfg Config) error {
 	// (before mgr.Close drops the agent connections).
 	code := codeexec.New(mgr, log)
 	code.UseStore(st)
+	code.SetLimit(streams.HoldExec)
 	sessions := codeexec.NewSessions(mgr, log)
 	sessions.UseStore(st)
+	sessions.SetLimit(streams.HoldExec)
 	if err := code.RestoreContexts(ctx); err != nil {
 		return err
 	}
 	if err := sessions.Restore(ctx); err != nil {
 		return err
 	}
+	if err := codeexec.ReapUnrecorded(ctx, mgr, st, mgr.IDs(), log); err != nil {
+		log.Error("removing unrecorded sessions and contexts", "err", err)
+	}
 	defer code.Shutdown()
 	defer sessions.Shutdown()
 	api.AddCode(server.NewCodeServer(code, mgr))
 	api.AddSessions(server.NewSessionServer(sessions, mgr))
+	api.AddTenants(server.NewTenantServer(mgr, stores, cfg.Tenants))
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
-		MaxConnsPerSandbox: cfg.ProxyMaxConns,
+		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams,
 	})
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, cfg, log)
 		if err != nil {
 			return err
 		}

@@ -48,9 +48,9 @@ func (r imageResolver) Commit(ctx context.Context, base string, layer io.Reader,
 	return img.Digest, nil
 }
 
-// newImageServer serves the image store, with builds.
-// Builds use the daemon owner's store (BuildImage is the owner's alone).
-func newImageServer(ctx context.Context, images *image.Store, stores *server.TenantStores, mgr *sandbox.Manager, gc *sync.RWMutex, cacheDir string,
+// newImageServer serves the image stores, with builds. A build uses its
+// tenant's store and step cache, and its step sandboxes are the tenant's.
+func newImageServer(stores *server.TenantStores, mgr *sandbox.Manager, gc *sync.RWMutex,
 	defaults runtime.Resources, log *slog.Logger) (*server.ImageServer, error) {
 	srv := server.NewImageServer(stores, gc)
 	lim := hostLimits()
@@ -63,7 +63,7 @@ func newImageServer(ctx context.Context, images *image.Store, stores *server.Ten
 		DiskBytes: sandbox.MaxDiskInMemory(mem),
 	}
 	b, err := builder.New(builder.Config{
-		Manager: mgr, Store: images, CacheDir: cacheDir, Resources: res, Logger: log.With("component", "builder"),
+		Manager: mgr, Stores: stores, Resources: res, Storage: stores.CheckStorage, Logger: log.With("component", "builder"),
 	})
 	if err != nil {
 		return nil, err

@@ -142,6 +142,9 @@ func extractLayer(ctx context.Context, r io.Reader, dir string, opt extractOptio
 			break
 		}
 		if err != nil {
+			if errors.Is(err, tar.ErrHeader) {
+				err = fmt.Errorf("%w: %w", err, errLayerRejected) // malformed: the layer's doing
+			}
 			return e.st, fmt.Errorf("read tar header after %d entries: %w", e.st.Entries, err)
 		}
 		if err := ctx.Err(); err != nil {

@@ -3,8 +3,10 @@ package network
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,7 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/dns/dnsmessage"
+
 	"github.com/sbxdev/sbx/internal/connlimit"
+	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
 // DNS forwarder: sandboxes' only resolver. It listens on the bridge address
@@ -55,7 +60,6 @@ type dnsForwarder struct {
 const (
 	dnsRcodeServFail = 2
 	dnsRcodeRefused  = 5
-	dnsTypeA         = 1
 	dnsMaxUDP        = 4096
 	// dnsMaxInFlight bounds the queries in flight, all boxes together.
 	dnsMaxInFlight = 256
@@ -283,50 +287,26 @@ func exchange(server string, q []byte, proto string, timeout time.Duration) ([]b
 	}
 }
 
-// questionName returns the first question's name of a query.
+// The forwarder reads only what its policy needs from a message and passes
+// the rest on verbatim; golang.org/x/net/dns/dnsmessage does the reading.
+// It refuses what would let the name the policy checks differ from the name
+// the upstream resolver is asked: labels with dots in them ("evil.allowed"
+// as one label reads as two), names over 255 bytes, reserved label types,
+// and chains of more than 10 compression pointers.
+
+// questionName returns the name (without its trailing dot, "" for the
+// root) of a query's one question.
 func questionName(msg []byte) (string, bool) {
-	if len(msg) < 12 || msg[2]&0x80 != 0 || binary.BigEndian.Uint16(msg[4:]) != 1 {
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil || h.Response || binary.BigEndian.Uint16(msg[4:]) != 1 {
 		return "", false // short, a response, or not exactly one question
 	}
-	name, _, ok := readName(msg, 12)
-	return name, ok
-}
-
-// readName reads a (possibly compressed) name at off and returns it and the
-// offset just past it in the message.
-func readName(msg []byte, off int) (string, int, bool) {
-	var labels []string
-	end := -1
-	for jumps := 0; ; {
-		if off >= len(msg) {
-			return "", 0, false
-		}
-		l := int(msg[off])
-		switch {
-		case l == 0:
-			if end < 0 {
-				end = off + 1
-			}
-			return strings.Join(labels, "."), end, true
-		case l&0xC0 == 0xC0:
-			if off+1 >= len(msg) || jumps > 16 {
-				return "", 0, false
-			}
-			if end < 0 {
-				end = off + 2
-			}
-			off = int(binary.BigEndian.Uint16(msg[off:]) & 0x3FFF)
-			jumps++
-		case l&0xC0 != 0:
-			return "", 0, false
-		default:
-			if off+1+l > len(msg) {
-				return "", 0, false
-			}
-			labels = append(labels, string(msg[off+1:off+1+l]))
-			off += 1 + l
-		}
+	q, err := p.Question()
+	if err != nil {
+		return "", false
 	}
+	return strings.TrimSuffix(q.Name.String(), "."), true
 }
 
 // answerAddrs returns the IPv4 addresses of a response's answer section.
@@ -336,61 +316,57 @@ func answerAddrs(msg []byte) []netip.Addr {
 }
 
 // answerA walks a response's answer section: the IPv4 addresses of its A
-// records, and the smallest TTL among them. A truncated message yields what
-// came before the cut.
+// records (class IN), and the smallest TTL among them. A truncated or
+// malformed message yields what came before the damage.
 func answerA(msg []byte) (addrs []netip.Addr, minTTL time.Duration) {
-	if len(msg) < 12 {
+	var p dnsmessage.Parser
+	if _, err := p.Start(msg); err != nil {
 		return nil, 0
 	}
-	qd, an := int(binary.BigEndian.Uint16(msg[4:])), int(binary.BigEndian.Uint16(msg[6:]))
-	off := 12
-	for range qd {
-		_, next, ok := readName(msg, off)
-		if !ok || next+4 > len(msg) {
-			return nil, 0
-		}
-		off = next + 4
+	if err := p.SkipAllQuestions(); err != nil {
+		return nil, 0
 	}
-	found := false
-	for range an {
-		_, next, ok := readName(msg, off)
-		if !ok || next+10 > len(msg) {
-			break
+	for {
+		h, err := p.AnswerHeader()
+		if err != nil {
+			return addrs, minTTL
 		}
-		typ := binary.BigEndian.Uint16(msg[next:])
-		ttl := time.Duration(binary.BigEndian.Uint32(msg[next+4:])) * time.Second
-		rdlen := int(binary.BigEndian.Uint16(msg[next+8:]))
-		rd := next + 10
-		if rd+rdlen > len(msg) {
-			break
-		}
-		if typ == dnsTypeA {
-			if !found || ttl < minTTL {
-				minTTL, found = ttl, true
+		if h.Type != dnsmessage.TypeA || h.Class != dnsmessage.ClassINET {
+			if p.SkipAnswer() != nil {
+				return addrs, minTTL
 			}
-			if rdlen == 4 {
-				addrs = append(addrs, netip.AddrFrom4([4]byte(msg[rd:rd+4])))
-			}
+			continue
 		}
-		off = rd + rdlen
+		a, err := p.AResource()
+		if err != nil {
+			return addrs, minTTL
+		}
+		ttl := time.Duration(h.TTL) * time.Second
+		if len(addrs) == 0 || ttl < minTTL {
+			minTTL = ttl
+		}
+		addrs = append(addrs, netip.AddrFrom4(a.A))
 	}
-	return addrs, minTTL
 }
 
-// errorReply turns query q into an empty response with rcode.
+// errorReply turns query q (one questionName accepted) into an empty
+// response with rcode: the same id, opcode, RD bit and question.
 func errorReply(q []byte, rcode byte) []byte {
-	end := 12
-	if _, next, ok := readName(q, 12); ok && next+4 <= len(q) {
-		end = next + 4
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
+		return nil
 	}
-	r := append([]byte(nil), q[:end]...)
-	r[2] = 0x80 | q[2]&0x79 // QR, keep opcode and RD
-	r[3] = 0x80 | rcode     // RA
-	binary.BigEndian.PutUint16(r[6:], 0)
-	binary.BigEndian.PutUint16(r[8:], 0)
-	binary.BigEndian.PutUint16(r[10:], 0)
-	if end == 12 {
-		binary.BigEndian.PutUint16(r[4:], 0)
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, OpCode: h.OpCode,
+		RecursionDesired: h.RecursionDesired, RecursionAvailable: true, RCode: dnsmessage.RCode(rcode)})
+	if question, err := p.Question(); err == nil {
+		if b.StartQuestions() != nil || b.Question(question) != nil {
+			return nil
+		}
+	}
+	r, err := b.Finish()
+	if err != nil {
+		return nil
 	}
 	return r
 }
@@ -413,13 +389,50 @@ func hostResolvers(path string) []string {
 	return out
 }
 
-// buildQuery makes a recursive query for name's A records.
-func buildQuery(id uint16, name string) []byte {
-	q := binary.BigEndian.AppendUint16(nil, id)
-	q = append(q, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0) // RD, one question
-	for _, l := range strings.Split(strings.TrimSuffix(name, "."), ".") {
-		q = append(q, byte(len(l)))
-		q = append(q, l...)
+// buildQuery makes a recursive query for name's A records. name comes
+// from a box (the egress proxy resolves SNI and Host names): one that is
+// not a DNS name (an empty or over-long label, over 253 characters) is
+// refused rather than encoded into a query for another name.
+func buildQuery(id uint16, name string) ([]byte, error) {
+	bad := func(why string) ([]byte, error) {
+		return nil, fmt.Errorf("dns name %.80q: %s: %w", name, why, errdefs.ErrInvalidArgument)
 	}
-	return append(q, 0, 0, dnsTypeA, 0, 1)
+	fqdn := strings.TrimSuffix(name, ".") + "."
+	if fqdn == "." || len(fqdn) > 254 {
+		return bad("empty or longer than 253 characters")
+	}
+	n, err := dnsmessage.NewName(fqdn)
+	if err != nil {
+		return bad(err.Error())
+	}
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
+	if err := b.StartQuestions(); err != nil {
+		return nil, err
+	}
+	if err := b.Question(dnsmessage.Question{Name: n, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}); err != nil {
+		return bad(err.Error())
+	}
+	return b.Finish()
+}
+
+// resolveA asks the upstream resolvers (not a box's view) for host's IPv4
+// addresses.
+func (f *dnsForwarder) resolveA(host string) ([]netip.Addr, error) {
+	var id [2]byte
+	_, _ = rand.Read(id[:])
+	q, err := buildQuery(binary.BigEndian.Uint16(id[:]), host)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := f.forward(q, "udp")
+	if err != nil {
+		return nil, err
+	}
+	if len(resp) < 12 || resp[0] != id[0] || resp[1] != id[1] {
+		return nil, errors.New("bad DNS answer")
+	}
+	if rc := resp[3] & 0x0F; rc != 0 {
+		return nil, fmt.Errorf("DNS rcode %d", rc)
+	}
+	return answerAddrs(resp), nil
 }

@@ -54,7 +54,7 @@ func TestDNSLimitsPerBox(t *testing.T) {
 			return false
 		}
 		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-		if writeTCPMsg(c, buildQuery(7, "a.test")) != nil {
+		if writeTCPMsg(c, mustQuery(t, 7, "a.test")) != nil {
 			return false
 		}
 		r, err := readTCPMsg(c)
@@ -106,7 +106,7 @@ func TestDNSLimitsPerBox(t *testing.T) {
 	// answered; the neighbour's are all answered.
 	f = start() // full buckets
 	ua, un := dial("udp", attacker), dial("udp", neighbour)
-	q := buildQuery(9, "a.test")
+	q := mustQuery(t, 9, "a.test")
 	for range 200 {
 		_, _ = ua.Write(q)
 	}

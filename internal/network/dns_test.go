@@ -1,7 +1,6 @@
 package network
 
 import (
-	"encoding/binary"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -9,26 +8,37 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // answer makes the response of a tiny authoritative server: A records for
 // known names, NXDOMAIN for the rest.
 func answer(q []byte, zone map[string][]netip.Addr) []byte {
-	name, ok := questionName(q)
-	if !ok {
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
 		return nil
 	}
-	_, end, _ := readName(q, 12)
-	r := append([]byte(nil), q[:end+4]...)
-	r[2], r[3] = 0x85, 0x80 // QR AA RD, RA
-	addrs := zone[strings.ToLower(name)]
-	if addrs == nil {
-		r[3] |= 3 // NXDOMAIN
+	question, err := p.Question()
+	if err != nil {
+		return nil
 	}
-	binary.BigEndian.PutUint16(r[6:], uint16(len(addrs)))
+	addrs := zone[strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))]
+	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
+	if addrs == nil {
+		rh.RCode = dnsmessage.RCodeNameError
+	}
+	b := dnsmessage.NewBuilder(nil, rh)
+	_ = b.StartQuestions()
+	_ = b.Question(question)
+	_ = b.StartAnswers()
 	for _, a := range addrs {
-		r = append(r, 0xC0, 12, 0, dnsTypeA, 0, 1, 0, 0, 0, 60, 0, 4)
-		r = append(r, a.AsSlice()...)
+		_ = b.AResource(dnsmessage.ResourceHeader{Name: question.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: a.As4()})
+	}
+	r, err := b.Finish()
+	if err != nil {
+		return nil
 	}
 	return r
 }
@@ -126,7 +136,7 @@ func TestDNSForwarderFilters(t *testing.T) {
 		}
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		q := buildQuery(0x1234, name)
+		q := mustQuery(t, 0x1234, name)
 		var r []byte
 		if proto == "tcp" {
 			if err := writeTCPMsg(c, q); err != nil {
@@ -184,7 +194,7 @@ func TestDNSForwarderFilters(t *testing.T) {
 }
 
 func TestDNSParsingRejectsGarbage(t *testing.T) {
-	for _, msg := range [][]byte{nil, {1, 2, 3}, append(buildQuery(1, "a.b")[:12], 0xC0, 12)} {
+	for _, msg := range [][]byte{nil, {1, 2, 3}, append(mustQuery(t, 1, "a.b")[:12], 0xC0, 12)} {
 		if name, ok := questionName(msg); ok {
 			t.Errorf("questionName(%x) = %q, want failure", msg, name)
 		}

@@ -589,12 +589,14 @@ func substituteBasic(v, placeholder, value string) string {
 	return scheme + " " + base64.StdEncoding.EncodeToString(bytes.ReplaceAll(dec, []byte(placeholder), []byte(value)))
 }
 
-// urlQueryEscape escapes what would change a query's structure.
+// urlQueryEscape escapes every byte but RFC 3986's unreserved ones, so the
+// value stays one value whatever separators the upstream splits on (";" as
+// well as "&").
 func urlQueryEscape(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte("&=#+%", c) >= 0 {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._~", c) >= 0) {
 			b.WriteString("%" + strings.ToUpper(strconv.FormatUint(uint64(c)|0x100, 16)[1:]))
 		} else {
 			b.WriteByte(c)

@@ -11,3 +11,7 @@ import (
 func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	return netip.AddrPort{}, errors.New("transparent proxying needs Linux")
 }
+
+func mountBundleFS(string, int) error { return nil }
+
+func unmountBundleFS(string) error { return nil }

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -218,5 +219,53 @@ func TestRoute(t *testing.T) {
 				t.Errorf("route(%q) = %v, %v; want %s", tt.host, got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestRouteResolvesWhatItChecks: the proxy resolves a box's host name with
+// a real DNS query; a name that passes the allowlist as a string must not
+// be sent upstream as another name (an empty label ends a name on the
+// wire; a label of 192+ bytes has a length byte that reads as a
+// compression pointer). Before the names were checked, both reached the
+// address of evil.test.
+func TestRouteResolvesWhatItChecks(t *testing.T) {
+	zone := map[string][]netip.Addr{
+		"evil.test":        {netip.MustParseAddr("198.51.100.66")},
+		"api.allowed.test": {netip.MustParseAddr("198.51.100.1")},
+	}
+	upstream := startTestDNS(t, zone)
+	fwd, err := startDNS("127.0.0.1:0", []string{upstream}, dnsClient{}, Limits{}, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.close()
+	p := &egressProxy{subnet: netip.MustParsePrefix("10.213.0.0/16"), dialTimeout: time.Second,
+		localAddr: func(netip.Addr) bool { return false },
+		resolve:   func(_ context.Context, h string) ([]netip.Addr, error) { return fwd.resolveA(h) }}
+	pol := Policy{Mode: ModeAllow, AllowDomains: []string{"*.allowed.test"}}
+	// A 192-byte label: its length byte 0xC0 and first byte '0' read as a
+	// pointer to offset 48, where the label holds "\x04evil\x04test\x00";
+	// its next bytes are the question's type and class (A, IN).
+	long := []byte("0\x00\x01\x00\x01" + strings.Repeat("x", 187))
+	copy(long[35:], "\x04evil\x04test\x00")
+	tests := []struct {
+		host, want string
+	}{
+		{"api.allowed.test", "198.51.100.1:443"},
+		{"evil.test..allowed.test", "blocked"},
+		{"evil.test.", "blocked"},
+		{string(long) + ".allowed.test", "blocked"},
+		{"x." + strings.Repeat("a", 64) + ".allowed.test", "blocked"},
+	}
+	for _, tt := range tests {
+		cc := &clientConn{orig: netip.MustParseAddrPort("198.51.100.99:443"), box: egressBox{owner: "sb", policy: pol}}
+		got, err := p.route(cc, tt.host)
+		var b errBlocked
+		switch {
+		case tt.want == "blocked" && !errors.As(err, &b):
+			t.Errorf("route(%.40q) = %v, %v; want blocked", tt.host, got, err)
+		case tt.want != "blocked" && (err != nil || got.String() != tt.want):
+			t.Errorf("route(%.40q) = %v, %v; want %s", tt.host, got, err, tt.want)
+		}
 	}
 }

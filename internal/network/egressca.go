@@ -208,7 +208,11 @@ func (ca *egressCA) placeholder(sandbox, name string) string {
 }
 
 // writeBundle writes the host's CA bundle plus the CA to dir/bundle and
-// returns that directory (mounted read-only into boxes with secrets).
+// returns that directory (mounted read-only into boxes with secrets). The
+// directory is the root of a small tmpfs of its own: a bind's root field in
+// mountinfo is the source's path inside its filesystem, so a bind of a
+// directory of the data dir would show boxes the daemon's data dir, and a
+// bind of a filesystem's root shows "/".
 func (ca *egressCA) writeBundle(dir string) (string, error) {
 	var buf bytes.Buffer
 	for _, p := range hostBundles {
@@ -225,6 +229,9 @@ func (ca *egressCA) writeBundle(dir string) (string, error) {
 	out := filepath.Join(dir, bundleDir)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return "", fmt.Errorf("create CA bundle dir: %w", err)
+	}
+	if err := mountBundleFS(out, len(buf.Bytes())); err != nil {
+		return "", err
 	}
 	if err := writeFileAtomic(filepath.Join(out, bundleFile), buf.Bytes(), 0o644); err != nil {
 		return "", err

@@ -35,6 +35,7 @@ type ipam struct {
 	subnet netip.Prefix
 	gw     netip.Addr
 	slots  map[string]*slot // by name
+	owners map[string]*slot // by owner (slots with one)
 	used   map[netip.Addr]string
 	// next is where the next address search starts, so freed addresses are
 	// not handed out again at once.
@@ -53,7 +54,8 @@ func loadIPAM(path string, subnet netip.Prefix) (*ipam, error) {
 		return nil, fmt.Errorf("subnet %s: want an IPv4 prefix between /8 and /30: %w", subnet, errdefs.ErrInvalidArgument)
 	}
 	subnet = subnet.Masked()
-	s := &ipam{path: path, subnet: subnet, gw: subnet.Addr().Next(), slots: map[string]*slot{}, used: map[netip.Addr]string{}}
+	s := &ipam{path: path, subnet: subnet, gw: subnet.Addr().Next(), slots: map[string]*slot{},
+		owners: map[string]*slot{}, used: map[netip.Addr]string{}}
 	s.next = s.gw.Next()
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -74,6 +76,13 @@ func loadIPAM(path string, subnet netip.Prefix) (*ipam, error) {
 			sl.IP = netip.Addr{} // the subnet changed: Cleanup or Recover re-addresses
 		}
 		s.slots[sl.Name] = sl
+		if sl.Owner != "" {
+			// Should a crash have left two slots of one owner, the second
+			// is nobody's: Cleanup removes it.
+			if _, dup := s.owners[sl.Owner]; !dup {
+				s.owners[sl.Owner] = sl
+			}
+		}
 		if sl.IP.IsValid() {
 			s.used[sl.IP] = sl.Name
 		}
@@ -108,8 +117,11 @@ func (s *ipam) newSlot(owner string, p Policy) *slot {
 		_, _ = rand.Read(b)
 		name := "n" + hex.EncodeToString(b)
 		if _, taken := s.slots[name]; !taken {
-			sl := &slot{Name: name, Owner: owner, Policy: p}
+			sl := &slot{Name: name, Policy: p}
 			s.slots[name] = sl
+			if owner != "" {
+				s.setOwner(sl, owner)
+			}
 			return sl
 		}
 	}
@@ -173,17 +185,20 @@ func (s *ipam) release(ip netip.Addr) {
 func (s *ipam) remove(sl *slot) {
 	s.unassign(sl)
 	delete(s.slots, sl.Name)
+	if sl.Owner != "" && s.owners[sl.Owner] == sl {
+		delete(s.owners, sl.Owner)
+	}
+}
+
+// setOwner gives sl (a pooled slot, or a new one) to sandbox id (not
+// saved yet).
+func (s *ipam) setOwner(sl *slot, id string) {
+	sl.Owner = id
+	s.owners[id] = sl
 }
 
 // byOwner finds the slot of a sandbox.
-func (s *ipam) byOwner(id string) *slot {
-	for _, sl := range s.slots {
-		if sl.Owner == id {
-			return sl
-		}
-	}
-	return nil
-}
+func (s *ipam) byOwner(id string) *slot { return s.owners[id] }
 
 func lastAddr(p netip.Prefix) netip.Addr {
 	b := p.Masked().Addr().As4()

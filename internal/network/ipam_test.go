@@ -2,6 +2,7 @@ package network
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -60,6 +61,27 @@ func TestIPAMRejectsBadSubnet(t *testing.T) {
 	for _, s := range []string{"10.0.0.0/31", "fd00::/64", "10.0.0.0/4"} {
 		if _, err := loadIPAM(filepath.Join(t.TempDir(), "x"), pfx(s)); err == nil {
 			t.Errorf("subnet %s accepted", s)
+		}
+	}
+}
+
+// BenchmarkIPAMSave measures writing the state file with 1000 slots (it
+// is written on every attach and detach).
+func BenchmarkIPAMSave(b *testing.B) {
+	s, err := loadIPAM(filepath.Join(b.TempDir(), "state.json"), netip.MustParsePrefix("10.213.0.0/16"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		sl := s.newSlot(fmt.Sprintf("sb-%d", i), Policy{Mode: ModePublic})
+		if err := s.assign(sl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if err := s.save(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

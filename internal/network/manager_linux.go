@@ -2,8 +2,6 @@ package network
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -154,6 +152,9 @@ func (m *Manager) Start() {
 func (m *Manager) Close() {
 	m.closeLoops()
 	m.fw.close()
+	if err := unmountBundleFS(m.bundleDir); err != nil {
+		m.log.Warn("close networking", "err", err)
+	}
 	m.lock.release()
 }
 
@@ -190,7 +191,13 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (Attachment, 
 	if p.Mode != ModeNone {
 		if sl := m.takePooled(); sl != nil {
 			m.mu.Lock()
-			sl.Owner, sl.Policy = id, p
+			if m.ipam.byOwner(id) != nil {
+				m.mu.Unlock()
+				m.destroySlot(sl)
+				return Attachment{}, fmt.Errorf("network of %s: %w", id, errdefs.ErrAlreadyExists)
+			}
+			m.ipam.setOwner(sl, id)
+			sl.Policy = p
 			err := m.ipam.save()
 			m.mu.Unlock()
 			if err == nil {
@@ -300,19 +307,7 @@ func (m *Manager) egressBox(src netip.Addr) (egressBox, bool) {
 // resolveA asks the upstream resolvers (not the box's view) for host's
 // IPv4 addresses.
 func (m *Manager) resolveA(ctx context.Context, host string) ([]netip.Addr, error) {
-	var id [2]byte
-	_, _ = rand.Read(id[:])
-	resp, err := m.dns.forward(buildQuery(binary.BigEndian.Uint16(id[:]), host), "udp")
-	if err != nil {
-		return nil, err
-	}
-	if len(resp) < 12 || resp[0] != id[0] || resp[1] != id[1] {
-		return nil, errors.New("bad DNS answer")
-	}
-	if rc := resp[3] & 0x0F; rc != 0 {
-		return nil, fmt.Errorf("DNS rcode %d", rc)
-	}
-	return answerAddrs(resp), nil
+	return m.dns.resolveA(host)
 }
 
 // Update switches a sandbox to policy p. Rules change in one transaction;
@@ -349,7 +344,7 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (Attachment, 
 			return Attachment{}, err
 		}
 	case hadIP: // → none: cut at once, unplug in the background
-		if err := m.fw.removeBox(sl.Name, sl.IP); err != nil {
+		if err := m.fw.removeBox(sl.Name); err != nil {
 			return Attachment{}, err
 		}
 		m.mu.Lock()
@@ -422,7 +417,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	m.mu.Unlock()
 	var err error
 	if ip.IsValid() {
-		if err = m.fw.removeBox(sl.Name, ip); err != nil {
+		if err = m.fw.removeBox(sl.Name); err != nil {
 			err = fmt.Errorf("remove rules of %s: %w", id, err)
 		}
 		m.egress.recheck(ip) // the box is gone for the proxy: cuts all
@@ -436,54 +431,91 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 }
 
 // destroySlot removes a slot's host resources, then its state entry.
-func (m *Manager) destroySlot(sl *slot) {
-	var errs []error
-	if sl.Veth != "" {
-		errs = append(errs, deleteLink(sl.Veth))
-	}
-	errs = append(errs, removeNetNS(nsPath(m.cfg.StateDir, sl.Name)))
-	if err := errors.Join(errs...); err != nil {
-		m.log.Warn("removing network slot; Cleanup retries", "slot", sl.Name, "owner", sl.Owner, "err", err)
-		m.mu.Lock()
-		delete(m.detaching, sl.Name)
-		m.mu.Unlock()
+func (m *Manager) destroySlot(sl *slot) { m.destroySlots([]*slot{sl}) }
+
+// destroySlots removes slots' host resources, a few at a time (deleting a
+// veth takes tens of milliseconds, mostly waiting), then their state
+// entries with one write of the state file.
+func (m *Manager) destroySlots(slots []*slot) {
+	if len(slots) == 0 {
 		return
 	}
+	done := make([]bool, len(slots))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(len(slots), 8) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				sl := slots[i]
+				var errs []error
+				if sl.Veth != "" {
+					errs = append(errs, deleteLink(sl.Veth))
+				}
+				errs = append(errs, removeNetNS(nsPath(m.cfg.StateDir, sl.Name)))
+				if err := errors.Join(errs...); err != nil {
+					m.log.Warn("removing network slot; Cleanup retries", "slot", sl.Name, "owner", sl.Owner, "err", err)
+					continue
+				}
+				done[i] = true
+			}
+		}()
+	}
+	for i := range slots {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.detaching, sl.Name)
-	m.ipam.remove(sl)
+	for i, sl := range slots {
+		delete(m.detaching, sl.Name)
+		if done[i] {
+			m.ipam.remove(sl)
+		}
+	}
 	if err := m.ipam.save(); err != nil {
 		m.log.Warn("saving network state", "err", err)
 	}
 }
 
 // Cleanup removes every slot whose owner is not in keep (crash leftovers,
-// pooled slots of a previous run), namespace files and sbx veths on the
-// bridge that no slot accounts for, and any rule of the table that does not
-// belong to a kept slot.
+// pooled slots of a previous run) from the table and the host, then
+// namespace files and sbx veths on the bridge that no slot accounts for.
+// The table itself was rebuilt from the state file by New.
 func (m *Manager) Cleanup(ctx context.Context, keep map[string]bool) error {
 	m.mu.Lock()
+	pooled := map[*slot]bool{}
+	for _, sl := range m.pool {
+		pooled[sl] = true
+	}
 	var gone []*slot
+	var goneNames []string
 	for _, sl := range m.ipam.slots {
-		if (sl.Owner == "" || !keep[sl.Owner]) && !m.detaching[sl.Name] && !m.pooled(sl) {
+		owned := sl.Owner != "" && keep[sl.Owner] && m.ipam.byOwner(sl.Owner) == sl
+		if !owned && !m.detaching[sl.Name] && !pooled[sl] {
 			gone = append(gone, sl)
+			goneNames = append(goneNames, sl.Name)
+			m.detaching[sl.Name] = true
 		}
 	}
 	m.mu.Unlock()
-	for _, sl := range gone {
-		m.log.Info("removing leftover network slot", "slot", sl.Name, "owner", sl.Owner)
-		m.destroySlot(sl)
+	var errs []error
+	if err := m.fw.removeBoxes(goneNames); err != nil {
+		errs = append(errs, err)
 	}
+	if len(gone) > 0 {
+		m.log.Info("removing leftover network slots", "count", len(gone))
+	}
+	m.destroySlots(gone)
 	m.mu.Lock()
 	known, veths := map[string]bool{}, map[string]bool{}
 	for _, sl := range m.ipam.slots {
 		known[sl.Name] = true
 		veths[sl.Veth] = true
 	}
-	kept := m.ownedSlots()
 	m.mu.Unlock()
-	var errs []error
 	if ents, err := os.ReadDir(filepath.Join(m.cfg.StateDir, "ns")); err == nil {
 		for _, e := range ents {
 			if !known[e.Name()] {
@@ -499,18 +531,7 @@ func (m *Manager) Cleanup(ctx context.Context, keep map[string]bool) error {
 			}
 		}
 	}
-	errs = append(errs, m.fw.rebuild(kept))
 	return errors.Join(errs...)
-}
-
-// pooled reports whether sl is in the pool. Needs mu.
-func (m *Manager) pooled(sl *slot) bool {
-	for _, p := range m.pool {
-		if p == sl {
-			return true
-		}
-	}
-	return false
 }
 
 // Stats returns a sandbox's traffic counters.
@@ -652,7 +673,7 @@ func (m *Manager) Remove() error {
 	for _, sl := range slots {
 		m.destroySlot(sl)
 	}
-	errs := []error{m.fw.remove()}
+	errs := []error{m.fw.remove(), unmountBundleFS(m.bundleDir)}
 	errs = append(errs, deleteLink(m.cfg.Bridge))
 	return errors.Join(errs...)
 }

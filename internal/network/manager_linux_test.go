@@ -66,7 +66,11 @@ func inNetNS(t *testing.T, path string, fn func()) {
 
 func queryA(c net.Conn, name string) (byte, []netip.Addr, error) {
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write(buildQuery(7, name)); err != nil {
+	q, err := buildQuery(7, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := c.Write(q); err != nil {
 		return 0, nil, err
 	}
 	buf := make([]byte, 512)
@@ -144,8 +148,11 @@ func TestManagerLifecycle(t *testing.T) {
 	if !linkExists(sl.Veth) {
 		t.Fatalf("veth %s missing", sl.Veth)
 	}
-	if ch := chainsOf(t, cfg.Table); !ch["i_"+sl.Name] || !ch["f_"+sl.Name] || !ch["forward"] {
-		t.Fatalf("chains %v: want the box's and the base chains", ch)
+	if ch := chainsOf(t, cfg.Table); !ch["from_box"] || !ch["forward"] || len(ch) != 7 {
+		t.Fatalf("chains %v: want the 7 base chains, none of the box's own", ch)
+	}
+	if !inSet(t, cfg.Table, setBoxes, sl.IP) || !inSet(t, cfg.Table, setPublic, sl.IP) {
+		t.Fatalf("box %s is not in the boxes and public sets", sl.IP)
 	}
 	if l, _ := netlink.LinkByName(sl.Veth); l.Attrs().Protinfo != nil && !l.Attrs().Protinfo.Isolated {
 		t.Errorf("bridge port %s is not isolated", sl.Veth)
@@ -201,18 +208,22 @@ func TestManagerLifecycle(t *testing.T) {
 			}
 		})
 	}
-	els := dnsSetElements(t, cfg.Table, prefixDNSSet+sl.Name)
-	if len(els) != 1 || netip.AddrFrom4([4]byte(els[0].Key)) != netip.MustParseAddr("198.51.100.10") ||
+	if inSet(t, cfg.Table, setPublic, sl.IP) {
+		t.Errorf("allow-mode box %s is still in the public set", sl.IP)
+	}
+	els := learnedOf(t, cfg.Table, sl.IP)
+	if len(els) != 1 || netip.AddrFrom4([4]byte(els[0].Key[4:])) != netip.MustParseAddr("198.51.100.10") ||
 		els[0].Timeout != learnedMin || els[0].Expires <= 0 || els[0].Expires > learnedMin {
 		t.Errorf("DNS set elements %+v: want 198.51.100.10 once, with timeout %v", els, learnedMin)
 	}
 
 	// NONE unplugs the veth; back to PUBLIC plugs a new one.
+	oldIP := sl.IP
 	if att, err = m.Update(ctx, "sb-one", Policy{Mode: ModeNone}); err != nil || att.IP.IsValid() {
 		t.Fatalf("update to none: %+v, %v", att, err)
 	}
-	if linkExists(sl.Veth) || chainsOf(t, cfg.Table)["f_"+sl.Name] {
-		t.Errorf("veth or chains left after switching to none")
+	if linkExists(sl.Veth) || inSet(t, cfg.Table, setBoxes, oldIP) || len(learnedOf(t, cfg.Table, oldIP)) != 0 {
+		t.Errorf("veth or set elements left after switching to none")
 	}
 	if att, err = m.Update(ctx, "sb-one", Policy{Mode: ModePublic}); err != nil || !att.IP.IsValid() {
 		t.Fatalf("update to public: %+v, %v", att, err)
@@ -287,8 +298,8 @@ func slotCount(m *Manager) int {
 	return len(m.ipam.slots)
 }
 
-// dnsSetElements lists the elements of a box's DNS set.
-func dnsSetElements(t *testing.T, table, set string) []nftables.SetElement {
+// setElements lists the elements of one of the table's sets.
+func setElements(t *testing.T, table, set string) []nftables.SetElement {
 	t.Helper()
 	c, err := nftables.New()
 	if err != nil {
@@ -304,4 +315,27 @@ func dnsSetElements(t *testing.T, table, set string) []nftables.SetElement {
 		t.Fatal(err)
 	}
 	return els
+}
+
+// inSet reports whether a set keyed by address holds a.
+func inSet(t *testing.T, table, set string, a netip.Addr) bool {
+	t.Helper()
+	for _, el := range setElements(t, table, set) {
+		if string(el.Key) == string(addrKey(a)) {
+			return true
+		}
+	}
+	return false
+}
+
+// learnedOf lists the learned elements of the box at box.
+func learnedOf(t *testing.T, table string, box netip.Addr) []nftables.SetElement {
+	t.Helper()
+	var out []nftables.SetElement
+	for _, el := range setElements(t, table, setLearned) {
+		if len(el.Key) == 8 && string(el.Key[:4]) == string(addrKey(box)) {
+			out = append(out, el)
+		}
+	}
+	return out
 }

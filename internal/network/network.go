@@ -20,12 +20,15 @@
 // resolve to through the forwarder. IPv6 is disabled inside boxes and
 // dropped at the bridge.
 //
-// Firewall layout (table inet <Table>): base chains input and forward send
-// everything that enters from the bridge through a verdict map keyed by the
-// box's address to that box's own chains (i_<slot>, f_<slot>), so a box's
-// rules are added, swapped and removed in one nftables transaction; unknown
-// sources are dropped. Boxes cannot talk to each other: bridge ports are
-// isolated and routed box-to-box traffic hits the subnet drop.
+// Firewall layout (table inet <Table>): a fixed set of chains and rules
+// (rules.go) whatever the number of boxes; a box's policy is which of the
+// table's sets hold its address (boxes, public, egress, api) and its
+// elements in the concatenated sets allow, deny (box . range) and learned
+// (box . address, with timeouts). A box's change is one nftables
+// transaction of element additions and deletions; every batch is bounded
+// (nft_linux.go). Sources not in the boxes set are dropped. Boxes cannot
+// talk to each other: bridge ports are isolated and routed box-to-box
+// traffic hits the subnet drop.
 //
 // Crash safety: every slot (namespace, veth, address, policy, owner) is
 // written to state.json before it is configured on the host and removed
@@ -230,6 +233,9 @@ func normalizePattern(s string) (string, error) {
 // example.com itself.
 func MatchDomain(patterns []string, name string) bool {
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if !isDNSName(name) {
+		return false
+	}
 	for _, p := range patterns {
 		if suffix, ok := strings.CutPrefix(p, "*."); ok {
 			if strings.HasSuffix(name, "."+suffix) {
@@ -240,6 +246,24 @@ func MatchDomain(patterns []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// isDNSName reports whether name (without its trailing dot) is made of
+// 1 to 63-byte labels, at most 253 bytes in all: only such a name reaches a
+// resolver as the labels it reads as. "evil.test..allowed.test" (an empty
+// label ends a name on the wire) or a label of 192 bytes or more (its length
+// byte reads as a compression pointer) would be checked as one name and
+// resolved as another.
+func isDNSName(name string) bool {
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for l := range strings.SplitSeq(name, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+	}
+	return true
 }
 
 // Attachment is how a sandbox is attached to the network.

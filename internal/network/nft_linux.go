@@ -4,16 +4,22 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
-// firewall owns the nftables table. Every change is one netlink batch, which
-// the kernel applies as one transaction.
+// firewall owns the nftables table. Its chains and rules are the same
+// whatever the number of boxes (baseRules); a box is elements of the
+// table's sets, keyed by its address (boxMembership, and the addresses the
+// DNS forwarder learned for it). A change is one netlink batch, which the
+// kernel applies as one transaction, of at most maxBatchElems elements.
 type firewall struct {
 	params ruleParams
 
@@ -21,14 +27,50 @@ type firewall struct {
 	// The fields below are guarded by mu.
 	conn  *nftables.Conn
 	table *nftables.Table
-	maps  map[string]*nftables.Set // in_map, fwd_map
-	// egress is the set of boxes whose egress ports go to the proxy.
-	egress *nftables.Set
-	// learned maps a box's slot name to the addresses its DNS set holds
-	// and when each expires there, so that a re-learned address whose
-	// element would expire too soon is refreshed (nft does not extend the
-	// timeout of an element added again).
-	learned map[string]map[netip.Addr]time.Time
+	sets  map[string]*nftables.Set
+	// boxes is what the sets hold for each box, by slot name.
+	boxes map[string]*fwBox
+}
+
+// fwBox is one box's part of the table.
+type fwBox struct {
+	ip netip.Addr
+	m  membership
+	// learned is the addresses its learned elements hold and when each
+	// expires there, so that a re-learned address whose element would
+	// expire too soon is refreshed (nft does not extend the timeout of an
+	// element added again) and a policy change can delete them.
+	learned map[netip.Addr]time.Time
+}
+
+// Bounds of one batch. A batch that grew with the number of boxes (the
+// first version rebuilt every box's chains and rules in one) overflows the
+// netlink socket's buffers: from 15 boxes on the daemon failed at every
+// start with ENOBUFS. Elements are sent without echo; the kernel
+// acknowledges each message with a few dozen bytes.
+const (
+	// maxMsgElems bounds one NEWSETELEM/DELSETELEM message: its element
+	// list is one attribute, whose length field has 16 bits (64 KiB; a
+	// concatenated range element takes about 40 bytes).
+	maxMsgElems = 256
+	// maxBatchElems bounds the elements of one batch (about 40 KiB,
+	// against a socket buffer of 208 KiB by default).
+	maxBatchElems = 1024
+	// maxLearned bounds the addresses the DNS forwarder may learn for one
+	// box at a time: a box that resolves name after name under an allowed
+	// wildcard cannot grow the kernel's set (or the daemon's record of it)
+	// without end.
+	maxLearned = 4096
+)
+
+// setOrder lists the table's sets.
+var setOrder = []string{setBoxes, setPublic, setEgress, setAPI, setAllow, setDeny, setLearned}
+
+// elemOp adds or deletes one element of a set.
+type elemOp struct {
+	set string
+	del bool
+	el  nftables.SetElement
 }
 
 func newFirewall(name string, p ruleParams) (*firewall, error) {
@@ -36,10 +78,27 @@ func newFirewall(name string, p ruleParams) (*firewall, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &firewall{
+	f := &firewall{
 		params: p, conn: conn,
 		table: &nftables.Table{Name: name, Family: nftables.TableFamilyINet},
-	}, nil
+		boxes: map[string]*fwBox{},
+	}
+	ip := nftables.TypeIPAddr
+	pair := nftables.MustConcatSetType(ip, ip)
+	f.sets = map[string]*nftables.Set{}
+	for _, s := range []*nftables.Set{
+		{Name: setBoxes, KeyType: ip},
+		{Name: setPublic, KeyType: ip},
+		{Name: setEgress, KeyType: ip},
+		{Name: setAPI, KeyType: ip},
+		{Name: setAllow, KeyType: pair, Concatenation: true, Interval: true},
+		{Name: setDeny, KeyType: pair, Concatenation: true, Interval: true},
+		{Name: setLearned, KeyType: pair, Concatenation: true, HasTimeout: true},
+	} {
+		s.Table = f.table
+		f.sets[s.Name] = s
+	}
+	return f, nil
 }
 
 func (f *firewall) close() {
@@ -57,14 +116,19 @@ func (f *firewall) resetLocked() {
 	}
 }
 
-// rebuild replaces the whole table with the base chains and the rules of
-// slots, atomically: used at start and by Cleanup, so whatever a crash left
-// in the table is gone in the same transaction that restores the rest.
+// rebuild replaces the table with the base chains and sets in one
+// transaction (whatever a crash left in it is gone), then adds the
+// elements of slots in batches of whole boxes. Between the two a box is
+// not yet in the boxes set, so its packets are dropped: the table fails
+// closed for the milliseconds the batches take. Addresses the DNS
+// forwarder had learned for a box in allow mode are kept, with what was
+// left of their timeouts.
 func (f *firewall) rebuild(slots []*slot) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	kept := f.learnedInTableLocked()
 	c := f.conn
-	f.learned = nil
+	f.boxes = map[string]*fwBox{}
 	c.AddTable(f.table) // so that the delete below cannot fail
 	c.DelTable(f.table)
 	c.AddTable(f.table)
@@ -82,38 +146,73 @@ func (f *firewall) rebuild(slots []*slot) error {
 	for _, name := range []string{chainFromBox, chainToBox, chainBlocked} {
 		chains[name] = c.AddChain(&nftables.Chain{Name: name, Table: f.table})
 	}
-	f.maps = map[string]*nftables.Set{}
-	for _, name := range []string{mapInput, mapForward} {
-		s := &nftables.Set{Table: f.table, Name: name, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
+	for _, name := range setOrder {
+		s := f.sets[name]
+		s.ID = 0 // a new set in this batch, referred to by its new ID
 		if err := c.AddSet(s, nil); err != nil {
 			f.resetLocked()
-			return fmt.Errorf("nftables: add map %s: %w", name, err)
-		}
-		f.maps[name] = s
-	}
-	f.egress = &nftables.Set{Table: f.table, Name: setEgress, KeyType: nftables.TypeIPAddr}
-	if err := c.AddSet(f.egress, nil); err != nil {
-		f.resetLocked()
-		return fmt.Errorf("nftables: add set %s: %w", setEgress, err)
-	}
-	// Box chains must exist before the base rules' maps can point at them.
-	for _, sl := range slots {
-		if sl.IP.IsValid() {
-			if err := f.addBoxLocked(sl); err != nil {
-				f.resetLocked()
-				return err
-			}
+			return fmt.Errorf("nftables: add set %s: %w", name, err)
 		}
 	}
 	for name, rules := range baseRules(f.params) {
 		for _, r := range rules {
-			c.AddRule(&nftables.Rule{Table: f.table, Chain: chains[name], Exprs: f.exprs(r, nil)})
+			c.AddRule(&nftables.Rule{Table: f.table, Chain: chains[name], Exprs: f.exprs(r)})
 		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: build table %s: %w", f.table.Name, err)
 	}
-	return nil
+	// Whole boxes per batch: a box is in it with all of its policy or not
+	// at all (one with more elements than a batch holds enters the boxes
+	// set in the last of its own batches).
+	var batch []elemOp
+	now := time.Now()
+	for _, sl := range slots {
+		if !sl.IP.IsValid() {
+			continue
+		}
+		b := &fwBox{ip: sl.IP, m: boxMembership(f.params, sl.Policy), learned: map[netip.Addr]time.Time{}}
+		var learned []elemOp
+		if sl.Policy.Mode == ModeAllow {
+			for _, el := range kept[sl.IP] {
+				a := netip.AddrFrom4([4]byte(el.Key[4:8]))
+				b.learned[a] = now.Add(el.Expires)
+				learned = append(learned, elemOp{set: setLearned, el: nftables.SetElement{Key: el.Key, Timeout: el.Expires}})
+			}
+		}
+		ops := append(append(learned, memberOps(b.ip, membership{}, b.m)...), boxOp(b.ip, false))
+		if len(batch)+len(ops) > maxBatchElems && len(batch) > 0 {
+			if err := f.applyLocked(batch); err != nil {
+				return err
+			}
+			batch = nil
+		}
+		batch = append(batch, ops...)
+		f.boxes[sl.Name] = b
+	}
+	return f.applyLocked(batch)
+}
+
+// learnedInTableLocked returns the elements of the learned set of the
+// table as it is, by box address (none if there is no such set: a first
+// start, or a table of an older layout).
+func (f *firewall) learnedInTableLocked() map[netip.Addr][]nftables.SetElement {
+	s, err := f.conn.GetSetByName(f.table, setLearned)
+	if err != nil || !s.Concatenation || s.KeyType.Bytes != 8 {
+		return nil
+	}
+	els, err := f.conn.GetSetElements(s)
+	if err != nil {
+		return nil
+	}
+	out := map[netip.Addr][]nftables.SetElement{}
+	for _, el := range els {
+		if len(el.Key) == 8 && el.Expires > 0 {
+			box := netip.AddrFrom4([4]byte(el.Key[:4]))
+			out[box] = append(out[box], el)
+		}
+	}
+	return out
 }
 
 // remove deletes the table (tests, and a daemon told to turn networking off).
@@ -125,117 +224,241 @@ func (f *firewall) remove() error {
 	return f.conn.Flush()
 }
 
-// addBox installs a box's chains, its DNS set and its map entries.
+// addrKey is an address as a set key.
+func addrKey(a netip.Addr) []byte {
+	b := a.As4()
+	return b[:]
+}
+
+// pairKey is box . a as a concatenated set key.
+func pairKey(box, a netip.Addr) []byte { return append(addrKey(box), addrKey(a)...) }
+
+// rangeElem is box . every address of p.
+func rangeElem(box netip.Addr, p netip.Prefix) nftables.SetElement {
+	return nftables.SetElement{Key: pairKey(box, p.Addr()), KeyEnd: pairKey(box, lastAddr(p))}
+}
+
+// memberOps turns the box at ip from membership old into new (the
+// boxes set is the caller's): deletions first, then additions.
+func memberOps(ip netip.Addr, old, new membership) []elemOp {
+	var dels, adds []elemOp
+	single := func(set string, was, is bool) {
+		switch {
+		case was && !is:
+			dels = append(dels, elemOp{set: set, del: true, el: nftables.SetElement{Key: addrKey(ip)}})
+		case is && !was:
+			adds = append(adds, elemOp{set: set, el: nftables.SetElement{Key: addrKey(ip)}})
+		}
+	}
+	ranges := func(set string, was, is []netip.Prefix) {
+		inWas, inIs := map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
+		for _, p := range was {
+			inWas[p] = true
+		}
+		for _, p := range is {
+			inIs[p] = true
+		}
+		for _, p := range was {
+			if !inIs[p] {
+				dels = append(dels, elemOp{set: set, del: true, el: rangeElem(ip, p)})
+			}
+		}
+		for _, p := range is {
+			if !inWas[p] {
+				adds = append(adds, elemOp{set: set, el: rangeElem(ip, p)})
+			}
+		}
+	}
+	single(setPublic, old.public, new.public)
+	single(setEgress, old.egress, new.egress)
+	single(setAPI, old.api, new.api)
+	ranges(setAllow, old.allow, new.allow)
+	ranges(setDeny, old.deny, new.deny)
+	return append(dels, adds...)
+}
+
+// boxOp puts ip in or out of the boxes set.
+func boxOp(ip netip.Addr, del bool) elemOp {
+	return elemOp{set: setBoxes, del: del, el: nftables.SetElement{Key: addrKey(ip)}}
+}
+
+// learnedDelsLocked deletes what the DNS forwarder learned for b.
+func learnedDelsLocked(b *fwBox) []elemOp {
+	ops := make([]elemOp, 0, len(b.learned))
+	for a := range b.learned {
+		ops = append(ops, elemOp{set: setLearned, del: true, el: nftables.SetElement{Key: pairKey(b.ip, a)}})
+	}
+	return ops
+}
+
+// changeLocked applies ops, which take a box that is in the boxes set
+// from one policy to another: in one batch when they fit, else with the
+// box out of the boxes set (every packet from it dropped) until the last.
+func (f *firewall) changeLocked(ip netip.Addr, ops []elemOp) error {
+	if opsCost(ops) > maxBatchElems {
+		ops = append(append([]elemOp{boxOp(ip, true)}, ops...), boxOp(ip, false))
+	}
+	return f.applyLocked(ops)
+}
+
+// addBox puts a box's address in the sets its policy says.
 func (f *firewall) addBox(sl *slot) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.addBoxLocked(sl); err != nil {
-		f.resetLocked()
-		return err
+	if old := f.boxes[sl.Name]; old != nil {
+		return fmt.Errorf("nftables: slot %s is in the table already: %w", sl.Name, errdefs.ErrAlreadyExists)
 	}
-	if err := f.conn.Flush(); err != nil {
-		return fmt.Errorf("nftables: add rules of %s: %w", sl.Owner, err)
-	}
-	return nil
+	return f.addBoxLocked(sl)
 }
 
 func (f *firewall) addBoxLocked(sl *slot) error {
-	c := f.conn
-	in := c.AddChain(&nftables.Chain{Name: prefixInChain + sl.Name, Table: f.table})
-	fwd := c.AddChain(&nftables.Chain{Name: prefixFwChain + sl.Name, Table: f.table})
-	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
-	if err := c.AddSet(dns, nil); err != nil {
-		return fmt.Errorf("nftables: add set: %w", err)
+	b := &fwBox{ip: sl.IP, m: boxMembership(f.params, sl.Policy), learned: map[netip.Addr]time.Time{}}
+	// Its boxes element last: until then it has no other effect.
+	if err := f.applyLocked(append(memberOps(b.ip, membership{}, b.m), boxOp(b.ip, false))); err != nil {
+		f.purgeLocked(b, b.m)
+		return fmt.Errorf("nftables: add %s: %w", sl.Owner, err)
 	}
-	f.addBoxRulesLocked(sl, in, fwd, dns)
-	key := sl.IP.AsSlice()
-	for name, chain := range map[string]string{mapInput: in.Name, mapForward: fwd.Name} {
-		el := []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}}
-		if err := c.SetAddElements(f.maps[name], el); err != nil {
-			return fmt.Errorf("nftables: add map element: %w", err)
-		}
-	}
-	return f.setEgressLocked(sl.IP, sl.Policy.proxied())
-}
-
-// setEgressLocked puts ip in or out of the egress set. Adding an element
-// that exists is no error and deleting one that does not is, so a removal
-// adds first: the batch is one transaction.
-func (f *firewall) setEgressLocked(ip netip.Addr, on bool) error {
-	if f.params.proxyPort == 0 {
-		return nil
-	}
-	el := []nftables.SetElement{{Key: ip.AsSlice()}}
-	if err := f.conn.SetAddElements(f.egress, el); err != nil {
-		return fmt.Errorf("nftables: add egress element: %w", err)
-	}
-	if !on {
-		if err := f.conn.SetDeleteElements(f.egress, el); err != nil {
-			return fmt.Errorf("nftables: delete egress element: %w", err)
-		}
-	}
+	f.boxes[sl.Name] = b
 	return nil
 }
 
-func (f *firewall) addBoxRulesLocked(sl *slot, in, fwd *nftables.Chain, dns *nftables.Set) {
-	inRules, fwdRules := boxRules(f.params, sl.Policy, dns.Name)
-	sets := map[string]*nftables.Set{dns.Name: dns}
-	for _, r := range inRules {
-		f.conn.AddRule(&nftables.Rule{Table: f.table, Chain: in, Exprs: f.exprs(r, sets)})
-	}
-	for _, r := range fwdRules {
-		f.conn.AddRule(&nftables.Rule{Table: f.table, Chain: fwd, Exprs: f.exprs(r, sets)})
-	}
+// purgeLocked deletes every element the box at b.ip may have in the sets
+// after a change that failed half-way (with membership m as well as its
+// recorded one), so that nothing of it is left for a box that gets the
+// address later; until it is added again, the box is cut off.
+func (f *firewall) purgeLocked(b *fwBox, m membership) {
+	ops := append([]elemOp{boxOp(b.ip, true)}, learnedDelsLocked(b)...)
+	ops = append(ops, memberOps(b.ip, b.m, membership{})...)
+	ops = append(ops, memberOps(b.ip, m, membership{})...)
+	_ = f.applyLocked(ops) // deleting what is not there is no error
 }
 
-// setPolicy swaps a box's rules for those of its (new) policy and forgets
-// the addresses its DNS set had learned, in one transaction.
+// setPolicy moves a box to the sets of its (new) policy and forgets the
+// addresses the DNS forwarder had learned for it, in one transaction. A
+// box a failed change had cut off is added afresh.
 func (f *firewall) setPolicy(sl *slot) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	in := &nftables.Chain{Name: prefixInChain + sl.Name, Table: f.table}
-	fwd := &nftables.Chain{Name: prefixFwChain + sl.Name, Table: f.table}
-	dns := &nftables.Set{Table: f.table, Name: prefixDNSSet + sl.Name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
-	f.conn.FlushChain(in)
-	f.conn.FlushChain(fwd)
-	f.conn.FlushSet(dns)
-	delete(f.learned, sl.Name)
-	f.addBoxRulesLocked(sl, in, fwd, dns)
-	if err := f.setEgressLocked(sl.IP, sl.Policy.proxied()); err != nil {
-		f.resetLocked()
-		return err
+	b := f.boxes[sl.Name]
+	if b == nil {
+		return f.addBoxLocked(sl)
 	}
-	if err := f.conn.Flush(); err != nil {
-		return fmt.Errorf("nftables: swap rules of %s: %w", sl.Owner, err)
+	m := boxMembership(f.params, sl.Policy)
+	ops := append(learnedDelsLocked(b), memberOps(b.ip, b.m, m)...)
+	if err := f.changeLocked(b.ip, ops); err != nil {
+		if opsCost(ops) <= maxBatchElems {
+			// One transaction that failed: the old policy stands.
+			return fmt.Errorf("nftables: swap policy of %s: %w", sl.Owner, err)
+		}
+		f.purgeLocked(b, m)
+		delete(f.boxes, sl.Name)
+		return fmt.Errorf("nftables: swap policy of %s (it is cut off until a change succeeds): %w", sl.Owner, err)
+	}
+	b.m, b.learned = m, map[netip.Addr]time.Time{}
+	return nil
+}
+
+// removeBox takes a box's address out of every set, in one transaction
+// (its boxes element first, should it need more than one).
+func (f *firewall) removeBox(name string) error { return f.removeBoxes([]string{name}) }
+
+// removeBoxes takes the boxes of the named slots out of the table, in
+// bounded batches (each box's boxes element first, in the batch that
+// deletes the rest of it or an earlier one).
+func (f *firewall) removeBoxes(names []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ops []elemOp
+	for _, name := range names {
+		if b := f.boxes[name]; b != nil {
+			ops = append(ops, boxOp(b.ip, true))
+			ops = append(ops, learnedDelsLocked(b)...)
+			ops = append(ops, memberOps(b.ip, b.m, membership{})...)
+		}
+	}
+	if err := f.applyLocked(ops); err != nil {
+		return fmt.Errorf("nftables: remove boxes: %w", err)
+	}
+	for _, name := range names {
+		delete(f.boxes, name)
 	}
 	return nil
 }
 
-// removeBox deletes a box's map entries, chains and set in one transaction.
-func (f *firewall) removeBox(name string, ip netip.Addr) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c := f.conn
-	key := ip.AsSlice()
-	for _, m := range []string{mapInput, mapForward} {
-		if err := c.SetDeleteElements(f.maps[m], []nftables.SetElement{{Key: key}}); err != nil {
-			f.resetLocked()
-			return err
+// applyLocked sends ops in batches of at most maxBatchElems elements, in
+// order. A deletion is sent as an addition then a deletion of the same
+// element in the same batch, so it cannot fail on an element that is gone
+// already (one that expired, or a batch that failed half-way before).
+func (f *firewall) applyLocked(ops []elemOp) error {
+	start, n := 0, 0
+	for i := range ops {
+		c := opsCost(ops[i : i+1])
+		if n+c > maxBatchElems {
+			if err := f.sendLocked(ops[start:i]); err != nil {
+				return err
+			}
+			start, n = i, 0
+		}
+		n += c
+	}
+	if start == len(ops) {
+		return nil
+	}
+	return f.sendLocked(ops[start:])
+}
+
+// opsCost is how many elements ops send (a deletion is two: see applyLocked).
+func opsCost(ops []elemOp) int {
+	n := 0
+	for _, op := range ops {
+		n++
+		if op.del {
+			n++
 		}
 	}
-	if err := f.setEgressLocked(ip, false); err != nil {
-		f.resetLocked()
-		return err
+	return n
+}
+
+// sendLocked sends ops as one batch (one transaction), grouped by set,
+// deletions before additions within a set (the order every caller puts
+// them in where one element is deleted and added again), so that the batch
+// is a handful of messages: the kernel acknowledges each message, and the
+// acknowledgements of a message per element overflowed the socket too.
+func (f *firewall) sendLocked(ops []elemOp) error {
+	rank := func(op elemOp) int {
+		r := slices.Index(setOrder, op.set) * 2
+		if !op.del {
+			r++
+		}
+		return r
 	}
-	for _, ch := range []string{prefixInChain + name, prefixFwChain + name} {
-		chain := &nftables.Chain{Name: ch, Table: f.table}
-		c.FlushChain(chain)
-		c.DelChain(chain)
+	ops = slices.Clone(ops)
+	slices.SortStableFunc(ops, func(a, b elemOp) int { return rank(a) - rank(b) })
+	for i := 0; i < len(ops); {
+		j := i
+		for j < len(ops) && j-i < maxMsgElems && ops[j].set == ops[i].set && ops[j].del == ops[i].del {
+			j++
+		}
+		els := make([]nftables.SetElement, 0, j-i)
+		for _, op := range ops[i:j] {
+			els = append(els, op.el)
+		}
+		s := f.sets[ops[i].set]
+		err := f.conn.SetAddElements(s, els)
+		if err == nil && ops[i].del {
+			for k := range els {
+				els[k].Timeout = 0
+			}
+			err = f.conn.SetDeleteElements(s, els)
+		}
+		if err != nil {
+			f.resetLocked()
+			return fmt.Errorf("nftables: elements of set %s: %w", s.Name, err)
+		}
+		i = j
 	}
-	c.DelSet(&nftables.Set{Table: f.table, Name: prefixDNSSet + name})
-	delete(f.learned, name)
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: remove rules of slot %s: %w", name, err)
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("nftables: update sets of table %s: %w", f.table.Name, err)
 	}
 	return nil
 }
@@ -255,78 +478,47 @@ func learnedTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl, learnedMin), learnedMax)
 }
 
-// allowAddrs adds addresses to a box's DNS set for learnedTimeout(ttl).
+// allowAddrs lets the box of slot name reach addrs for learnedTimeout(ttl):
+// elements box . address of the learned set.
 func (f *firewall) allowAddrs(name string, addrs []netip.Addr, ttl time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	b := f.boxes[name]
+	if b == nil {
+		return fmt.Errorf("nftables: slot %s is not in the table: %w", name, errdefs.ErrNotFound)
+	}
 	timeout := learnedTimeout(ttl)
 	now := time.Now()
-	if f.learned == nil {
-		f.learned = map[string]map[netip.Addr]time.Time{}
-	}
-	known := f.learned[name]
-	if known == nil {
-		known = map[netip.Addr]time.Time{}
-		f.learned[name] = known
-	}
-	set := &nftables.Set{Table: f.table, Name: prefixDNSSet + name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
-	var add, refresh []nftables.SetElement
-	for _, a := range addrs {
-		exp, ok := known[a]
-		switch {
-		case ok && exp.After(now) && exp.Sub(now) >= timeout/2:
-			continue // still there for long enough
-		case ok && exp.After(now):
-			refresh = append(refresh, nftables.SetElement{Key: a.AsSlice()})
-		}
-		add = append(add, nftables.SetElement{Key: a.AsSlice(), Timeout: timeout})
-		known[a] = now.Add(timeout)
-	}
-	for a, exp := range known {
+	for a, exp := range b.learned {
 		if !exp.After(now) {
-			delete(known, a) // the kernel has dropped it already
+			delete(b.learned, a) // the kernel has dropped it already
 		}
 	}
-	if len(add) == 0 {
-		return nil
-	}
-	if len(refresh) > 0 {
-		// Delete and re-add in one transaction: the address stays allowed.
-		if err := f.conn.SetDeleteElements(set, refresh); err != nil {
-			f.resetLocked()
-			return err
+	// A refresh deletes and re-adds (nft does not extend an element's
+	// timeout): in one batch, so the address stays allowed.
+	var refresh, add []elemOp
+	for _, a := range addrs {
+		exp, ok := b.learned[a]
+		switch {
+		case ok && exp.Sub(now) >= timeout/2:
+			continue // still there for long enough
+		case ok:
+			refresh = append(refresh, elemOp{set: setLearned, del: true, el: nftables.SetElement{Key: pairKey(b.ip, a)}})
+		case len(b.learned) >= maxLearned:
+			return fmt.Errorf("nftables: slot %s has %d learned addresses, at most %d: %w",
+				name, len(b.learned), maxLearned, errdefs.ErrResourceExhausted)
 		}
+		add = append(add, elemOp{set: setLearned, el: nftables.SetElement{Key: pairKey(b.ip, a), Timeout: timeout}})
+		b.learned[a] = now.Add(timeout)
 	}
-	if err := f.conn.SetAddElements(set, add); err != nil {
-		f.resetLocked()
-		return err
-	}
-	if err := f.conn.Flush(); err != nil {
-		// An element that expired in the kernel a moment before our
-		// deadline makes the delete fail: forget what we knew and add.
-		for _, el := range refresh {
-			delete(known, netip.AddrFrom4([4]byte(el.Key)))
-		}
-		f.resetLocked()
-		if len(refresh) == 0 {
-			return err
-		}
-		return f.allowAddrsRetryLocked(set, add)
-	}
-	return nil
-}
-
-// allowAddrsRetryLocked adds elements without deleting first (f.mu held).
-func (f *firewall) allowAddrsRetryLocked(set *nftables.Set, add []nftables.SetElement) error {
-	if err := f.conn.SetAddElements(set, add); err != nil {
-		f.resetLocked()
-		return err
-	}
-	return f.conn.Flush()
+	// On failure the record keeps the addresses: deleting one the set
+	// does not hold is no error, forgetting one it holds would leave it
+	// allowed after a policy change.
+	return f.applyLocked(append(refresh, add...))
 }
 
 // exprs compiles a rule.
-func (f *firewall) exprs(r rule, sets map[string]*nftables.Set) []expr.Any {
+func (f *firewall) exprs(r rule) []expr.Any {
 	var e []expr.Any
 	ifname := func(key expr.MetaKey, name string, op expr.CmpOp) {
 		e = append(e, &expr.Meta{Key: key, Register: 1},
@@ -375,17 +567,26 @@ func (f *firewall) exprs(r rule, sets map[string]*nftables.Set) []expr.Any {
 	if r.daddr.IsValid() {
 		addr(16, r.daddr)
 	}
-	if r.saddrSet != "" {
-		nfproto(unix.NFPROTO_IPV4)
-		s := f.egress // the only set matched by source
-		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID})
+	lookup := func(set string, invert bool) {
+		s := f.sets[set]
+		e = append(e, &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: invert})
 	}
-	if r.daddrSet != "" {
+	if r.saddrSet != "" || r.notSaddrSet != "" {
 		nfproto(unix.NFPROTO_IPV4)
-		s := sets[r.daddrSet]
-		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID})
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4})
+		if r.saddrSet != "" {
+			lookup(r.saddrSet, false)
+		} else {
+			lookup(r.notSaddrSet, true)
+		}
+	}
+	if r.pairSet != "" {
+		// saddr . daddr: the first field in register 1, the second in the
+		// 32-bit register after it (NFT_REG32_01), as nft itself does.
+		nfproto(unix.NFPROTO_IPV4)
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Payload{DestRegister: unix.NFT_REG32_01, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4})
+		lookup(r.pairSet, false)
 	}
 	if r.l4proto != "" {
 		p := byte(unix.IPPROTO_TCP)
@@ -397,12 +598,6 @@ func (f *firewall) exprs(r rule, sets map[string]*nftables.Set) []expr.Any {
 	if r.dport != 0 {
 		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.dport)})
-	}
-	if r.saddrVmap != "" {
-		m := f.maps[r.saddrVmap]
-		nfproto(unix.NFPROTO_IPV4)
-		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, DestRegister: 0, IsDestRegSet: true})
 	}
 	if r.masquerade {
 		e = append(e, &expr.Masq{})

@@ -116,6 +116,9 @@ func TestCodebaseMountsFollowTheLifecycle(t *testing.T) {
 	if err := e.mgr.DestroySynced(ctx, sb.Id); err != nil {
 		t.Fatal(err)
 	}
+	if err := e.mgr.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if _, ok := fc.mounted[sb.Id]; ok {
 		t.Errorf("mounts left after destroy")
 	}

@@ -115,5 +115,6 @@ func (m *Manager) ImagesInUse(tenant string) map[string]bool {
 		}
 		b.mu.Unlock()
 	}
+	m.dyingImages(tenant, out)
 	return out
 }

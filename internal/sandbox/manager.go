@@ -23,6 +23,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -47,8 +48,10 @@ type Config struct {
 	// Images resolves image references (nil: only the host image).
 	Images Images
 	// WarmPool is how many started boxes (default runtime, host image,
-	// default limits) are kept ready for creates to take over (0: none).
-	WarmPool int
+	// default limits) are kept ready for creates to take over at least
+	// (0: no pool); WarmPoolMax is how many the pool may grow to under
+	// demand (0: DefaultWarmPoolMax, or WarmPool if larger). See pool.go.
+	WarmPool, WarmPoolMax int
 	// Network attaches sandboxes to the network (nil: loopback only).
 	Network Network
 	// Volumes resolves named volumes (nil: requests with volumes fail).
@@ -83,9 +86,10 @@ type Manager struct {
 	// tombstones remembers why recently removed sandboxes are gone. Guarded by mu.
 	tombstones map[string]tombstone
 
-	// pool holds warm boxes (nil when disabled); poolWake nudges the filler.
-	pool     chan *warmBox
-	poolWake chan struct{}
+	// pool holds warm boxes (nil when disabled).
+	pool *warmPool
+	// teardowns tears destroyed boxes down in the background.
+	teardowns teardowns
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -160,10 +164,15 @@ func New(cfg Config) (*Manager, error) {
 		scoped:     map[string]string{},
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
-		poolWake:   make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
-		m.pool = make(chan *warmBox, cfg.WarmPool)
+		if cfg.WarmPoolMax == 0 {
+			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)
+		}
+		if cfg.WarmPoolMax < cfg.WarmPool {
+			return nil, fmt.Errorf("warm pool ceiling %d is below its floor %d: %w", cfg.WarmPoolMax, cfg.WarmPool, errdefs.ErrInvalidArgument)
+		}
+		m.pool = newWarmPool(cfg.WarmPool, cfg.WarmPoolMax)
 	}
 	return m, nil
 }
@@ -245,7 +254,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	if w := m.takeWarm(spec, drv); w != nil {
+	w, done := m.takeWarm(spec, drv)
+	defer done()
+	if w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil || isUserError(err) {
 			return sb, err
@@ -272,6 +283,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		m.forget(b.id, "")
 		return nil, err
 	}
+	crashpoint.Hit("create-recorded")
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		// Clean up with a fresh context: the caller's may be what failed.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -312,6 +324,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Unlock()
 		rs.NetNS, rs.DNS = att.NetNS, att.DNS
 	}
+	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
@@ -322,6 +335,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	b.handle = h
 	b.conn = conn
 	b.mu.Unlock()
+	crashpoint.Hit("create-started")
 	if configuredByAgent(spec) {
 		// The command must start as the user, or after the path guards are
 		// mounted, so the agent starts it now.
@@ -334,6 +348,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
 		return fail(err)
 	}
+	crashpoint.Hit("create-running")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
 	return m.toProto(b, nil), nil
 }
@@ -587,6 +602,14 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
 	return m.toProto(b, stats), nil
 }
 
+// IDs returns the ids of every sandbox, of every tenant (for the daemon's
+// own housekeeping; never for an API caller).
+func (m *Manager) IDs() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.boxes))
+}
+
 // List returns the sandboxes whose labels match every selector, oldest first.
 func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbox, error) {
 	sel, err := ParseSelectors(selectors)
@@ -671,7 +694,10 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 	return m.toProto(b, nil), nil
 }
 
-// Destroy kills a sandbox and releases everything it held.
+// Destroy destroys a sandbox: once it returns, the sandbox is gone from
+// every listing and its name is free; its box is killed and everything it
+// held released in the background (teardown.go), finished by the next
+// start's recovery if the daemon dies first.
 func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -686,39 +712,53 @@ func (m *Manager) destroyBox(ctx context.Context, b *box, reason string) error {
 	return m.destroyLocked(ctx, b, reason)
 }
 
-// destroyLocked destroys b; b.opMu must be held.
+// destroyLocked destroys b; b.opMu must be held. It returns once b is
+// marked destroying in the store (its name free for a new sandbox) and
+// gone from memory; the teardown runs in the background (teardown.go).
 func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) error {
 	// Finish the destroy even if the caller goes away half-way.
 	ctx = context.WithoutCancel(ctx)
-	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
+	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYING || st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
 		return nil
 	}
-	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_DESTROYING, reason); err != nil {
+	if err := m.markDestroying(ctx, b, reason); err != nil {
 		return err
 	}
+	crashpoint.Hit("destroy-marked")
 	// Children die with their parent (first: their tokens are its code's).
 	m.destroyChildren(ctx, b.id)
 	b.mu.Lock()
-	h, conn := b.handle, b.conn
+	conn := b.conn
 	b.conn = nil
 	b.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
-	if err := b.driver.Destroy(ctx, h); err != nil {
-		_ = m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_FAILED, "destroy failed: "+err.Error())
-		return fmt.Errorf("destroy sandbox %s: %w", b.id, err)
+	m.forget(b.id, reason)
+	if !m.tearDownLater(b, reason) {
+		m.tearDown(ctx, b, reason)
 	}
-	m.detachNetwork(ctx, b.id)
-	m.unmountCodebases(ctx, b.id)
-	if err := m.cfg.Store.Delete(ctx, b.id); err != nil {
+	return nil
+}
+
+// markDestroying persists that b is being destroyed, releasing its name.
+func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) error {
+	b.mu.Lock()
+	rec := *b.rec
+	rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYING)
+	rec.StateDetail = reason
+	hjson, err := marshalHandle(b.handle)
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	rec.Handle = hjson
+	if err := m.cfg.Store.MarkDestroying(ctx, &rec); err != nil {
 		return err
 	}
 	b.mu.Lock()
-	b.rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_DESTROYED)
+	b.rec = &rec
 	b.mu.Unlock()
-	m.forget(b.id, reason)
-	m.log.Info("sandbox destroyed", "sandbox", b.id, "reason", reason)
 	return nil
 }
 

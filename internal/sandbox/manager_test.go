@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -135,12 +137,92 @@ func TestManagerLifecycle(t *testing.T) {
 	if _, err := e.mgr.Get(ctx, sb.Id); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "destroyed") {
 		t.Errorf("Get after destroy: got %v, want NotFound saying it was destroyed", err)
 	}
-	if _, err := e.store.Get(ctx, sb.Id); !errdefs.IsNotFound(err) {
-		t.Errorf("record after destroy: got %v, want it deleted", err)
-	}
 	if _, err := e.mgr.Create(ctx, &sbxv1.CreateSandboxRequest{Name: "one"}); err != nil {
 		t.Errorf("reusing the name of a destroyed sandbox: %v", err)
 	}
+	if err := e.mgr.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Get(ctx, sb.Id); !errdefs.IsNotFound(err) {
+		t.Errorf("record after destroy: got %v, want it deleted", err)
+	}
+}
+
+// stuckDestroyDriver holds every Destroy until release is closed: a
+// teardown that has not run yet when the daemon dies.
+type stuckDestroyDriver struct {
+	runtime.Driver
+	entered chan string
+	release chan struct{}
+}
+
+func (d *stuckDestroyDriver) Destroy(ctx context.Context, h runtime.Handle) error {
+	select {
+	case d.entered <- h.ID:
+	default:
+	}
+	<-d.release
+	return d.Driver.Destroy(ctx, h)
+}
+
+// A destroy answers before its box is torn down, the name is free at once,
+// and a daemon that dies before the teardown ends does not bring the
+// destroyed box back: the next start finishes the teardown.
+func TestManagerDestroyAnswersBeforeTeardown(t *testing.T) {
+	e := newEnv(t)
+	e.mgr.Close()
+	e.store.Close()
+	stuck := &stuckDestroyDriver{entered: make(chan string, 1), release: make(chan struct{})}
+	e.open(func(d runtime.Driver) runtime.Driver { stuck.Driver = d; return stuck })
+	ctx := context.Background()
+	old, err := e.mgr.Create(ctx, &sbxv1.CreateSandboxRequest{Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- e.mgr.Destroy(ctx, "web") }()
+	select {
+	case err := <-destroyed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		close(stuck.release)
+		t.Fatal("destroy did not answer while its box's teardown was held")
+	}
+	if id := <-stuck.entered; id != old.Id {
+		t.Errorf("teardown of %s, want %s", id, old.Id)
+	}
+	if rec, err := e.store.Get(ctx, old.Id); err != nil || rec.State != "destroying" || rec.Name != "" {
+		t.Errorf("record of the destroyed sandbox during teardown: got %+v, %v; want state destroying, no name", rec, err)
+	}
+	if list, _ := e.mgr.List(ctx, nil); len(list) != 0 {
+		t.Errorf("listed during teardown: %v, want none", list)
+	}
+	reuse, err := e.mgr.Create(ctx, &sbxv1.CreateSandboxRequest{Name: "web"})
+	if err != nil {
+		t.Fatalf("reusing the name while the old box is torn down: %v", err)
+	}
+
+	// The daemon dies with the teardown held: a new manager over the same
+	// store and state takes over (the old one's teardown stays stuck).
+	crashed, crashedStore := e.mgr, e.store
+	e.open(nil)
+	if got, err := e.mgr.Get(ctx, "web"); err != nil || got.Id != reuse.Id || got.State != sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("\"web\" after restart: got %v %v, want %s running", got.GetId(), err, reuse.Id)
+	}
+	if _, err := e.mgr.Get(ctx, old.Id); !errdefs.IsNotFound(err) {
+		t.Errorf("destroyed sandbox after restart: got %v, want NotFound", err)
+	}
+	if _, err := e.store.Get(ctx, old.Id); !errdefs.IsNotFound(err) {
+		t.Errorf("record of the destroyed sandbox after restart: got %v, want it deleted", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "fake", old.Id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("box of the destroyed sandbox after restart: stat %v, want it removed", err)
+	}
+	close(stuck.release)
+	crashed.Close()
+	crashedStore.Close()
 }
 
 func TestManagerUniqueNameUnderConcurrency(t *testing.T) {

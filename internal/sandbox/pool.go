@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -14,11 +15,32 @@ import (
 	"github.com/sbxdev/sbx/internal/tenant"
 )
 
-// The warm pool keeps Config.WarmPool boxes of the default runtime and the
-// host image started and idle, so that a create only has to hand one over:
-// set its limits (runtime.Updater), tell its agent the sandbox's env, workdir
-// and command (Configure) and record it. Pool boxes are not in the database;
-// after a crash the drivers' Cleanup removes them, and Close destroys them.
+// The warm pool keeps started, idle boxes of the default runtime and the
+// host image with default limits, so that a create only has to hand one
+// over: set its limits (runtime.Updater), tell its agent the sandbox's env,
+// workdir and command (Configure) and record it. Pool boxes are not in the
+// database; after a crash the drivers' Cleanup removes them, and Close
+// destroys them.
+//
+// The pool is adaptive: it holds at least Config.WarmPool boxes and grows
+// toward the demand it has seen (creates that could take a warm box within
+// the last demandWindow) up to Config.WarmPoolMax, so that a burst of
+// concurrent clients is served warm; after shrinkAfter without such a
+// create it halves its target (never below the floor) and destroys the
+// excess, so it does not hold memory nobody uses. Refills run in the
+// background, at most refillConcurrency at once, so that they never take
+// more than that from the creates they serve. Close cancels refills in
+// flight and destroys every box a refill hands in after it, so a graceful
+// stop leaves no warm box running however it races a refill.
+
+const (
+	demandWindow      = time.Second
+	shrinkAfter       = 30 * time.Second
+	refillConcurrency = 2
+)
+
+// DefaultWarmPoolMax is the warm pool's ceiling when Config.WarmPoolMax is 0.
+const DefaultWarmPoolMax = 16
 
 type warmBox struct {
 	id     string
@@ -26,6 +48,82 @@ type warmBox struct {
 	conn   *agentconn.Conn
 	res    runtime.Resources
 	net    network.Attachment // public; the claim sets the sandbox's policy
+}
+
+// warmPool is the pool's state. min and max are immutable.
+type warmPool struct {
+	min, max int
+	// wake nudges the filler.
+	wake chan struct{}
+	// ctx is cancelled by Close: refills in flight give up.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// shrinkAfter is how long the pool waits without demand before it
+	// halves its target (a field so tests can shorten it).
+	shrinkAfter time.Duration
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	idle     []*warmBox // oldest first
+	starting int        // refills in flight
+	target   int        // boxes the pool aims to hold: min ≤ target ≤ max
+	closed   bool
+	// takes are the times of recent creates that could take a warm box
+	// (within demandWindow); lastTake is the latest, lastShrink when the
+	// target last shrank.
+	takes []time.Time
+	// active counts pool-eligible creates in flight: a burst of clients
+	// whose creates reach the pool spread over more than demandWindow (a
+	// loaded host) still shows as that many at once.
+	active     int
+	lastTake   time.Time
+	lastShrink time.Time
+	backoff    time.Duration
+	retryAt    time.Time
+}
+
+func newWarmPool(min, max int) *warmPool {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &warmPool{min: min, max: max, target: min, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		shrinkAfter: shrinkAfter, backoff: time.Second}
+}
+
+func (p *warmPool) wakeUp() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// demandLocked records a create that could take a warm box and raises the
+// target to the creates seen within demandWindow.
+func (p *warmPool) demandLocked(now time.Time) {
+	i := 0
+	for i < len(p.takes) && now.Sub(p.takes[i]) > demandWindow {
+		i++
+	}
+	p.takes = append(p.takes[i:], now)
+	if len(p.takes) > p.max {
+		p.takes = p.takes[len(p.takes)-p.max:]
+	}
+	p.lastTake = now
+	p.target = max(p.target, min(max(len(p.takes), p.active), p.max))
+}
+
+// shrinkLocked halves the target after shrinkAfter without demand and
+// returns the idle boxes beyond it (oldest first) for the caller to destroy.
+func (p *warmPool) shrinkLocked(now time.Time) []*warmBox {
+	if p.target <= p.min || now.Sub(p.lastTake) < p.shrinkAfter || now.Sub(p.lastShrink) < p.shrinkAfter {
+		return nil
+	}
+	p.target = max(p.min, p.target/2)
+	p.lastShrink = now
+	if excess := len(p.idle) - p.target; excess > 0 {
+		out := slices.Clone(p.idle[:excess])
+		p.idle = slices.Delete(p.idle, 0, excess)
+		return out
+	}
+	return nil
 }
 
 // poolSpec is what a warm box is started with.
@@ -40,42 +138,77 @@ func (m *Manager) poolSpec(id string) runtime.Spec {
 	}
 }
 
-// fillPool keeps the pool full until the manager closes.
+// fillPool keeps the pool at its target until Close, starting boxes in
+// the background (at most refillConcurrency at once) and shrinking it when
+// demand stops.
 func (m *Manager) fillPool() {
 	defer m.wg.Done()
+	p := m.pool
 	drv := m.cfg.Drivers[m.cfg.DefaultRuntime]
-	backoff := time.Second
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		select {
-		case <-m.stop:
+		case <-p.ctx.Done():
 			return
-		case <-m.poolWake:
+		case <-p.wake:
+		case <-tick.C:
 		}
-		for len(m.pool) < cap(m.pool) {
-			select {
-			case <-m.stop:
-				return
-			default:
-			}
-			w, err := m.startWarm(drv)
-			if err != nil {
-				m.log.Warn("warm pool: starting a box failed", "err", err, "retry_in", backoff)
-				select {
-				case <-m.stop:
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, 30*time.Second)
-				continue
-			}
-			backoff = time.Second
-			m.pool <- w
+		now := time.Now()
+		p.mu.Lock()
+		excess := p.shrinkLocked(now)
+		n := 0
+		if !p.closed && !now.Before(p.retryAt) {
+			n = min(p.target-len(p.idle)-p.starting, refillConcurrency-p.starting)
+		}
+		n = max(n, 0)
+		p.starting += n
+		p.mu.Unlock()
+		for _, w := range excess {
+			m.destroyWarm(context.Background(), w, drv)
+		}
+		for range n {
+			m.wg.Add(1)
+			go m.refill(drv)
 		}
 	}
 }
 
-func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*runtime.ProbeTimeout)
+// refill starts one warm box and hands it to the pool, or destroys it if
+// the pool closed meanwhile.
+func (m *Manager) refill(drv runtime.Driver) {
+	defer m.wg.Done()
+	p := m.pool
+	w, err := m.startWarm(p.ctx, drv)
+	p.mu.Lock()
+	p.starting--
+	if err != nil {
+		if !p.closed {
+			m.log.Warn("warm pool: starting a box failed", "err", err, "retry_in", p.backoff)
+		}
+		p.retryAt = time.Now().Add(p.backoff)
+		p.backoff = min(2*p.backoff, 30*time.Second)
+	} else {
+		p.backoff = time.Second
+		if !p.closed {
+			p.idle = append(p.idle, w)
+			w = nil
+		}
+	}
+	idle := len(p.idle)
+	p.mu.Unlock()
+	if err == nil && w == nil {
+		// What `sbx-bench -only scale` waits for between bursts.
+		m.log.Info("warm pool: box ready", "idle", idle)
+	}
+	if w != nil {
+		m.destroyWarm(context.Background(), w, drv)
+	}
+	p.wakeUp()
+}
+
+func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*runtime.ProbeTimeout)
 	defer cancel()
 	id := newID()
 	spec := m.poolSpec(id)
@@ -83,13 +216,17 @@ func (m *Manager) startWarm(drv runtime.Driver) (*warmBox, error) {
 	if m.cfg.Network != nil {
 		var err error
 		if att, err = m.cfg.Network.Attach(ctx, id, network.Policy{Mode: network.ModePublic}); err != nil {
+			m.detachNetwork(context.Background(), id)
 			return nil, err
 		}
 		spec.NetNS, spec.DNS = att.NetNS, att.DNS
 	}
 	h, err := drv.Create(ctx, spec)
 	if err != nil {
-		m.detachNetwork(ctx, id)
+		// The driver rolled its part back; a create cut off by Close may
+		// still have left something: Destroy is idempotent.
+		_ = drv.Destroy(context.Background(), runtime.Handle{ID: id, Driver: drv.Name()})
+		m.detachNetwork(context.Background(), id)
 		return nil, err
 	}
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
@@ -114,32 +251,56 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 	m.detachNetwork(ctx, w.id)
 }
 
-// takeWarm returns a warm box suitable for spec, or nil.
-func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) *warmBox {
+// takeWarm returns a warm box suitable for spec, or nil, and a func the
+// create calls when it ends (it counts toward the pool's demand until then).
+func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*warmBox, func()) {
 	// Domain secrets need a CA bundle mount, which a running box cannot get;
 	// codebase layers are mounted before the box starts; a scoped token is
 	// in the box's environment from its start: all cold create.
 	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
 		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 || spec.ScopedToken {
-		return nil
+		return nil, func() {}
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
-		return nil
+		return nil, func() {}
 	}
-	select {
-	case w := <-m.pool:
-		m.wakePool()
-		return w
-	default:
-		m.wakePool()
-		return nil
+	p := m.pool
+	p.mu.Lock()
+	var w *warmBox
+	p.active++
+	done := func() {
+		p.mu.Lock()
+		p.active--
+		p.mu.Unlock()
 	}
+	if !p.closed {
+		p.demandLocked(time.Now())
+		if len(p.idle) > 0 {
+			w = p.idle[0]
+			p.idle = slices.Delete(p.idle, 0, 1)
+		}
+	}
+	idle := len(p.idle)
+	p.mu.Unlock()
+	p.wakeUp()
+	if w != nil {
+		m.log.Info("warm pool: box taken", "idle", idle)
+	}
+	return w, done
 }
 
-func (m *Manager) wakePool() {
-	select {
-	case m.poolWake <- struct{}{}:
-	default:
+// putBackWarm returns an unused warm box to the pool, or destroys it if
+// the pool is closed or full.
+func (m *Manager) putBackWarm(ctx context.Context, w *warmBox, drv runtime.Driver) {
+	p := m.pool
+	p.mu.Lock()
+	keep := !p.closed && len(p.idle) < p.max
+	if keep {
+		p.idle = append(p.idle, w)
+	}
+	p.mu.Unlock()
+	if !keep {
+		m.destroyWarm(ctx, w, drv)
 	}
 }
 
@@ -166,23 +327,16 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	defer b.opMu.Unlock()
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		// A name clash is the user's error, not the pool's: put the box back.
-		select {
-		case m.pool <- w:
-		default:
-			m.destroyWarm(context.WithoutCancel(ctx), w, drv)
-		}
+		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
-	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
-		m.forget(b.id, "")
-		m.destroyWarm(context.WithoutCancel(ctx), w, drv)
-		return nil, err
-	}
+	// The record is written once, running, after the box is set up: a
+	// crash before that leaves a started box no record accounts for, which
+	// the driver's Cleanup removes at the next start like any warm box.
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		m.destroyWarm(cctx, w, drv)
-		_ = m.cfg.Store.Delete(cctx, b.id)
 		m.forget(b.id, "")
 		return nil, err
 	}
@@ -208,7 +362,10 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	if err := configure(ctx, w.conn, b.id, spec); err != nil {
 		return fail(err)
 	}
-	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
+	b.mu.Lock()
+	rec.State = stateName(sbxv1.SandboxState_SANDBOX_STATE_RUNNING)
+	b.mu.Unlock()
+	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		return fail(err)
 	}
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime, "warm", true)
@@ -220,19 +377,24 @@ func samePolicy(a, b network.Policy) bool {
 		slices.Equal(a.AllowDomains, b.AllowDomains) && slices.Equal(a.DenyCIDRs, b.DenyCIDRs)
 }
 
-// drainPool destroys every idle warm box.
-func (m *Manager) drainPool() {
+// closePool stops refills (cancelling those in flight) and destroys every
+// idle warm box; call it after the filler goroutines have ended or
+// concurrently with them: a refill that ends after the pool closed destroys
+// its box itself.
+func (m *Manager) closePool() {
 	if m.pool == nil {
 		return
 	}
+	p := m.pool
+	p.mu.Lock()
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	p.cancel()
 	drv := m.cfg.Drivers[m.cfg.DefaultRuntime]
-	for {
-		select {
-		case w := <-m.pool:
-			m.destroyWarm(context.Background(), w, drv)
-		default:
-			return
-		}
+	for _, w := range idle {
+		m.destroyWarm(context.Background(), w, drv)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -26,6 +27,9 @@ func marshalHandle(h runtime.Handle) ([]byte, error) {
 	return b, nil
 }
 
+// recoverConcurrency is how many sandboxes Recover re-attaches at once.
+const recoverConcurrency = 16
+
 // Recover reconciles the database with reality after a (re)start: sandboxes
 // whose boxes still run are re-attached, half-created or half-destroyed ones
 // are finished off, dead ones are removed, and each driver then removes any
@@ -40,16 +44,36 @@ func (m *Manager) Recover(ctx context.Context) error {
 		keep[name] = map[string]bool{}
 	}
 	keepNet := map[string]bool{}
-	for _, rec := range recs {
-		if m.recoverOne(ctx, rec) {
-			var h runtime.Handle
-			_ = json.Unmarshal(rec.Handle, &h)
-			if keep[h.Driver] != nil {
-				keep[h.Driver][rec.ID] = true
+	// Boxes are re-attached recoverConcurrency at a time: each waits mostly
+	// on its agent's Hello, and a restart must serve again within seconds
+	// with a thousand boxes (issue 13).
+	var mu sync.Mutex
+	work := make(chan *store.Record)
+	var wg sync.WaitGroup
+	for range min(recoverConcurrency, len(recs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rec := range work {
+				if !m.recoverOne(ctx, rec) {
+					continue
+				}
+				var h runtime.Handle
+				_ = json.Unmarshal(rec.Handle, &h)
+				mu.Lock()
+				if keep[h.Driver] != nil {
+					keep[h.Driver][rec.ID] = true
+				}
+				keepNet[rec.ID] = true
+				mu.Unlock()
 			}
-			keepNet[rec.ID] = true
-		}
+		}()
 	}
+	for _, rec := range recs {
+		work <- rec
+	}
+	close(work)
+	wg.Wait()
 	m.reapOrphans(ctx)
 	if m.cfg.Network != nil {
 		if err := m.cfg.Network.Cleanup(ctx, keepNet); err != nil {
@@ -142,6 +166,19 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		_, err := b.conn.Hello(hctx)
 		cancel()
 		if err != nil {
+			// A box recorded running may be frozen: the daemon died
+			// between freezing it for a codebase sync and thawing it.
+			// Thaw (idempotent) and ask again before giving up on it.
+			if rerr := drv.Resume(ctx, nh); rerr == nil {
+				hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err = b.conn.Hello(hctx)
+				cancel()
+				if err == nil {
+					log.Info("thawed a sandbox left frozen by the crash")
+				}
+			}
+		}
+		if err != nil {
 			b.conn.Close()
 			return drop("agent did not answer after daemon restart: " + err.Error())
 		}
@@ -160,7 +197,7 @@ func (m *Manager) Run() {
 	if m.pool != nil {
 		m.wg.Add(1)
 		go m.fillPool()
-		m.wakePool()
+		m.pool.wakeUp()
 	}
 	m.wg.Add(1)
 	go func() {
@@ -184,12 +221,14 @@ func (m *Manager) Run() {
 	}()
 }
 
-// Close stops the background loops and destroys the idle warm boxes.
-// Sandboxes keep running: a restarted daemon re-attaches them.
+// Close stops the background loops, destroys the idle warm boxes and waits
+// for the teardowns of destroyed sandboxes. Sandboxes keep running: a
+// restarted daemon re-attaches them.
 func (m *Manager) Close() {
 	m.stopOnce.Do(func() { close(m.stop) })
+	m.closePool()
 	m.wg.Wait()
-	m.drainPool()
+	m.closeTeardowns()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for _, b := range m.boxes {

@@ -21,8 +21,9 @@ import (
 func nameKey(tenantName, name string) string { return tenantName + "\x00" + name }
 
 // visible reports whether p may see a box of tenant t with parent parent.
+// The admin token is no tenant: it sees no box (not even the owner's).
 func visible(p tenant.Principal, t, parent string) bool {
-	return t == p.Tenant && (p.Scope == "" || parent == p.Scope)
+	return !p.Admin && t == p.Tenant && (p.Scope == "" || parent == p.Scope)
 }
 
 // usageOf is what box b counts against its tenant's quotas.
@@ -59,14 +60,17 @@ func (m *Manager) checkOwner(ctx context.Context, req *sbxv1.CreateSandboxReques
 		return invalid("scoped_token needs networking: the box reaches the API on the network gateway, and network mode is none")
 	}
 	// Images resolve in the tenant's own store (Images picks it by ctx),
-	// volumes in its own volumes. A scoped token's children may use the
-	// tenant's images but not its volumes (its data); codebases are the
-	// daemon owner's alone.
+	// volumes in its own volumes, codebases among its own codebases (the
+	// codebase manager picks by ctx). A scoped token's children may use the
+	// tenant's images but not its volumes or codebases (its data).
+	if p.Admin {
+		return fmt.Errorf("the admin token manages tenants only and creates no sandboxes: %w", errdefs.ErrPermissionDenied)
+	}
 	if p.Scope != "" && len(req.GetVolumes()) > 0 {
 		return fmt.Errorf("volumes: a scoped sandbox token cannot mount its tenant's volumes: %w", errdefs.ErrPermissionDenied)
 	}
-	if (p.Tenant != "" || p.Scope != "") && len(req.GetCodebases()) > 0 {
-		return fmt.Errorf("codebases: not available to tenants or scoped tokens on this daemon: %w", errdefs.ErrPermissionDenied)
+	if p.Scope != "" && len(req.GetCodebases()) > 0 {
+		return fmt.Errorf("codebases: a scoped sandbox token cannot mount its tenant's codebases: %w", errdefs.ErrPermissionDenied)
 	}
 	return nil
 }
@@ -145,5 +149,5 @@ func (m *Manager) Sees(ctx context.Context, id string) bool {
 		return visible(p, b.tenant, b.parent)
 	}
 	// A box that is gone: only the single-user owner's own records.
-	return p.Tenant == "" && p.Scope == ""
+	return p.Tenant == "" && p.Scope == "" && !p.Admin
 }

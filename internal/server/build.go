@@ -24,9 +24,21 @@ func (s *ImageServer) BuildImage(ctx context.Context, req *connect.Request[sbxv1
 	if s.builder == nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("this daemon cannot build images"))
 	}
+	// The build's images go to the caller's tenant's store (the builder
+	// picks it by ctx), its step sandboxes are the tenant's.
+	store, err := s.stores.Images(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	if err := s.stores.CheckStorage(ctx); err != nil {
+		return toConnect(err)
+	}
 	img, err := s.builder.Build(ctx, req.Msg, out.Send)
 	if err != nil {
 		return toConnect(err)
+	}
+	if err := s.undoOverQuota(ctx, store, img.Digest); err != nil {
+		return err
 	}
 	return out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Done{Done: ImageInfo(img)}})
 }

@@ -39,7 +39,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[sbxv1.ExecReques
 		return err
 	}
 	start.StdinOpen = false
-	return relayExec(ctx, s.mgr, start, nil, out.Send)
+	return relayExec(ctx, s.streams, start, nil, out.Send)
 }
 
 // ExecInteractive relays stdin, resizes and signals to a running command.
@@ -51,20 +51,24 @@ func (s *Server) ExecInteractive(ctx context.Context, stream *connect.BidiStream
 	if err := validateExec(first.GetStart()); err != nil {
 		return err
 	}
-	return relayExec(ctx, s.mgr, first.GetStart(), stream.Receive, stream.Send)
+	return relayExec(ctx, s.streams, first.GetStart(), stream.Receive, stream.Send)
 }
 
-// relayExec opens an agent exec stream for start in its sandbox, forwards
-// input from recv and every output event to send. Without recv (no input
-// after start) it takes the cheaper execOnce path. The Exec RPCs and the
-// exec upgrade (execupgrade.go) share it.
-func relayExec(ctx context.Context, mgr *sandbox.Manager, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
-	conn, release, err := mgr.Agent(ctx, start.GetSandbox())
+// relayExec opens an agent exec stream for start in its sandbox (counted
+// against the sandbox's running commands), forwards input from recv and
+// every output event to send. Without recv (no input after start) it takes
+// the cheaper execOnce path. The Exec RPCs and the exec upgrade
+// (execupgrade.go) share it. Output is relayed one event at a time: a send
+// that blocks (a slow client) stops the reading from the agent, whose
+// flow control then stops the command's output; nothing queues up in
+// between.
+func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
+	conn, release, err := streams.exec(ctx, start.GetSandbox())
 	if err != nil {
-		return toConnect(err)
+		return err
 	}
 	defer release()
-	send = markOOM(ctx, mgr, start.GetSandbox(), send)
+	send = markOOM(ctx, streams.mgr, start.GetSandbox(), send)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if recv == nil {

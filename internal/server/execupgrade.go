@@ -14,7 +14,6 @@ import (
 
 	"github.com/sbxdev/sbx/api/execframe"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
-	"github.com/sbxdev/sbx/internal/sandbox"
 )
 
 // The API's exec upgrade: GET ExecPath over HTTP/1.1 with "Connection:
@@ -60,7 +59,7 @@ func (f *Front) serveExec(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(f.done, cancel)()
-	serveExecConn(ctx, f.mgr, nc, br, execIdleTimeout)
+	serveExecConn(ctx, f.streams, nc, br, execIdleTimeout)
 }
 
 // execConn is one upgraded connection.
@@ -89,7 +88,7 @@ type frame struct {
 
 // serveExecConn runs the commands of one connection, reading through br
 // (which may hold bytes read with the upgrade request), and closes it.
-func serveExecConn(ctx context.Context, mgr *sandbox.Manager, nc net.Conn, br *bufio.Reader, idle time.Duration) {
+func serveExecConn(ctx context.Context, streams *Streams, nc net.Conn, br *bufio.Reader, idle time.Duration) {
 	defer nc.Close()
 	c := &execConn{nc: nc, w: execframe.NewWriter(nc)}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
@@ -154,7 +153,7 @@ func serveExecConn(ctx context.Context, mgr *sandbox.Manager, nc net.Conn, br *b
 			cancel()
 			return
 		}
-		err = relayExec(cctx, mgr, start, nil, c.send)
+		err = relayExec(cctx, streams, start, nil, c.send)
 		interrupted := cctx.Err() != nil
 		cancel()
 		if interrupted {

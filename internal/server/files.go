@@ -17,9 +17,9 @@ var errEOF = io.EOF
 // serverStream forwards a server-streaming call to the agent of the named sandbox.
 func serverStream[Req, Resp any](ctx context.Context, s *Server, sandbox string, req *connect.Request[Req], out *connect.ServerStream[Resp],
 	call func(*agentconn.Conn, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Resp], error)) error {
-	conn, release, err := s.mgr.Agent(ctx, sandbox)
+	conn, release, err := s.streams.file(ctx, sandbox)
 	if err != nil {
-		return toConnect(err)
+		return err
 	}
 	defer release()
 	st, err := call(conn, ctx, connect.NewRequest(req.Msg))
@@ -59,9 +59,9 @@ func clientStream[Req any, Hdr interface {
 	if hdr == none {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: the first message must be a header", what))
 	}
-	conn, release, err := s.mgr.Agent(ctx, hdr.GetSandbox())
+	conn, release, err := s.streams.file(ctx, hdr.GetSandbox())
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, err
 	}
 	defer release()
 	out := call(conn, ctx)
@@ -110,9 +110,9 @@ func relay[T any](in *connect.ClientStream[T], send func(*T) error) error {
 // unary forwards a unary call to the agent of the named sandbox.
 func unary[Req, Resp any](ctx context.Context, s *Server, sandbox string, req *connect.Request[Req],
 	call func(*agentconn.Conn, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
-	conn, release, err := s.mgr.Agent(ctx, sandbox)
+	conn, release, err := s.streams.file(ctx, sandbox)
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, err
 	}
 	defer release()
 	return call(conn, ctx, connect.NewRequest(req.Msg))

@@ -51,7 +51,11 @@ type FrontConfig struct {
 	// headers). Each is a client connection the daemon holds for as long
 	// as the sandbox's code keeps it open. 0: DefaultMaxConnsPerSandbox.
 	MaxConnsPerSandbox int
-	Logger             *slog.Logger
+	// Streams counts the exec upgrade's commands against their sandboxes'
+	// limits; share the API server's (nil: a Streams of the front's own,
+	// with the default limits).
+	Streams *Streams
+	Logger  *slog.Logger
 }
 
 // DefaultMaxConnsPerSandbox is FrontConfig.MaxConnsPerSandbox's default.
@@ -70,6 +74,8 @@ type Front struct {
 	tr    *http.Transport
 	// conns counts proxied connections by sandbox id.
 	conns *connlimit.Counter[string]
+	// streams counts the exec upgrade's commands.
+	streams *Streams
 	// done ends with Close: it closes the upgraded exec connections, which
 	// the HTTP server no longer tracks.
 	done context.Context
@@ -90,6 +96,10 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	}
 	f := &Front{cfg: cfg, mgr: mgr, log: log,
 		conns: connlimit.NewCounter[string](cfg.MaxConnsPerSandbox, log, "port proxy connections per sandbox")}
+	f.streams = cfg.Streams
+	if f.streams == nil {
+		f.streams = NewStreams(mgr, StreamLimits{}, log)
+	}
 	f.done, f.stop = context.WithCancel(context.Background())
 	if cfg.Token != "" && cfg.Tenants == nil {
 		f.token = f.hash(cfg.Token)
@@ -97,7 +107,7 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	mux := http.NewServeMux()
 	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, handlerOpts...)
 	mux.Handle(path, h)
-	mux.Handle("/", api)
+	mux.Handle("/", uncompressedData(api))
 	f.api = mux
 	f.initProxy()
 	return f
@@ -276,18 +286,23 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) (*http.Request
 	if f.openAccess() {
 		return r, true
 	}
+	// The admin token reaches no sandbox: it is not a proxy credential.
+	auth := func(tok string) (tenant.Principal, bool) {
+		p, ok := f.authenticate(r, tok)
+		return p, ok && !p.Admin
+	}
 	for _, tok := range []string{bearer(r), r.Header.Get(HeaderToken)} {
-		if p, ok := f.authenticate(r, tok); ok {
+		if p, ok := auth(tok); ok {
 			return admitted(r, p, tok), true
 		}
 	}
 	if c, err := r.Cookie(TokenCookie); err == nil {
-		if p, ok := f.authenticate(r, c.Value); ok {
+		if p, ok := auth(c.Value); ok {
 			return admitted(r, p, c.Value), true
 		}
 	}
 	if q := r.URL.Query().Get(TokenQueryParam); q != "" {
-		if p, ok := f.authenticate(r, q); ok {
+		if p, ok := auth(q); ok {
 			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
 				http.SetCookie(w, &http.Cookie{
 					Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,

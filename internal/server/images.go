@@ -18,22 +18,26 @@ import (
 
 // Stores gives each request's tenant an image store and volumes of its
 // own (the daemon's per-tenant stores; the single-user owner has one of
-// each), and says how much of its storage quota the tenant uses.
+// each), and holds the tenant to its storage quota.
 type Stores interface {
 	Images(ctx context.Context) (*image.Store, error)
 	Volumes(ctx context.Context) (*volume.Manager, error)
-	// StorageUsed is what ctx's tenant's layers and volumes hold, in bytes.
-	StorageUsed(ctx context.Context) (int64, error)
+	// CheckStorage fails (ResourceExhausted, naming the quota) when ctx's
+	// tenant holds more than its storage quota.
+	CheckStorage(ctx context.Context) error
+	// ReserveStorage admits add more bytes of ctx's tenant until release.
+	ReserveStorage(ctx context.Context, add int64) (release func(), err error)
 	// InUse returns the digests of images ctx's tenant's sandboxes use.
 	InUse(ctx context.Context) map[string]bool
 }
 
 // ImageServer implements sbxv1connect.ImageServiceHandler over the
-// caller's tenant's image store.
+// caller's tenant's image store. What adds images (pulls, imports, builds,
+// snapshots) checks the tenant's storage quota before it starts and, its
+// size known only at the end, removes what it added again if that took the
+// tenant over (undoOverQuota). Nothing is serialised across tenants.
 type ImageServer struct {
 	stores Stores
-	// storageMu serialises storage-quota checks with what they admit.
-	storageMu sync.Mutex
 	// gc is held for writing while pruning, for reading while a create
 	// resolves an image and registers its sandbox.
 	gc *sync.RWMutex
@@ -48,28 +52,15 @@ func NewImageServer(stores Stores, gc *sync.RWMutex) *ImageServer {
 	return &ImageServer{stores: stores, gc: gc}
 }
 
-// admitStorage refuses when ctx's tenant already holds its storage_bytes
-// quota (add more bytes would be).
-func admitStorage(ctx context.Context, stores Stores, add int64) error {
-	p := tenant.FromContext(ctx)
-	if p.Quotas.StorageBytes == 0 {
-		return nil
-	}
-	used, err := stores.StorageUsed(ctx)
-	if err != nil {
-		return toConnect(err)
-	}
-	return toConnect(p.Quotas.AdmitStorage(p.Tenant, used, add))
-}
-
-// undoOverQuota removes image ref again if adding it took ctx's tenant
-// past its storage_bytes quota, and frees the layers no image uses then.
+// undoOverQuota removes images refs again if adding them took ctx's
+// tenant past its storage_bytes quota, and frees the layers no image uses
+// then; the error names the quota.
 func (s *ImageServer) undoOverQuota(ctx context.Context, store *image.Store, refs ...string) error {
 	p := tenant.FromContext(ctx)
 	if p.Quotas.StorageBytes == 0 {
 		return nil
 	}
-	err := admitStorage(ctx, s.stores, 0)
+	err := s.stores.CheckStorage(ctx)
 	if err == nil {
 		return nil
 	}
@@ -82,7 +73,7 @@ func (s *ImageServer) undoOverQuota(ctx context.Context, store *image.Store, ref
 		}
 	}
 	_, _ = store.Prune(ctx, s.layersInUse(ctx, store))
-	return err
+	return toConnect(err)
 }
 
 // layersInUse are the layers of the images ctx's tenant's sandboxes use.
@@ -125,10 +116,8 @@ func (s *ImageServer) PullImage(ctx context.Context, req *connect.Request[sbxv1.
 	if err != nil {
 		return toConnect(err)
 	}
-	s.storageMu.Lock()
-	defer s.storageMu.Unlock()
-	if err := admitStorage(ctx, s.stores, 0); err != nil {
-		return err
+	if err := s.stores.CheckStorage(ctx); err != nil {
+		return toConnect(err)
 	}
 	if err := out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Status{Status: "pulling " + ref}}); err != nil {
 		return err
@@ -163,10 +152,8 @@ func (s *ImageServer) ImportImage(ctx context.Context, in *connect.ClientStream[
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	s.storageMu.Lock()
-	defer s.storageMu.Unlock()
-	if err := admitStorage(ctx, s.stores, 0); err != nil {
-		return nil, err
+	if err := s.stores.CheckStorage(ctx); err != nil {
+		return nil, toConnect(err)
 	}
 	pr, pw := io.Pipe()
 	go func() {

@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sbxdev/sbx/api/execframe"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -28,16 +29,25 @@ var (
 
 // Server implements sbxv1connect.SandboxServiceHandler.
 type Server struct {
-	mgr    *sandbox.Manager
-	images *ImageServer
-	code   *CodeServer
-	sess   *SessionServer
+	mgr     *sandbox.Manager
+	streams *Streams
+	images  *ImageServer
+	code    *CodeServer
+	sess    *SessionServer
+	tenants *TenantServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
 
-// New returns a Server over mgr.
-func New(mgr *sandbox.Manager) *Server { return &Server{mgr: mgr} }
+// New returns a Server over mgr, with the default StreamLimits until
+// UseStreams.
+func New(mgr *sandbox.Manager) *Server {
+	return &Server{mgr: mgr, streams: NewStreams(mgr, StreamLimits{}, nil)}
+}
+
+// UseStreams has the server count its exec and file calls in st, which
+// the fronts' exec upgrades share.
+func (s *Server) UseStreams(st *Streams) { s.streams = st }
 
 // AddImages serves the image service too.
 func (s *Server) AddImages(images *ImageServer) { s.images = images }
@@ -47,10 +57,17 @@ func (s *Server) AddImages(images *ImageServer) { s.images = images }
 // more CPU than the whole rest of its relay, and saves nothing worth having.
 const compressMinBytes = 8 << 10
 
+// maxRequestMessage bounds one message a client sends: the daemon reads a
+// message whole before it decodes it, so without a bound one message could
+// take all its memory. The largest legitimate ones are exec start messages
+// with their stdin, which the exec protocol bounds the same way.
+const maxRequestMessage = execframe.MaxPayload
+
 // handlerOpts are the options of every API service handler.
 // The tenancy interceptor is here so that no service can be served without it.
 var handlerOpts = []connect.HandlerOption{
 	connect.WithCompressMinBytes(compressMinBytes),
+	connect.WithReadMaxBytes(maxRequestMessage),
 	connect.WithInterceptors(tenancyInterceptor{}),
 }
 
@@ -69,6 +86,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.sess != nil {
 		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
+		mux.Handle(path, h)
+	}
+	if s.tenants != nil {
+		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

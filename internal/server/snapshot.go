@@ -14,6 +14,15 @@ func (s *Server) SnapshotSandbox(ctx context.Context, req *connect.Request[sbxv1
 	if s.images == nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("snapshot: this daemon has no image store"))
 	}
+	// The image lands in the caller's tenant's store (the manager commits
+	// through the stores by ctx); its size is known at the end.
+	store, err := s.images.stores.Images(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if err := s.images.stores.CheckStorage(ctx); err != nil {
+		return nil, toConnect(err)
+	}
 	digest, err := s.mgr.Snapshot(ctx, req.Msg.GetSandbox(), req.Msg.GetTag())
 	if err != nil {
 		return nil, toConnect(err)
@@ -22,9 +31,8 @@ func (s *Server) SnapshotSandbox(ctx context.Context, req *connect.Request[sbxv1
 	if t := req.Msg.GetTag(); t != "" {
 		ref = t
 	}
-	store, err := s.images.stores.Images(ctx)
-	if err != nil {
-		return nil, toConnect(err)
+	if err := s.images.undoOverQuota(ctx, store, ref); err != nil {
+		return nil, err
 	}
 	img, err := store.Get(ctx, ref)
 	if err != nil {

@@ -22,15 +22,15 @@ const (
 	// Principal sees it (another tenant's, or for a scoped token anything
 	// but its own children, answers exactly like a missing one).
 	accessScoped
-	// accessTenant: it works on the caller's tenant's own image store or
-	// volumes (each tenant has its own; names are per tenant). Scoped
-	// tokens may not: they manage child sandboxes only.
+	// accessTenant: it works on the caller's tenant's own image store,
+	// volumes or codebases (each tenant has its own; names are per
+	// tenant), or makes images in that store (builds, snapshots: a
+	// snapshot's sandbox, a sync's sandbox resolve as for accessScoped).
+	// Scoped tokens may not: they manage child sandboxes only.
 	accessTenant
-	// accessOwner: it reads or changes the daemon owner's codebases, or
-	// builds or snapshots images with the owner's build machinery, which
-	// are not kept per tenant yet: only the single-user owner (no tenant,
-	// no scope) may call it.
-	accessOwner
+	// accessAdmin: it describes every tenant: the daemon's admin token
+	// only (and the single-user owner, who is told there are no tenants).
+	accessAdmin
 )
 
 // rpcAccess lists every RPC the daemon serves. An RPC missing here is
@@ -65,13 +65,13 @@ var rpcAccess = map[string]access{
 	sbxv1connect.CodeServiceCreateContextProcedure:        accessScoped,
 	sbxv1connect.CodeServiceListContextsProcedure:         accessScoped,
 	sbxv1connect.CodeServiceCloseContextProcedure:         accessScoped,
-	sbxv1connect.SandboxServiceSnapshotSandboxProcedure:   accessOwner, // makes an image
-	sbxv1connect.CodebaseServiceSyncCodebaseProcedure:     accessOwner,
-	sbxv1connect.CodebaseServiceCreateCodebaseProcedure:   accessOwner,
-	sbxv1connect.CodebaseServiceListCodebasesProcedure:    accessOwner,
-	sbxv1connect.CodebaseServiceGetCodebaseProcedure:      accessOwner,
-	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: accessOwner,
-	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure:   accessOwner,
+	sbxv1connect.SandboxServiceSnapshotSandboxProcedure:   accessTenant, // makes an image
+	sbxv1connect.CodebaseServiceSyncCodebaseProcedure:     accessTenant,
+	sbxv1connect.CodebaseServiceCreateCodebaseProcedure:   accessTenant,
+	sbxv1connect.CodebaseServiceListCodebasesProcedure:    accessTenant,
+	sbxv1connect.CodebaseServiceGetCodebaseProcedure:      accessTenant,
+	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: accessTenant,
+	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure:   accessTenant,
 	sbxv1connect.ImageServicePullImageProcedure:           accessTenant,
 	sbxv1connect.ImageServiceImportImageProcedure:         accessTenant,
 	sbxv1connect.ImageServiceExportImageProcedure:         accessTenant,
@@ -80,11 +80,13 @@ var rpcAccess = map[string]access{
 	sbxv1connect.ImageServiceTagImageProcedure:            accessTenant,
 	sbxv1connect.ImageServiceRemoveImageProcedure:         accessTenant,
 	sbxv1connect.ImageServicePruneImagesProcedure:         accessTenant,
-	sbxv1connect.ImageServiceBuildImageProcedure:          accessOwner,
+	sbxv1connect.ImageServiceBuildImageProcedure:          accessTenant,
 	sbxv1connect.VolumeServiceCreateVolumeProcedure:       accessTenant,
 	sbxv1connect.VolumeServiceListVolumesProcedure:        accessTenant,
 	sbxv1connect.VolumeServiceGetVolumeProcedure:          accessTenant,
 	sbxv1connect.VolumeServiceRemoveVolumeProcedure:       accessTenant,
+	sbxv1connect.TenantServiceGetTenantProcedure:          accessAny, // the caller's own
+	sbxv1connect.TenantServiceListTenantsProcedure:        accessAdmin,
 }
 
 // admit checks procedure's rule against ctx's Principal.
@@ -95,15 +97,13 @@ func admit(ctx context.Context, procedure string) error {
 	}
 	p := tenant.FromContext(ctx)
 	switch {
+	case p.Admin && a != accessAny && a != accessAdmin:
+		// The admin token is no tenant: it must never act as the owner "".
+		return toConnect(fmt.Errorf("%s: the admin token manages tenants only; use a tenant's token: %w", procedure, errdefs.ErrPermissionDenied))
+	case a == accessAdmin && !p.Admin && (p.Tenant != "" || p.Scope != ""):
+		return toConnect(fmt.Errorf("%s: needs the daemon's admin token: %w", procedure, errdefs.ErrPermissionDenied))
 	case a == accessTenant && p.Scope != "":
 		return toConnect(fmt.Errorf("%s: a scoped sandbox token manages child sandboxes only: %w", procedure, errdefs.ErrPermissionDenied))
-	case a == accessOwner && (p.Tenant != "" || p.Scope != ""):
-		what := "tenants"
-		if p.Scope != "" {
-			what = "scoped sandbox tokens"
-		}
-		return toConnect(fmt.Errorf("%s: not available to %s on this daemon (codebases, builds and snapshots are the daemon owner's): %w",
-			procedure, what, errdefs.ErrPermissionDenied))
 	}
 	return nil
 }

@@ -85,6 +85,10 @@ func TestTenancyHTTPRoutes(t *testing.T) {
 			if code, _ := do(rt.make(e.boxA), ""); code != http.StatusUnauthorized {
 				t.Errorf("no token: got %d, want 401", code)
 			}
+			// The admin token is no proxy credential (and never the owner "").
+			if code, _ := do(rt.make(e.boxA), e.admin); code != http.StatusUnauthorized {
+				t.Errorf("admin token: got %d, want 401", code)
+			}
 			for who, tok := range map[string]string{"beta": e.tokB, "scoped": e.scoped} {
 				mc, mb := do(rt.make(missing), tok)
 				code, body := do(rt.make(e.boxA), tok)
@@ -149,6 +153,9 @@ func TestTenancyHTTPRoutes(t *testing.T) {
 		}
 		if err := run(e.scoped, e.child); err != nil {
 			t.Errorf("scoped token in its child: %v", err)
+		}
+		if err := run(e.admin, e.boxA); err == nil {
+			t.Errorf("admin token exec in acme's box: got success, want a refusal")
 		}
 		if c := (sbx.NewClient(e.srv.URL)); c != nil {
 			_, err := c.Sandbox(e.boxA).Run(ctx, "true")
@@ -237,6 +244,61 @@ func TestTenancyQuotas(t *testing.T) {
 	}
 	if err := importImageSized(ctx, a, "big:1", 6<<20); err != nil {
 		t.Errorf("acme's image while beta is at its storage quota: %v", err)
+	}
+
+	// Codebases count too: beta holds its 8 MiB volume; a 5 MiB codebase
+	// would take it past 12 MiB.
+	bigTree := tarOf("blob", strings.Repeat("x", 5<<20))
+	if err := createCodebase(ctx, b, "big", bigTree); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "storage_bytes") {
+		t.Errorf("beta's 5 MiB codebase past its quota: got %v, want ResourceExhausted naming storage_bytes", err)
+	}
+	if resp, err := b.cb.ListCodebases(ctx, connect.NewRequest(&sbxv1.ListCodebasesRequest{})); err != nil || len(resp.Msg.GetCodebases()) != 0 {
+		t.Errorf("beta's codebases after the refusal: got %v, %v; want none left behind", resp.Msg.GetCodebases(), err)
+	}
+	if err := createCodebase(ctx, b, "small", tarOf("f", strings.Repeat("x", 1<<20))); err != nil {
+		t.Errorf("beta's 1 MiB codebase within its quota: %v", err)
+	}
+	// GetTenant reports it all against the quotas.
+	resp, err := b.ten.GetTenant(ctx, connect.NewRequest(&sbxv1.GetTenantRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, q := resp.Msg.GetTenant().GetUsage(), resp.Msg.GetTenant().GetQuotas()
+	if u.GetSandboxes() != 2 || u.GetMemoryBytes() != 128<<20 || u.GetVolumesBytes() != 8<<20 || u.GetCodebasesBytes() != 1<<20 ||
+		u.GetStorageBytes() != u.GetImagesBytes()+u.GetVolumesBytes()+u.GetCodebasesBytes() {
+		t.Errorf("beta's usage: got %v; want 2 sandboxes, 128 MiB of memory, 8 MiB of volumes, 1 MiB of codebases, storage their sum", u)
+	}
+	if q.GetStorageBytes() != 12<<20 || q.GetMaxSandboxes() != 2 {
+		t.Errorf("beta's quotas: got %v; want storage 12 MiB, 2 sandboxes", q)
+	}
+	list, err := e.clients(e.admin).ten.ListTenants(ctx, connect.NewRequest(&sbxv1.ListTenantsRequest{}))
+	if err != nil || len(list.Msg.GetTenants()) != 2 || list.Msg.GetTenants()[1].GetUsage().GetCodebasesBytes() != 1<<20 {
+		t.Errorf("admin's list: got %v, %v; want acme and beta with beta's 1 MiB codebase", list.Msg.GetTenants(), err)
+	}
+}
+
+// TestTenancyCodebaseMounts: a sandbox mounts only its own tenant's
+// codebases; another tenant's is not found, word for word as a missing
+// one, and a scoped token mounts none.
+func TestTenancyCodebaseMounts(t *testing.T) {
+	e := newTenancyEnv(t)
+	ctx := context.Background()
+	create := func(c rpcClients, cb string) error {
+		_, err := c.sb.CreateSandbox(ctx, connect.NewRequest(&sbxv1.CreateSandboxRequest{Codebases: []*sbxv1.CodebaseMount{{Codebase: cb}}}))
+		return err
+	}
+	b := e.clients(e.tokB)
+	errMissing, err := create(b, "nope"), create(b, "src")
+	var ce, cm *connect.Error
+	if connect.CodeOf(err) != connect.CodeNotFound || !errors.As(err, &ce) || !errors.As(errMissing, &cm) ||
+		ce.Message() != strings.ReplaceAll(cm.Message(), "nope", "src") {
+		t.Errorf("beta mounting acme's src: got %v, want %v with the name replaced", err, errMissing)
+	}
+	if err := create(e.clients(e.scoped), "src"); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("scoped token mounting its tenant's src: got %v, want PermissionDenied", err)
+	}
+	if err := create(e.clients(e.tokA), "src"); err != nil {
+		t.Errorf("acme mounting its own src: %v", err)
 	}
 }
 

@@ -26,6 +26,8 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
+	"github.com/sbxdev/sbx/internal/builder"
+	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -86,6 +88,7 @@ type tenancyEnv struct {
 	discardLogger *slog.Logger
 	stores        *TenantStores
 	registry      *tenant.Registry
+	admin         string // the admin token
 }
 
 // importImage imports a small random image into c's tenant's store as ref.
@@ -120,11 +123,16 @@ func importImageSized(ctx context.Context, c rpcClients, ref string, size int64)
 const tenantsJSON = `{"tenants": [
 	{"name": "acme", "tokens": [%q], "quotas": {"max_sandboxes": 8}},
 	{"name": "beta", "tokens": [%q], "quotas": {"max_sandboxes": 2, "memory_bytes": 201326592, "cpu_millis": 1500, "disk_bytes": 50331648, "storage_bytes": 12582912}}
-]}`
+], "admin_tokens": [%q]}`
 
 func newTenancyEnv(t *testing.T) *tenancyEnv {
 	t.Helper()
 	dir := t.TempDir()
+	// The fake driver's "boxes" are host processes: run_code writes its
+	// runner under codeexec.RunDir on the host itself.
+	if _, err := os.Stat(codeexec.RunDir); errors.Is(err, os.ErrNotExist) {
+		t.Cleanup(func() { os.RemoveAll(codeexec.RunDir) })
+	}
 	ctx := context.Background()
 	st, err := store.Open(ctx, dir)
 	if err != nil {
@@ -135,8 +143,23 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	imgCfg := image.Config{Dir: filepath.Join(dir, "images"), UIDShift: 100000, Logger: log}
+	images, err := image.Open(ctx, imgCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := NewTenantStores(dir, imgCfg, images, vols, log)
+	cbs, err := codebase.Open(ctx, codebase.Config{Dir: filepath.Join(dir, "codebases"), Store: st, UIDShift: 100000, Logger: log, Storage: stores})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores.SetCodebases(cbs)
 	mgr, err := sandbox.New(sandbox.Config{
-		Store: st, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
+		Store: st, Codebases: cbs, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits: sandbox.Limits{
 			MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
@@ -152,8 +175,8 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		t.Fatal(err)
 	}
 	mgr.Run()
-	e := &tenancyEnv{mgr: mgr, tokA: tenant.NewToken(), tokB: tenant.NewToken(), discardLogger: log}
-	set, err := tenant.Parse(fmt.Appendf(nil, tenantsJSON, tenant.HashToken(e.tokA), tenant.HashToken(e.tokB)))
+	e := &tenancyEnv{mgr: mgr, tokA: tenant.NewToken(), tokB: tenant.NewToken(), admin: tenant.NewToken(), discardLogger: log}
+	set, err := tenant.Parse(fmt.Appendf(nil, tenantsJSON, tenant.HashToken(e.tokA), tenant.HashToken(e.tokB), tenant.HashToken(e.admin)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,25 +185,19 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	sessions := codeexec.NewSessions(mgr, log)
 	api.AddCode(NewCodeServer(code, mgr))
 	api.AddSessions(NewSessionServer(sessions, mgr))
-	imgCfg := image.Config{Dir: filepath.Join(dir, "images"), UIDShift: 100000, Logger: log}
-	images, err := image.Open(ctx, imgCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores := NewTenantStores(dir, imgCfg, images, vols, log)
 	stores.SetManager(mgr)
 	e.stores = stores
 	var gc sync.RWMutex
-	api.AddImages(NewImageServer(stores, &gc))
-	mux := http.NewServeMux()
-	p, h := sbxv1connect.NewCodebaseServiceHandler(sbxv1connect.UnimplementedCodebaseServiceHandler{}, handlerOpts...)
-	mux.Handle(p, h)
-	mux.Handle("/", WithVolumes(api.Handler(), NewVolumeServer(stores)))
+	imgSrv := NewImageServer(stores, &gc)
+	bld, err := builder.New(builder.Config{Manager: mgr, Stores: stores, Storage: stores.CheckStorage, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgSrv.SetBuilder(bld)
+	api.AddImages(imgSrv)
 	e.registry = tenant.NewRegistry(set)
+	api.AddTenants(NewTenantServer(mgr, stores, e.registry))
+	mux := WithCodebases(WithVolumes(api.Handler(), NewVolumeServer(stores)), NewCodebaseServer(cbs, mgr))
 	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
@@ -249,7 +266,23 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	if err := importImage(ctx, a, "app:1"); err != nil {
 		t.Fatalf("acme's image: %v", err)
 	}
+	if err := createCodebase(ctx, a, "src", tarOf("secret.txt", "acme's code")); err != nil {
+		t.Fatalf("acme's codebase: %v", err)
+	}
 	return e
+}
+
+// createCodebase uploads tree (a tar) as c's tenant's codebase name.
+func createCodebase(ctx context.Context, c rpcClients, name string, tree []byte) error {
+	st := c.cb.CreateCodebase(ctx)
+	if err := st.Send(&sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Header{Header: &sbxv1.CreateCodebaseHeader{Name: name}}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if err := st.Send(&sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Data{Data: tree}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_, err := st.CloseAndReceive()
+	return err
 }
 
 // rpcClients are clients of every service, all sending one token.
@@ -261,6 +294,7 @@ type rpcClients struct {
 	port  sbxv1connect.PortServiceClient
 	sess  sbxv1connect.SessionServiceClient
 	code  sbxv1connect.CodeServiceClient
+	ten   sbxv1connect.TenantServiceClient
 	token string
 }
 
@@ -288,7 +322,7 @@ func (e *tenancyEnv) clients(tok string) rpcClients {
 		sb: sbxv1connect.NewSandboxServiceClient(hc, u), img: sbxv1connect.NewImageServiceClient(hc, u),
 		vol: sbxv1connect.NewVolumeServiceClient(hc, u), cb: sbxv1connect.NewCodebaseServiceClient(hc, u),
 		port: sbxv1connect.NewPortServiceClient(hc, u), sess: sbxv1connect.NewSessionServiceClient(hc, u),
-		code: sbxv1connect.NewCodeServiceClient(hc, u), token: tok,
+		code: sbxv1connect.NewCodeServiceClient(hc, u), ten: sbxv1connect.NewTenantServiceClient(hc, u), token: tok,
 	}
 }
 
@@ -335,8 +369,12 @@ const (
 	targetContext
 	targetNone   // names nothing (Version)
 	targetList   // lists: call returns the ids it saw
-	targetOwner  // the daemon owner's codebases, builds, snapshots: refused to tenants
-	targetTenant // the caller's tenant's images or volumes: refused to scoped tokens
+	targetTenant // the caller's tenant's images, volumes or codebases: refused to scoped tokens
+	// targetTenantSandbox names a sandbox and works on its tenant's
+	// stores (snapshot, codebase sync): refused to scoped tokens.
+	targetTenantSandbox
+	targetSelf  // the caller's own tenant (GetTenant)
+	targetAdmin // every tenant: the admin token's alone
 )
 
 type tenancyCase struct {
@@ -398,7 +436,7 @@ var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.SandboxServiceUpdateNetworkProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one2(c.sb.UpdateNetwork(ctx, connect.NewRequest(&sbxv1.UpdateNetworkRequest{Sandbox: ref, Network: &sbxv1.NetworkPolicy{}})))
 	}},
-	sbxv1connect.SandboxServiceSnapshotSandboxProcedure: {targetOwner, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+	sbxv1connect.SandboxServiceSnapshotSandboxProcedure: {targetTenantSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one2(c.sb.SnapshotSandbox(ctx, connect.NewRequest(&sbxv1.SnapshotSandboxRequest{Sandbox: ref, Tag: "x:1"})))
 	}},
 	sbxv1connect.SandboxServiceExecProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
@@ -515,25 +553,54 @@ var tenancyCases = map[string]tenancyCase{
 		// Run last (see the test).
 		return one2(c.code.CloseContext(ctx, connect.NewRequest(&sbxv1.CloseContextRequest{Context: ref})))
 	}},
-	sbxv1connect.CodebaseServiceSyncCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+	sbxv1connect.CodebaseServiceSyncCodebaseProcedure: {targetTenantSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one2(c.cb.SyncCodebase(ctx, connect.NewRequest(&sbxv1.SyncCodebaseRequest{Sandbox: ref})))
 	}},
-	sbxv1connect.CodebaseServiceCreateCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		st := c.cb.CreateCodebase(ctx)
-		_ = st.Send(&sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Header{Header: &sbxv1.CreateCodebaseHeader{Name: "x"}}})
-		return one2(st.CloseAndReceive())
+	sbxv1connect.CodebaseServiceCreateCodebaseProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Names are per tenant: every tenant may make its own.
+		if err := createCodebase(ctx, c, ref+"-new", tarOf("f", "x")); err != nil {
+			return nil, err
+		}
+		return one2(c.cb.DeleteCodebase(ctx, connect.NewRequest(&sbxv1.DeleteCodebaseRequest{Codebase: ref + "-new"})))
 	}},
-	sbxv1connect.CodebaseServiceListCodebasesProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.cb.ListCodebases(ctx, connect.NewRequest(&sbxv1.ListCodebasesRequest{})))
+	sbxv1connect.CodebaseServiceListCodebasesProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.cb.ListCodebases(ctx, connect.NewRequest(&sbxv1.ListCodebasesRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, cb := range resp.Msg.GetCodebases() {
+			names = append(names, cb.GetName())
+		}
+		return names, nil
 	}},
-	sbxv1connect.CodebaseServiceGetCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.cb.GetCodebase(ctx, connect.NewRequest(&sbxv1.GetCodebaseRequest{Codebase: "x"})))
+	sbxv1connect.CodebaseServiceGetCodebaseProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.cb.GetCodebase(ctx, connect.NewRequest(&sbxv1.GetCodebaseRequest{Codebase: ref})))
 	}},
-	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one(drain(c.cb.DownloadCodebase(ctx, connect.NewRequest(&sbxv1.DownloadCodebaseRequest{Codebase: "x"}))))
+	sbxv1connect.CodebaseServiceDownloadCodebaseProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.cb.DownloadCodebase(ctx, connect.NewRequest(&sbxv1.DownloadCodebaseRequest{Codebase: ref}))))
 	}},
-	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one2(c.cb.DeleteCodebase(ctx, connect.NewRequest(&sbxv1.DeleteCodebaseRequest{Codebase: "x"})))
+	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// Run last (see the test).
+		return one2(c.cb.DeleteCodebase(ctx, connect.NewRequest(&sbxv1.DeleteCodebaseRequest{Codebase: ref})))
+	}},
+	sbxv1connect.TenantServiceGetTenantProcedure: {targetSelf, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		resp, err := c.ten.GetTenant(ctx, connect.NewRequest(&sbxv1.GetTenantRequest{Name: ref}))
+		if err != nil {
+			return nil, err
+		}
+		return []string{resp.Msg.GetTenant().GetName()}, nil
+	}},
+	sbxv1connect.TenantServiceListTenantsProcedure: {targetAdmin, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.ten.ListTenants(ctx, connect.NewRequest(&sbxv1.ListTenantsRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, t := range resp.Msg.GetTenants() {
+			names = append(names, t.GetName())
+		}
+		return names, nil
 	}},
 	sbxv1connect.ImageServicePullImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		// Nothing listens there: the pull reaches the tenant's store and fails.
@@ -574,8 +641,11 @@ var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.ImageServicePruneImagesProcedure: {targetTenant, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one2(c.img.PruneImages(ctx, connect.NewRequest(&sbxv1.PruneImagesRequest{})))
 	}},
-	sbxv1connect.ImageServiceBuildImageProcedure: {targetOwner, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
-		return one(drain(c.img.BuildImage(ctx, connect.NewRequest(&sbxv1.BuildImageRequest{Tag: "x:1"}))))
+	sbxv1connect.ImageServiceBuildImageProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		// A config-only recipe on ref: it resolves ref in the caller's
+		// tenant's store and runs no sandbox.
+		recipe := &sbxv1.Recipe{From: ref, Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Env{Env: &sbxv1.EnvStep{Env: map[string]string{"BUILT": "1"}}}}}}
+		return one(drain(c.img.BuildImage(ctx, connect.NewRequest(&sbxv1.BuildImageRequest{Recipe: recipe, Tag: "built:1"}))))
 	}},
 	sbxv1connect.VolumeServiceCreateVolumeProcedure: {targetTenant, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		// Names are per tenant: every tenant may have its own "scratch".
@@ -610,10 +680,14 @@ func one2[T any](_ T, err error) ([]string, error) { return nil, err }
 var ownCode = map[string]connect.Code{
 	// The test daemon runs without networking.
 	sbxv1connect.SandboxServiceUpdateNetworkProcedure: connect.CodeFailedPrecondition,
+	// The fake driver cannot snapshot; the box mounts no codebase.
+	sbxv1connect.SandboxServiceSnapshotSandboxProcedure: connect.CodeFailedPrecondition,
+	sbxv1connect.CodebaseServiceSyncCodebaseProcedure:   connect.CodeFailedPrecondition,
 }
 
 // runLast are the cases that end what they name.
 var runLast = []string{
+	sbxv1connect.CodebaseServiceDeleteCodebaseProcedure,
 	sbxv1connect.ImageServiceRemoveImageProcedure,
 	sbxv1connect.VolumeServiceRemoveVolumeProcedure,
 	sbxv1connect.SandboxServiceDestroySandboxProcedure,
@@ -623,19 +697,20 @@ var runLast = []string{
 
 // TestTenancyEveryRPC calls every RPC of the API (from the descriptors)
 // with acme's token (works), beta's (NotFound, word for word what a
-// missing object gets), none (Unauthenticated) and the scoped token of one
-// of acme's sandboxes (only its children).
+// missing object gets), none (Unauthenticated), the scoped token of one
+// of acme's sandboxes (only its children) and the admin token (the tenant
+// service only).
 func TestTenancyEveryRPC(t *testing.T) {
 	tenancyScratch = t.TempDir()
 	e := newTenancyEnv(t)
 	ctx := context.Background()
-	a, b, none, scoped := e.clients(e.tokA), e.clients(e.tokB), e.clients(""), e.clients(e.scoped)
+	a, b, none, scoped, admin := e.clients(e.tokA), e.clients(e.tokB), e.clients(""), e.clients(e.scoped), e.clients(e.admin)
 	procs := registeredProcedures(t)
 	procs = slices.DeleteFunc(procs, func(p string) bool { return slices.Contains(runLast, p) })
 	procs = append(procs, runLast...)
 	acmeObjects := []string{e.boxA, e.boxA2, e.parent, e.child, e.sessA, e.ctxA}
-	missing := map[target]string{targetSandbox: "sb-0000000000ff", targetSession: "sess-00000000000000ff", targetContext: "ctx-00000000000000ff"}
-	own := map[target]string{targetSandbox: e.boxA, targetSession: e.sessA, targetContext: e.ctxA}
+	missing := map[target]string{targetSandbox: "sb-0000000000ff", targetTenantSandbox: "sb-0000000000ff", targetSession: "sess-00000000000000ff", targetContext: "ctx-00000000000000ff"}
+	own := map[target]string{targetSandbox: e.boxA, targetTenantSandbox: e.boxA, targetSession: e.sessA, targetContext: e.ctxA}
 
 	// sameAsMissing checks that c's call on ref fails exactly like its call
 	// on a missing object of the same kind.
@@ -661,6 +736,17 @@ func TestTenancyEveryRPC(t *testing.T) {
 			if _, err := tc.call(ctx, none, own[tc.target]); connect.CodeOf(err) != connect.CodeUnauthenticated {
 				t.Errorf("without a token: got %v, want Unauthenticated", err)
 			}
+			// The admin token is no tenant (and never the owner ""): it
+			// reaches nothing but the tenant service and Version.
+			if tc.target != targetNone && tc.target != targetSelf && tc.target != targetAdmin {
+				ref := own[tc.target]
+				if ref == "" {
+					ref = "app:1"
+				}
+				if _, err := tc.call(ctx, admin, ref); connect.CodeOf(err) != connect.CodePermissionDenied {
+					t.Errorf("admin token: got %v, want PermissionDenied", err)
+				}
+			}
 			switch tc.target {
 			case targetNone:
 				for _, c := range []rpcClients{a, b, scoped} {
@@ -668,22 +754,55 @@ func TestTenancyEveryRPC(t *testing.T) {
 						t.Errorf("with a token: got %v, want success", err)
 					}
 				}
-			case targetOwner:
+			case targetSelf:
 				for who, c := range map[string]rpcClients{"acme": a, "beta": b, "scoped": scoped} {
-					if _, err := tc.call(ctx, c, e.boxA); connect.CodeOf(err) != connect.CodePermissionDenied {
-						t.Errorf("%s: got %v, want PermissionDenied (the daemon owner's stores)", who, err)
+					want := map[string]string{"acme": "acme", "beta": "beta", "scoped": "acme"}[who]
+					if got, err := tc.call(ctx, c, ""); err != nil || len(got) != 1 || got[0] != want {
+						t.Errorf("%s on itself: got %v, %v; want %s", who, got, err, want)
 					}
+				}
+				// Naming another tenant is answered like naming none that exists.
+				_, errMissing := tc.call(ctx, b, "nope")
+				_, err := tc.call(ctx, b, "acme")
+				var ce, cm *connect.Error
+				if connect.CodeOf(err) != connect.CodeNotFound || !errors.As(err, &ce) || !errors.As(errMissing, &cm) ||
+					ce.Message() != strings.ReplaceAll(cm.Message(), "nope", "acme") {
+					t.Errorf("beta naming acme: got %v, want %v with the name replaced", err, errMissing)
+				}
+				if got, err := tc.call(ctx, admin, "beta"); err != nil || len(got) != 1 || got[0] != "beta" {
+					t.Errorf("admin naming beta: got %v, %v; want beta", got, err)
+				}
+			case targetAdmin:
+				for who, c := range map[string]rpcClients{"acme": a, "beta": b, "scoped": scoped} {
+					if _, err := tc.call(ctx, c, ""); connect.CodeOf(err) != connect.CodePermissionDenied {
+						t.Errorf("%s: got %v, want PermissionDenied (admin token only)", who, err)
+					}
+				}
+				if got, err := tc.call(ctx, admin, ""); err != nil || !slices.Equal(got, []string{"acme", "beta"}) {
+					t.Errorf("admin: got %v, %v; want [acme beta]", got, err)
+				}
+			case targetTenantSandbox:
+				if _, err := tc.call(ctx, scoped, e.child); connect.CodeOf(err) != connect.CodePermissionDenied {
+					t.Errorf("scoped token on its child: got %v, want PermissionDenied (it manages child sandboxes only)", err)
+				}
+				sameAsMissing(t, tc, b, "beta", e.boxA)
+				if _, err := tc.call(ctx, a, e.boxA); err != nil && connect.CodeOf(err) != ownCode[p] {
+					t.Errorf("acme on its own %s: got %v, want success", e.boxA, err)
 				}
 			case targetTenant:
 				ref, missingRef := "app:1", "nope:1"
-				if strings.Contains(p, "VolumeService") {
+				switch {
+				case strings.Contains(p, "VolumeService"):
 					ref, missingRef = "data", "nope"
+				case strings.Contains(p, "CodebaseService"):
+					ref, missingRef = "src", "nope"
 				}
 				if _, err := tc.call(ctx, scoped, ref); connect.CodeOf(err) != connect.CodePermissionDenied {
 					t.Errorf("scoped token: got %v, want PermissionDenied (it manages child sandboxes only)", err)
 				}
 				switch p {
-				case sbxv1connect.ImageServiceListImagesProcedure, sbxv1connect.VolumeServiceListVolumesProcedure:
+				case sbxv1connect.ImageServiceListImagesProcedure, sbxv1connect.VolumeServiceListVolumesProcedure,
+					sbxv1connect.CodebaseServiceListCodebasesProcedure:
 					named := func(g string) bool { return g == ref || strings.HasSuffix(g, "/"+ref) }
 					if got, err := tc.call(ctx, a, ""); err != nil || !slices.ContainsFunc(got, named) {
 						t.Errorf("acme's list: got %v, %v; want %s in it", got, err, ref)
@@ -693,7 +812,9 @@ func TestTenancyEveryRPC(t *testing.T) {
 					}
 				case sbxv1connect.ImageServiceGetImageProcedure, sbxv1connect.ImageServiceExportImageProcedure,
 					sbxv1connect.ImageServiceTagImageProcedure, sbxv1connect.ImageServiceRemoveImageProcedure,
-					sbxv1connect.VolumeServiceGetVolumeProcedure, sbxv1connect.VolumeServiceRemoveVolumeProcedure:
+					sbxv1connect.VolumeServiceGetVolumeProcedure, sbxv1connect.VolumeServiceRemoveVolumeProcedure,
+					sbxv1connect.CodebaseServiceGetCodebaseProcedure, sbxv1connect.CodebaseServiceDownloadCodebaseProcedure,
+					sbxv1connect.CodebaseServiceDeleteCodebaseProcedure, sbxv1connect.ImageServiceBuildImageProcedure:
 					_, errMissing := tc.call(ctx, b, missingRef)
 					_, err := tc.call(ctx, b, ref)
 					var ce, cm *connect.Error

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/tenant"
@@ -17,33 +18,50 @@ import (
 
 // TenantStores gives every tenant an image store and volumes of its own,
 // under <data dir>/tenants/<name>/{images,volumes}: one tenant's pulls,
-// tags, removals and volumes never touch another's, and names are per
-// tenant. The single-user owner ("") keeps the daemon's own stores. The
-// built-in host image is shared, read-only, by everyone.
+// tags, removals, builds, snapshots and volumes never touch another's, and
+// names are per tenant. The single-user owner ("") keeps the daemon's own
+// stores. The built-in host image is shared, read-only, by everyone.
+// Codebases live in one store with an owner per codebase
+// (internal/codebase); TenantStores counts them against the storage quota.
 type TenantStores struct {
 	dir    string       // <data dir>/tenants
 	imgCfg image.Config // the owner's, Dir replaced per tenant
 	log    *slog.Logger
 	owner  *tenantStore
 	mgr    *sandbox.Manager // set before serving
+	// codebases says what a tenant's codebases hold (nil: none).
+	codebases CodebaseBytes
 
 	mu sync.Mutex
 	// byName holds the tenants' stores opened so far. Guarded by mu.
 	byName map[string]*tenantStore
 }
 
+// CodebaseBytes says what a tenant's codebases hold (internal/codebase's
+// Manager implements it).
+type CodebaseBytes interface {
+	Bytes(ctx context.Context, tenant string) (int64, error)
+}
+
 type tenantStore struct {
-	images *image.Store
-	vols   *volume.Manager
+	images    *image.Store
+	imagesDir string
+	vols      *volume.Manager
+	// storageMu serialises the tenant's storage-quota reservations with
+	// the growth they admit (ReserveStorage).
+	storageMu sync.Mutex
 }
 
 // NewTenantStores returns the stores of a daemon whose data dir is
 // dataDir; images and vols are the single-user owner's, imgCfg their
 // configuration (each tenant's differs in Dir alone).
 func NewTenantStores(dataDir string, imgCfg image.Config, images *image.Store, vols *volume.Manager, log *slog.Logger) *TenantStores {
-	return &TenantStores{dir: filepath.Join(dataDir, "tenants"), imgCfg: imgCfg, owner: &tenantStore{images: images, vols: vols},
+	return &TenantStores{dir: filepath.Join(dataDir, "tenants"), imgCfg: imgCfg, owner: &tenantStore{images: images, imagesDir: imgCfg.Dir, vols: vols},
 		log: log, byName: map[string]*tenantStore{}}
 }
+
+// SetCodebases counts cbs's codebases in the tenants' storage.
+func (ts *TenantStores) SetCodebases(cbs CodebaseBytes) { ts.codebases = cbs }
 
 // OpenExisting opens the stores of every tenant that has some, so that
 // their volumes are mounted before recovered sandboxes need them.
@@ -65,7 +83,12 @@ func (ts *TenantStores) OpenExisting(ctx context.Context) error {
 
 // forContext returns the stores of ctx's tenant.
 func (ts *TenantStores) forContext(ctx context.Context) (*tenantStore, error) {
-	return ts.get(ctx, tenant.FromContext(ctx).Tenant)
+	p := tenant.FromContext(ctx)
+	if p.Admin {
+		// The admin token is no tenant, and never the owner "".
+		return nil, fmt.Errorf("the admin token has no stores of its own: %w", errdefs.ErrPermissionDenied)
+	}
+	return ts.get(ctx, p.Tenant)
 }
 
 // get returns (opening on first use) the stores of tenant t.
@@ -101,7 +124,7 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	if ts.mgr != nil {
 		vols.SetUsers(func(name string) []string { return ts.mgr.VolumeUsers(t, name) })
 	}
-	s := &tenantStore{images: images, vols: vols}
+	s := &tenantStore{images: images, imagesDir: cfg.Dir, vols: vols}
 	ts.byName[t] = s
 	return s, nil
 }
@@ -144,26 +167,97 @@ func (ts *TenantStores) Volumes(ctx context.Context) (*volume.Manager, error) {
 	return s.vols, nil
 }
 
-// StorageUsed is what ctx's tenant's layers and volumes (at their full
-// size, which their files may grow to) hold, in bytes.
-func (ts *TenantStores) StorageUsed(ctx context.Context) (int64, error) {
+// BuildStore is ctx's tenant's image store and build step cache
+// (builder.Stores).
+func (ts *TenantStores) BuildStore(ctx context.Context) (*image.Store, string, error) {
 	s, err := ts.forContext(ctx)
 	if err != nil {
-		return 0, err
+		return nil, "", err
 	}
-	_, _, layers, err := s.images.DiskUsage(ctx)
+	return s.images, filepath.Join(s.imagesDir, "build-cache"), nil
+}
+
+// StorageUse is what a tenant's storage holds, in bytes.
+type StorageUse struct {
+	// Images counts layers and blobs; Volumes the volumes' full sizes
+	// (which their files may grow to); Codebases the current revisions.
+	Images, Volumes, Codebases int64
+}
+
+// Total is what counts against the storage_bytes quota.
+func (u StorageUse) Total() int64 { return u.Images + u.Volumes + u.Codebases }
+
+// StorageUsage is what ctx's tenant's images, volumes and codebases hold.
+func (ts *TenantStores) StorageUsage(ctx context.Context) (StorageUse, error) {
+	var u StorageUse
+	s, err := ts.forContext(ctx)
 	if err != nil {
-		return 0, err
+		return u, err
+	}
+	if _, _, u.Images, err = s.images.DiskUsage(ctx); err != nil {
+		return u, err
 	}
 	vs, err := s.vols.List(ctx)
 	if err != nil {
-		return 0, err
+		return u, err
 	}
-	used := layers
 	for _, v := range vs {
-		used += v.GetSizeBytes()
+		u.Volumes += v.GetSizeBytes()
 	}
-	return used, nil
+	if ts.codebases != nil {
+		if u.Codebases, err = ts.codebases.Bytes(ctx, tenant.FromContext(ctx).Tenant); err != nil {
+			return u, err
+		}
+	}
+	return u, nil
+}
+
+// StorageUsed is what ctx's tenant's images, volumes and codebases hold.
+func (ts *TenantStores) StorageUsed(ctx context.Context) (int64, error) {
+	u, err := ts.StorageUsage(ctx)
+	return u.Total(), err
+}
+
+// ReserveStorage admits add more bytes for ctx's tenant against its
+// storage_bytes quota, or fails wrapping errdefs.ErrResourceExhausted and
+// naming the quota. The admission holds (later reservations of the tenant
+// wait) until release; account the bytes before releasing. Codebase
+// creates and syncs and volume creates reserve; pulls, imports, builds and
+// snapshots, whose size is known only at their end, check before and undo
+// after (ImageServer.undoOverQuota).
+func (ts *TenantStores) ReserveStorage(ctx context.Context, add int64) (release func(), err error) {
+	p := tenant.FromContext(ctx)
+	if p.Quotas.StorageBytes == 0 {
+		return func() {}, nil
+	}
+	s, err := ts.forContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.storageMu.Lock()
+	used, err := ts.StorageUsed(ctx)
+	if err == nil {
+		err = p.Quotas.AdmitStorage(p.Tenant, used, add)
+	}
+	if err != nil {
+		s.storageMu.Unlock()
+		return nil, err
+	}
+	return s.storageMu.Unlock, nil
+}
+
+// CheckStorage fails, naming the quota, when ctx's tenant holds more than
+// its storage_bytes quota.
+func (ts *TenantStores) CheckStorage(ctx context.Context) error {
+	p := tenant.FromContext(ctx)
+	if p.Quotas.StorageBytes == 0 {
+		return nil
+	}
+	used, err := ts.StorageUsed(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Quotas.AdmitStorage(p.Tenant, used, 0)
 }
 
 // InUse returns the digests ctx's tenant's sandboxes use.

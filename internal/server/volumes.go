@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"sync"
 
 	"connectrpc.com/connect"
 
@@ -16,8 +15,6 @@ import (
 // caller's tenant's volumes.
 type VolumeServer struct {
 	stores Stores
-	// mu serialises storage-quota checks with the creates they admit.
-	mu sync.Mutex
 }
 
 var _ sbxv1connect.VolumeServiceHandler = (*VolumeServer)(nil)
@@ -35,11 +32,11 @@ func (s *VolumeServer) CreateVolume(ctx context.Context, req *connect.Request[sb
 	if size == 0 {
 		size = volume.DefaultSize
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := admitStorage(ctx, s.stores, size); err != nil {
-		return nil, err
+	release, err := s.stores.ReserveStorage(ctx, size)
+	if err != nil {
+		return nil, toConnect(err)
 	}
+	defer release()
 	v, err := vols.Create(ctx, req.Msg.GetName(), req.Msg.GetSizeBytes())
 	if err != nil {
 		return nil, toConnect(err)

@@ -11,7 +11,8 @@ import (
 )
 
 // codebaseSchema holds codebase metadata (see internal/codebase):
-//   - codebases: one row per codebase and its current revision;
+//   - codebases: one row per codebase and its current revision, owned by a
+//     tenant ("" in single-user mode); names are unique per tenant;
 //   - codebase_changes: the revision at which each path last changed (paths
 //     absent never changed since the upload, revision 1);
 //   - codebase_mounts: one row per codebase mounted into a sandbox, with the
@@ -21,13 +22,15 @@ import (
 const codebaseSchema = `
 CREATE TABLE IF NOT EXISTS codebases (
 	id          TEXT PRIMARY KEY,
-	name        TEXT UNIQUE,
+	name        TEXT,
 	revision    INTEGER NOT NULL,
 	file_count  INTEGER NOT NULL DEFAULT 0,
 	size_bytes  INTEGER NOT NULL DEFAULT 0,
 	created_at  INTEGER NOT NULL,
 	updated_at  INTEGER NOT NULL,
-	skipped     TEXT NOT NULL DEFAULT '[]'
+	skipped     TEXT NOT NULL DEFAULT '[]',
+	tenant      TEXT NOT NULL DEFAULT '',
+	UNIQUE (tenant, name)
 );
 CREATE TABLE IF NOT EXISTS codebase_changes (
 	codebase_id TEXT NOT NULL,
@@ -53,6 +56,29 @@ CREATE TABLE IF NOT EXISTS codebase_synced (
 );
 `
 
+// codebaseTenantColumn rebuilds a codebases table made before tenants: its
+// names were unique daemon-wide (a column constraint SQLite cannot drop in
+// place), now per tenant. Every existing codebase keeps its values and
+// belongs to the single-user owner "".
+const codebaseTenantColumn = `
+CREATE TABLE codebases_tenants (
+	id          TEXT PRIMARY KEY,
+	name        TEXT,
+	revision    INTEGER NOT NULL,
+	file_count  INTEGER NOT NULL DEFAULT 0,
+	size_bytes  INTEGER NOT NULL DEFAULT 0,
+	created_at  INTEGER NOT NULL,
+	updated_at  INTEGER NOT NULL,
+	skipped     TEXT NOT NULL DEFAULT '[]',
+	tenant      TEXT NOT NULL DEFAULT '',
+	UNIQUE (tenant, name)
+);
+INSERT INTO codebases_tenants (id, name, revision, file_count, size_bytes, created_at, updated_at, skipped)
+	SELECT id, name, revision, file_count, size_bytes, created_at, updated_at, skipped FROM codebases;
+DROP TABLE codebases;
+ALTER TABLE codebases_tenants RENAME TO codebases;
+`
+
 // CodebaseRecord is one codebase as persisted.
 type CodebaseRecord struct {
 	ID          string
@@ -64,6 +90,8 @@ type CodebaseRecord struct {
 	UpdatedAtMs int64
 	// Skipped is the upload's skipped-file report, JSON-encoded by the caller.
 	Skipped json.RawMessage
+	// Tenant owns the codebase ("": the single-user owner).
+	Tenant string
 }
 
 // CodebaseMountRecord is one codebase mounted into one sandbox.
@@ -89,10 +117,10 @@ func (s *Store) InsertCodebase(ctx context.Context, r *CodebaseRecord) error {
 		skipped = json.RawMessage("[]")
 	}
 	_, err := s.db.ExecContext(ctx,
-		`INSERT INTO codebases (id, name, revision, file_count, size_bytes, created_at, updated_at, skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-		r.ID, nullable(r.Name), r.Revision, r.FileCount, r.SizeBytes, r.CreatedAtMs, r.UpdatedAtMs, string(skipped))
+		`INSERT INTO codebases (id, name, revision, file_count, size_bytes, created_at, updated_at, skipped, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, nullable(r.Name), r.Revision, r.FileCount, r.SizeBytes, r.CreatedAtMs, r.UpdatedAtMs, string(skipped), r.Tenant)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed: codebases.name") {
+		if strings.Contains(err.Error(), "UNIQUE constraint failed: codebases.tenant, codebases.name") {
 			return fmt.Errorf("codebase name %q is taken: %w", r.Name, errdefs.ErrAlreadyExists)
 		}
 		return fmt.Errorf("insert codebase %s: %w", r.ID, err)
@@ -100,7 +128,7 @@ func (s *Store) InsertCodebase(ctx context.Context, r *CodebaseRecord) error {
 	return nil
 }
 
-const selectCodebases = `SELECT id, COALESCE(name, ''), revision, file_count, size_bytes, created_at, updated_at, skipped FROM codebases`
+const selectCodebases = `SELECT id, COALESCE(name, ''), revision, file_count, size_bytes, created_at, updated_at, skipped, tenant FROM codebases`
 
 func scanCodebases(rows *sql.Rows) ([]*CodebaseRecord, error) {
 	defer rows.Close()
@@ -108,7 +136,7 @@ func scanCodebases(rows *sql.Rows) ([]*CodebaseRecord, error) {
 	for rows.Next() {
 		var r CodebaseRecord
 		var skipped string
-		if err := rows.Scan(&r.ID, &r.Name, &r.Revision, &r.FileCount, &r.SizeBytes, &r.CreatedAtMs, &r.UpdatedAtMs, &skipped); err != nil {
+		if err := rows.Scan(&r.ID, &r.Name, &r.Revision, &r.FileCount, &r.SizeBytes, &r.CreatedAtMs, &r.UpdatedAtMs, &skipped, &r.Tenant); err != nil {
 			return nil, fmt.Errorf("scan codebase row: %w", err)
 		}
 		r.Skipped = json.RawMessage(skipped)
@@ -120,9 +148,10 @@ func scanCodebases(rows *sql.Rows) ([]*CodebaseRecord, error) {
 	return out, nil
 }
 
-// GetCodebase returns a codebase by id or name.
-func (s *Store) GetCodebase(ctx context.Context, ref string) (*CodebaseRecord, error) {
-	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE id = ? OR name = ? ORDER BY id = ? DESC LIMIT 1`, ref, ref, ref)
+// GetCodebase returns tenant's codebase by id or name. Another tenant's
+// is not found, exactly like one that does not exist.
+func (s *Store) GetCodebase(ctx context.Context, tenant, ref string) (*CodebaseRecord, error) {
+	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE tenant = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC LIMIT 1`, tenant, ref, ref, ref)
 	if err != nil {
 		return nil, fmt.Errorf("get codebase %s: %w", ref, err)
 	}
@@ -136,13 +165,48 @@ func (s *Store) GetCodebase(ctx context.Context, ref string) (*CodebaseRecord, e
 	return recs[0], nil
 }
 
-// ListCodebases returns every codebase, oldest first.
+// GetCodebaseByID returns a codebase by id, whoever owns it (for the
+// daemon's own work: a mount's codebase).
+func (s *Store) GetCodebaseByID(ctx context.Context, id string) (*CodebaseRecord, error) {
+	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("get codebase %s: %w", id, err)
+	}
+	recs, err := scanCodebases(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("codebase %q: %w", id, errdefs.ErrNotFound)
+	}
+	return recs[0], nil
+}
+
+// ListCodebases returns every tenant's codebases, oldest first.
 func (s *Store) ListCodebases(ctx context.Context) ([]*CodebaseRecord, error) {
 	rows, err := s.db.QueryContext(ctx, selectCodebases+` ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list codebases: %w", err)
 	}
 	return scanCodebases(rows)
+}
+
+// TenantCodebases returns tenant's codebases, oldest first.
+func (s *Store) TenantCodebases(ctx context.Context, tenant string) ([]*CodebaseRecord, error) {
+	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE tenant = ? ORDER BY created_at, id`, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("list codebases of tenant %q: %w", tenant, err)
+	}
+	return scanCodebases(rows)
+}
+
+// CodebaseBytes is what tenant's codebases hold at their current revisions.
+func (s *Store) CodebaseBytes(ctx context.Context, tenant string) (int64, error) {
+	var n int64
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(size_bytes), 0) FROM codebases WHERE tenant = ?`, tenant).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sum codebases of tenant %q: %w", tenant, err)
+	}
+	return n, nil
 }
 
 // DeleteCodebase removes a codebase and its change history. Mounts must be

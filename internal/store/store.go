@@ -131,20 +131,52 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			}
 		}
 	}
-	if have["tenant"] {
-		return nil
+	if !have["tenant"] {
+		if err := rebuild(ctx, db, "sandboxes", tenantColumns); err != nil {
+			return err
+		}
 	}
-	// One transaction: a daemon killed half-way leaves the old table.
+	cb, err := columns(ctx, db, "codebases")
+	if err != nil {
+		return err
+	}
+	if !cb["tenant"] {
+		return rebuild(ctx, db, "codebases", codebaseTenantColumn)
+	}
+	return nil
+}
+
+// columns returns the column names of table.
+func columns(ctx context.Context, db *sql.DB, table string) (map[string]bool, error) {
+	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+	if err != nil {
+		return nil, fmt.Errorf("read schema of %s: %w", table, err)
+	}
+	defer rows.Close()
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("read schema of %s: %w", table, err)
+		}
+		have[name] = true
+	}
+	return have, rows.Err()
+}
+
+// rebuild runs a table rebuild (ddl) in one transaction: a daemon killed
+// half-way leaves the old table.
+func rebuild(ctx context.Context, db *sql.DB, table, ddl string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin tenant migration: %w", err)
+		return fmt.Errorf("begin tenant migration of %s: %w", table, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	if _, err := tx.ExecContext(ctx, tenantColumns); err != nil {
-		return fmt.Errorf("add tenant columns: %w", err)
+	if _, err := tx.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("add tenant column to %s: %w", table, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit tenant migration: %w", err)
+		return fmt.Errorf("commit tenant migration of %s: %w", table, err)
 	}
 	return nil
 }
@@ -231,6 +263,23 @@ func (s *Store) Update(ctx context.Context, r *Record) error {
 		r.State, []byte(r.Handle), r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail, r.ID)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", r.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", r.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// MarkDestroying records that a sandbox is being destroyed: its state,
+// handle and detail as in r, and its name released (NULL), so that a new
+// sandbox may take the name while the old one is torn down. The next
+// start's recovery finishes the teardown of a record left in this state.
+func (s *Store) MarkDestroying(ctx context.Context, r *Record) error {
+	res, err := s.db.ExecContext(ctx,
+		`UPDATE sandboxes SET state = ?, handle = ?, state_detail = ?, name = NULL WHERE id = ?`,
+		r.State, []byte(r.Handle), r.StateDetail, r.ID)
+	if err != nil {
+		return fmt.Errorf("mark sandbox %s destroying: %w", r.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("sandbox %s: %w", r.ID, errdefs.ErrNotFound)

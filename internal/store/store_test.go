@@ -89,3 +89,37 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 		t.Errorf("update after delete: got %v, want ErrNotFound", err)
 	}
 }
+
+// A sandbox marked destroying gives up its name at once: a new sandbox may
+// take it while the old record waits for its teardown.
+func TestMarkDestroyingReleasesName(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old := &Record{ID: "sb-aaaaaaaaaaaa", Name: "web", State: "running", Spec: json.RawMessage(`{}`), Tenant: "acme"}
+	if err := s.Insert(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	old.State, old.StateDetail, old.Handle = "destroying", "destroyed", json.RawMessage(`{"id":"sb-aaaaaaaaaaaa","pid":7}`)
+	if err := s.MarkDestroying(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	reuse := &Record{ID: "sb-bbbbbbbbbbbb", Name: "web", State: "creating", Spec: json.RawMessage(`{}`), Tenant: "acme"}
+	if err := s.Insert(ctx, reuse); err != nil {
+		t.Fatalf("insert with the name of a destroying sandbox: %v", err)
+	}
+	got, err := s.Get(ctx, old.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "" || got.State != "destroying" || got.StateDetail != "destroyed" || string(got.Handle) != string(old.Handle) {
+		t.Errorf("marked record: got name %q state %q detail %q handle %s, want no name, destroying, destroyed, %s",
+			got.Name, got.State, got.StateDetail, got.Handle, old.Handle)
+	}
+	if err := s.MarkDestroying(ctx, &Record{ID: "sb-cccccccccccc"}); !errdefs.IsNotFound(err) {
+		t.Errorf("marking a missing record: got %v, want ErrNotFound", err)
+	}
+}

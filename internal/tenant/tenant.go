@@ -49,6 +49,10 @@ type Tenant struct {
 // File is the tenants file's format.
 type File struct {
 	Tenants []Tenant `json:"tenants"`
+	// AdminTokens are hashes of the daemon's admin tokens (same form as a
+	// tenant's). An admin token lists tenants and their usage; it is no
+	// tenant and sees no tenant's sandboxes or stores.
+	AdminTokens []string `json:"admin_tokens,omitempty"`
 }
 
 // Principal is who a request runs as.
@@ -58,6 +62,8 @@ type Principal struct {
 	// Scope, when set, is the id of the sandbox whose scoped token the
 	// request carried: it sees and makes only that sandbox's children.
 	Scope string
+	// Admin is set for the daemon's admin token (Tenant is then "").
+	Admin bool
 }
 
 type principalKey struct{}
@@ -99,6 +105,7 @@ func NewToken() string {
 // Set is a parsed tenants file. It is immutable.
 type Set struct {
 	byHash  map[string]*Tenant
+	admins  map[string]bool
 	tenants []Tenant
 }
 
@@ -110,7 +117,7 @@ func Parse(b []byte) (*Set, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("parse tenants file: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	s := &Set{byHash: map[string]*Tenant{}, tenants: f.Tenants}
+	s := &Set{byHash: map[string]*Tenant{}, admins: map[string]bool{}, tenants: f.Tenants}
 	if len(f.Tenants) == 0 {
 		return nil, fmt.Errorf("tenants file lists no tenants: %w", errdefs.ErrInvalidArgument)
 	}
@@ -132,19 +139,37 @@ func Parse(b []byte) (*Set, error) {
 			return nil, fmt.Errorf("tenant %q: quotas must not be negative: %w", t.Name, errdefs.ErrInvalidArgument)
 		}
 		for _, h := range t.Tokens {
-			hexPart, ok := strings.CutPrefix(strings.ToLower(h), hashPrefix)
-			if raw, err := hex.DecodeString(hexPart); !ok || err != nil || len(raw) != sha256.Size {
-				return nil, fmt.Errorf("tenant %q: token %q is not a hash: want sha256:<64 hex digits> (make one with `sbx tenant hash-token`; the file must never hold a token itself): %w",
-					t.Name, abbreviate(h), errdefs.ErrInvalidArgument)
+			key, err := parseHash(h, fmt.Sprintf("tenant %q", t.Name))
+			if err != nil {
+				return nil, err
 			}
-			key := hashPrefix + hexPart
 			if other, dup := s.byHash[key]; dup {
 				return nil, fmt.Errorf("tenants %q and %q share a token: %w", other.Name, t.Name, errdefs.ErrInvalidArgument)
 			}
 			s.byHash[key] = t
 		}
 	}
+	for _, h := range f.AdminTokens {
+		key, err := parseHash(h, "admin_tokens")
+		if err != nil {
+			return nil, err
+		}
+		if t, dup := s.byHash[key]; dup {
+			return nil, fmt.Errorf("admin_tokens: a token of tenant %q is also an admin token: %w", t.Name, errdefs.ErrInvalidArgument)
+		}
+		s.admins[key] = true
+	}
 	return s, nil
+}
+
+// parseHash checks a stored token hash and returns its canonical form.
+func parseHash(h, where string) (string, error) {
+	hexPart, ok := strings.CutPrefix(strings.ToLower(h), hashPrefix)
+	if raw, err := hex.DecodeString(hexPart); !ok || err != nil || len(raw) != sha256.Size {
+		return "", fmt.Errorf("%s: token %q is not a hash: want sha256:<64 hex digits> (make one with `sbx tenant hash-token`; the file must never hold a token itself): %w",
+			where, abbreviate(h), errdefs.ErrInvalidArgument)
+	}
+	return hashPrefix + hexPart, nil
 }
 
 // abbreviate keeps an error message from repeating a whole secret someone
@@ -175,21 +200,34 @@ func (s *Set) Authenticate(tok string) (Principal, bool) {
 	if tok == "" {
 		return Principal{}, false
 	}
-	t, ok := s.byHash[HashToken(tok)]
+	h := HashToken(tok)
+	if s.admins[h] {
+		return Principal{Admin: true}, true
+	}
+	t, ok := s.byHash[h]
 	if !ok {
 		return Principal{}, false
 	}
 	return Principal{Tenant: t.Name, Quotas: t.Quotas}, true
 }
 
-// Quotas returns a tenant's current quotas.
-func (s *Set) Quotas(name string) (Quotas, bool) {
+// Tenants returns the tenants in the file's order.
+func (s *Set) Tenants() []Tenant { return s.tenants }
+
+// Tenant returns a tenant by name.
+func (s *Set) Tenant(name string) (Tenant, bool) {
 	for _, t := range s.tenants {
 		if t.Name == name {
-			return t.Quotas, true
+			return t, true
 		}
 	}
-	return Quotas{}, false
+	return Tenant{}, false
+}
+
+// Quotas returns a tenant's current quotas.
+func (s *Set) Quotas(name string) (Quotas, bool) {
+	t, ok := s.Tenant(name)
+	return t.Quotas, ok
 }
 
 // Registry holds the current Set; Reload swaps it (on SIGHUP).

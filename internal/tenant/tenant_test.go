@@ -113,3 +113,26 @@ func TestAdmitNamesTheQuota(t *testing.T) {
 		t.Errorf("zero quotas are unlimited: got %v", err)
 	}
 }
+
+func TestAdminTokens(t *testing.T) {
+	tok, admin := "token-one-0123456789", "admin-token-0123456789"
+	h, ha := HashToken(tok), HashToken(admin)
+	s, err := Parse(fmt.Appendf(nil, `{"tenants":[{"name":"acme","tokens":[%q]}],"admin_tokens":[%q]}`, h, ha))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := s.Authenticate(admin); !ok || !p.Admin || p.Tenant != "" {
+		t.Errorf("Authenticate(admin token) = %+v, %v; want an admin of no tenant", p, ok)
+	}
+	if p, ok := s.Authenticate(tok); !ok || p.Admin {
+		t.Errorf("Authenticate(tenant token) = %+v, %v; want acme, not an admin", p, ok)
+	}
+	for _, tc := range []struct{ file, want string }{
+		{fmt.Sprintf(`{"tenants":[{"name":"acme","tokens":[%q]}],"admin_tokens":[%q]}`, h, admin), "admin_tokens: token"},
+		{fmt.Sprintf(`{"tenants":[{"name":"acme","tokens":[%q]}],"admin_tokens":[%q]}`, h, h), "also an admin token"},
+	} {
+		if _, err := Parse([]byte(tc.file)); err == nil || !strings.Contains(err.Error(), tc.want) || !errdefs.IsInvalidArgument(err) {
+			t.Errorf("Parse(%s): got %v, want InvalidArgument containing %q", tc.file, err, tc.want)
+		}
+	}
+}

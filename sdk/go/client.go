@@ -33,7 +33,10 @@ const DefaultAddr = "127.0.0.1:7777"
 
 // Client talks to one sbx daemon. Safe for concurrent use.
 type Client struct {
-	api     sbxv1connect.SandboxServiceClient
+	api sbxv1connect.SandboxServiceClient
+	// files is api for file transfers: with WithFileCompression, a client
+	// that compresses its requests (and so gets compressed answers).
+	files   sbxv1connect.SandboxServiceClient
 	images  sbxv1connect.ImageServiceClient
 	code    sbxv1connect.CodeServiceClient
 	volumes sbxv1connect.VolumeServiceClient
@@ -41,6 +44,7 @@ type Client struct {
 	// codebases: see codebase.go.
 	codebases sbxv1connect.CodebaseServiceClient
 	ports     sbxv1connect.PortServiceClient
+	tenants   sbxv1connect.TenantServiceClient
 	baseURL   string
 	token     string
 	tls       *tls.Config // for https:// base URLs
@@ -57,6 +61,17 @@ type clientOptions struct {
 	tokenSet      bool
 	noExecUpgrade bool
 	tls           *tls.Config
+	compressFiles bool
+}
+
+// WithFileCompression gzips file transfers (Upload, Download, the tar
+// calls) in both directions. The daemon sends file data uncompressed
+// unless a client asks for it this way: on loopback or a LAN gzip is
+// several times slower than the link, so ask only over a slow link and for
+// data that compresses (source trees, logs), never for binaries or
+// archives.
+func WithFileCompression() Option {
+	return func(o *clientOptions) { o.compressFiles = true }
 }
 
 // WithTLS sets the TLS configuration for an https:// daemon address (for
@@ -157,7 +172,12 @@ func NewClient(addr string, opts ...Option) *Client {
 		tls:     o.tls,
 
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
+		tenants:   sbxv1connect.NewTenantServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
+	}
+	c.files = c.api
+	if o.compressFiles {
+		c.files = sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC(), connect.WithSendGzip())
 	}
 	c.execs.disabled = o.noExecUpgrade
 	return c

@@ -11,7 +11,11 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
-const chunkSize = 256 << 10
+// chunkSize is the size of the data messages uploads send: large enough
+// that per-message costs (framing, a syscall or two per hop, the agent's
+// write) vanish beside the copying, small enough to keep what each hop
+// buffers per stream modest.
+const chunkSize = 1 << 20
 
 // ReadFile returns a whole file of the sandbox.
 func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
@@ -24,7 +28,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 
 // Download streams a file of the sandbox to w.
 func (s *Sandbox) Download(ctx context.Context, path string, w io.Writer) error {
-	stream, err := s.c.api.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Sandbox: s.ID, Path: path}))
+	stream, err := s.c.files.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Sandbox: s.ID, Path: path}))
 	if err != nil {
 		return wrap("read "+path, err)
 	}
@@ -47,7 +51,7 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode 
 // Upload streams r into a file of the sandbox, creating missing parents. The
 // file appears whole or not at all.
 func (s *Sandbox) Upload(ctx context.Context, path string, r io.Reader, mode uint32) (int64, error) {
-	stream := s.c.api.WriteFile(ctx)
+	stream := s.c.files.WriteFile(ctx)
 	hdr := &sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{
 		Sandbox: s.ID, Path: path, Mode: mode, MakeParents: true,
 	}}}
@@ -70,15 +74,16 @@ func sendChunks[T any](send func(*T) error, first *T, r io.Reader, chunk func([]
 	if err := send(first); err != nil {
 		return ignoreEOF(err)
 	}
+	// send marshals the message before it returns, so buf is reused.
 	buf := make([]byte, chunkSize)
 	for {
-		n, err := r.Read(buf)
+		n, err := io.ReadFull(r, buf)
 		if n > 0 {
-			if serr := send(chunk(bytes.Clone(buf[:n]))); serr != nil {
+			if serr := send(chunk(buf[:n])); serr != nil {
 				return ignoreEOF(serr)
 			}
 		}
-		if errors.Is(err, io.EOF) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil
 		}
 		if err != nil {
@@ -89,7 +94,7 @@ func sendChunks[T any](send func(*T) error, first *T, r io.Reader, chunk func([]
 
 // UploadTar extracts a tar stream into dir of the sandbox.
 func (s *Sandbox) UploadTar(ctx context.Context, dir string, r io.Reader) (*sbxv1.UploadTarResponse, error) {
-	stream := s.c.api.UploadTar(ctx)
+	stream := s.c.files.UploadTar(ctx)
 	hdr := &sbxv1.UploadTarRequest{Msg: &sbxv1.UploadTarRequest_Header{Header: &sbxv1.UploadTarHeader{Sandbox: s.ID, Path: dir}}}
 	if err := sendChunks(stream.Send, hdr, r, func(b []byte) *sbxv1.UploadTarRequest {
 		return &sbxv1.UploadTarRequest{Msg: &sbxv1.UploadTarRequest_Data{Data: b}}
@@ -106,7 +111,7 @@ func (s *Sandbox) UploadTar(ctx context.Context, dir string, r io.Reader) (*sbxv
 
 // DownloadTar streams path (a directory or file) of the sandbox as a tar to w.
 func (s *Sandbox) DownloadTar(ctx context.Context, path string, w io.Writer) error {
-	stream, err := s.c.api.DownloadTar(ctx, connect.NewRequest(&sbxv1.DownloadTarRequest{Sandbox: s.ID, Path: path}))
+	stream, err := s.c.files.DownloadTar(ctx, connect.NewRequest(&sbxv1.DownloadTarRequest{Sandbox: s.ID, Path: path}))
 	if err != nil {
 		return wrap("download "+path, err)
 	}

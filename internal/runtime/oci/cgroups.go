@@ -121,6 +121,17 @@ func (l cgroupLayout) thaw(id string) {
 	_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
 }
 
+// frozen reports whether the box's freezer says it is frozen (or freezing).
+func (l cgroupLayout) frozen(id string) bool {
+	dir, v2 := l.controllerDir("freezer", id)
+	if v2 {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
+		return err == nil && strings.TrimSpace(string(b)) == "1"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "freezer.state"))
+	return err == nil && strings.TrimSpace(string(b)) != "THAWED"
+}
+
 // remove kills whatever is still in the box's cgroups and removes them.
 func (l cgroupLayout) remove(id string) error {
 	var errs []error

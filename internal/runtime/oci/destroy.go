@@ -123,6 +123,19 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 		return h, err
 	}
 	data := parseData(h)
+	// Fast path, no runtime process (a restart re-attaches every box, and
+	// `runc state` costs a fork/exec of the runtime each): the init recorded
+	// at create is still there (start time checked, so not a reused pid)
+	// and its agent answers, or its freezer says it is paused.
+	if data.Pid > 0 && data.StartTime != 0 && procStartTime(data.Pid) == data.StartTime {
+		if d.cg.frozen(h.ID) {
+			if _, serr := os.Stat(sockPath(d.boxDir(h.ID))); serr == nil {
+				return h, nil
+			}
+		} else if d.hello(ctx, h.ID) == nil {
+			return h, nil
+		}
+	}
 	st, err := d.rt.state(ctx, h.ID)
 	if err == nil {
 		switch st.Status {

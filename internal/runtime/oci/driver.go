@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
@@ -489,10 +490,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
+	crashpoint.Hit("oci-create-rootfs")
 	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, &data)
 	if err != nil {
 		return h, err
 	}
+	crashpoint.Hit("oci-create-started")
 	tStarted := time.Now()
 	err = agentconn.AwaitReady(ctx, ready, runtime.ProbeTimeout)
 	ready.Close()

@@ -53,6 +53,7 @@ from .process import CommandResult, ExitStatus, OutputStream, Process
 from .recipe import Recipe
 from .sandbox import Sandbox
 from .session import Session, SessionResult
+from .tenants import Tenant, TenantQuotas, TenantUsage, Tenants
 from .volumes import Volume, VolumeMount, Volumes
 from .types import (
     DomainSecret,
@@ -99,6 +100,10 @@ __all__ = [
     "Volume",
     "VolumeMount",
     "Volumes",
+    "Tenant",
+    "TenantQuotas",
+    "TenantUsage",
+    "Tenants",
     "FileInfo",
     "ImageConfig",
     "ImageInfo",

@@ -4,11 +4,17 @@ Unary calls are ``POST /<service>/<method>`` with ``Content-Type:
 application/json``; errors come back as a non-200 status with a JSON body
 ``{"code": ..., "message": ...}``.
 
-Streaming calls use ``Content-Type: application/connect+json`` and
-*enveloped* messages: one flag byte, a 4-byte big-endian length and the JSON
-payload. Flag ``0x01`` marks a compressed payload, ``0x02`` the end-of-stream
-envelope, whose JSON payload carries an optional ``error`` and ``metadata``.
-Bidirectional streaming needs HTTP/2 and is not supported here.
+Streaming calls use *enveloped* messages: one flag byte, a 4-byte big-endian
+length and the payload. Flag ``0x01`` marks a compressed payload, ``0x02``
+the end-of-stream envelope, whose payload is always JSON (in both codecs)
+and carries an optional ``error`` and ``metadata``. Most streams use
+``application/connect+json``; the ones that carry bulk bytes (file, tar,
+codebase and image data) use ``application/connect+proto`` with the small
+codec of :mod:`._proto`, so that their bytes go as they are instead of as
+base64 inside JSON: :meth:`Transport.data_stream` reads them into one
+reused buffer, and :meth:`Transport.upload_stream` writes them from one
+(1 MiB messages, as the Go SDK sends). Bidirectional streaming needs HTTP/2
+and is not supported here.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import ssl
 import struct
 import threading
 import urllib.parse
-from typing import Any, Dict, Iterable, Iterator, Optional
+import zlib
+from typing import IO, Any, Callable, Dict, Iterator, Optional, Union
 
+from . import _proto
 from .errors import SbxConnectionError, SbxError, UnknownError, error_from_code
 
-__all__ = ["Transport", "ServerStream", "b64encode", "b64decode", "DEFAULT_ADDR"]
+__all__ = ["Transport", "ServerStream", "ChunkStream", "b64encode", "b64decode", "DEFAULT_ADDR", "UPLOAD_CHUNK"]
 
 #: Where the daemon listens unless told otherwise.
 DEFAULT_ADDR = "127.0.0.1:7777"
@@ -35,6 +43,17 @@ DEFAULT_ADDR = "127.0.0.1:7777"
 _FLAG_COMPRESSED = 0x01
 _FLAG_END_STREAM = 0x02
 _MAX_MESSAGE = 256 << 20  # refuse absurd envelope lengths (corrupt stream)
+#: Largest message of a bulk data stream accepted from the daemon (it sends
+#: 256 KiB ones); the bound of what one download holds in memory.
+_MAX_DATA_MESSAGE = 64 << 20
+#: Bytes of file data per uploaded message (the Go SDK's chunk size).
+UPLOAD_CHUNK = 1 << 20
+#: Room before the data in the upload buffer for the HTTP chunk line, the
+#: envelope and the field's tag and length.
+_PREFIX_ROOM = 32
+
+#: What an upload reads its bytes from.
+Source = Union[bytes, bytearray, memoryview, IO[bytes]]
 
 # Connect's mapping of HTTP status to code, for error bodies that are not JSON.
 _HTTP_TO_CODE = {
@@ -71,6 +90,122 @@ def envelope(message: Dict[str, Any], flags: int = 0) -> bytes:
     return struct.pack(">BI", flags, len(payload)) + payload
 
 
+def _http_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked HTTP/1.1 body."""
+    return b"%X\r\n" % len(data) + data + b"\r\n"
+
+
+def _gzip(data: Union[bytes, memoryview]) -> bytes:
+    """gzip at the default level (as Go's compress/gzip; not Python's 9)."""
+    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+def _gunzip(data: Union[bytes, memoryview], limit: int) -> bytes:
+    """Decompress one gzipped message of at most ``limit`` bytes; a larger
+    one (a decompression bomb) or a cut or corrupt one raises ValueError."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise ValueError(f"invalid gzip: {e}") from None
+    if len(out) > limit:
+        raise ValueError(f"it decompresses to more than {limit} bytes")
+    if not d.eof:
+        raise ValueError("invalid gzip: the compressed message is cut off")
+    return out
+
+
+class _SendError(Exception):
+    """Sending to the daemon failed (the socket's error is the cause); what
+    reading the upload's source raises passes through as it is."""
+
+
+def _send_data(
+    sock: socket.socket, first: bytes, source: Source, data_field: int, chunk_size: int, gz: bool = False
+) -> None:
+    """Write a chunked request body: the enveloped message ``first``, then
+    the bytes of ``source`` as messages of one ``bytes`` field
+    (``data_field``) of up to ``chunk_size`` bytes, each sent from one
+    reused buffer holding the HTTP chunk line, the envelope, the field's tag
+    and length, the data and the chunk's end. With ``gz`` the data messages
+    are gzipped (and so no longer sent from the buffer)."""
+
+    def send(b: Union[bytes, memoryview]) -> None:
+        try:
+            sock.sendall(b)
+        except OSError as e:
+            raise _SendError(str(e)) from e
+
+    send(_http_chunk(struct.pack(">BI", 0, len(first)) + first))
+    buf = bytearray(_PREFIX_ROOM + chunk_size + 2)
+    mv = memoryview(buf)
+    body = mv[_PREFIX_ROOM : _PREFIX_ROOM + chunk_size]
+    if isinstance(source, str):
+        source = source.encode("utf-8")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        src = memoryview(source).cast("B")
+        pos = 0
+
+        def fill() -> int:
+            nonlocal pos
+            n = min(chunk_size, len(src) - pos)
+            body[:n] = src[pos : pos + n]
+            pos += n
+            return n
+
+    elif hasattr(source, "readinto"):
+        readinto = source.readinto  # type: ignore[union-attr]
+
+        def fill() -> int:
+            n = readinto(body)
+            if n is None:
+                raise BlockingIOError("the upload source has no data ready (non-blocking file)")
+            return n
+
+    elif hasattr(source, "read"):
+        # A file without readinto (a text file gives str: sent as UTF-8,
+        # which may be longer than asked for: the rest goes next time).
+        read = source.read
+        pending = memoryview(b"")
+
+        def fill() -> int:
+            nonlocal pending
+            if not pending:
+                chunk = read(chunk_size)
+                if isinstance(chunk, str):
+                    chunk = chunk.encode("utf-8")
+                if not chunk:
+                    return 0
+                pending = memoryview(chunk).cast("B")
+            n = min(chunk_size, len(pending))
+            body[:n] = pending[:n]
+            pending = pending[n:]
+            return n
+
+    else:
+        raise TypeError(f"cannot upload {type(source).__name__}: want bytes, str or a binary file")
+    while True:
+        n = fill()
+        if n == 0:
+            break
+        field = _proto.data_prefix(data_field, n)
+        if gz:
+            start = _PREFIX_ROOM - len(field)
+            buf[start:_PREFIX_ROOM] = field
+            packed = _gzip(mv[start : _PREFIX_ROOM + n])
+            send(_http_chunk(struct.pack(">BI", _FLAG_COMPRESSED, len(packed)) + packed))
+            continue
+        msg_len = len(field) + n
+        prefix = b"%X\r\n" % (5 + msg_len) + struct.pack(">BI", 0, msg_len) + field
+        start = _PREFIX_ROOM - len(prefix)
+        buf[start:_PREFIX_ROOM] = prefix
+        end = _PREFIX_ROOM + n
+        buf[end : end + 2] = b"\r\n"
+        send(mv[start : end + 2])
+    send(b"0\r\n\r\n")
+
+
 def _error_from_json(obj: Any, op: str, status: int = 0) -> SbxError:
     if isinstance(obj, dict) and isinstance(obj.get("code"), str):
         return error_from_code(
@@ -95,6 +230,9 @@ class Transport:
         cacert: PEM file of the CA(s) to trust for an ``https://`` daemon
             besides the system's (``sbx serve --tls-cert`` with a private CA).
             ``None`` means ``$SBX_CACERT`` (unset: the system's roots only).
+        file_compression: gzip the messages of the data calls made with
+            ``compress=True`` (the file transfers), which also lets the
+            daemon gzip its answers to them.
     """
 
     def __init__(
@@ -105,7 +243,9 @@ class Transport:
         connect_timeout: float = 10.0,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
+        self.file_compression = file_compression
         self.token = os.environ.get("SBX_TOKEN", "") if token is None else token
         cacert = os.environ.get("SBX_CACERT") or None if cacert is None else cacert
         self._ssl = ssl.create_default_context()
@@ -158,7 +298,7 @@ class Transport:
         """The headers carrying the API token (none without one)."""
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def _headers(self, content_type: str, timeout: Optional[float]) -> Dict[str, str]:
+    def _headers(self, content_type: str, timeout: Optional[float], gzip_stream: bool = False) -> Dict[str, str]:
         h = {
             "Content-Type": content_type,
             "Connect-Protocol-Version": "1",
@@ -167,6 +307,12 @@ class Transport:
         }
         if timeout is not None:
             h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))
+        if gzip_stream:
+            # Our messages may be gzipped, and so may the daemon's answers
+            # (it sends data streams uncompressed to anyone who does not
+            # compress their own request).
+            h["Connect-Content-Encoding"] = "gzip"
+            h["Connect-Accept-Encoding"] = "gzip"
         return h
 
     # -- unary -------------------------------------------------------------
@@ -232,44 +378,94 @@ class Transport:
             raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
         return ServerStream(conn, resp, op)
 
-    # -- client streaming ----------------------------------------------------
+    # -- bulk data (application/connect+proto) ---------------------------------
 
-    def client_stream(
+    def data_stream(
         self,
         service: str,
         method: str,
-        messages: Iterable[Dict[str, Any]],
+        request: Dict[str, Any],
+        schema: "_proto.Schema",
         *,
         op: str = "",
+        compress: bool = False,
+    ) -> ChunkStream:
+        """Start a server stream of FileChunk messages (file, tar, codebase
+        or image bytes). ``request`` (in its JSON form) is encoded with
+        ``schema``. Iterate the result for the data as memoryviews. With
+        ``compress`` and the transport's ``file_compression``, the request
+        is gzipped and the daemon may gzip its answer."""
+        body = _proto.encode(request, schema)
+        gz = compress and self.file_compression
+        flags = 0
+        if gz:
+            body, flags = _gzip(body), _FLAG_COMPRESSED
+        conn = self._connect(None)
+        try:
+            conn.request(
+                "POST",
+                self._path(service, method),
+                body=struct.pack(">BI", flags, len(body)) + body,
+                headers=self._headers("application/connect+proto", None, gzip_stream=gz),
+            )
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+        return ChunkStream(conn, resp, op, max_message=_MAX_DATA_MESSAGE)
+
+    def upload_stream(
+        self,
+        service: str,
+        method: str,
+        header: Dict[str, Any],
+        source: Source,
+        request_schema: "_proto.Schema",
+        response_schema: "_proto.Schema",
+        *,
+        op: str = "",
+        chunk_size: int = UPLOAD_CHUNK,
+        compress: bool = False,
     ) -> Dict[str, Any]:
-        """Send ``messages`` as one streamed request body (chunked) and return
-        the single response message."""
+        """Make a client-streaming call whose first message is ``{"header":
+        header}`` and whose others carry the bytes of ``source`` (bytes, str
+        as UTF-8, or a binary file read from where it is) in the request's
+        ``data`` field, ``chunk_size`` bytes a message; return the single
+        response message in its JSON form. With ``compress`` and the
+        transport's ``file_compression``, the data messages are gzipped."""
+        gz = compress and self.file_compression
+        first = _proto.encode({"header": header}, request_schema)
+        data_field = request_schema.by_name["data"].number
         conn = self._connect(None)
         stream: Optional[ServerStream] = None
         try:
-            body = (envelope(m) for m in messages)
             send_error: Optional[BaseException] = None
             try:
-                conn.request(
-                    "POST",
-                    self._path(service, method),
-                    body=body,
-                    headers=self._headers("application/connect+json", None),
-                    encode_chunked=True,
-                )
-            except (BrokenPipeError, ConnectionResetError) as e:
-                # The daemon may have answered (with an error) before reading
-                # everything: try to read that answer below.
-                send_error = e
+                conn.putrequest("POST", self._path(service, method), skip_accept_encoding=True)
+                for k, v in self._headers("application/connect+proto", None, gzip_stream=gz).items():
+                    conn.putheader(k, v)
+                conn.putheader("Transfer-Encoding", "chunked")
+                conn.endheaders()
             except (OSError, http.client.HTTPException) as e:
                 raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {e}", op=op) from e
+            assert conn.sock is not None
+            try:
+                # What reading the source raises passes through as it is.
+                _send_data(conn.sock, first, source, data_field, chunk_size, gz)
+            except _SendError as e:
+                cause = e.__cause__
+                if not isinstance(cause, (BrokenPipeError, ConnectionResetError)):
+                    raise SbxConnectionError(f"talking to the sbx daemon at {self.addr}: {cause}", op=op) from cause
+                # The daemon may have answered (with an error) before reading
+                # everything: try to read that answer below.
+                send_error = cause
             try:
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 raise SbxConnectionError(
                     f"talking to the sbx daemon at {self.addr}: {send_error or e}", op=op
                 ) from e
-            stream = ServerStream(conn, resp, op)
+            stream = ServerStream(conn, resp, op, decode=lambda p: _proto.decode(p, response_schema))
             result: Optional[Dict[str, Any]] = None
             for msg in stream:
                 if result is None:
@@ -289,15 +485,30 @@ class ServerStream(Iterator[Dict[str, Any]]):
     Iterating yields each message as a dict; the end-of-stream envelope's error,
     if any, is raised as an :class:`~sbx.SbxError`. :meth:`close` (from any
     thread) aborts the call, which tells the daemon the client is gone.
+
+    Each message is read into one buffer reused for the next (grown to the
+    largest message seen, at most ``max_message`` bytes).
     """
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, op: str) -> None:
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        op: str,
+        *,
+        decode: Optional[Callable[[memoryview], Dict[str, Any]]] = None,
+        max_message: int = _MAX_MESSAGE,
+    ) -> None:
         self._conn = conn
         self._resp = resp
         self._op = op
+        self._decode_msg = decode
+        self._max = max_message
         self._done = False
         self._closed = False
         self._lock = threading.Lock()
+        self._head = bytearray(5)
+        self._buf = bytearray(0)
         self.trailers: Dict[str, Any] = {}
         self._compressed = resp.getheader("Connect-Content-Encoding", "identity").lower() == "gzip"
         if resp.status != 200:
@@ -313,41 +524,58 @@ class ServerStream(Iterator[Dict[str, Any]]):
         else:
             self._pending_error = None
 
-    def _read_exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self._resp.read(n - len(buf))
-            if not chunk:
+    def _readinto(self, mv: memoryview) -> int:
+        """Fill ``mv`` from the response; fewer bytes only at its end."""
+        got = 0
+        while got < len(mv):
+            n = self._resp.readinto(mv[got:])
+            if not n:
                 break
-            buf += chunk
-        return buf
+            got += n
+        return got
 
     def __iter__(self) -> "ServerStream":
         return self
 
-    def __next__(self) -> Dict[str, Any]:
+    def _next_payload(self) -> Optional[Union[bytes, memoryview]]:
+        """The payload of the next message (a view of the reused buffer,
+        valid until the next call), or ``None`` after the end-of-stream
+        message, whose error is raised. Everything wrong with the stream is
+        raised as an :class:`~sbx.SbxError` and ends it."""
         if self._pending_error is not None:
             err, self._pending_error = self._pending_error, None
             raise err
         if self._done:
-            raise StopIteration
+            return None
         try:
-            head = self._read_exact(5)
-            if len(head) < 5:
+            head = memoryview(self._head)
+            got = self._readinto(head)
+            if got < 5:
                 self._finish()
                 if self._closed_by_us():
                     raise error_from_code("canceled", "the call was canceled", op=self._op)
+                if got:
+                    raise error_from_code(
+                        "unavailable", f"the stream was cut off in a message header ({got} of 5 bytes)", op=self._op
+                    )
                 raise error_from_code(
                     "unavailable", "the stream ended without an end-of-stream message", op=self._op
                 )
-            flags, length = struct.unpack(">BI", head)
-            if length > _MAX_MESSAGE:
+            flags, length = struct.unpack(">BI", self._head)
+            if length > self._max:
                 self._finish()
-                raise error_from_code("internal", f"message of {length} bytes is too large", op=self._op)
-            payload = self._read_exact(length)
-            if len(payload) < length:
+                raise error_from_code(
+                    "internal", f"message of {length} bytes is too large (at most {self._max})", op=self._op
+                )
+            if len(self._buf) < length:
+                self._buf = bytearray(length)
+            payload: Union[bytes, memoryview] = memoryview(self._buf)[:length]
+            got = self._readinto(payload)  # type: ignore[arg-type]
+            if got < length:
                 self._finish()
-                raise error_from_code("unavailable", "the stream was cut off mid-message", op=self._op)
+                raise error_from_code(
+                    "unavailable", f"the stream was cut off mid-message ({got} of {length} bytes)", op=self._op
+                )
         except (OSError, http.client.HTTPException, ValueError) as e:
             self._finish()
             if self._closed_by_us():
@@ -357,19 +585,40 @@ class ServerStream(Iterator[Dict[str, Any]]):
             if not self._compressed:
                 self._finish()
                 raise error_from_code("internal", "compressed message without an encoding", op=self._op)
-            payload = gzip.decompress(payload)
-        try:
-            obj = json.loads(payload.decode("utf-8")) if payload else {}
-        except ValueError as e:
-            self._finish()
-            raise error_from_code("internal", f"invalid JSON message: {e}", op=self._op) from e
+            try:
+                payload = _gunzip(payload, self._max)
+            except ValueError as e:
+                self._finish()
+                raise error_from_code("internal", f"invalid compressed message: {e}", op=self._op) from e
         if flags & _FLAG_END_STREAM:
+            # The end-of-stream message is JSON whatever the stream's codec.
             self._finish()
+            try:
+                obj = json.loads(bytes(payload).decode("utf-8")) if payload else {}
+            except ValueError as e:
+                raise error_from_code("internal", f"invalid end-of-stream message: {e}", op=self._op) from e
             if isinstance(obj, dict):
                 self.trailers = obj.get("metadata") or {}
                 if obj.get("error"):
                     raise _error_from_json(obj["error"], self._op)
+            return None
+        return payload
+
+    def __next__(self) -> Dict[str, Any]:
+        payload = self._next_payload()
+        if payload is None:
             raise StopIteration
+        if self._decode_msg is not None:
+            try:
+                return self._decode_msg(memoryview(payload))
+            except _proto.ProtoError as e:
+                self._finish()
+                raise error_from_code("internal", f"invalid message from the daemon: {e}", op=self._op) from e
+        try:
+            obj = json.loads(bytes(payload).decode("utf-8")) if payload else {}
+        except ValueError as e:
+            self._finish()
+            raise error_from_code("internal", f"invalid JSON message: {e}", op=self._op) from e
         if not isinstance(obj, dict):
             raise error_from_code("internal", "message is not a JSON object", op=self._op)
         return obj
@@ -408,3 +657,44 @@ class ServerStream(Iterator[Dict[str, Any]]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ChunkStream(ServerStream):
+    """The ``data`` of the FileChunk messages of a bulk data stream
+    (``application/connect+proto``). Iterating yields memoryviews of one
+    reused buffer: each is valid only until the next one is asked for (copy
+    it with ``bytes()`` to keep it). Empty chunks are skipped."""
+
+    def __next__(self) -> memoryview:  # type: ignore[override]
+        while True:
+            payload = self._next_payload()
+            if payload is None:
+                raise StopIteration
+            try:
+                data = _proto.chunk_data(payload)
+            except _proto.ProtoError as e:
+                self._finish()
+                raise error_from_code("internal", f"invalid message from the daemon: {e}", op=self._op) from e
+            if len(data):
+                return data
+
+    def __iter__(self) -> "ChunkStream":
+        return self
+
+    def __enter__(self) -> "ChunkStream":
+        return self
+
+    def copy_to(self, dest: Any) -> int:
+        """Write every chunk to the binary file ``dest`` and return the byte
+        count. As with any ``write()`` of the io module, ``dest`` must not
+        keep the memoryview it is given; short writes (raw files) are
+        continued."""
+        n = 0
+        for data in self:
+            n += len(data)
+            while data:
+                k = dest.write(data)
+                if k is None or k >= len(data):
+                    break
+                data = data[k:]
+        return n

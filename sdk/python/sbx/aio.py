@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
+import os
+from typing import IO, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from .client import Client
 from .errors import NotFoundError
-from .files import Files
+from .files import Data, Files
 from .images import Images
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
+from .tenants import Tenant
 from .volumes import Volume, Volumes
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
@@ -203,22 +205,44 @@ class AsyncProcess:
 
 
 class AsyncFiles:
-    """Async view of :class:`~sbx.Files`."""
+    """Async view of :class:`~sbx.Files`. Transfers of file data run in a
+    thread of their own (they may take long), the rest in the pool."""
 
     def __init__(self, files: Files) -> None:
         self.sync = files
 
     async def read(self, path: str, offset: int = 0, length: int = 0) -> bytes:
         """A file's content."""
-        return await _to_thread(self.sync.read, path, offset, length)
+        return await _in_own_thread(lambda: self.sync.read(path, offset, length))
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
         """A file's content as text."""
-        return await _to_thread(self.sync.read_text, path, encoding)
+        return await _in_own_thread(lambda: self.sync.read_text(path, encoding))
 
-    async def write(self, path: str, data: Union[bytes, str], mode: int = 0o644, *, append: bool = False) -> int:
-        """Write a file (creating parents); returns the bytes written."""
-        return await _to_thread(self.sync.write, path, data, mode, append=append)
+    async def write(
+        self, path: str, data: Data, mode: int = 0o644, *, append: bool = False, make_parents: bool = True
+    ) -> int:
+        """Write a file (bytes, str or a binary file; creating parents);
+        returns the bytes written."""
+        return await _in_own_thread(
+            lambda: self.sync.write(path, data, mode, append=append, make_parents=make_parents)
+        )
+
+    async def upload_file(self, local_path: str, remote_path: str, mode: Optional[int] = None) -> int:
+        """Copy a local file into the sandbox."""
+        return await _in_own_thread(lambda: self.sync.upload_file(local_path, remote_path, mode))
+
+    async def download_file(self, remote_path: str, local: Union[str, "os.PathLike[str]", IO[bytes]]) -> int:
+        """Copy a file of the sandbox to a local path or binary file."""
+        return await _in_own_thread(lambda: self.sync.download_file(remote_path, local))
+
+    async def upload_tar(self, remote_dir: str, tar: Union[bytes, IO[bytes]]) -> Dict[str, int]:
+        """Extract a tar stream into a sandbox directory."""
+        return await _in_own_thread(lambda: self.sync.upload_tar(remote_dir, tar))
+
+    async def download_tar(self, remote_path: str) -> bytes:
+        """A tar of a sandbox path."""
+        return await _in_own_thread(lambda: self.sync.download_tar(remote_path))
 
     async def list(self, path: str = ".", recursive: bool = False, max_depth: int = 0) -> List[FileInfo]:
         """List a directory."""
@@ -246,11 +270,11 @@ class AsyncFiles:
 
     async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
         """Copy a local directory's contents into the sandbox."""
-        return await _to_thread(self.sync.upload_dir, local_dir, remote_dir)
+        return await _in_own_thread(lambda: self.sync.upload_dir(local_dir, remote_dir))
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> int:
         """Copy a sandbox directory's contents to a local directory (safely)."""
-        return await _to_thread(self.sync.download_dir, remote_dir, local_dir)
+        return await _in_own_thread(lambda: self.sync.download_dir(remote_dir, local_dir))
 
 
 class AsyncImages:
@@ -278,6 +302,16 @@ class AsyncImages:
     async def prune(self) -> int:
         """Free unused layers; returns the bytes freed."""
         return await _to_thread(self.sync.prune)
+
+    async def import_tar(self, source: Any, tag: str = "", *, use_archive_tags: bool = False,
+                         replace_archive_tags: bool = False) -> List[ImageInfo]:
+        """Import a docker-save or OCI-layout tarball (a path or binary file)."""
+        return await _in_own_thread(lambda: self.sync.import_tar(
+            source, tag, use_archive_tags=use_archive_tags, replace_archive_tags=replace_archive_tags))
+
+    async def export(self, ref: str, dest: Any) -> int:
+        """Write an image as a docker-save tarball to a path or binary file."""
+        return await _in_own_thread(lambda: self.sync.export(ref, dest))
 
     async def build(self, recipe: Any, tag: str = "", *, no_cache: bool = False,
                     progress: Optional[Callable[[ImageProgress], None]] = None) -> ImageInfo:
@@ -319,14 +353,21 @@ class AsyncClient:
         client: Optional[Client] = None,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
-        self.sync = client if client is not None else Client(addr, timeout=timeout, token=token, cacert=cacert)
+        self.sync = client if client is not None else Client(
+            addr, timeout=timeout, token=token, cacert=cacert, file_compression=file_compression
+        )
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
 
     async def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes."""
         return await _to_thread(self.sync.version)
+
+    async def tenant(self) -> Tenant:
+        """The token's tenant: its quotas and usage."""
+        return await _to_thread(self.sync.tenant)
 
     async def create(self, **kwargs: Any) -> "AsyncSandbox":
         """Create a sandbox (arguments of :meth:`Sandbox.create`)."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from ._transport import DEFAULT_ADDR, Transport
 from .codebase import Codebases
 from .images import Images
+from .tenants import Tenant, Tenants
 from .volumes import Volumes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,6 +40,12 @@ class Client:
             ``None`` means ``$SBX_TOKEN``; without one no token is sent.
         cacert: PEM file of CAs to trust for an ``https://`` daemon (a
             private CA); ``None`` means ``$SBX_CACERT``.
+        file_compression: gzip file transfers (``sandbox.files`` reads,
+            writes and tars) in both directions. The daemon sends file data
+            uncompressed unless a client asks for it this way: on loopback
+            or a LAN gzip is several times slower than the link, so ask only
+            over a slow link and for data that compresses (source trees,
+            logs), never for binaries or archives.
 
     Example::
 
@@ -54,14 +61,19 @@ class Client:
         timeout: Optional[float] = None,
         token: Optional[str] = None,
         cacert: Optional[str] = None,
+        file_compression: bool = False,
     ) -> None:
-        self._transport = Transport(addr, timeout=timeout, token=token, cacert=cacert)
+        self._transport = Transport(
+            addr, timeout=timeout, token=token, cacert=cacert, file_compression=file_compression
+        )
         #: Image management (pull, list, remove, prune, import, export).
         self.images = Images(self._transport)
         #: Named persistent volumes (create, list, get, remove).
         self.volumes = Volumes(self._transport)
         #: Codebases (upload with ``from_local``, list, get, download, delete, sync).
         self.codebases = Codebases(self._transport)
+        #: Tenants (``current()``; ``list()`` and ``get()`` with the admin token).
+        self.tenants = Tenants(self._transport)
 
     @property
     def addr(self) -> str:
@@ -71,6 +83,10 @@ class Client:
     def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes, as the daemon's JSON."""
         return self._transport.unary("sbx.v1.SandboxService", "Version", {}, op="version")
+
+    def tenant(self) -> Tenant:
+        """The token's tenant: its quotas and what it uses against them."""
+        return self.tenants.current()
 
     def create(self, **kwargs: Any) -> "Sandbox":
         """Create a sandbox; takes the keyword arguments of :meth:`Sandbox.create`."""

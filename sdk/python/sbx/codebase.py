@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -36,7 +37,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ._transport import Transport, b64decode, b64encode
+from . import _proto
+from ._transport import ChunkStream, Transport
 from .types import PathPolicy, PermissionRule
 
 __all__ = [
@@ -51,7 +53,6 @@ __all__ = [
 ]
 
 _SERVICE = "sbx.v1.CodebaseService"
-_CHUNK = 256 << 10
 
 #: Files larger than this are skipped unless told otherwise (10 MiB).
 DEFAULT_MAX_FILE_BYTES = 10 << 20
@@ -366,20 +367,15 @@ class Codebases:
             _write_tar(root, files, spool)
             spool.seek(0)
 
-            def messages() -> Iterator[Dict[str, Any]]:
-                header: Dict[str, Any] = {"skipped": [s.to_json() for s in skipped]}
-                if name:
-                    header["name"] = name
-                if max_file_bytes:
-                    header["maxFileBytes"] = str(max_file_bytes)
-                yield {"header": header}
-                while True:
-                    chunk = spool.read(_CHUNK)
-                    if not chunk:
-                        return
-                    yield {"data": b64encode(chunk)}
-
-            resp = self._t.client_stream(_SERVICE, "CreateCodebase", messages(), op=f"create codebase from {root}")
+            header: Dict[str, Any] = {"skipped": [s.to_json() for s in skipped]}
+            if name:
+                header["name"] = name
+            if max_file_bytes:
+                header["maxFileBytes"] = max_file_bytes
+            resp = self._t.upload_stream(
+                _SERVICE, "CreateCodebase", header, spool,  # type: ignore[arg-type]
+                _proto.CREATE_CODEBASE_REQUEST, _proto.CREATE_CODEBASE_RESPONSE, op=f"create codebase from {root}",
+            )
         cb = Codebase.from_json(resp.get("codebase") or {})
         all_skipped = [SkippedFile.from_json(s) for s in resp.get("skipped") or []]
         return Codebase(**{**cb.__dict__, "skipped": all_skipped or cb.skipped})
@@ -400,26 +396,30 @@ class Codebases:
 
     def iter_download(self, ref: str) -> Iterator[bytes]:
         """Yield the current revision as a tar, in chunks."""
-        req = {"codebase": ref}
-        with self._t.server_stream(_SERVICE, "DownloadCodebase", req, op=f"download codebase {ref}") as stream:
-            for msg in stream:
-                data = b64decode(msg.get("data") or "")
-                if data:
-                    yield data
+        with self._stream(ref) as stream:
+            for data in stream:
+                yield bytes(data)
+
+    def _stream(self, ref: str) -> ChunkStream:
+        return self._t.data_stream(
+            _SERVICE, "DownloadCodebase", {"codebase": ref}, _proto.DOWNLOAD_CODEBASE_REQUEST,
+            op=f"download codebase {ref}",
+        )
 
     def download(self, ref: str, dest: Union[str, "os.PathLike[str]", IO[bytes], None] = None) -> Union[bytes, int]:
         """The current revision as a tar: returned as bytes, or written to
         ``dest`` (a path or a binary file; then the byte count is returned)."""
         if dest is None:
-            return b"".join(self.iter_download(ref))
+            out = io.BytesIO()
+            with self._stream(ref) as stream:
+                for data in stream:
+                    out.write(data)
+            return out.getvalue()
         if isinstance(dest, (str, os.PathLike)):
             with open(dest, "wb") as f:
                 return self.download(ref, f)
-        n = 0
-        for chunk in self.iter_download(ref):
-            dest.write(chunk)
-            n += len(chunk)
-        return n
+        with self._stream(ref) as stream:
+            return stream.copy_to(dest)
 
     def delete(self, ref: str) -> None:
         """Delete a codebase.

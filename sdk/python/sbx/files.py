@@ -8,18 +8,28 @@ import os
 import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Union
 
+from . import _proto
 from ._tar import UnsafeArchiveError, pack_dir, safe_extract
-from ._transport import Transport, b64decode, b64encode
+from ._transport import UPLOAD_CHUNK, ChunkStream, Transport
 from .errors import NotFoundError
 from .types import FileInfo
 
 __all__ = ["Files", "UnsafeArchiveError"]
 
 _SERVICE = "sbx.v1.SandboxService"
-#: Bytes per streamed message (base64 makes the JSON about 4/3 of this).
-CHUNK_SIZE = 256 << 10
+#: Bytes per uploaded message (downloads come as the daemon sends them).
+CHUNK_SIZE = UPLOAD_CHUNK
 
 Data = Union[bytes, bytearray, memoryview, str, IO[bytes]]
+
+#: Zeros to compare downloaded chunks with (holes of sparse files).
+_ZEROS = bytes(1 << 20)
+
+
+def _all_zero(b: memoryview) -> bool:
+    if len(b) <= len(_ZEROS):
+        return _ZEROS.startswith(b)
+    return all(_ZEROS.startswith(b[i : i + len(_ZEROS)]) for i in range(0, len(b), len(_ZEROS)))
 
 
 class _ChunkReader(io.RawIOBase):
@@ -54,6 +64,16 @@ class Files:
 
     # -- reading -------------------------------------------------------------
 
+    def _read_stream(self, path: str, offset: int, length: int) -> ChunkStream:
+        req: Dict[str, Any] = {"sandbox": self._id, "path": path}
+        if offset:
+            req["offset"] = offset
+        if length:
+            req["length"] = length
+        return self._t.data_stream(
+            _SERVICE, "ReadFile", req, _proto.READ_FILE_REQUEST, op=f"read {path}", compress=True
+        )
+
     def iter_read(self, path: str, offset: int = 0, length: int = 0) -> Iterator[bytes]:
         """Yield a file's content in chunks as they arrive.
 
@@ -61,16 +81,9 @@ class Files:
             offset: where to start reading.
             length: how many bytes to read (0: to the end).
         """
-        req: Dict[str, Any] = {"sandbox": self._id, "path": path}
-        if offset:
-            req["offset"] = str(offset)
-        if length:
-            req["length"] = str(length)
-        with self._t.server_stream(_SERVICE, "ReadFile", req, op=f"read {path}") as stream:
-            for msg in stream:
-                data = b64decode(msg.get("data") or "")
-                if data:
-                    yield data
+        with self._read_stream(path, offset, length) as stream:
+            for data in stream:
+                yield bytes(data)
 
     def read(self, path: str, offset: int = 0, length: int = 0) -> bytes:
         """Return a file's content (or ``length`` bytes of it from ``offset``).
@@ -78,25 +91,38 @@ class Files:
         Raises:
             NotFoundError: the file does not exist.
         """
-        return b"".join(self.iter_read(path, offset, length))
+        out = io.BytesIO()
+        with self._read_stream(path, offset, length) as stream:
+            for data in stream:
+                out.write(data)
+        return out.getvalue()
 
     def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         """Return a file's content decoded as text."""
         return self.read(path).decode(encoding, errors)
 
-    def download_file(self, remote_path: str, local_path: str) -> int:
-        """Copy a file of the sandbox to ``local_path``; returns its size."""
+    def download_file(self, remote_path: str, local: Union[str, "os.PathLike[str]", IO[bytes]]) -> int:
+        """Copy a file of the sandbox to ``local``: a path (written to a
+        temporary file beside it and renamed into place when complete) or a
+        binary file object open for writing (written from where it is;
+        its ``write()`` gets memoryviews of a reused buffer, as io's do).
+        The bytes stream through that one buffer: a file of any size takes
+        little memory. Returns its size."""
+        if not isinstance(local, (str, os.PathLike)):
+            with self._read_stream(remote_path, 0, 0) as stream:
+                return stream.copy_to(local)
+        local_path = os.fspath(local)
         n = 0
         tmp = local_path + ".sbx-partial"
         try:
-            with open(tmp, "wb") as f:
-                for chunk in self.iter_read(remote_path):
+            with open(tmp, "wb") as f, self._read_stream(remote_path, 0, 0) as stream:
+                for data in stream:
                     # Holes of a sparse file arrive as zeros: keep them holes.
-                    if chunk.count(0) == len(chunk):
-                        f.seek(len(chunk), os.SEEK_CUR)
+                    if _all_zero(data):
+                        f.seek(len(data), os.SEEK_CUR)
                     else:
-                        f.write(chunk)
-                    n += len(chunk)
+                        f.write(data)
+                    n += len(data)
                 f.truncate()
             os.replace(tmp, local_path)
         finally:
@@ -107,23 +133,11 @@ class Files:
     # -- writing -------------------------------------------------------------
 
     @staticmethod
-    def _chunks(data: Data) -> Iterator[bytes]:
+    def _source(data: Data) -> Any:
         if isinstance(data, str):
-            data = data.encode("utf-8")
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            mv = memoryview(data)
-            for i in range(0, len(mv), CHUNK_SIZE):
-                yield bytes(mv[i : i + CHUNK_SIZE])
-            return
-        if hasattr(data, "read"):
-            while True:
-                chunk = data.read(CHUNK_SIZE)
-                if not chunk:
-                    return
-                if isinstance(chunk, str):
-                    chunk = chunk.encode("utf-8")
-                yield chunk
-            return
+            return data.encode("utf-8")
+        if isinstance(data, (bytes, bytearray, memoryview)) or hasattr(data, "read"):
+            return data
         raise TypeError(f"cannot write {type(data).__name__}: want bytes, str or a binary file")
 
     def write(
@@ -149,13 +163,10 @@ class Files:
             header["append"] = True
         if make_parents:
             header["makeParents"] = True
-
-        def messages() -> Iterator[Dict[str, Any]]:
-            yield {"header": header}
-            for chunk in self._chunks(data):
-                yield {"data": b64encode(chunk)}
-
-        resp = self._t.client_stream(_SERVICE, "WriteFile", messages(), op=f"write {path}")
+        resp = self._t.upload_stream(
+            _SERVICE, "WriteFile", header, self._source(data),
+            _proto.WRITE_FILE_REQUEST, _proto.WRITE_FILE_RESPONSE, op=f"write {path}", compress=True,
+        )
         return int(resp.get("bytesWritten") or 0)
 
     def write_text(self, path: str, text: str, mode: int = 0o644, encoding: str = "utf-8") -> int:
@@ -223,12 +234,10 @@ class Files:
         """Extract a tar stream (bytes or binary file) into ``remote_dir``
         (created if missing). Returns ``{"files": n, "bytes": n}``."""
 
-        def messages() -> Iterator[Dict[str, Any]]:
-            yield {"header": {"sandbox": self._id, "path": remote_dir}}
-            for chunk in self._chunks(tar):
-                yield {"data": b64encode(chunk)}
-
-        resp = self._t.client_stream(_SERVICE, "UploadTar", messages(), op=f"upload to {remote_dir}")
+        resp = self._t.upload_stream(
+            _SERVICE, "UploadTar", {"sandbox": self._id, "path": remote_dir}, self._source(tar),
+            _proto.UPLOAD_TAR_REQUEST, _proto.UPLOAD_TAR_RESPONSE, op=f"upload to {remote_dir}", compress=True,
+        )
         return {"files": int(resp.get("files") or 0), "bytes": int(resp.get("bytes") or 0)}
 
     def upload_dir(self, local_dir: str, remote_dir: str) -> int:
@@ -245,15 +254,24 @@ class Files:
         """Yield a tar of ``remote_path`` (a directory's contents, or one file)
         in chunks as they arrive."""
         req = {"sandbox": self._id, "path": remote_path}
-        with self._t.server_stream(_SERVICE, "DownloadTar", req, op=f"download {remote_path}") as stream:
-            for msg in stream:
-                data = b64decode(msg.get("data") or "")
-                if data:
-                    yield data
+        with self._t.data_stream(
+            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}",
+            compress=True,
+        ) as stream:
+            for data in stream:
+                yield bytes(data)
 
     def download_tar(self, remote_path: str) -> bytes:
         """Return a tar of ``remote_path`` (a directory's contents, or one file)."""
-        return b"".join(self.iter_download_tar(remote_path))
+        out = io.BytesIO()
+        req = {"sandbox": self._id, "path": remote_path}
+        with self._t.data_stream(
+            _SERVICE, "DownloadTar", req, _proto.DOWNLOAD_TAR_REQUEST, op=f"download {remote_path}",
+            compress=True,
+        ) as stream:
+            for data in stream:
+                out.write(data)
+        return out.getvalue()
 
     def download_dir(self, remote_dir: str, local_dir: str) -> int:
         """Copy the contents of ``remote_dir`` of the sandbox into ``local_dir``

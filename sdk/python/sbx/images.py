@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Union
 
-from ._transport import Transport, b64decode, b64encode
+from . import _proto
+from ._transport import Transport
 from .errors import error_from_code
 from .recipe import Recipe
 from .types import ImageInfo, ImageProgress
@@ -13,7 +14,6 @@ from .types import ImageInfo, ImageProgress
 __all__ = ["Images"]
 
 _SERVICE = "sbx.v1.ImageService"
-_CHUNK = 256 << 10
 
 PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
 
@@ -95,22 +95,17 @@ class Images:
                 )
         fileobj = source
 
-        def messages() -> Iterator[Dict[str, Any]]:
-            header: Dict[str, Any] = {}
-            if tag:
-                header["tag"] = tag
-            if use_archive_tags:
-                header["useArchiveTags"] = True
-            if replace_archive_tags:
-                header["replaceArchiveTags"] = True
-            yield {"header": header}
-            while True:
-                chunk = fileobj.read(_CHUNK)
-                if not chunk:
-                    return
-                yield {"data": b64encode(chunk)}
-
-        resp = self._t.client_stream(_SERVICE, "ImportImage", messages(), op="import image")
+        header: Dict[str, Any] = {}
+        if tag:
+            header["tag"] = tag
+        if use_archive_tags:
+            header["useArchiveTags"] = True
+        if replace_archive_tags:
+            header["replaceArchiveTags"] = True
+        resp = self._t.upload_stream(
+            _SERVICE, "ImportImage", header, fileobj,
+            _proto.IMPORT_IMAGE_REQUEST, _proto.IMPORT_IMAGE_RESPONSE, op="import image",
+        )
         return [ImageInfo.from_json(i) for i in resp.get("images") or []]
 
     def export(self, ref: str, dest: PathOrFile) -> int:
@@ -127,13 +122,10 @@ class Images:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             return n
-        n = 0
-        with self._t.server_stream(_SERVICE, "ExportImage", {"ref": ref}, op=f"export {ref}") as stream:
-            for msg in stream:
-                data = b64decode(msg.get("data") or "")
-                dest.write(data)
-                n += len(data)
-        return n
+        with self._t.data_stream(
+            _SERVICE, "ExportImage", {"ref": ref}, _proto.EXPORT_IMAGE_REQUEST, op=f"export {ref}"
+        ) as stream:
+            return stream.copy_to(dest)
 
     def build(
         self,

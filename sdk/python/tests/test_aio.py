@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import os
 import time
 
 import pytest
@@ -57,6 +59,17 @@ def test_async_sandbox(client: sbx.Client) -> None:
             assert await sb.files.read_text("/root/a.txt") == "async data"
             assert [f.name for f in await sb.files.list("/root")] == ["a.txt"]
             assert await sb.files.exists("/root/a.txt")
+            # Bulk bytes (the binary codec) while the loop keeps running.
+            blob = os.urandom((10 << 20) + 17)
+            assert await sb.files.write("/root/blob", blob) == len(blob)
+            sink = io.BytesIO()
+            got, _ = await asyncio.gather(sb.files.read("/root/blob"), sb.files.download_file("/root/blob", sink))
+            assert got == blob and sink.getvalue() == blob
+            tar_bytes = await sb.files.download_tar("/root/blob")
+            assert await sb.files.upload_tar("/root/t", tar_bytes) == {"files": 1, "bytes": len(blob)}
+            assert await sb.files.read("/root/t/blob") == blob
+            await sb.files.remove("/root/blob")
+            await sb.files.remove("/root/t", recursive=True)
 
             found = await AsyncSandbox.list(labels={"aio": "yes", LABEL: RUN_ID}, client=ac)
             assert [s.id for s in found] == [sb.id]

@@ -92,3 +92,43 @@ def test_import_applies_only_the_given_tag(client: sbx.Client, tmp_path) -> None
                 client.images.remove(ref)
             except sbx.NotFoundError:
                 pass
+
+
+def test_export_import_round_trip(client: sbx.Client, tmp_path) -> None:
+    # Image archives both ways through the binary codec: a layer of random
+    # bytes comes back in the export byte for byte, and the export imports.
+    import io
+    import tarfile
+
+    body = os.urandom((3 << 20) + 5)
+    src = tmp_path / "img.tar"
+    _docker_save(src, body, [])
+    info = client.images.import_tar(str(src), tag="sbx-pytest/rt:1")[0]
+    try:
+        assert info.ref.endswith("sbx-pytest/rt:1") and info.digest.startswith("sha256:") and info.layers == 1
+        out = tmp_path / "out.tar"
+        n = client.images.export("sbx-pytest/rt:1", str(out))
+        sink = io.BytesIO()
+        assert client.images.export("sbx-pytest/rt:1", sink) == n == out.stat().st_size
+        assert sink.getvalue() == out.read_bytes()
+        found = False
+        with tarfile.open(str(out)) as tf:
+            for m in tf.getmembers():
+                f = tf.extractfile(m)
+                if f is None or m.size < len(body):
+                    continue
+                try:
+                    with tarfile.open(fileobj=io.BytesIO(f.read())) as layer:
+                        member = layer.extractfile("id")
+                        found = found or (member is not None and member.read() == body)
+                except (tarfile.TarError, KeyError):
+                    continue
+        assert found, "the exported archive has no layer holding the imported bytes"
+        again = client.images.import_tar(io.BytesIO(sink.getvalue()), tag="sbx-pytest/rt:2")[0]
+        assert again.ref.endswith("sbx-pytest/rt:2") and again.layers == 1
+    finally:
+        for ref in ("sbx-pytest/rt:1", "sbx-pytest/rt:2"):
+            try:
+                client.images.remove(ref)
+            except sbx.NotFoundError:
+                pass

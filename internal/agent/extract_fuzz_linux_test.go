@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+// FuzzExtractTar feeds the agent's UploadTar extractor hostile archives
+// (see testutil.TarFromScript). Nothing is written, linked or changed
+// outside the destination; no symlink it made points outside it; no device
+// is made and no file keeps setuid or setgid.
+func FuzzExtractTar(f *testing.F) {
+	testutil.RequiresRoot(f)
+	for _, s := range testutil.FuzzTarSeeds {
+		f.Add([]byte(s))
+	}
+	bfs, err := newBoxFS()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, script []byte) {
+		j := testutil.NewJail(t)
+		fd, err := unix.Open(j.Dest, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		_, _, _ = extractTar(context.Background(), bfs, fd, bytes.NewReader(testutil.TarFromScript(script, j.Out)))
+		j.Check(t)
+		_ = filepath.WalkDir(j.Dest, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				t.Fatalf("walk: %v", err)
+			}
+			fi, err := d.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(j.Dest, p)
+			switch m := fi.Mode(); {
+			case m&fs.ModeSymlink != 0:
+				target, _ := os.Readlink(p)
+				if to := path.Join(path.Dir(rel), target); path.IsAbs(target) || to == ".." || strings.HasPrefix(to, "../") {
+					t.Fatalf("%s -> %s points outside the destination", rel, target)
+				}
+			case m&fs.ModeDevice != 0:
+				t.Fatalf("%s is a device", rel)
+			case m&(fs.ModeSetuid|fs.ModeSetgid) != 0:
+				t.Fatalf("%s kept mode %v", rel, m)
+			}
+			return nil
+		})
+		_ = os.RemoveAll(j.Dest)
+	})
+}

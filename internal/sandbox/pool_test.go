@@ -1,0 +1,237 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/fake"
+	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/testutil"
+)
+
+// gatedDriver lets a test hold the warm pool's creates: each Create
+// reports on entered, then waits for gate (if set) before creating the box.
+type gatedDriver struct {
+	runtime.Driver
+	entered chan string
+	gate    func(ctx context.Context)
+}
+
+func (d *gatedDriver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle, error) {
+	if d.entered != nil {
+		d.entered <- spec.ID
+	}
+	if d.gate != nil {
+		d.gate(ctx)
+	}
+	// The box is made whatever became of ctx: a create the runtime
+	// finished just as the daemon stopped.
+	return d.Driver.Create(context.WithoutCancel(ctx), spec)
+}
+
+// poolEnv starts a manager with a warm pool of floor..ceiling over the fake
+// driver wrapped in gd; it returns the manager and the fake driver's state
+// dir (one entry per live box).
+func poolEnv(t *testing.T, floor, ceiling int, gd *gatedDriver) (*Manager, string) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	drv, err := fake.New(fake.Config{StateDir: dir + "/fake", AgentPath: testutil.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gd.Driver = drv
+	m, err := New(Config{
+		Store: st, Drivers: map[string]runtime.Driver{"fake": gd}, DefaultRuntime: "fake",
+		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
+		Limits:   testLimits, TickInterval: 10 * time.Millisecond, WarmPool: floor, WarmPoolMax: ceiling,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m.Run()
+	return m, dir + "/fake"
+}
+
+// liveBoxes counts the fake driver's boxes.
+func liveBoxes(t *testing.T, stateDir string) int {
+	t.Helper()
+	ents, err := os.ReadDir(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// waitFor polls cond until it holds (10 s at most).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// closeWithin closes m and fails if that takes longer than limit.
+func closeWithin(t *testing.T, m *Manager, limit time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { m.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Errorf("Close still running after %v with a refill in flight, want it to cancel the refill", limit)
+		<-done
+	}
+}
+
+// A graceful stop while a refill is in flight must not wait for the refill
+// (the integration harness SIGKILLs a daemon whose stop takes 15 s, which
+// left a warm box running with its mounts) and must leave no box behind,
+// even when the runtime finishes creating the box after the stop began.
+func TestWarmPoolStopRacingRefill(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// gate holds the refill's Create; release lets it go on.
+		gate func(release <-chan struct{}) func(ctx context.Context)
+	}{
+		{"create finishes when cancelled", func(<-chan struct{}) func(context.Context) {
+			return func(ctx context.Context) { <-ctx.Done() }
+		}},
+		{"create finishes after stop began", func(release <-chan struct{}) func(context.Context) {
+			return func(context.Context) { <-release }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			gd := &gatedDriver{entered: make(chan string, 1), gate: tc.gate(release)}
+			m, state := poolEnv(t, 1, 1, gd)
+			<-gd.entered // a refill is in flight
+			done := make(chan struct{})
+			go func() { closeWithin(t, m, runtime.ProbeTimeout); close(done) }()
+			// Let the held create finish once the stop has begun.
+			waitFor(t, "the stop to begin", func() bool {
+				select {
+				case <-m.stop:
+					return true
+				default:
+					return false
+				}
+			})
+			close(release)
+			<-done
+			if n := liveBoxes(t, state); n != 0 {
+				t.Errorf("after Close: %d boxes left, want 0", n)
+			}
+		})
+	}
+}
+
+// poolState returns the pool's idle box ids and target.
+func poolState(m *Manager) (idle []string, target int) {
+	p := m.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.idle {
+		idle = append(idle, w.id)
+	}
+	return idle, p.target
+}
+
+// The pool grows to serve a burst of concurrent creates warm, and shrinks
+// back to its floor when demand stops, destroying what it no longer needs.
+func TestWarmPoolAdapts(t *testing.T) {
+	const burst = 4
+	m, state := poolEnv(t, 1, burst, &gatedDriver{})
+	t.Cleanup(m.Close)
+	ctx := context.Background()
+	createBurst := func() []string {
+		var mu sync.Mutex
+		var ids []string
+		var wg sync.WaitGroup
+		for range burst {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sb, err := m.Create(ctx, &sbxv1.CreateSandboxRequest{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, sb.Id)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return ids
+	}
+	waitFor(t, "the pool to hold its floor", func() bool { idle, _ := poolState(m); return len(idle) == 1 })
+	first := createBurst()
+	if _, target := poolState(m); target != burst {
+		t.Errorf("after a burst of %d creates the pool's target is %d, want %d", burst, target, burst)
+	}
+	waitFor(t, "the pool to grow to the burst", func() bool { idle, _ := poolState(m); return len(idle) == burst })
+	ready, _ := poolState(m)
+	second := createBurst()
+	for _, id := range second {
+		if !slices.Contains(ready, id) {
+			t.Errorf("sandbox %s of the second burst was created cold, want every one taken from the pool %v", id, ready)
+		}
+	}
+	for _, id := range append(first, second...) {
+		if err := m.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// No demand from here on: the pool halves its target until the floor.
+	waitFor(t, "the pool to refill", func() bool { idle, _ := poolState(m); return len(idle) == burst })
+	m.pool.mu.Lock()
+	m.pool.shrinkAfter = time.Millisecond
+	m.pool.mu.Unlock()
+	waitFor(t, "the pool to shrink to its floor", func() bool {
+		m.pool.wakeUp()
+		idle, target := poolState(m)
+		return len(idle) == 1 && target == 1
+	})
+	// The boxes the pool let go are destroyed after they leave it.
+	waitFor(t, "the excess warm boxes to be destroyed (1 box live)", func() bool { return liveBoxes(t, state) == 1 })
+}
+
+// A burst of creates that reach the pool spread over more than the demand
+// window (a loaded host) still raises the target to the creates in flight.
+func TestWarmPoolDemandCountsCreatesInFlight(t *testing.T) {
+	p := newWarmPool(1, 16)
+	now := time.Now()
+	for i := range 8 {
+		p.mu.Lock()
+		p.active++
+		p.demandLocked(now.Add(time.Duration(i) * 2 * demandWindow))
+		p.mu.Unlock()
+	}
+	if p.target != 8 {
+		t.Errorf("target after 8 creates in flight, %v apart: got %d, want 8", 2*demandWindow, p.target)
+	}
+}

@@ -1,0 +1,108 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"connectrpc.com/connect"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/connlimit"
+	"github.com/sbxdev/sbx/internal/sandbox"
+)
+
+// StreamLimits bound the calls on one sandbox's agent that the API relays
+// at once: each holds a goroutine or two, an HTTP/2 stream or a socket to
+// the agent, and up to a flow-control window of buffered bytes in the
+// daemon, so without a bound the clients of one sandbox (or code in it
+// holding a scoped token) could spend the daemon's descriptors and memory
+// for everyone. Zero fields take the defaults.
+type StreamLimits struct {
+	// ExecsPerSandbox bounds running commands relayed for one sandbox (the
+	// Exec and ExecInteractive RPCs and the exec upgrade together).
+	ExecsPerSandbox int
+	// FilesPerSandbox bounds file calls in flight on one sandbox (reads,
+	// writes, tars, listings and the other file operations together).
+	FilesPerSandbox int
+}
+
+// The defaults of StreamLimits.
+const (
+	DefaultExecsPerSandbox = 256
+	DefaultFilesPerSandbox = 64
+)
+
+// Streams opens the agent connections of the API's exec and file calls,
+// counted against the sandbox's StreamLimits: the excess is refused with
+// ResourceExhausted naming the limit, and neighbours do not notice. One
+// Streams is shared by everything that relays such calls (the API handlers
+// and the fronts' exec upgrade).
+type Streams struct {
+	mgr   *sandbox.Manager
+	execs *connlimit.Counter[string]
+	files *connlimit.Counter[string]
+}
+
+// NewStreams returns Streams over mgr with limits lim; refusals are logged
+// on log (nil: slog.Default()) once per burst.
+func NewStreams(mgr *sandbox.Manager, lim StreamLimits, log *slog.Logger) *Streams {
+	if log == nil {
+		log = slog.Default()
+	}
+	if lim.ExecsPerSandbox <= 0 {
+		lim.ExecsPerSandbox = DefaultExecsPerSandbox
+	}
+	if lim.FilesPerSandbox <= 0 {
+		lim.FilesPerSandbox = DefaultFilesPerSandbox
+	}
+	return &Streams{
+		mgr:   mgr,
+		execs: connlimit.NewCounter[string](lim.ExecsPerSandbox, log, "exec streams per sandbox"),
+		files: connlimit.NewCounter[string](lim.FilesPerSandbox, log, "file calls per sandbox"),
+	}
+}
+
+// exec returns the agent of sandbox ref for one command; release it when
+// the command's relay ends.
+func (s *Streams) exec(ctx context.Context, ref string) (*agentconn.Conn, func(), error) {
+	return s.open(ctx, ref, s.execs, "running commands", "--exec-max-streams")
+}
+
+// HoldExec counts one command relayed elsewhere (a code run, a session
+// command: internal/codeexec's Limit) against sandbox id's running
+// commands, exactly as exec does.
+func (s *Streams) HoldExec(ctx context.Context, id string) (func(), error) {
+	done, ok := s.execs.Acquire(id)
+	if !ok {
+		return nil, s.refused(id, s.execs, "running commands", "--exec-max-streams")
+	}
+	return done, nil
+}
+
+// file returns the agent of sandbox ref for one file call.
+func (s *Streams) file(ctx context.Context, ref string) (*agentconn.Conn, func(), error) {
+	return s.open(ctx, ref, s.files, "file calls in flight", "--file-max-streams")
+}
+
+func (s *Streams) open(ctx context.Context, ref string, c *connlimit.Counter[string], what, flag string) (*agentconn.Conn, func(), error) {
+	id, err := s.mgr.RunningID(ctx, ref)
+	if err != nil {
+		return nil, nil, toConnect(err)
+	}
+	done, ok := c.Acquire(id)
+	if !ok {
+		return nil, nil, s.refused(id, c, what, flag)
+	}
+	conn, release, err := s.mgr.Agent(ctx, id)
+	if err != nil {
+		done()
+		return nil, nil, toConnect(err)
+	}
+	return conn, func() { release(); done() }, nil
+}
+
+func (s *Streams) refused(id string, c *connlimit.Counter[string], what, flag string) error {
+	return connect.NewError(connect.CodeResourceExhausted,
+		fmt.Errorf("sandbox %s has %d %s, the most allowed (sbx serve %s): try again when one ends", id, c.Max(), what, flag))
+}
