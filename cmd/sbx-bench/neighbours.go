@@ -42,14 +42,28 @@ import time; time.sleep(1)' 2>/dev/null; done`},
 // (bin/sbx next to the agent) so that its CPU time is its own. The
 // neighbour is measured at rest again at the end, and the host's load
 // average printed, so that a change in the machine's other load shows.
-func runNeighbours(n int, agentPath, _ string, allOnly bool) error {
+// With rounds > 0 it alternates rounds of at rest and all bombs together
+// instead (see neighbourRounds).
+func runNeighbours(n int, agentPath, _ string, o neighbourOpts) error {
 	fmt.Printf("load average at start: %s", loadAvg())
+	rounds := o.rounds
+	if o.benchShares > 0 {
+		undo, err := cpuGroup(o.benchShares)
+		if err != nil {
+			return err
+		}
+		defer undo()
+	}
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	c, pid, stop, err := startDaemonProcess(filepath.Join(filepath.Dir(agentPath), "sbx"), filepath.Join(tmp, "data"))
+	var extra []string
+	if o.boxesShares > 0 {
+		extra = append(extra, "--boxes-cpu-shares", strconv.FormatUint(o.boxesShares, 10))
+	}
+	c, pid, stop, err := startDaemonProcess(filepath.Join(filepath.Dir(agentPath), "sbx"), filepath.Join(tmp, "data"), extra...)
 	if err != nil {
 		return err
 	}
@@ -70,15 +84,15 @@ func runNeighbours(n int, agentPath, _ string, allOnly bool) error {
 		return err
 	}
 	samples := n * 5
+	if rounds > 0 {
+		return neighbourRounds(ctx, c, rounds, samples, execTrue)
+	}
 	rest, err := measure("neighbour exec true, at rest", samples, execTrue)
 	if err != nil {
 		return err
 	}
 	results := []result{rest}
 	for _, b := range bombs {
-		if allOnly {
-			break
-		}
 		r, err := underBombs(ctx, c, []int{indexOf(b.name)}, samples, execTrue)
 		if err != nil {
 			return err
@@ -132,6 +146,77 @@ func runNeighbours(n int, agentPath, _ string, allOnly bool) error {
 	fmt.Printf("daemon CPU per GiB relayed          = %6.2f s  (%.2f GiB in %.1f s, %.0f MiB/s)\n",
 		(cpu1-cpu0).Seconds()/gb, gb, wall.Seconds(), float64(got.n)/(1<<20)/wall.Seconds())
 	return nil
+}
+
+// neighbourRounds measures f at rest and under all bombs together,
+// alternately, rounds times, and compares the pooled samples: other load
+// on the machine then weighs on both about equally.
+func neighbourRounds(ctx context.Context, c *sbx.Client, rounds, n int, f func() error) error {
+	all := make([]int, len(bombs))
+	for i := range all {
+		all[i] = i
+	}
+	rest, busy := result{name: "neighbour exec true, at rest (pooled)"}, result{name: "  while all six run (pooled)"}
+	fmt.Printf("%-44s %10s %10s %10s %10s %8s\n", "round", "rest p50", "rest p99", "bombs p50", "bombs p99", "p99 ×")
+	for i := range rounds {
+		r, err := measure("rest", n, f)
+		if err != nil {
+			return err
+		}
+		b, err := underBombs(ctx, c, all, n, f)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-44d %s %s %s %s %7.2fx  load %s", i+1, ms(r.p(0.5)), ms(r.p(0.99)), ms(b.p(0.5)), ms(b.p(0.99)),
+			float64(b.p(0.99))/float64(r.p(0.99)), loadAvg())
+		rest.ds, busy.ds = append(rest.ds, r.ds...), append(busy.ds, b.ds...)
+		busy.failed += b.failed
+		if busy.firstErr == nil {
+			busy.firstErr = b.firstErr
+		}
+	}
+	for _, r := range []result{rest, busy} {
+		fmt.Printf("%-44s %s %s\n", r.name, ms(r.p(0.5)), ms(r.p(0.99)))
+	}
+	if busy.failed > 0 {
+		fmt.Printf("%d execs FAILED under the bombs, first: %v\n", busy.failed, busy.firstErr)
+	}
+	fmt.Printf("pooled p99 under all bombs / at rest = %.2fx, p50 %.2fx  (aim: p99 ≤ 5x)\n",
+		float64(busy.p(0.99))/float64(rest.p(0.99)), float64(busy.p(0.5))/float64(rest.p(0.5)))
+	return nil
+}
+
+// neighbourOpts are the neighbours measurement's own flags.
+type neighbourOpts struct {
+	rounds      int
+	boxesShares uint64 // the daemon's --boxes-cpu-shares
+	benchShares uint64 // cpu.shares of a cgroup the bench and its daemon run in
+}
+
+// cpuGroup moves this process (and so the daemon it starts) into a new
+// cgroup v1 cpu group with these shares, and returns how to move back and
+// remove it.
+func cpuGroup(shares uint64) (func(), error) {
+	root := "/sys/fs/cgroup/cpu"
+	dir := filepath.Join(root, fmt.Sprintf("sbx-bench-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("-bench-cpu-shares needs the cgroup v1 cpu hierarchy: %w", err)
+	}
+	move := func(to string) error {
+		return os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0)
+	}
+	err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte(strconv.FormatUint(shares, 10)), 0)
+	if err == nil {
+		err = move(dir)
+	}
+	if err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("bench cpu group: %w", err)
+	}
+	return func() {
+		_ = move(root)
+		_ = os.Remove(dir)
+	}, nil
 }
 
 // loadAvg is /proc/loadavg's line.

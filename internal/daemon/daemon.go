@@ -104,9 +104,16 @@ type Config struct {
 	// BoxLimits bound one sandbox's share of the kernel's per-user counters
 	// (nil: idmap.DefaultLimits()).
 	BoxLimits idmap.Limits
+	// BoxesCPUShares is the CPU weight of all sandboxes together against
+	// each host process (0: DefaultBoxesCPUShares).
+	BoxesCPUShares uint64
 	// Ready, if set, is called with the bound address once serving.
 	Ready func(addr string)
 }
+
+// DefaultBoxesCPUShares is Config.BoxesCPUShares's default (the oci
+// driver's).
+const DefaultBoxesCPUShares = oci.DefaultBoxesCPUShares
 
 // DefaultResources are used when Config.Defaults leaves a field zero.
 var DefaultResources = runtime.Resources{
@@ -194,9 +201,10 @@ func Run(ctx context.Context, cfg Config) error {
 		Network:     cfg.Network,
 		// Per data dir, so that daemons sharing a host (tests, several
 		// tenants) never clean up each other's boxes.
-		CgroupParent: instanceName("sbx", dataDir),
-		BoxLimits:    cfg.BoxLimits,
-		Logger:       log.With("runtime", "oci"),
+		CgroupParent:   instanceName("sbx", dataDir),
+		BoxLimits:      cfg.BoxLimits,
+		BoxesCPUShares: cfg.BoxesCPUShares,
+		Logger:         log.With("runtime", "oci"),
 	})
 	if err != nil {
 		return fmt.Errorf("oci runtime: %w", err)

@@ -86,6 +86,11 @@ type Config struct {
 	// fanotify, queued signals, message queues; see idmap.Limits). nil =
 	// idmap.DefaultLimits(); values above the host's are lowered to them.
 	BoxLimits idmap.Limits
+	// BoxesCPUShares is the CPU weight of all boxes together (the parent
+	// cgroup's cpu.shares; cpu.weight shares*100/1024 on cgroup v2)
+	// against each process outside them, the daemon's threads included:
+	// 0 = DefaultBoxesCPUShares. It costs boxes nothing on an idle host.
+	BoxesCPUShares uint64
 	// Logger receives driver logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -98,6 +103,12 @@ const (
 	idMapBase = 100000
 	idMapSize = 65536
 )
+
+// DefaultBoxesCPUShares is Config.BoxesCPUShares's default: all boxes
+// together weigh as an eighth of one busy host process, so that the
+// daemon and the agents' control path (whose requests the daemon serves)
+// get the CPU at once when every box is busy.
+const DefaultBoxesCPUShares = 128
 
 // defaultCgroupParent is Config.CgroupParent's default.
 const defaultCgroupParent = "sbx"

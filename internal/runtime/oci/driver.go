@@ -60,7 +60,9 @@ type Driver struct {
 	ids *idmap.Allocator
 	// boxLimits are the per-box kernel counter limits, at most the host's.
 	boxLimits idmap.Limits
-	log       *slog.Logger
+	// boxesShares is the parent cgroup's CPU weight (Config.BoxesCPUShares).
+	boxesShares uint64
+	log         *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -134,6 +136,12 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if d.cg, err = detectCgroups(parent); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
+	}
+	if d.boxesShares = cfg.BoxesCPUShares; d.boxesShares == 0 {
+		d.boxesShares = DefaultBoxesCPUShares
+	}
+	if d.boxesShares < 2 || d.boxesShares > 262144 {
+		return nil, fmt.Errorf("oci: boxes' cpu shares %d: want 2 to 262144: %w", d.boxesShares, errdefs.ErrInvalidArgument)
 	}
 	var fallback string
 	path := cfg.RuntimePath
@@ -475,6 +483,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
 
+	if err := d.cg.boxesCPUWeight(d.boxesShares); err != nil {
+		return h, err
+	}
 	tPrepared := time.Now()
 	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.

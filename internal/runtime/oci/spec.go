@@ -212,8 +212,8 @@ func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 		}
 	}
 	if r.CPUMillis > 0 {
-		period, quota := uint64(cpuPeriod), cpuQuota(r.CPUMillis)
-		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+		period, quota, shares := uint64(cpuPeriod), cpuQuota(r.CPUMillis), cpuShares(r.CPUMillis)
+		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota, Shares: &shares}
 	}
 	if r.Pids > 0 {
 		pids := r.Pids
@@ -233,6 +233,13 @@ func cpuQuota(millis int64) int64 {
 		q = 1000
 	}
 	return q
+}
+
+// cpuShares weighs a box by its CPUs among boxes when they contend: 1024
+// (a nice-0 process) per CPU, at least 2 (the kernel's minimum). runc
+// converts it to cpu.weight on cgroup v2.
+func cpuShares(millis int64) uint64 {
+	return uint64(max(2, millis*1024/1000))
 }
 
 func charDev(major, minor int64) specs.LinuxDeviceCgroup {

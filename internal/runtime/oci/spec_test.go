@@ -54,8 +54,8 @@ func TestBuildSpec(t *testing.T) {
 	if *r.Memory.Limit != 64<<20 || *r.Memory.Swap != 64<<20 {
 		t.Errorf("memory limit/swap = %d/%d, want both 64 MiB", *r.Memory.Limit, *r.Memory.Swap)
 	}
-	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 {
-		t.Errorf("cpu quota/period = %d/%d, want 50000/100000", *r.CPU.Quota, *r.CPU.Period)
+	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 || *r.CPU.Shares != 512 {
+		t.Errorf("cpu quota/period/shares = %d/%d/%d, want 50000/100000/512", *r.CPU.Quota, *r.CPU.Period, *r.CPU.Shares)
 	}
 	if *r.Pids.Limit != 100 {
 		t.Errorf("pids limit = %d, want 100", *r.Pids.Limit)

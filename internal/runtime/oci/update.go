@@ -104,12 +104,19 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 		dir, v2 := d.cg.controllerDir("cpu", id)
 		if v2 {
 			err = setCgroupFile(filepath.Join(dir, "cpu.max"), fmt.Sprintf("%d %d", quota, cpuPeriod), &undo)
+			if err == nil { // runc's conversion of the shares Create gave
+				weight := 1 + (cpuShares(r.CPUMillis)-2)*9999/262142
+				err = setCgroupFile(filepath.Join(dir, "cpu.weight"), strconv.FormatUint(weight, 10), &undo)
+			}
 		} else {
 			// The period first: the quota is relative to it. Create sets the
 			// same period, so this normally changes nothing.
 			err = setCgroupFile(filepath.Join(dir, "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod), &undo)
 			if err == nil {
 				err = setCgroupFile(filepath.Join(dir, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10), &undo)
+			}
+			if err == nil {
+				err = setCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.FormatUint(cpuShares(r.CPUMillis), 10), &undo)
 			}
 		}
 		if err != nil {

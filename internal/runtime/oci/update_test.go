@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -133,6 +134,14 @@ func TestUpdate(t *testing.T) {
 			if q, p := cgroupFile(t, dir, h, "cpu", "cpu.cfs_quota_us"), cgroupFile(t, dir, h, "cpu", "cpu.cfs_period_us"); q != "25000" || p != "100000" {
 				t.Errorf("cpu quota/period = %s/%s, want 25000/100000", q, p)
 			}
+			if got := cgroupFile(t, dir, h, "cpu", "cpu.shares"); got != "256" {
+				t.Errorf("cpu.shares = %s, want 256 (a quarter CPU)", got)
+			}
+			// All boxes together weigh as an eighth of a host process.
+			parent, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", cgroupParent(dir), "cpu.shares"))
+			if got := strings.TrimSpace(string(parent)); got != "128" {
+				t.Errorf("boxes' parent cpu.shares = %s, want 128", got)
+			}
 		} else if got := cgroupFile(t, dir, h, "cpu", "cpu.max"); got != "25000 100000" {
 			t.Errorf("cpu.max = %q, want 25000 100000", got)
 		}
@@ -232,4 +241,30 @@ func TestUpdate(t *testing.T) {
 		}
 	})
 	checkNoLeftovers(t, d, dir)
+}
+
+// TestCPULimitHolds: the boxes' parent weight and a box's shares only
+// order boxes and host when they contend; a 1-CPU box running three busy
+// loops still gets at most one CPU.
+func TestCPULimitHolds(t *testing.T) {
+	testutil.RequiresRoot(t)
+	d := newDriver(t, stateRoot(t))
+	h := testsuite.Create(t, d, testsuite.NewSpec("cpu1")) // CPUMillis 1000
+	st0, err := d.Stats(t.Context(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	testsuite.MustExec(t, d, h, "/bin/sh", "-c", "for i in 1 2 3; do (while :; do :; done) & done; sleep 2; kill $(jobs -p)")
+	wall := time.Since(t0)
+	st1, err := d.Stats(t.Context(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := time.Duration(st1.CPUUsageNs - st0.CPUUsageNs)
+	// One CFS period of slack: the quota is enforced per 100 ms period.
+	if used > wall+100*time.Millisecond {
+		t.Errorf("a 1-CPU box used %v of CPU in %v", used, wall)
+	}
+	t.Logf("a 1-CPU box with three busy loops used %v of CPU in %v", used, wall)
 }
