@@ -53,7 +53,7 @@ type Driver struct {
 	// fuse: the kernel has FUSE, so every box gets a /dev/fuse of its own
 	// (makeFuseDevice); without it path policies fail to mount, clearly.
 	fuse bool
-	caps []string
+	caps []runtime.Capability
 	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
 	agentSeccomp bool
 	// ids hands out each box's own host id range (see package idmap).
@@ -99,10 +99,12 @@ func New(cfg Config) (*Driver, error) {
 		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		log:       log.With("driver", "oci"),
-		caps:      []string{"pause", "stats", "disk-limit", "recover", "update", runtime.CapDiskInMemory},
+		caps: []runtime.Capability{runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
+			runtime.CapUpdate, runtime.CapSnapshot, runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage,
+			runtime.CapDiskInMemory},
 	}
 	if cfg.Network {
-		d.caps = append(d.caps, "network")
+		d.caps = append(d.caps, runtime.CapNetwork)
 	}
 	for _, dir := range []string{d.stateDir, d.boxesDir} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
@@ -169,7 +171,9 @@ func New(cfg Config) (*Driver, error) {
 		d.detail += "; file table shared (" + d.files.reason + "): each box holds at most " +
 			fmt.Sprintf("1/%d of fs.file-max", fileShare)
 	}
-	if d.fuse = hostHasFuse(); !d.fuse {
+	if d.fuse = hostHasFuse(); d.fuse {
+		d.caps = append(d.caps, runtime.CapPathPolicies)
+	} else {
 		d.log.Warn("the kernel has no FUSE: path policies will not work")
 	}
 	if !cfg.SeccompInRuntime {
