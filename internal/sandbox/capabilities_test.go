@@ -94,4 +94,3 @@ func TestOperationsRefusedByCapability(t *testing.T) {
 		t.Errorf("state after refused calls = %v, want running", got.GetState())
 	}
 }
-
