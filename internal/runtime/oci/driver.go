@@ -26,6 +26,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -267,7 +268,7 @@ func installAgentLayer(src, dir string) (string, error) {
 	if err := os.Mkdir(filepath.Join(tmp, filepath.Dir(agentInBox)), 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	if err := copyFile(src, filepath.Join(tmp, agentInBox), 0o755); err != nil {
+	if err := hostimage.CopyFile(src, filepath.Join(tmp, agentInBox), 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
 	if err := os.Rename(tmp, layer); err != nil {
@@ -508,7 +509,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		if img.Name != "host" && img.Name != "" {
 			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
 		}
-		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
+		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return []string{dir}, true, err
 	}
 	for _, l := range img.Layers {
@@ -518,7 +519,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		}
 	}
 	if img.OnHost {
-		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
+		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return append([]string{dir}, img.Layers...), true, err
 	}
 	return img.Layers, false, nil
