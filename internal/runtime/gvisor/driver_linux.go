@@ -172,8 +172,10 @@ func (d *Driver) Info(context.Context) runtime.Info {
 }
 
 // Close unmounts the empty network namespace runsc keeps in its root for
-// --network=none boxes (running boxes hold their own reference).
+// --network=none boxes (running boxes hold their own reference) and
+// removes the parent cgroup if no box is left in it.
 func (d *Driver) Close() error {
+	removeCgroupParent(d.cgParent)
 	return unmount(filepath.Join(d.runscRoot, "null-netns"))
 }
 

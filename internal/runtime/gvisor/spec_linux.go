@@ -235,10 +235,9 @@ func writeFile(r *safepath.Root, rel, content string, uid int) error {
 	return r.Lchown(rel, uid, uid)
 }
 
-// removeCgroups removes the cgroup dirs of box id under parent in every
-// hierarchy (v1 controllers, the unified one, or a pure v2 root): runsc
-// leaves them when it is killed mid-way. Missing ones are fine.
-func removeCgroups(parent, id string) error {
+// cgroupRoots are the hierarchies a cgroup dir may be in: every v1
+// controller, the unified one, or a pure v2 root.
+func cgroupRoots() []string {
 	roots := []string{"/sys/fs/cgroup"}
 	if ents, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
 		for _, e := range ents {
@@ -247,12 +246,27 @@ func removeCgroups(parent, id string) error {
 			}
 		}
 	}
+	return roots
+}
+
+// removeCgroups removes the cgroup dirs of box id under parent in every
+// hierarchy: runsc leaves them when it is killed mid-way. Missing ones are
+// fine.
+func removeCgroups(parent, id string) error {
 	var errs []error
-	for _, root := range roots {
+	for _, root := range cgroupRoots() {
 		dir := filepath.Join(root, parent, id)
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeCgroupParent removes the driver's parent cgroup dirs that no box
+// uses any more (a busy one stays).
+func removeCgroupParent(parent string) {
+	for _, root := range cgroupRoots() {
+		_ = unix.Rmdir(filepath.Join(root, parent))
+	}
 }
