@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -194,6 +195,7 @@ func checkID(id string) error {
 // Paths of a box.
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
 func rwDir(box string) string             { return filepath.Join(box, "rw") }
+func tmpDir(box string) string            { return filepath.Join(box, "rw", "tmp") }
 func rootfsDir(box string) string         { return filepath.Join(box, "rootfs") }
 func runDir(box string) string            { return filepath.Join(box, "run") }
 func mntDir(box string) string            { return filepath.Join(box, "mnt") }
@@ -273,14 +275,17 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	undo = append(undo, func() error { return unmount(rw) })
-	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
-	for _, dir := range []string{upper, work} {
+	upper, work, tmp := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), tmpDir(box)
+	for _, dir := range []string{upper, work, tmp} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return h, fmt.Errorf("create overlay dirs: %w", err)
 		}
 		if err := os.Chown(dir, root, root); err != nil {
 			return h, fmt.Errorf("chown overlay dirs: %w", err)
 		}
+	}
+	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
+		return h, fmt.Errorf("chmod tmp dir: %w", err)
 	}
 	rootfs := rootfsDir(box)
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
@@ -305,7 +310,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	ociSpec := buildSpec(spec, specParams{
-		Rootfs: rootfs, HostImage: hostImage, Agent: d.agent, RunDir: run, Mounts: mounts,
+		Rootfs: rootfs, HostImage: hostImage, Agent: d.agent, RunDir: run, TmpDir: tmp, Mounts: mounts,
 		CgroupsPath: "/" + d.cgParent + "/" + spec.ID,
 	})
 	cfgJSON, err := json.Marshal(ociSpec)
@@ -404,13 +409,21 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 		return fmt.Errorf("create agent log: %w", err)
 	}
 	defer logf.Close()
-	cmd := d.command(ctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
+	// Not killed with ctx: runsc killed in the middle of `run` leaves its
+	// sandbox and gofer running with no state to delete them by. It takes
+	// a fraction of a second; a cancelled create is rolled back after it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runtime.ProbeTimeout)
+	defer cancel()
+	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stdout, cmd.Stderr = logf, logf // the agent's stdio too: its log
 	err = cmd.Run()
 	w.Close() // only the box holds it now: its exit reads as EOF
 	if err != nil {
 		return fmt.Errorf("runsc run: %w%s", err, logTail(agentLog(box), runscLog(box)))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("box %s: %w", id, err)
 	}
 	if err := agentconn.AwaitReady(ctx, r, runtime.ProbeTimeout); err != nil {
 		return fmt.Errorf("box %s: %w%s", id, err, logTail(agentLog(box), runscLog(box)))
@@ -589,8 +602,11 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	return errors.Join(errs...)
 }
 
-// teardown kills the box's sandbox, deletes runsc's state for it and
-// removes the cgroups runsc left (it leaves them when killed mid-way).
+// teardown kills the box's sandbox and deletes runsc's state for it, then
+// removes what runsc leaves when it was killed mid-way (a daemon crash or
+// timeout during `runsc run`): sandbox and gofer processes still in the
+// box's cgroup with no state to delete them by, its lock and socket files
+// in runsc's root, and the cgroup dirs.
 func (d *Driver) teardown(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -598,7 +614,24 @@ func (d *Driver) teardown(ctx context.Context, id string) error {
 	if _, err := d.run(ctx, "delete", "--force", id); err != nil && !notExist(err) {
 		errs = append(errs, err)
 	}
-	errs = append(errs, removeCgroups(d.cgParent, id))
+	if err := killCgroup(ctx, d.cgParent, id); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, removeCgroups(d.cgParent, id), d.removeRunscState(id))
+	return errors.Join(errs...)
+}
+
+// removeRunscState removes runsc's files for box id from its root: what
+// `runsc delete` removes, left when runsc never wrote the state file.
+func (d *Driver) removeRunscState(id string) error {
+	left, _ := filepath.Glob(filepath.Join(d.runscRoot, id+"_sandbox:*"))
+	left = append(left, filepath.Join(d.runscRoot, "runsc-"+id+".sock"))
+	var errs []error
+	for _, p := range left {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove runsc state: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

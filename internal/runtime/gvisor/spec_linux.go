@@ -3,6 +3,7 @@
 package gvisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -48,6 +50,7 @@ type specParams struct {
 	HostImage   bool
 	Agent       string
 	RunDir      string
+	TmpDir      string
 	Mounts      []runtime.Mount
 	CgroupsPath string
 }
@@ -115,7 +118,11 @@ func mounts(p specParams) []specs.Mount {
 	if p.HostImage {
 		ms = append(ms, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
+	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
+	// empty /tmp, in the sandbox's memory and outside the disk limit. This
+	// one lives on the box's disk tmpfs next to the writable layer.
 	ms = append(ms,
+		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		specs.Mount{Destination: agentInBox, Type: "bind", Source: p.Agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		specs.Mount{Destination: runInBox, Type: "bind", Source: p.RunDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
@@ -268,5 +275,35 @@ func removeCgroups(parent, id string) error {
 func removeCgroupParent(parent string) {
 	for _, root := range cgroupRoots() {
 		_ = unix.Rmdir(filepath.Join(root, parent))
+	}
+}
+
+// killCgroup SIGKILLs every process in box id's cgroup (in any hierarchy
+// that has it) until none is left or ctx ends.
+func killCgroup(ctx context.Context, parent, id string) error {
+	for {
+		var pids []int
+		for _, root := range cgroupRoots() {
+			b, err := os.ReadFile(filepath.Join(root, parent, id, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					pids = append(pids, pid)
+				}
+			}
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kill the processes left in the cgroup of box %s (%v): %w", id, pids, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
