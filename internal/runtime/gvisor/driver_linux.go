@@ -561,8 +561,7 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	var dl net.Dialer
-	c, err := dl.DialContext(ctx, "unix", sockPath(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, sockPath(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
@@ -574,12 +573,35 @@ func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, erro
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	var dl net.Dialer
-	c, err := dl.DialContext(ctx, "unix", execSock(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, execSock(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent exec socket of box %s: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// dialSocket connects to the Unix socket at path without following a
+// symlink in its last component: the box's root writes the run dir (its
+// gofer makes the files there on the host), so it could replace the
+// agent's socket with a link to any host socket, which a plain connect
+// would follow. The file is opened O_PATH|O_NOFOLLOW, checked to be a
+// socket, and connected to through /proc/self/fd, which names that very
+// inode.
+func dialSocket(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%s is not a socket (mode %#o): %w", path, st.Mode, errdefs.ErrFailedPrecondition)
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }
 
 func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {

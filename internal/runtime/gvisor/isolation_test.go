@@ -5,6 +5,7 @@ package gvisor_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -150,4 +151,54 @@ func TestDestroyWithoutRunscState(t *testing.T) {
 		t.Fatalf("Cleanup: %v", err)
 	}
 	checkNoLeftovers(t, dir, cg)
+}
+
+// TestAgentSocketLinkNotFollowed: box root replaces the agent's socket
+// file (which runsc's gofer makes on the host) with a symlink to a host
+// socket; the daemon's dial must not reach that host socket.
+func TestAgentSocketLinkNotFollowed(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir, cg := stateRoot(t)
+	d := newDriver(t, dir, cg)
+	hostSock := filepath.Join(dir, "host.sock")
+	ln, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	reached := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			reached <- struct{}{}
+			c.Close()
+		}
+	}()
+	h := testsuite.Create(t, d, testsuite.NewSpec("link"))
+	for _, name := range []string{"exec.sock", "agent.sock"} {
+		r := testsuite.MustExec(t, d, h, "sh", "-c", "rm -f /.sbx/run/"+name+" && ln -s "+hostSock+" /.sbx/run/"+name)
+		if r.ExitCode != 0 {
+			t.Fatalf("replacing %s with a link: %+v", name, r)
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, "boxes", h.ID, "run", "agent.sock")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the box's link is not on the host (%v, %v): the test proves nothing", fi, err)
+	}
+	ctx := context.Background()
+	if c, err := d.Dial(ctx, h); err == nil {
+		c.Close()
+		t.Errorf("Dial through the box's link succeeded, want it refused")
+	}
+	if c, err := d.DialExec(ctx, h); err == nil {
+		c.Close()
+		t.Errorf("DialExec through the box's link succeeded, want it refused")
+	}
+	select {
+	case <-reached:
+		t.Errorf("the host socket the box linked to was connected to")
+	case <-time.After(200 * time.Millisecond):
+	}
 }
