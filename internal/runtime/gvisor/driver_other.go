@@ -4,10 +4,14 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"net"
 
 	"github.com/sbxdev/sbx/internal/runtime"
 )
+
+// errUnsupported is returned by New off Linux.
+var errUnsupported = errors.New("gvisor: only on linux")
 
 // Driver is the gvisor driver; off Linux it cannot be made.
 type Driver struct{}

@@ -30,7 +30,6 @@
 package gvisor
 
 import (
-	"errors"
 	"log/slog"
 
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -52,9 +51,6 @@ type Config struct {
 	Platform string
 	Logger   *slog.Logger
 }
-
-// errUnsupported is returned by New off Linux.
-var errUnsupported = errors.New("gvisor: only on linux")
 
 // name is the driver's runtime name.
 const name = "gvisor"
