@@ -49,6 +49,15 @@ func TestGvisorRuntime(t *testing.T) {
 	if _, err := c.CreateVolume(ctx, "shared", 32<<20); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // on failure too: a volume stays mounted while it exists
+		ctx := context.Background()
+		if list, err := d.client().List(ctx); err == nil {
+			for _, sb := range list {
+				_ = sb.Destroy(ctx)
+			}
+		}
+		_ = d.client().RemoveVolume(ctx, "shared")
+	})
 	vol := []sbx.VolumeMount{{Volume: "shared", Path: "/data"}}
 	gv, err := c.Create(ctx, sbx.CreateOptions{Runtime: "gvisor", Volumes: vol})
 	if err != nil {
@@ -132,5 +141,13 @@ func TestGvisorRuntime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := c.RemoveVolume(ctx, "shared"); err != nil {
+		t.Fatal(err)
+	}
 	d.assertNoLeaks()
+	d.stop()
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), d.dataDir) {
+		t.Errorf("mounts under the data dir after the daemon stopped:\n%s", mi)
+	}
+	d.start()
 }
