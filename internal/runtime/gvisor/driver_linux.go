@@ -471,7 +471,7 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	}
 	st, err := d.state(ctx, h.ID)
 	if err == nil && (st.Status == "running" || st.Status == "paused") {
-		if _, serr := os.Stat(sockPath(d.boxDir(h.ID))); serr == nil {
+		if fi, serr := os.Lstat(sockPath(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
 			return h, nil
 		}
 	}
