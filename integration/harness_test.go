@@ -274,15 +274,20 @@ func (d *daemon) leaks(live ...string) []string {
 		for sc.Scan() {
 			fields := strings.Fields(sc.Text())
 			// Network namespaces have checks of their own (network_test.go).
+			// runsc's empty network namespace for gvisor boxes is the
+			// daemon's, unmounted when it stops (gvisor's Driver.Close).
 			if len(fields) > 4 && strings.HasPrefix(fields[4], d.dataDir) && !mentionsAny(fields[4], keep) &&
-				!strings.HasPrefix(fields[4], filepath.Join(d.dataDir, "network")+"/") {
+				!strings.HasPrefix(fields[4], filepath.Join(d.dataDir, "network")+"/") &&
+				fields[4] != filepath.Join(d.dataDir, "gvisor", "runsc", "null-netns") {
 				out = append(out, "mount "+fields[4])
 			}
 		}
 		f.Close()
 	}
 	boxes, _ := filepath.Glob(filepath.Join(d.dataDir, "oci", "boxes", "*"))
-	for _, b := range boxes {
+	gvBoxes, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "boxes", "*"))
+	gvState, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "runsc", "*sb-*"))
+	for _, b := range append(append(boxes, gvBoxes...), gvState...) {
 		if !keep[filepath.Base(b)] {
 			out = append(out, "dir "+b)
 		}
@@ -303,6 +308,18 @@ func (d *daemon) leaks(live ...string) []string {
 		for _, kv := range strings.Split(string(b), "\x00") {
 			if id, ok := strings.CutPrefix(kv, "SBX_SANDBOX_ID="); ok && d.owns(id) && !keep[id] {
 				out = append(out, "process "+filepath.Dir(p)+" of "+id)
+			}
+		}
+		// gvisor boxes' processes live in gVisor's kernel; on the host there
+		// are runsc's sandbox and gofer, named by their bundle.
+		if cmd, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline")); err == nil {
+			c := string(cmd)
+			if i := strings.Index(c, filepath.Join(d.dataDir, "gvisor", "boxes")+"/"); i >= 0 && strings.HasPrefix(c, "runsc") {
+				id := strings.SplitN(c[i+len(filepath.Join(d.dataDir, "gvisor", "boxes"))+1:], "/", 2)[0]
+				id = strings.SplitN(id, "\x00", 2)[0]
+				if !keep[id] {
+					out = append(out, "runsc process "+filepath.Dir(p)+" of "+id)
+				}
 			}
 		}
 	}

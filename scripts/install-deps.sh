@@ -36,3 +36,6 @@ if [[ ! -x "$tools/staticcheck" ]] || ! go version -m "$tools/staticcheck" | gre
   echo "install-deps: installing staticcheck $STATICCHECK_VERSION"
   GOBIN="$tools" GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
+
+# gVisor's runsc, for the gvisor runtime (built from source at a pinned version).
+scripts/install-runsc.sh

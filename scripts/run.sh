@@ -45,5 +45,6 @@ echo
 echo "The daemon keeps running at $addr. Try:"
 echo "  export SBX_ADDR=$addr"
 echo "  bin/sbx run -- python3 -c 'import sys; print(sys.version)'"
+echo "  bin/sbx run --runtime gvisor -- dmesg        # the same on gVisor's kernel (scripts/install-runsc.sh builds runsc)"
 echo "  id=\$(bin/sbx create --name demo --memory 256M) && bin/sbx exec -it demo -- bash"
 echo "Stop it with: make stop"

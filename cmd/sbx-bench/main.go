@@ -39,7 +39,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load or scale")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load, scale or runtimes")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
@@ -71,6 +71,8 @@ func main() {
 		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
 		// (-load-clients, -load-duration).
 		"load": runLoad,
+		// oci next to gvisor on one daemon: `make bench ARGS="-only runtimes"`.
+		"runtimes": runRuntimes,
 		// Not in the default run (minutes at 1000 sandboxes): `make bench
 		// ARGS="-only scale"`.
 		"scale": func(_ int, agentPath, runtimeBin string) error {

@@ -31,6 +31,9 @@ type Options struct {
 	// ExecFD, if not -1, is an inherited listening socket for the framed exec
 	// protocol (api/execframe).
 	ExecFD int
+	// ExecListen is an address "unix:/path" to serve framed execs on
+	// instead of ExecFD (drivers that cannot hand over sockets: gvisor).
+	ExecListen string
 	// Seccomp installs the sandbox's default seccomp filter (internal/seccomp)
 	// on every thread before anything else; a failure is fatal. The OCI
 	// driver sets it instead of having the runtime compile the profile.
@@ -65,15 +68,15 @@ func Run(ctx context.Context, opts Options) error {
 	if err := harden(); err != nil {
 		log.Warn("hardening agent", "err", err)
 	}
-	ln, err := listen(opts)
+	ln, err := listen(opts.ListenFD, opts.Listen, "listen")
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
 	ln = patient(ln, log)
 	var execLn net.Listener
-	if opts.ExecFD >= 0 {
-		if execLn, err = listenFD(opts.ExecFD, "exec-fd"); err != nil {
+	if opts.ExecFD >= 0 || opts.ExecListen != "" {
+		if execLn, err = listen(opts.ExecFD, opts.ExecListen, "exec"); err != nil {
 			return err
 		}
 		defer execLn.Close()
@@ -172,14 +175,16 @@ func listenFD(fd int, name string) (net.Listener, error) {
 	return ln, nil
 }
 
-func listen(opts Options) (net.Listener, error) {
+// listen serves on the inherited socket fd or on addr ("unix:/path"):
+// --NAME-fd or --NAME.
+func listen(fd int, addr, name string) (net.Listener, error) {
 	switch {
-	case opts.ListenFD >= 0 && opts.Listen != "":
-		return nil, fmt.Errorf("--listen-fd and --listen are exclusive")
-	case opts.ListenFD >= 0:
-		return listenFD(opts.ListenFD, "listen-fd")
-	case strings.HasPrefix(opts.Listen, "unix:"):
-		path := strings.TrimPrefix(opts.Listen, "unix:")
+	case fd >= 0 && addr != "":
+		return nil, fmt.Errorf("--%s-fd and --%s are exclusive", name, name)
+	case fd >= 0:
+		return listenFD(fd, name+"-fd")
+	case strings.HasPrefix(addr, "unix:"):
+		path := strings.TrimPrefix(addr, "unix:")
 		os.Remove(path)
 		ln, err := net.Listen("unix", path)
 		if err != nil {
@@ -187,7 +192,7 @@ func listen(opts Options) (net.Listener, error) {
 		}
 		return ln, nil
 	default:
-		return nil, fmt.Errorf("need --listen-fd N or --listen unix:/path (got %q)", opts.Listen)
+		return nil, fmt.Errorf("need --%s-fd N or --%s unix:/path (got %q)", name, name, addr)
 	}
 }
 

@@ -374,9 +374,10 @@ func newStart(a *app) *cobra.Command {
 
 func newVersion(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
-		Short: "Print client and daemon versions",
-		Args:  cobra.NoArgs,
+		Use:     "version",
+		Aliases: []string{"info"},
+		Short:   "Print client and daemon versions and the daemon's runtimes (health, capabilities, default)",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(a.stdout, "client: %s\n", clientVersion())
 			v, err := a.client().Version(cmd.Context())
@@ -394,6 +395,7 @@ func newVersion(a *app) *cobra.Command {
 					health = "UNHEALTHY"
 				}
 				fmt.Fprintf(a.stdout, "runtime %s%s: %s: %s\n", r.GetName(), def, health, r.GetHealthDetail())
+				fmt.Fprintf(a.stdout, "  capabilities: %s\n", strings.Join(r.GetCapabilities(), ", "))
 			}
 			return nil
 		},

@@ -79,6 +79,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data-dir", daemon.DefaultDataDir, "state directory")
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "gVisor's runsc binary for the gvisor runtime (default: on PATH, next to this executable, or ../.tools/runsc; scripts/install-runsc.sh builds it)")
+	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "oci", "runtime of sandboxes whose create names none: oci (runc, shared kernel) or gvisor (gVisor's user-space kernel)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
 	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, fmt.Sprintf("how many started sandboxes the warm pool may grow to when creates come in bursts; it shrinks back to --warm-pool after 30 s without them (0: %d, or --warm-pool if larger)", sandbox.DefaultWarmPoolMax))

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
@@ -27,6 +28,7 @@ import (
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/gvisor"
 	"github.com/sbxdev/sbx/internal/runtime/oci"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
@@ -45,6 +47,12 @@ type Config struct {
 	OCIRuntime string
 	// AgentPath is the sbx-agent binary ("" = next to this executable).
 	AgentPath string
+	// RunscPath is gVisor's runsc for the gvisor runtime ("" = runsc on
+	// PATH, next to this executable, or in ../.tools/ from it).
+	RunscPath string
+	// DefaultRuntime names the runtime of sandboxes whose create names none
+	// ("" = "oci").
+	DefaultRuntime string
 	// DefaultTimeout is the lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
@@ -210,8 +218,33 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("oci runtime: %w", err)
 	}
 	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
-	info := drv.Info(ctx)
-	log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail)
+	gv, err := gvisor.New(gvisor.Config{
+		StateDir:     filepath.Join(dataDir, "gvisor"),
+		RunscPath:    findRunsc(cfg.RunscPath),
+		AgentPath:    agentPath,
+		CgroupParent: instanceName("sbxgv", dataDir),
+		Logger:       log.With("runtime", "gvisor"),
+	})
+	if err != nil {
+		return fmt.Errorf("gvisor runtime: %w", err)
+	}
+	defer gv.Close()
+	drivers := map[string]runtime.Driver{drv.Name(): drv, gv.Name(): gv}
+	defaultRuntime := cfg.DefaultRuntime
+	if defaultRuntime == "" {
+		defaultRuntime = drv.Name()
+	}
+	def, ok := drivers[defaultRuntime]
+	if !ok {
+		return fmt.Errorf("--default-runtime %q: no such runtime (have oci, gvisor)", defaultRuntime)
+	}
+	for _, d := range drivers {
+		info := d.Info(ctx)
+		log.Info("runtime driver", "name", info.Name, "healthy", info.Healthy, "detail", info.Detail, "default", info.Name == defaultRuntime)
+	}
+	if info := def.Info(ctx); !info.Healthy {
+		return fmt.Errorf("default runtime %q is unhealthy: %s", defaultRuntime, info.Detail)
+	}
 
 	var gcLock sync.RWMutex
 	maxLayer := cfg.MaxLayerBytes
@@ -264,8 +297,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Volumes:        stores,
 		Network:        sbNet,
 		Store:          st,
-		Drivers:        map[string]runtime.Driver{drv.Name(): drv},
-		DefaultRuntime: drv.Name(),
+		Drivers:        drivers,
+		DefaultRuntime: defaultRuntime,
 		Defaults:       defaults,
 		DefaultTimeout: cfg.DefaultTimeout,
 		Limits:         hostLimits(),
@@ -446,6 +479,28 @@ func instanceName(prefix, dataDir string) string {
 	}
 	sum := sha256.Sum256([]byte(dataDir))
 	return fmt.Sprintf("%s-%x", prefix, sum[:4])
+}
+
+// findRunsc returns path if set, else runsc on PATH, next to this
+// executable or in ../.tools/ from it (a source checkout's bin/sbx, where
+// scripts/install-runsc.sh puts it); "" if none: the gvisor runtime is then
+// unhealthy and says so.
+func findRunsc(path string) string {
+	if path != "" {
+		return path
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	if exe, err := os.Executable(); err == nil {
+		dir := filepath.Dir(exe)
+		for _, p := range []string{filepath.Join(dir, "runsc"), filepath.Join(dir, "..", ".tools", "runsc")} {
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 // DefaultDataDir is where `sbx serve` keeps its state unless told otherwise.

@@ -183,16 +183,10 @@ type Info struct {
 	Healthy bool
 	// Detail explains the health state or any fallback made, for humans.
 	Detail string
-	// Capabilities lists optional features, e.g. "pause", "stats", "disk-limit",
-	// and properties callers must respect: CapDiskInMemory.
-	Capabilities []string
+	// Capabilities lists the optional features the driver has and the
+	// properties callers must respect (see Capability).
+	Capabilities []Capability
 }
-
-// CapDiskInMemory says a box's writable layer (its disk limit) is held in
-// memory charged to the box's own memory limit (a tmpfs): the manager keeps
-// the disk below the memory limit, or filling the disk would OOM-kill the
-// agent.
-const CapDiskInMemory = "disk-in-memory"
 
 // ProbeTimeout bounds how long drivers wait for an agent to come up.
 const ProbeTimeout = 10 * time.Second

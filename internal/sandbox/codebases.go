@@ -121,6 +121,9 @@ func (m *Manager) freezeLocked(ctx context.Context, b *box) (thaw func(), err er
 	default:
 		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
 	}
+	if err := b.require(ctx, runtime.CapPause, "freezing a running sandbox to read its files"); err != nil {
+		return nil, err
+	}
 	if err := b.driver.Pause(ctx, h); err != nil {
 		return nil, fmt.Errorf("freeze sandbox %s: %w", b.id, err)
 	}

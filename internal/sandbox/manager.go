@@ -153,7 +153,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	// The default disk (that of warm boxes too) fits the default memory
 	// when the default runtime keeps disks in memory.
-	if info := cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()); slices.Contains(info.Capabilities, runtime.CapDiskInMemory) && cfg.Defaults.MemoryBytes > 0 {
+	if info := cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()); info.Has(runtime.CapDiskInMemory) && cfg.Defaults.MemoryBytes > 0 {
 		cfg.Defaults.DiskBytes = min(cfg.Defaults.DiskBytes, MaxDiskInMemory(cfg.Defaults.MemoryBytes))
 	}
 	m := &Manager{
@@ -184,7 +184,7 @@ func (m *Manager) Runtimes(ctx context.Context) []*sbxv1.RuntimeInfo {
 		info := m.cfg.Drivers[name].Info(ctx)
 		out = append(out, &sbxv1.RuntimeInfo{
 			Name: name, Healthy: info.Healthy, HealthDetail: info.Detail,
-			Capabilities: info.Capabilities, IsDefault: name == m.cfg.DefaultRuntime,
+			Capabilities: runtime.CapabilityNames(info.Capabilities), IsDefault: name == m.cfg.DefaultRuntime,
 		})
 	}
 	return out
@@ -242,8 +242,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := m.applyDefaults(spec, info); err != nil {
 		return nil, err
 	}
+	defaultNetworkFor(info, spec)
 	pol, err := m.requestedPolicy(spec)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.requireCapabilities(info, spec, img, pol); err != nil {
 		return nil, err
 	}
 	mounts, err := m.resolveVolumes(ctx, spec)
@@ -314,7 +318,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	b.mu.Lock()
 	b.net = network.Attachment{Policy: pol}
 	b.mu.Unlock()
-	if m.cfg.Network != nil {
+	if m.cfg.Network != nil && info.Has(runtime.CapNetwork) {
 		att, err := m.cfg.Network.Attach(ctx, b.id, pol)
 		if err != nil {
 			return fail(fmt.Errorf("attach sandbox network: %w", err))
@@ -390,7 +394,7 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest, info runtime.I
 	if r.MemoryBytes == 0 {
 		r.MemoryBytes = d.MemoryBytes
 	}
-	if slices.Contains(info.Capabilities, runtime.CapDiskInMemory) {
+	if info.Has(runtime.CapDiskInMemory) {
 		limit := MaxDiskInMemory(r.MemoryBytes)
 		switch {
 		case r.DiskBytes == 0:
@@ -656,6 +660,9 @@ func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
 	default:
 		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+	}
+	if err := b.require(ctx, runtime.CapPause, "stopping a sandbox"); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	h := b.handle

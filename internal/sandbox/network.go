@@ -8,6 +8,7 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // Network attaches sandboxes to the host's network; *network.Manager
@@ -97,6 +98,9 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	pol.APIAccess = b.tokenHash != ""
 	if m.cfg.Network == nil {
 		return nil, fmt.Errorf("networking is off in this daemon: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := b.require(ctx, runtime.CapNetwork, "changing a sandbox's network"); err != nil {
+		return nil, err
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()

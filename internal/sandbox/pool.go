@@ -213,7 +213,7 @@ func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, 
 	id := newID()
 	spec := m.poolSpec(id)
 	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
-	if m.cfg.Network != nil {
+	if m.cfg.Network != nil && drv.Info(ctx).Has(runtime.CapNetwork) {
 		var err error
 		if att, err = m.cfg.Network.Attach(ctx, id, network.Policy{Mode: network.ModePublic}); err != nil {
 			m.detachNetwork(context.Background(), id)
@@ -340,7 +340,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		m.forget(b.id, "")
 		return nil, err
 	}
-	if m.cfg.Network != nil && !samePolicy(pol, w.net.Policy) {
+	if m.cfg.Network != nil && drv.Info(ctx).Has(runtime.CapNetwork) && !samePolicy(pol, w.net.Policy) {
 		// Rules are per box: setting them is all a claim needs.
 		att, err := m.cfg.Network.Update(ctx, w.id, pol)
 		if err != nil {

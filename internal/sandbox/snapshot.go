@@ -52,9 +52,12 @@ func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
 	default:
 		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
 	}
+	if err := b.require(ctx, runtime.CapSnapshot, "snapshots and diffs of a sandbox's files"); err != nil {
+		return err
+	}
 	snap, ok := b.driver.(runtime.Snapshotter)
 	if !ok {
-		return fmt.Errorf("runtime %q cannot snapshot sandboxes: %w", b.driver.Name(), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("runtime %q declares %q but cannot snapshot sandboxes: %w", b.driver.Name(), runtime.CapSnapshot, errdefs.ErrFailedPrecondition)
 	}
 	b.busy.Add(1)
 	defer b.busy.Add(-1)

@@ -374,6 +374,11 @@ func IsAlreadyExists(err error) bool { return codeOf(err) == connect.CodeAlready
 // IsInvalidArgument reports whether the request was malformed.
 func IsInvalidArgument(err error) bool { return codeOf(err) == connect.CodeInvalidArgument }
 
+// IsFailedPrecondition reports whether the request cannot be served in the
+// current state or by the sandbox's runtime (e.g. a capability its runtime
+// lacks: the message names the runtime and the capability).
+func IsFailedPrecondition(err error) bool { return codeOf(err) == connect.CodeFailedPrecondition }
+
 func codeOf(err error) connect.Code {
 	var e *Error
 	if errors.As(err, &e) {

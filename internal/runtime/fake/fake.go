@@ -62,9 +62,15 @@ type boxData struct {
 
 func (d *Driver) Name() string { return "fake" }
 
+// Capabilities are what the fake declares. Its boxes are host processes: it
+// "has" the host image and the host's network, and accepts mounts and path
+// policies it does not realise, so tests of the layers above can use them.
+var Capabilities = []runtime.Capability{runtime.CapPause, runtime.CapRecover, runtime.CapHostImage,
+	runtime.CapVolumes, runtime.CapCodebases, runtime.CapPathPolicies, runtime.CapNetwork}
+
 func (d *Driver) Info(context.Context) runtime.Info {
 	return runtime.Info{Name: "fake", Healthy: true, Detail: "no isolation: agents run as host processes",
-		Capabilities: []string{"pause", "recover"}}
+		Capabilities: Capabilities}
 }
 
 var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)

@@ -26,6 +26,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -53,7 +54,7 @@ type Driver struct {
 	// fuse: the kernel has FUSE, so every box gets a /dev/fuse of its own
 	// (makeFuseDevice); without it path policies fail to mount, clearly.
 	fuse bool
-	caps []string
+	caps []runtime.Capability
 	// agentSeccomp: the agent installs the seccomp profile, not the runtime.
 	agentSeccomp bool
 	// ids hands out each box's own host id range (see package idmap).
@@ -101,10 +102,12 @@ func New(cfg Config) (*Driver, error) {
 		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		log:       log.With("driver", "oci"),
-		caps:      []string{"pause", "stats", "disk-limit", "recover", "update", runtime.CapDiskInMemory},
+		caps: []runtime.Capability{runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
+			runtime.CapUpdate, runtime.CapSnapshot, runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage,
+			runtime.CapDiskInMemory},
 	}
 	if cfg.Network {
-		d.caps = append(d.caps, "network")
+		d.caps = append(d.caps, runtime.CapNetwork)
 	}
 	for _, dir := range []string{d.stateDir, d.boxesDir} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
@@ -177,7 +180,9 @@ func New(cfg Config) (*Driver, error) {
 		d.detail += "; file table shared (" + d.files.reason + "): each box holds at most " +
 			fmt.Sprintf("1/%d of fs.file-max", fileShare)
 	}
-	if d.fuse = hostHasFuse(); !d.fuse {
+	if d.fuse = hostHasFuse(); d.fuse {
+		d.caps = append(d.caps, runtime.CapPathPolicies)
+	} else {
 		d.log.Warn("the kernel has no FUSE: path policies will not work")
 	}
 	if !cfg.SeccompInRuntime {
@@ -271,7 +276,7 @@ func installAgentLayer(src, dir string) (string, error) {
 	if err := os.Mkdir(filepath.Join(tmp, filepath.Dir(agentInBox)), 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
-	if err := copyFile(src, filepath.Join(tmp, agentInBox), 0o755); err != nil {
+	if err := hostimage.CopyFile(src, filepath.Join(tmp, agentInBox), 0o755); err != nil {
 		return "", fmt.Errorf("install agent: %w", err)
 	}
 	if err := os.Rename(tmp, layer); err != nil {
@@ -515,7 +520,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		if img.Name != "host" && img.Name != "" {
 			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
 		}
-		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
+		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return []string{dir}, true, err
 	}
 	for _, l := range img.Layers {
@@ -525,7 +530,7 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 		}
 	}
 	if img.OnHost {
-		dir, err := ensureHostImage(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
+		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 		return append([]string{dir}, img.Layers...), true, err
 	}
 	return img.Layers, false, nil

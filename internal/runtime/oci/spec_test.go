@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
@@ -179,11 +180,11 @@ func TestParseMountinfo(t *testing.T) {
 func TestHostImage(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir := t.TempDir()
-	root, err := ensureHostImage(dir, idMapBase, idMapBase)
+	root, err := hostimage.Ensure(dir, idMapBase, idMapBase)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := ensureHostImage(dir, idMapBase, idMapBase); err != nil || again != root {
+	if again, err := hostimage.Ensure(dir, idMapBase, idMapBase); err != nil || again != root {
 		t.Fatalf("second ensureHostImage = %q, %v; want %q", again, err, root)
 	}
 	for _, secret := range []string{"shadow", "gshadow", "ssh", "sudoers", "environment", "machine-id", "ssl/private"} {

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,7 +29,7 @@ import (
 func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 	tests := []struct {
 		name string
-		cap  string
+		cap  runtime.Capability
 		fn   func(t *testing.T, d runtime.Driver, newDriver func(t *testing.T) runtime.Driver)
 	}{
 		{"CreateHello", "", testCreateHello},
@@ -57,8 +56,8 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 }
 
 // HasCapability reports whether d advertises capability c.
-func HasCapability(d runtime.Driver, c string) bool {
-	return slices.Contains(d.Info(context.Background()).Capabilities, c)
+func HasCapability(d runtime.Driver, c runtime.Capability) bool {
+	return d.Info(context.Background()).Has(c)
 }
 
 var idSeq atomic.Int64

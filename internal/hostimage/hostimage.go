@@ -1,4 +1,9 @@
-package oci
+// Package hostimage builds the lower layer of the built-in "host" image that
+// every runtime driver offering runtime.CapHostImage stacks under a box: a
+// usr-merged skeleton with empty mount points and a minimal /etc. The
+// driver bind-mounts the host's /usr over it read-only. It imports nothing
+// from sbx; drivers under internal/runtime use it.
+package hostimage
 
 import (
 	"errors"
@@ -36,12 +41,12 @@ var hostEtcGenerated = map[string]string{
 	"resolv.conf":   "",
 }
 
-// ensureHostImage builds, once, the lower dir of the built-in "host" image at
+// Ensure builds, once, the lower dir of the built-in "host" image at
 // imagesDir/host-v1 and returns its path: usr-merged symlinks, empty mount
 // points (the host's /usr is bind-mounted read-only over usr at start) and a
 // minimal /etc. Everything is owned by the box's mapped root. It is built in
 // a temp dir and renamed into place, so a crash never leaves half a skeleton.
-func ensureHostImage(imagesDir string, uid, gid int) (string, error) {
+func Ensure(imagesDir string, uid, gid int) (string, error) {
 	final := filepath.Join(imagesDir, hostImageVersion)
 	if _, err := os.Stat(final); err == nil {
 		return final, nil
@@ -144,7 +149,7 @@ func copyTree(src, dst string) error {
 			}
 			return os.Symlink(link, target)
 		case d.Type().IsRegular():
-			if err := copyFile(p, target, info.Mode().Perm()); err != nil {
+			if err := CopyFile(p, target, info.Mode().Perm()); err != nil {
 				return err
 			}
 			// Keep the mtime: caches in the host's /usr are checked against
@@ -156,7 +161,8 @@ func copyTree(src, dst string) error {
 	})
 }
 
-func copyFile(src, dst string, mode fs.FileMode) (err error) {
+// CopyFile copies the regular file src to dst, a new file with mode.
+func CopyFile(src, dst string, mode fs.FileMode) (err error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return err

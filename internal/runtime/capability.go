@@ -1,0 +1,78 @@
+package runtime
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+)
+
+// Capability is an optional feature of a driver, or a property callers must
+// respect. Drivers declare theirs in Info.Capabilities; the sandbox manager
+// checks them (Require) before it calls a driver for something only some
+// drivers can do, so a request a driver cannot serve is refused before
+// anything is made for it, with an error naming the runtime and what it
+// lacks. The conformance suite skips what a driver does not declare.
+type Capability string
+
+const (
+	// CapPause: Pause and Resume work (stop/start, idle stop, the freeze
+	// around codebase sync).
+	CapPause Capability = "pause"
+	// CapStats: Stats reports memory, CPU and pids.
+	CapStats Capability = "stats"
+	// CapDiskLimit: Resources.DiskBytes bounds the box's writable layer and
+	// Stats reports its use.
+	CapDiskLimit Capability = "disk-limit"
+	// CapRecover: Recover re-attaches running and paused boxes after a
+	// daemon restart.
+	CapRecover Capability = "recover"
+	// CapUpdate: the driver implements Updater (limits of a running box
+	// change; the warm pool hands boxes over with other limits).
+	CapUpdate Capability = "update"
+	// CapSnapshot: the driver implements Snapshotter (snapshots, diffs,
+	// builds' steps).
+	CapSnapshot Capability = "snapshot"
+	// CapPathPolicies: the box has a /dev/fuse of its own, so the agent can
+	// mount path-policy guards.
+	CapPathPolicies Capability = "path-policies"
+	// CapVolumes: Spec.Mounts of plain host directories (named volumes).
+	CapVolumes Capability = "volumes"
+	// CapCodebases: Spec.Mounts with an Overlay (codebase mounts, whose
+	// changes the host reads back from the overlay's upper dir).
+	CapCodebases Capability = "codebases"
+	// CapHostImage: Image.Name "host" and Image.OnHost (the built-in host
+	// image: the host's read-only /usr).
+	CapHostImage Capability = "host-image"
+	// CapNetwork: the box joins the network namespace in Spec.NetNS (public,
+	// allow-listed and egress-proxied modes, ports). Without it a box has
+	// loopback only.
+	CapNetwork Capability = "network"
+	// CapDiskInMemory says a box's writable layer (its disk limit) is held
+	// in memory charged to the box's own memory limit (a tmpfs): the manager
+	// keeps the disk below the memory limit, or filling the disk would
+	// OOM-kill the agent.
+	CapDiskInMemory Capability = "disk-in-memory"
+)
+
+// Has reports whether the driver declared c.
+func (i Info) Has(c Capability) bool { return slices.Contains(i.Capabilities, c) }
+
+// Require returns nil if the driver declared c, else an error wrapping
+// errdefs.ErrFailedPrecondition naming the runtime, the capability and what
+// needed it ("to stop a sandbox").
+func (i Info) Require(c Capability, what string) error {
+	if i.Has(c) {
+		return nil
+	}
+	return fmt.Errorf("runtime %q does not support %s (it lacks the %q capability): %w", i.Name, what, c, errdefs.ErrFailedPrecondition)
+}
+
+// CapabilityNames returns cs as strings (for the API).
+func CapabilityNames(cs []Capability) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = string(c)
+	}
+	return out
+}

@@ -1,0 +1,784 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/buildinfo"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostimage"
+	"github.com/sbxdev/sbx/internal/idmap"
+	"github.com/sbxdev/sbx/internal/overlay"
+	"github.com/sbxdev/sbx/internal/runtime"
+)
+
+// Driver runs boxes under runsc. Like the oci driver it keeps no per-box
+// state in memory: everything follows from the box id.
+type Driver struct {
+	stateDir  string
+	boxesDir  string
+	runscRoot string
+	imagesDir string
+	runsc     string
+	// agent is the daemon's agent binary, copied once per build under the
+	// state dir and bind-mounted read-only into every box.
+	agent    string
+	cgParent string
+	platform string
+	healthy  bool
+	detail   string
+	log      *slog.Logger
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New prepares StateDir and finds runsc. A missing or unusable runsc makes
+// an unhealthy driver (it says why in Info), not an error: the daemon still
+// serves its other runtimes.
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
+		return nil, fmt.Errorf("gvisor: state dir %q must be absolute: %w", cfg.StateDir, errdefs.ErrInvalidArgument)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Driver{
+		stateDir:  filepath.Clean(cfg.StateDir),
+		boxesDir:  filepath.Join(cfg.StateDir, "boxes"),
+		runscRoot: filepath.Join(cfg.StateDir, "runsc"),
+		imagesDir: filepath.Join(cfg.StateDir, "images"),
+		cgParent:  cfg.CgroupParent,
+		platform:  cfg.Platform,
+		log:       log.With("driver", name),
+	}
+	if d.cgParent == "" {
+		d.cgParent = "sbx-gvisor"
+	}
+	if !validCgroupParent.MatchString(d.cgParent) {
+		return nil, fmt.Errorf("gvisor: cgroup parent %q: %w", d.cgParent, errdefs.ErrInvalidArgument)
+	}
+	if d.platform == "" {
+		d.platform = "systrap"
+	}
+	for _, dir := range []string{d.stateDir, d.boxesDir, d.runscRoot} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("gvisor: create %s: %w", dir, err)
+		}
+	}
+	var err error
+	if d.agent, err = installAgent(cfg.AgentPath, filepath.Join(d.stateDir, "agent")); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	path := cfg.RunscPath
+	if path == "" {
+		path = "runsc"
+	}
+	if d.runsc, err = exec.LookPath(path); err != nil {
+		d.detail = fmt.Sprintf("runsc not found (%v); scripts/install-runsc.sh builds it", err)
+		return d, nil
+	}
+	d.healthy, d.detail = true, "runsc "+runscVersion(d.runsc)+" ("+d.runsc+", platform "+d.platform+")"
+	return d, nil
+}
+
+// runscVersion is the gVisor module version runsc was built from (runsc
+// built with `go install` says VERSION_MISSING itself).
+func runscVersion(path string) string {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return "(unknown version)"
+	}
+	if bi.Main.Path == "gvisor.dev/gvisor" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	for _, m := range bi.Deps {
+		if m.Path == "gvisor.dev/gvisor" {
+			return m.Version
+		}
+	}
+	return "(unknown version)"
+}
+
+// installAgent copies the agent binary to dir/<sha256 prefix>/sbx-agent
+// once per build and returns that path; running boxes keep the copy they
+// were started with.
+func installAgent(src, dir string) (string, error) {
+	if src == "" {
+		return "", fmt.Errorf("agent path not set: %w", errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("install agent: read %s: %w", src, err)
+	}
+	final := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:24])
+	bin := filepath.Join(final, "sbx-agent")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := hostimage.CopyFile(src, filepath.Join(tmp, "sbx-agent"), 0o755); err != nil {
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if _, serr := os.Stat(bin); serr == nil {
+			return bin, nil
+		}
+		return "", fmt.Errorf("install agent: %w", err)
+	}
+	return bin, nil
+}
+
+func (d *Driver) Name() string { return name }
+
+func (d *Driver) Info(context.Context) runtime.Info {
+	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities}
+}
+
+// Close unmounts the empty network namespace runsc keeps in its root for
+// --network=none boxes (running boxes hold their own reference) and
+// removes the parent cgroup if no box is left in it.
+func (d *Driver) Close() error {
+	removeCgroupParent(d.cgParent)
+	return unmount(filepath.Join(d.runscRoot, "null-netns"))
+}
+
+var (
+	validID           = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+	validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
+)
+
+func checkID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Paths of a box.
+func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
+func rwDir(box string) string             { return filepath.Join(box, "rw") }
+func tmpDir(box string) string            { return filepath.Join(box, "rw", "tmp") }
+func rootfsDir(box string) string         { return filepath.Join(box, "rootfs") }
+func runDir(box string) string            { return filepath.Join(box, "run") }
+func mntDir(box string) string            { return filepath.Join(box, "mnt") }
+func sockPath(box string) string          { return filepath.Join(runDir(box), "agent.sock") }
+func execSock(box string) string          { return filepath.Join(runDir(box), "exec.sock") }
+func agentLog(box string) string          { return filepath.Join(box, "agent.log") }
+func runscLog(box string) string          { return filepath.Join(box, "runsc.log") }
+
+// The agent's sockets as the box sees them (runDir is bound there).
+const (
+	runInBox   = "/.sbx/run"
+	agentInBox = "/.sbx/sbx-agent"
+)
+
+// handleData is the driver-private part of a Handle: a version, so a newer
+// daemon can tell how an older one made the box.
+type handleData struct {
+	Version int `json:"v"`
+}
+
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
+	if !d.healthy {
+		return h, fmt.Errorf("gvisor: %s: %w", d.detail, errdefs.ErrUnavailable)
+	}
+	if err := checkID(spec.ID); err != nil {
+		return h, err
+	}
+	if spec.NetNS != "" {
+		return h, fmt.Errorf("gvisor: boxes have no network yet (got network namespace %s): %w", spec.NetNS, errdefs.ErrFailedPrecondition)
+	}
+	for _, m := range spec.Mounts {
+		if err := runtime.ValidateMountPath(m.Destination); err != nil {
+			return h, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		srcs := []string{m.Source}
+		if m.Overlay != nil {
+			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
+		}
+		for _, src := range srcs {
+			if !filepath.IsAbs(src) {
+				return h, fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	lowers, hostImage, err := d.lowers(spec.Image)
+	if err != nil {
+		return h, err
+	}
+	box := d.boxDir(spec.ID)
+	if len(execSock(box)) >= len(unix.RawSockaddrUnix{}.Path) {
+		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", execSock(box), errdefs.ErrInvalidArgument)
+	}
+	if err := os.Mkdir(box, 0o711); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return h, fmt.Errorf("create box dir: %w", err)
+	}
+	var undo []func() error
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				if uerr := undo[i](); uerr != nil {
+					d.log.Warn("rolling back box", "id", spec.ID, "err", uerr)
+				}
+			}
+		}
+	}()
+	undo = append(undo, func() error { return d.removeBoxDir(box) })
+
+	root := int(idmap.Canonical.Base)
+	rw := rwDir(box)
+	if err := os.Mkdir(rw, 0o700); err != nil {
+		return h, fmt.Errorf("create rw dir: %w", err)
+	}
+	if err := mountTmpfs(rw, spec.Resources.DiskBytes); err != nil {
+		return h, err
+	}
+	undo = append(undo, func() error { return unmount(rw) })
+	upper, work, tmp := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), tmpDir(box)
+	for _, dir := range []string{upper, work, tmp} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return h, fmt.Errorf("create overlay dirs: %w", err)
+		}
+		if err := os.Chown(dir, root, root); err != nil {
+			return h, fmt.Errorf("chown overlay dirs: %w", err)
+		}
+	}
+	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
+		return h, fmt.Errorf("chmod tmp dir: %w", err)
+	}
+	rootfs := rootfsDir(box)
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return h, fmt.Errorf("create rootfs dir: %w", err)
+	}
+	if err := overlay.Mount(rootfs, lowers, upper, work, "", 0); err != nil {
+		return h, fmt.Errorf("mount rootfs: %w", err)
+	}
+	undo = append(undo, func() error { return unmount(rootfs) })
+	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
+		return h, err
+	}
+	run := runDir(box)
+	if err := os.Mkdir(run, 0o700); err != nil {
+		return h, fmt.Errorf("create run dir: %w", err)
+	}
+	if err := os.Chown(run, root, root); err != nil {
+		return h, fmt.Errorf("chown run dir: %w", err)
+	}
+	mounts, err := d.boxMounts(box, spec.Mounts, &undo)
+	if err != nil {
+		return h, err
+	}
+	ociSpec := buildSpec(spec, specParams{
+		Rootfs: rootfs, HostImage: hostImage, Agent: d.agent, RunDir: run, TmpDir: tmp, Mounts: mounts,
+		CgroupsPath: "/" + d.cgParent + "/" + spec.ID,
+	})
+	cfgJSON, err := json.Marshal(ociSpec)
+	if err != nil {
+		return h, fmt.Errorf("encode oci spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(box, "config.json"), cfgJSON, 0o600); err != nil {
+		return h, fmt.Errorf("write oci spec: %w", err)
+	}
+	undo = append(undo, func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
+	if err := d.start(ctx, spec.ID, box); err != nil {
+		return h, err
+	}
+	raw, _ := json.Marshal(handleData{Version: 1})
+	return runtime.Handle{ID: spec.ID, Driver: name, Data: raw}, nil
+}
+
+// lowers returns the image's lower dirs, lowest first, and whether the
+// host's /usr is to be bound over the host image's.
+func (d *Driver) lowers(img runtime.Image) ([]string, bool, error) {
+	c := int(idmap.Canonical.Base)
+	if len(img.Layers) == 0 {
+		if img.Name != "host" && img.Name != "" {
+			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
+		}
+		dir, err := hostimage.Ensure(d.imagesDir, c, c)
+		return []string{dir}, true, err
+	}
+	for _, l := range img.Layers {
+		fi, err := os.Stat(l)
+		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
+			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	if img.OnHost {
+		dir, err := hostimage.Ensure(d.imagesDir, c, c)
+		return append([]string{dir}, img.Layers...), true, err
+	}
+	return img.Layers, false, nil
+}
+
+// boxMounts turns the spec's mounts into bind sources: plain host dirs as
+// they are, overlays (codebases) mounted on the host under the box dir
+// first, as the box's root would see them.
+func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error) ([]runtime.Mount, error) {
+	out := make([]runtime.Mount, 0, len(ms))
+	for i, m := range ms {
+		if m.Overlay == nil {
+			out = append(out, m)
+			continue
+		}
+		target := filepath.Join(mntDir(box), strconv.Itoa(i))
+		if err := os.MkdirAll(target, 0o700); err != nil {
+			return nil, fmt.Errorf("create mount point for %s: %w", m.Destination, err)
+		}
+		if err := overlay.Mount(target, []string{m.Overlay.Lower}, m.Overlay.Upper, m.Overlay.Work, "", 0); err != nil {
+			return nil, fmt.Errorf("mount overlay for %s: %w", m.Destination, err)
+		}
+		*undo = append(*undo, func() error { return unmount(target) })
+		m.Source, m.Overlay = target, nil
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// command is runsc with the flags every call for this driver's boxes takes.
+func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
+		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
+	return exec.CommandContext(ctx, d.runsc, append(base, args...)...)
+}
+
+// run runs runsc and returns its combined output in the error.
+func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := d.command(ctx, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// start runs the box with the agent as init and waits until it serves. The
+// ready pipe's write end is the agent's fd 3 (--pass-fd).
+func (d *Driver) start(ctx context.Context, id, box string) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("agent ready pipe: %w", err)
+	}
+	defer r.Close()
+	logf, err := os.OpenFile(agentLog(box), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		w.Close()
+		return fmt.Errorf("create agent log: %w", err)
+	}
+	defer logf.Close()
+	// Not killed with ctx: runsc killed in the middle of `run` leaves its
+	// sandbox and gofer running with no state to delete them by. It takes
+	// a fraction of a second; a cancelled create is rolled back after it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runtime.ProbeTimeout)
+	defer cancel()
+	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stdout, cmd.Stderr = logf, logf // the agent's stdio too: its log
+	err = cmd.Run()
+	w.Close() // only the box holds it now: its exit reads as EOF
+	if err != nil {
+		return fmt.Errorf("runsc run: %w%s", err, logTail(agentLog(box), runscLog(box)))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("box %s: %w", id, err)
+	}
+	if err := agentconn.AwaitReady(ctx, r, runtime.ProbeTimeout); err != nil {
+		return fmt.Errorf("box %s: %w%s", id, err, logTail(agentLog(box), runscLog(box)))
+	}
+	return nil
+}
+
+// logTail returns the end of the first non-empty log for error messages.
+func logTail(paths ...string) string {
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil || len(bytes.TrimSpace(b)) == 0 {
+			continue
+		}
+		if len(b) > 2048 {
+			b = b[len(b)-2048:]
+		}
+		return "; log: " + strings.TrimSpace(string(b))
+	}
+	return ""
+}
+
+// state is what `runsc state` reports.
+type state struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+func (d *Driver) state(ctx context.Context, id string) (state, error) {
+	var st state
+	out, err := d.run(ctx, "state", id)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("parse runsc state: %w", err)
+	}
+	return st, nil
+}
+
+func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle, error) {
+	if err := checkID(h.ID); err != nil {
+		return h, err
+	}
+	st, err := d.state(ctx, h.ID)
+	if err == nil && (st.Status == "running" || st.Status == "paused") {
+		if fi, serr := os.Lstat(sockPath(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
+			return h, nil
+		}
+	}
+	why := "not running"
+	if err != nil {
+		why = err.Error()
+	} else if st.Status != "" {
+		why = st.Status
+	}
+	if derr := d.Destroy(ctx, h); derr != nil {
+		d.log.Warn("removing the remains of a box", "id", h.ID, "err", derr)
+	}
+	return h, fmt.Errorf("box %s: %s: %w", h.ID, why, errdefs.ErrNotFound)
+}
+
+func (d *Driver) Pause(ctx context.Context, h runtime.Handle) error {
+	return d.setPaused(ctx, h.ID, true)
+}
+
+func (d *Driver) Resume(ctx context.Context, h runtime.Handle) error {
+	return d.setPaused(ctx, h.ID, false)
+}
+
+func (d *Driver) setPaused(ctx context.Context, id string, pause bool) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	verb, want := "resume", "running"
+	if pause {
+		verb, want = "pause", "paused"
+	}
+	st, err := d.state(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%s box %s: %w", verb, id, errors.Join(err, errdefs.ErrNotFound))
+	}
+	if st.Status == want {
+		return nil
+	}
+	if _, err := d.run(ctx, verb, id); err != nil {
+		return fmt.Errorf("%s box %s: %w", verb, id, err)
+	}
+	return nil
+}
+
+// events is the part of `runsc events --stats` Stats reads.
+type events struct {
+	Data struct {
+		CPU struct {
+			Usage struct {
+				Total uint64 `json:"total"`
+			} `json:"usage"`
+		} `json:"cpu"`
+		Memory struct {
+			Usage struct {
+				Usage uint64 `json:"usage"`
+				Max   uint64 `json:"max"`
+			} `json:"usage"`
+		} `json:"memory"`
+		Pids struct {
+			Current uint64 `json:"current"`
+		} `json:"pids"`
+	} `json:"data"`
+}
+
+func (d *Driver) Stats(ctx context.Context, h runtime.Handle) (runtime.Stats, error) {
+	var st runtime.Stats
+	if err := checkID(h.ID); err != nil {
+		return st, err
+	}
+	out, err := d.run(ctx, "events", "--stats", h.ID)
+	if err != nil {
+		return st, fmt.Errorf("stats of box %s: %w", h.ID, errors.Join(err, errdefs.ErrNotFound))
+	}
+	var ev events
+	if err := json.Unmarshal(out, &ev); err != nil {
+		return st, fmt.Errorf("stats of box %s: parse runsc events: %w", h.ID, err)
+	}
+	st.MemoryBytes = int64(ev.Data.Memory.Usage.Usage)
+	st.MemoryPeakBytes = int64(ev.Data.Memory.Usage.Max)
+	st.CPUUsageNs = int64(ev.Data.CPU.Usage.Total)
+	st.Pids = int64(ev.Data.Pids.Current)
+	st.DiskUsedBytes, _ = diskUsed(rwDir(d.boxDir(h.ID)))
+	return st, nil
+}
+
+func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	if err := checkID(h.ID); err != nil {
+		return nil, err
+	}
+	c, err := dialSocket(ctx, sockPath(d.boxDir(h.ID)))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
+	}
+	return c, nil
+}
+
+// DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
+func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	if err := checkID(h.ID); err != nil {
+		return nil, err
+	}
+	c, err := dialSocket(ctx, execSock(d.boxDir(h.ID)))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent exec socket of box %s: %w", h.ID, err)
+	}
+	return c, nil
+}
+
+// dialSocket connects to the Unix socket at path without following a
+// symlink in its last component: the box's root writes the run dir (its
+// gofer makes the files there on the host), so it could replace the
+// agent's socket with a link to any host socket, which a plain connect
+// would follow. The file is opened O_PATH|O_NOFOLLOW, checked to be a
+// socket, and connected to through /proc/self/fd, which names that very
+// inode.
+func dialSocket(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%s is not a socket (mode %#o): %w", path, st.Mode, errdefs.ErrFailedPrecondition)
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+}
+
+func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
+	if err := checkID(h.ID); err != nil {
+		return err
+	}
+	// A destroy cut off by its caller would leave the box half gone.
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	if d.healthy {
+		errs = append(errs, d.teardown(ctx, h.ID))
+	}
+	box := d.boxDir(h.ID)
+	if _, err := os.Lstat(box); err == nil {
+		for _, dir := range d.mountsUnder(box) {
+			errs = append(errs, unmount(dir))
+		}
+		errs = append(errs, d.removeBoxDir(box))
+	}
+	return errors.Join(errs...)
+}
+
+// teardown kills the box's sandbox and deletes runsc's state for it, then
+// removes what runsc leaves when it was killed mid-way (a daemon crash or
+// timeout during `runsc run`): sandbox and gofer processes still in the
+// box's cgroup with no state to delete them by, its lock and socket files
+// in runsc's root, and the cgroup dirs.
+func (d *Driver) teardown(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var errs []error
+	if _, err := d.run(ctx, "delete", "--force", id); err != nil && !notExist(err) {
+		errs = append(errs, err)
+	}
+	if err := killCgroup(ctx, d.cgParent, id); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, removeCgroups(d.cgParent, id), d.removeRunscState(id))
+	return errors.Join(errs...)
+}
+
+// removeRunscState removes runsc's files for box id from its root: what
+// `runsc delete` removes, left when runsc never wrote the state file.
+func (d *Driver) removeRunscState(id string) error {
+	left, _ := filepath.Glob(filepath.Join(d.runscRoot, id+"_sandbox:*"))
+	left = append(left, filepath.Join(d.runscRoot, "runsc-"+id+".sock"))
+	var errs []error
+	for _, p := range left {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove runsc state: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// notExist reports runsc's "container does not exist" errors.
+func notExist(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "no such file or directory")
+}
+
+// removeBoxDir removes a box dir once nothing is mounted under it: the
+// rootfs and codebase overlays write through to stored trees, so removing
+// files through a mount still there would change them.
+func (d *Driver) removeBoxDir(box string) error {
+	if left := d.mountsUnder(box); len(left) > 0 {
+		return fmt.Errorf("box dir %s still has mounts %v; not removing it", box, left)
+	}
+	return os.RemoveAll(box)
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func (d *Driver) mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	// Deepest first.
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	ids := map[string]bool{}
+	ents, err := os.ReadDir(d.boxesDir)
+	if err != nil {
+		return fmt.Errorf("gvisor: list boxes: %w", err)
+	}
+	for _, e := range ents {
+		ids[e.Name()] = true
+	}
+	if d.healthy {
+		if out, err := d.run(ctx, "list", "--format", "json"); err == nil {
+			var list []state
+			if json.Unmarshal(out, &list) == nil {
+				for _, s := range list {
+					ids[s.ID] = true
+				}
+			}
+		}
+	}
+	var errs []error
+	for id := range ids {
+		if keep[id] || checkID(id) != nil {
+			continue
+		}
+		d.log.Info("removing leftover box", "id", id)
+		errs = append(errs, d.Destroy(ctx, runtime.Handle{ID: id, Driver: name}))
+	}
+	return errors.Join(errs...)
+}
+
+// mountTmpfs mounts a tmpfs of at most size bytes (0: the kernel's default)
+// at dir.
+func mountTmpfs(dir string, size int64) error {
+	opts := "mode=0755"
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmount detaches the mount at dir; not mounted or missing is fine.
+func unmount(dir string) error {
+	err := unix.Unmount(dir, 0)
+	switch {
+	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", dir, err)
+}
+
+// diskUsed is the space used on the filesystem at dir.
+func diskUsed(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
