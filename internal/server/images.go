@@ -29,6 +29,10 @@ type Stores interface {
 	ReserveStorage(ctx context.Context, add int64) (release func(), err error)
 	// InUse returns the digests of images ctx's tenant's sandboxes use.
 	InUse(ctx context.Context) map[string]bool
+	// Settle waits (within ctx) until the sandboxes destroyed so far are
+	// torn down: a destroy answers before its box's mounts are gone, and
+	// what was in use only by such a box is free again after Settle.
+	Settle(ctx context.Context)
 }
 
 // ImageServer implements sbxv1connect.ImageServiceHandler over the
@@ -259,6 +263,7 @@ func (s *ImageServer) RemoveImage(ctx context.Context, req *connect.Request[sbxv
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	s.stores.Settle(ctx)
 	s.gc.Lock()
 	defer s.gc.Unlock()
 	img, err := store.Get(ctx, req.Msg.GetRef())
@@ -280,6 +285,7 @@ func (s *ImageServer) PruneImages(ctx context.Context, _ *connect.Request[sbxv1.
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	s.stores.Settle(ctx)
 	s.gc.Lock()
 	defer s.gc.Unlock()
 	freed, err := store.Prune(ctx, s.layersInUse(ctx, store))

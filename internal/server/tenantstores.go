@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/image"
@@ -263,6 +264,17 @@ func (ts *TenantStores) CheckStorage(ctx context.Context) error {
 // InUse returns the digests ctx's tenant's sandboxes use.
 func (ts *TenantStores) InUse(ctx context.Context) map[string]bool {
 	return ts.mgr.ImagesInUse(tenant.FromContext(ctx).Tenant)
+}
+
+// settleWait bounds how long Settle waits for teardowns: past it, what the
+// dying boxes hold still counts as in use (the caller's check refuses).
+const settleWait = 30 * time.Second
+
+// Settle waits for the teardowns of destroyed sandboxes (see Stores).
+func (ts *TenantStores) Settle(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, settleWait)
+	defer cancel()
+	_ = ts.mgr.WaitTeardowns(ctx)
 }
 
 // Path resolves a create's volume in its tenant's volumes (sandbox.Volumes).

@@ -76,6 +76,9 @@ func (s *VolumeServer) RemoveVolume(ctx context.Context, req *connect.Request[sb
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	// A destroyed box's teardown unmounts its volumes after the destroy
+	// answered: removing the volume right after must not race it.
+	s.stores.Settle(ctx)
 	if err := vols.Remove(ctx, req.Msg.GetName()); err != nil {
 		return nil, toConnect(err)
 	}
