@@ -28,7 +28,7 @@ func stillServes(t *testing.T, ctx context.Context, d *daemon, sb *sbx.Sandbox, 
 
 // TestAgentNotTheOOMVictim: user code (box root, the agent's uid) raises
 // PID 1's oom_score_adj to 1000, which needs no privilege, then fills the
-// box's memory. On the old code the kernel's OOM killer then chose the
+// box's memory from a process whose own score is 0. On the old code the kernel's OOM killer then chose the
 // agent and the box ended while the daemon still showed it running; now user
 // code lives in a cgroup of its own under the box's, with the box's memory
 // less the agent's reserve, so the OOM killer chooses among user processes
@@ -43,7 +43,10 @@ func TestAgentNotTheOOMVictim(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		res, err := sb.RunShell(rctx, `python3 -c '
+		// The filler sets its own score back to 0 (it inherits PID 1's; 0
+		// is as low as an unprivileged process may go), so the agent is
+		// the OOM killer's first choice wherever the two share a cgroup.
+		res, err := sb.RunShell(rctx, `echo 0 > /proc/self/oom_score_adj && exec python3 -c '
 a = []
 while True:
     a.append(bytearray(8 << 20))
