@@ -2,7 +2,7 @@
 // agent API to the sbx daemon and runs commands, terminals and file
 // operations inside the sandbox. See internal/agent.
 //
-//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N | --exec unix:/path] [--seccomp] [--nofile N] [-- CMD ARGS...]
+//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N | --exec unix:/path] [--seccomp] [--nofile N] [--user-cgroup-fd N]... [-- CMD ARGS...]
 //
 // Run by the daemon on the host as `sbx-agent sbx-box-userns-helper ...`,
 // it makes a box's user namespace instead (idmap.Helper).
@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/sbxdev/sbx/internal/agent"
 	"github.com/sbxdev/sbx/internal/idmap"
@@ -45,6 +46,14 @@ func parseArgs(args []string) (agent.Options, error) {
 	fs.IntVar(&opts.ExecFD, "exec-fd", -1, "serve framed execs on this inherited listening socket `fd`")
 	fs.BoolVar(&opts.Seccomp, "seccomp", false, "install the sandbox's seccomp filter before anything else")
 	fs.Uint64Var(&opts.NoFile, "nofile", 0, "set RLIMIT_NOFILE (soft and hard) to `n` for the agent and everything it starts (0: soft up to hard)")
+	fs.Func("user-cgroup-fd", "fork user processes in the cgroup whose inherited `tasks` file is `fd` (repeatable)", func(v string) error {
+		fd, err := strconv.Atoi(v)
+		if err != nil || fd < 0 {
+			return fmt.Errorf("not an fd: %q", v)
+		}
+		opts.UserCgroupFDs = append(opts.UserCgroupFDs, fd)
+		return nil
+	})
 	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
 	fs.StringVar(&opts.ExecListen, "exec", "", "serve framed execs on this `address` (unix:/path)")
 	version := fs.Bool("version", false, "print the version and exit")

@@ -19,20 +19,24 @@ var errNotLinux = errors.New("sbx-agent runs only on Linux")
 
 // Options is what cmd/sbx-agent parsed from its command line.
 type Options struct {
-	ListenFD   int
-	ReadyFD    int
-	ExecFD     int
-	Seccomp    bool
-	NoFile     uint64
-	Listen     string
-	Entrypoint []string
-	Logger     *slog.Logger
+	ListenFD int
+	ReadyFD  int
+	ExecFD   int
+	Seccomp  bool
+	NoFile   uint64
+	// UserCgroupFDs are unused outside Linux.
+	UserCgroupFDs []int
+	Listen        string
+	Entrypoint    []string
+	Logger        *slog.Logger
 }
 
 // Run fails: the agent needs Linux.
 func Run(context.Context, Options) error { return errNotLinux }
 
 type reaper struct{}
+
+type spawner struct{}
 
 type detachedTable struct{}
 

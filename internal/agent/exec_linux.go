@@ -231,7 +231,9 @@ func (s *Server) spawn(path string, argv, env []string, dir string, user *userIn
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("not starting processes: %w", err))
 	}
 	p.started = time.Now()
-	p.pid, p.done, err = s.reaper.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	p.pid, p.done, err = s.reaper.start(func() (int, error) {
+		return s.spawner.fork(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	})
 	if err != nil {
 		p.close()
 		if derr := checkWorkdir(dir, user); derr != nil {

@@ -42,6 +42,10 @@ type Options struct {
 	// and everything it starts, set before anything runs (see setNoFile);
 	// 0 raises the soft limit to the inherited hard one.
 	NoFile uint64
+	// UserCgroupFDs are inherited `tasks` files of the box's user cgroups
+	// (one per cgroup v1 hierarchy): every user process is forked from a
+	// thread moved there (see spawner).
+	UserCgroupFDs []int
 	// Entrypoint, if set, is started at boot in the background.
 	Entrypoint []string
 	// Logger is the agent's log; nil means a text logger on stderr.
@@ -94,6 +98,11 @@ func Run(ctx context.Context, opts Options) error {
 	srv, err := NewServer(Config{Env: ownEnv(), Logger: log, ReapAll: pid1, Lockdown: true})
 	if err != nil {
 		return err
+	}
+	if len(opts.UserCgroupFDs) > 0 {
+		if srv.spawner, err = newSpawner(opts.UserCgroupFDs); err != nil {
+			return err
+		}
 	}
 	if len(opts.Entrypoint) > 0 {
 		if err := srv.startEntrypoint(opts.Entrypoint); err != nil {

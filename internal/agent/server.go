@@ -78,6 +78,9 @@ type Server struct {
 
 	log    *slog.Logger
 	reaper *reaper
+	// spawner forks user processes in the box's user cgroups; nil forks
+	// from the calling thread. Set once, before the first process.
+	spawner *spawner
 
 	// passwdFile and groupFile are where users are looked up (fixed).
 	passwdFile, groupFile string

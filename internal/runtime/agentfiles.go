@@ -9,6 +9,10 @@ import (
 // AgentFDArgs are the agent's flags naming the fds AgentFiles.Extra gives it.
 var AgentFDArgs = []string{"--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5"}
 
+// AgentFDCount is how many fds AgentFDArgs names (3 to 3+AgentFDCount-1);
+// a driver's own extra fds for the agent follow.
+const AgentFDCount = 3
+
 // AgentFiles are what a driver hands a box's agent: listening sockets for its
 // API and for framed execs, made before it starts so that a Dial never races
 // its start, and a pipe on which it says it serves.

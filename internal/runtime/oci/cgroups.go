@@ -206,7 +206,10 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 	}
 	st.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
 	st.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
-	st.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	// v1 counts OOM kills per cgroup, not up the tree: the user cgroup's
+	// are the box's too.
+	st.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
+		readKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
 	if dir, _ := l.controllerDir("cpuacct", id); dir != "" {
 		st.CPUUsageNs = readInt(filepath.Join(dir, "cpuacct.usage"))
 	}

@@ -479,6 +479,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: filepath.Join(rootfs, agentInBox),
 		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
 		Mounts: mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp, IDs: ids.r, UserNS: userNSFile(box),
+		UserCgroups: len(d.cg.userCgroupControllers()),
 	})
 	cfg, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -496,7 +497,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
 	crashpoint.Hit("oci-create-rootfs")
-	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, &data)
+	userCgroups, err := d.cg.makeUserCgroups(spec.ID, spec.Resources, d.swapLimit)
+	if err != nil {
+		return h, err
+	}
+	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, userCgroups, &data)
 	if err != nil {
 		return h, err
 	}
@@ -578,18 +583,24 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error
 // start runs the box's runtime with the agent as init. The agent inherits
 // the listening sockets the daemon made, for its API (fd 3) and for framed
 // execs (fd 5), so a Dial never races its start, and the write end of a pipe
-// (fd 4) on which it says it serves; start returns the read end.
+// (fd 4) on which it says it serves; start returns the read end. The files
+// in extra (the user cgroups' tasks files) follow as fds 6 and up; start
+// closes the daemon's copies.
 //
 // A network namespace to join (netns) is joined by the runtime's own
 // process, not through config.json: the runtime joins the box's user
 // namespace first, after which it has no privilege over a namespace host
 // root owns; config.json then names no network namespace and the box stays
 // in the runtime's.
-func (d *Driver) start(ctx context.Context, id, box, netns string, data *boxData) (ready *os.File, err error) {
+func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.File, data *boxData) (ready *os.File, err error) {
 	af, err := runtime.NewAgentFiles(sockPath(box), execSock(box))
 	if err != nil {
+		for _, f := range extra {
+			f.Close()
+		}
 		return nil, err
 	}
+	af.Extra = append(af.Extra, extra...)
 	// After the runtime has run, only the agent holds the write end.
 	defer af.CloseExtra()
 	defer func() {

@@ -89,6 +89,9 @@ type specParams struct {
 	// them with a namespace path (runc 1.1).
 	IDs    idmap.Range
 	UserNS string
+	// UserCgroups is how many user cgroups' `tasks` files (usercgroup.go)
+	// the agent inherits, after runtime.AgentFDArgs's fds.
+	UserCgroups int
 }
 
 // buildSpec returns the hardened OCI runtime spec of a box.
@@ -116,6 +119,9 @@ func buildSpec(p specParams) *specs.Spec {
 	}
 	if p.NoFile > 0 {
 		args = append(args, "--nofile", strconv.FormatUint(p.NoFile, 10))
+	}
+	for i := range p.UserCgroups {
+		args = append(args, "--user-cgroup-fd", strconv.Itoa(3+runtime.AgentFDCount+i))
 	}
 	if len(p.Command) > 0 {
 		args = append(append(args, "--"), p.Command...)

@@ -86,6 +86,9 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 		if err := d.setMemory(id, r.MemoryBytes, &undo); err != nil {
 			return err
 		}
+		if err := d.cg.setUserLimits("memory", id, r, d.swapLimit, &undo); err != nil {
+			return err
+		}
 	}
 	if disk != nil {
 		if err := disk.resize(r.DiskBytes); err != nil {
@@ -97,6 +100,9 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 		dir, _ := d.cg.controllerDir("pids", id)
 		if err := setCgroupFile(filepath.Join(dir, "pids.max"), strconv.FormatInt(r.Pids, 10), &undo); err != nil {
 			return fmt.Errorf("pids limit: %w", err)
+		}
+		if err := d.cg.setUserLimits("pids", id, r, d.swapLimit, &undo); err != nil {
+			return err
 		}
 	}
 	if r.CPUMillis > 0 {
