@@ -47,21 +47,25 @@ const (
 	maxInlineCode = 64 << 10
 )
 
-// The python scripts: plotly.py (the plotly capture hook) is prepended to
-// both the one-shot runner and the kernel. One-shot runs start boot.py,
+// The python scripts: plotly.py (the plotly capture hook) and notebook.py
+// (plt.show() capture, display(), !cmd and %pip) are prepended to both the
+// one-shot runner and the kernel. One-shot runs start boot.py,
 // which imports the runner from runnerLib in the sandbox (written there on
 // first use) so that Python loads it from its bytecode cache instead of
 // compiling it every time; runnerLib's name carries the runner's hash.
 var (
 	//go:embed kernels/plotly.py
 	plotlyHook string
+	//go:embed kernels/notebook.py
+	notebookHook string
 	//go:embed kernels/runner.py
 	runnerScript string
 	//go:embed kernels/boot.py
 	pythonBoot string
 
-	pythonRunner = plotlyHook + runnerScript
-	runnerLib    = func() string {
+	pythonPrelude = plotlyHook + notebookHook
+	pythonRunner  = pythonPrelude + runnerScript
+	runnerLib     = func() string {
 		sum := sha256.Sum256([]byte(pythonRunner))
 		return RunDir + "/lib/sbx_runner_" + hex.EncodeToString(sum[:8])
 	}()
