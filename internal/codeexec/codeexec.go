@@ -154,6 +154,9 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	if err != nil {
 		return err
 	}
+	if len(req.GetLibraries()) > 0 && lang.install == nil {
+		return errNoInstaller(lang)
+	}
 	findings, err := checkPolicy(lang.name, req.GetCode(), req.GetPolicy())
 	if err != nil {
 		return err
@@ -330,7 +333,7 @@ func (s *Service) probe(ctx context.Context, conn *agentconn.Conn, lang *languag
 // install runs lang's installer for req's libraries and returns what it installed.
 func (s *Service) install(ctx context.Context, conn *agentconn.Conn, lang *language, req *sbxv1.RunCodeRequest) ([]string, error) {
 	if lang.install == nil {
-		return nil, fmt.Errorf("language %s has no library installer: %w", lang.name, errdefs.ErrInvalidArgument)
+		return nil, errNoInstaller(lang)
 	}
 	if err := s.probe(ctx, conn, lang); err != nil {
 		return nil, err
