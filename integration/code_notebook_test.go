@@ -82,8 +82,9 @@ func TestRunCodeNotebook(t *testing.T) {
 					res.Value.GetText(), artifactNames(res.Artifacts), res.Error, res.Stderr, s.stdout, s.value, s.artifacts)
 			}
 		}
-		if res, err := cc.Run(ctx, "display(pd.DataFrame({'a': [1]}))", opts); err != nil || !strings.HasPrefix(string(res.Artifacts[0].GetContent()), "<div>") {
-			t.Errorf("display html: got %v, %q", err, res.Artifacts)
+		res, err := cc.Run(ctx, "display(pd.DataFrame({'a': [1]}))", opts)
+		if err != nil || len(res.Artifacts) != 1 || !strings.HasPrefix(string(res.Artifacts[0].GetContent()), "<div>") {
+			t.Errorf("display html: got %v, %v, want one HTML table", err, res)
 		}
 	})
 }
