@@ -23,7 +23,7 @@ An asyncio flavour lives in :mod:`sbx.aio`.
 from ._tar import UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
-from .code import Artifact, CodeContext, CodeResult, PolicyFinding
+from .code import Artifact, CodeContext, CodeResult, Plot, PolicyFinding
 from .codebase import Codebase, CodebaseMount, Codebases, SkippedFile, SyncConflict, SyncResult
 from .errors import (
     AbortedError,
@@ -94,6 +94,7 @@ __all__ = [
     "Artifact",
     "CodeContext",
     "CodeResult",
+    "Plot",
     "PolicyFinding",
     "Session",
     "SessionResult",

@@ -461,8 +461,8 @@ class Sandbox:
 
     def run_code(
         self,
-        language: str,
-        code: str,
+        code: Optional[str] = None,
+        language: Optional[str] = None,
         *,
         libraries: Sequence[str] = (),
         timeout: Optional[Seconds] = None,
@@ -495,10 +495,17 @@ class Sandbox:
                 directories in the sandbox, for pip ``--no-index``).
             on_stdout, on_stderr: called with output as it arrives.
 
+        Code comes first and Python is the default (``run_code("print(1)")``);
+        the older ``run_code("python", code)`` order is still accepted: two
+        positional arguments whose first is a language name and whose second
+        is not are read as (language, code). ``result.plots`` holds the image
+        artifacts as base64 + format (llm-sandbox's shape).
+
         Raises:
             FailedPreconditionError: the image lacks the language's toolchain.
             PermissionDeniedError: an enforcing policy refused the code.
         """
+        code, language = _code.code_and_language(code, language)
         req: Dict[str, Any] = {"sandbox": self.id, "language": language, "code": code}
         if context is not None:
             req["context"] = context.id
