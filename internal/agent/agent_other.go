@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -35,6 +36,10 @@ func Run(context.Context, Options) error { return errNotLinux }
 type reaper struct{}
 
 type detachedTable struct{}
+
+type entryProc struct{ p *process }
+
+type process struct{ exited atomic.Bool }
 
 func newReaper(bool, *slog.Logger) *reaper { return &reaper{} }
 
