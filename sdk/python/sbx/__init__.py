@@ -48,6 +48,7 @@ from .errors import (
 )
 from .files import Files
 from .images import Images
+from .logs import LogChunk, LogLines, SandboxLogs
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .recipe import Recipe
@@ -81,6 +82,9 @@ __all__ = [
     "OutputStream",
     "CommandResult",
     "ExitStatus",
+    "LogChunk",
+    "LogLines",
+    "SandboxLogs",
     "Files",
     "Images",
     "Recipe",
