@@ -15,6 +15,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
@@ -365,7 +366,7 @@ func TestMountSyncConflicts(t *testing.T) {
 	if err := m.Unmount(ctx, "sb-b"); err != nil {
 		t.Fatal(err)
 	}
-	if mounts, _ := mountsUnder(m.mountsDir()); len(mounts) != 0 {
+	if mounts, _ := hostmount.Under(m.mountsDir()); len(mounts) != 0 {
 		t.Errorf("mounts left: %v", mounts)
 	}
 	if _, err := os.Stat(m.tree(cb.GetId(), 1)); !os.IsNotExist(err) {
@@ -392,7 +393,7 @@ func TestCleanupRemovesMountsOfGoneSandboxes(t *testing.T) {
 	if err := m.Cleanup(ctx, map[string]bool{"sb-live": true}); err != nil {
 		t.Fatal(err)
 	}
-	mounts, _ := mountsUnder(m.mountsDir())
+	mounts, _ := hostmount.Under(m.mountsDir())
 	for _, mp := range mounts {
 		if strings.Contains(mp, "sb-dead") {
 			t.Errorf("mount of a gone sandbox left: %s", mp)
@@ -407,7 +408,7 @@ func TestCleanupRemovesMountsOfGoneSandboxes(t *testing.T) {
 	if err := m.Cleanup(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if mounts, _ := mountsUnder(m.mountsDir()); len(mounts) != 0 {
+	if mounts, _ := hostmount.Under(m.mountsDir()); len(mounts) != 0 {
 		t.Errorf("mounts left: %v", mounts)
 	}
 }

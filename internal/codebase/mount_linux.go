@@ -1,17 +1,15 @@
 package codebase
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -83,7 +81,7 @@ func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.Overlay
 
 // unmountLayer undoes mountLayer (also half-made ones) and removes dir.
 func unmountLayer(dir string) error {
-	if err := unmount(filepath.Join(dir, "rw")); err != nil {
+	if err := hostmount.Unmount(filepath.Join(dir, "rw")); err != nil {
 		return err
 	}
 	return removeUnmounted(dir)
@@ -91,12 +89,12 @@ func unmountLayer(dir string) error {
 
 // removeUnmounted unmounts anything still mounted under dir, then removes it.
 func removeUnmounted(dir string) error {
-	mounts, err := mountsUnder(dir)
+	mounts, err := hostmount.Under(dir)
 	if err != nil {
 		return err
 	}
 	for _, mp := range mounts {
-		if err := unmount(mp); err != nil {
+		if err := hostmount.Unmount(mp); err != nil {
 			return err
 		}
 	}
@@ -104,69 +102,6 @@ func removeUnmounted(dir string) error {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return nil
-}
-
-// unmount detaches the mount at dir; not mounted or missing is fine. A busy
-// mount is lazily detached.
-func unmount(dir string) error {
-	err := unix.Unmount(dir, 0)
-	switch {
-	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-		return nil
-	case errors.Is(err, unix.EBUSY):
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmount %s: %w", dir, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("unmount %s: %w", dir, err)
-}
-
-// mountsUnder lists mount points at or under dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	defer f.Close()
-	dir = filepath.Clean(dir)
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
-}
-
-// unescapeMount undoes the kernel's octal escaping (\040 for space etc.).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // isWhiteout reports an overlayfs whiteout (a 0/0 character device).

@@ -28,6 +28,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -177,7 +178,7 @@ func (d *Driver) Info(context.Context) runtime.Info {
 // removes the parent cgroup if no box is left in it.
 func (d *Driver) Close() error {
 	removeCgroupParent(d.cgParent)
-	return unmount(filepath.Join(d.runscRoot, "null-netns"))
+	return hostmount.Unmount(filepath.Join(d.runscRoot, "null-netns"))
 }
 
 var (
@@ -271,10 +272,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.Mkdir(rw, 0o700); err != nil {
 		return h, fmt.Errorf("create rw dir: %w", err)
 	}
-	if err := mountTmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
 		return h, err
 	}
-	undo = append(undo, func() error { return unmount(rw) })
+	undo = append(undo, func() error { return hostmount.Unmount(rw) })
 	upper, work, tmp := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), tmpDir(box)
 	for _, dir := range []string{upper, work, tmp} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -294,7 +295,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := overlay.Mount(rootfs, lowers, upper, work, "", 0); err != nil {
 		return h, fmt.Errorf("mount rootfs: %w", err)
 	}
-	undo = append(undo, func() error { return unmount(rootfs) })
+	undo = append(undo, func() error { return hostmount.Unmount(rootfs) })
 	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
 		return h, err
 	}
@@ -369,7 +370,7 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error)
 		if err := overlay.Mount(target, []string{m.Overlay.Lower}, m.Overlay.Upper, m.Overlay.Work, "", 0); err != nil {
 			return nil, fmt.Errorf("mount overlay for %s: %w", m.Destination, err)
 		}
-		*undo = append(*undo, func() error { return unmount(target) })
+		*undo = append(*undo, func() error { return hostmount.Unmount(target) })
 		m.Source, m.Overlay = target, nil
 		out = append(out, m)
 	}
@@ -616,8 +617,8 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	}
 	box := d.boxDir(h.ID)
 	if _, err := os.Lstat(box); err == nil {
-		for _, dir := range d.mountsUnder(box) {
-			errs = append(errs, unmount(dir))
+		for _, dir := range mountsUnder(box) {
+			errs = append(errs, hostmount.Unmount(dir))
 		}
 		errs = append(errs, d.removeBoxDir(box))
 	}
@@ -667,53 +668,10 @@ func notExist(err error) bool {
 // rootfs and codebase overlays write through to stored trees, so removing
 // files through a mount still there would change them.
 func (d *Driver) removeBoxDir(box string) error {
-	if left := d.mountsUnder(box); len(left) > 0 {
+	if left := mountsUnder(box); len(left) > 0 {
 		return fmt.Errorf("box dir %s still has mounts %v; not removing it", box, left)
 	}
 	return os.RemoveAll(box)
-}
-
-// mountsUnder lists mount points at or below dir, deepest first.
-func (d *Driver) mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	// Deepest first.
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
@@ -746,34 +704,6 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// mountTmpfs mounts a tmpfs of at most size bytes (0: the kernel's default)
-// at dir.
-func mountTmpfs(dir string, size int64) error {
-	opts := "mode=0755"
-	if size > 0 {
-		opts += ",size=" + strconv.FormatInt(size, 10)
-	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount tmpfs at %s: %w", dir, err)
-	}
-	return nil
-}
-
-// unmount detaches the mount at dir; not mounted or missing is fine.
-func unmount(dir string) error {
-	err := unix.Unmount(dir, 0)
-	switch {
-	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-		return nil
-	case errors.Is(err, unix.EBUSY):
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmount %s: %w", dir, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("unmount %s: %w", dir, err)
-}
-
 // diskUsed is the space used on the filesystem at dir.
 func diskUsed(dir string) (int64, error) {
 	var st unix.Statfs_t
@@ -781,4 +711,11 @@ func diskUsed(dir string) (int64, error) {
 		return 0, err
 	}
 	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first (none
+// if mountinfo cannot be read).
+func mountsUnder(dir string) []string {
+	out, _ := hostmount.Under(dir)
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -31,9 +32,9 @@ type cgroupLayout struct {
 }
 
 func detectCgroups(parent string) (cgroupLayout, error) {
-	mounts, err := readMountinfo()
+	mounts, err := hostmount.Read()
 	if err != nil {
-		return cgroupLayout{}, fmt.Errorf("read mountinfo: %w", err)
+		return cgroupLayout{}, err
 	}
 	l := cgroupLayout{v1: map[string]string{}, parent: parent}
 	for _, m := range mounts {

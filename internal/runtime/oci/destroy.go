@@ -16,6 +16,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -44,11 +45,11 @@ func (d *Driver) destroy(ctx context.Context, id string, data *boxData) error {
 	terr := d.teardownProcesses(ctx, id, data)
 	errs := []error{terr}
 	box := d.boxDir(id)
-	mounts, err := mountsUnder(box)
+	mounts, err := hostmount.Under(box)
 	errs = append(errs, err)
 	mounted := err != nil
 	for _, m := range mounts {
-		if err := unmount(m); err != nil {
+		if err := hostmount.Unmount(m); err != nil {
 			errs = append(errs, err)
 			mounted = true
 		}
@@ -188,7 +189,7 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		d.log.Warn("listing runtime containers", "err", err)
 	}
 	var errs []error
-	if mounts, err := mountsUnder(d.boxesDir); err == nil {
+	if mounts, err := hostmount.Under(d.boxesDir); err == nil {
 		for _, m := range mounts {
 			rel, _ := filepath.Rel(d.boxesDir, m)
 			id, _, _ := strings.Cut(rel, "/")

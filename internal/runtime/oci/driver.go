@@ -27,6 +27,7 @@ import (
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -404,10 +405,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.Mkdir(rw, 0o700); err != nil {
 		return h, fmt.Errorf("create rw dir: %w", err)
 	}
-	if err := mountTmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
 		return h, err
 	}
-	undo.add(func() error { return unmount(rw) })
+	undo.add(func() error { return hostmount.Unmount(rw) })
 	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	for _, dir := range []string{upper, work} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -441,7 +442,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			filepath.Join(rwMapDir(box), "upper"), filepath.Join(rwMapDir(box), "work"), "", 0); err != nil {
 			return err
 		}
-		undo.add(func() error { return unmount(rootfs) })
+		undo.add(func() error { return hostmount.Unmount(rootfs) })
 		return d.prepareRootfs(rootfs, spec, int(ids.r.Base))
 	})
 	if err != nil {
@@ -456,7 +457,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if fuseDev, err = makeFuseDevice(box, ids.r.Base); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return unmount(fuseDevDir(box)) })
+		undo.add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
 	}
 	sysfs := ""
 	if spec.NetNS != "" {
@@ -467,7 +468,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if err := mountSysfsIn(spec.NetNS, sysfs); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return unmount(sysfs) })
+		undo.add(func() error { return hostmount.Unmount(sysfs) })
 	}
 
 	hostname := spec.Hostname

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -53,7 +54,7 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 	if err := idmap.BoxNamespace(r, exe, ns, d.boxLimits); err != nil {
 		return nil, fmt.Errorf("create box user namespace: %w", err)
 	}
-	undo.add(func() error { return unmount(ns) })
+	undo.add(func() error { return hostmount.Unmount(ns) })
 	shift, err := idmap.ShiftNamespace(r, exe)
 	if err != nil {
 		return nil, fmt.Errorf("create id shift namespace: %w", err)
@@ -92,7 +93,7 @@ func (b *boxIDs) mapDir(src, dst string, recursive bool) error {
 	if err := idmap.Mount(src, dst, b.shift, recursive); err != nil {
 		return err
 	}
-	b.undo.add(func() error { return unmount(dst) })
+	b.undo.add(func() error { return hostmount.Unmount(dst) })
 	return nil
 }
 
@@ -166,7 +167,7 @@ func (b *boxIDs) overlay(dir string, o *runtime.Overlay) error {
 	if err != nil {
 		return err
 	}
-	b.undo.add(func() error { return unmount(merged) })
+	b.undo.add(func() error { return hostmount.Unmount(merged) })
 	return nil
 }
 

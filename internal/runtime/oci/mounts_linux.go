@@ -5,58 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// mountTmpfs mounts a tmpfs of at most size bytes (0: kernel default) at dir.
-func mountTmpfs(dir string, size int64) error {
-	opts := "mode=0755"
-	if size > 0 {
-		opts += ",size=" + strconv.FormatInt(size, 10)
-	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount tmpfs at %s: %w", dir, err)
-	}
-	return nil
-}
-
-// unmount detaches the mount at dir; not mounted or missing is fine. A busy
-// mount is lazily detached.
-func unmount(dir string) error {
-	err := unix.Unmount(dir, 0)
-	switch {
-	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-		return nil
-	case errors.Is(err, unix.EBUSY):
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmount %s: %w", dir, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("unmount %s: %w", dir, err)
-}
-
-// mountsUnder lists mount points under dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	mounts, err := readMountinfo()
-	if err != nil {
-		return nil, err
-	}
-	prefix := filepath.Clean(dir) + "/"
-	var out []string
-	for _, m := range mounts {
-		if strings.HasPrefix(m.MountPoint, prefix) {
-			out = append(out, m.MountPoint)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
-}
 
 // setSubreaper makes this process adopt orphaned descendants (see package doc).
 func setSubreaper() error {

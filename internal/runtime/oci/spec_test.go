@@ -160,23 +160,6 @@ func TestSeccompRules(t *testing.T) {
 	}
 }
 
-func TestParseMountinfo(t *testing.T) {
-	for _, tc := range []struct {
-		line string
-		want mountEntry
-	}{
-		{"36 35 98:0 /mnt1 /mnt\\040two rw,noatime master:1 - ext3 /dev/root rw,errors=continue",
-			mountEntry{MountPoint: "/mnt two", FSType: "ext3", SuperOpts: "rw,errors=continue"}},
-		{"32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu",
-			mountEntry{MountPoint: "/sys/fs/cgroup/cpu", FSType: "cgroup", SuperOpts: "rw,cpu"}},
-	} {
-		got, ok := parseMountinfoLine(tc.line)
-		if !ok || got != tc.want {
-			t.Errorf("parseMountinfoLine(%q) = %+v, %v; want %+v", tc.line, got, ok, tc.want)
-		}
-	}
-}
-
 func TestHostImage(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir := t.TempDir()
