@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -180,10 +181,13 @@ func TestIDRangesSurviveDaemonRestart(t *testing.T) {
 			t.Fatalf("destroy %s: %v", id, err)
 		}
 		delete(live, id)
-		held := heldRanges(t, d)
-		if base, ok := held[id]; ok {
-			t.Errorf("range %d of destroyed box %s still held", base, id)
-		}
+		// Destroy answers before its teardown, which frees the range last.
+		var held map[string]uint32
+		waitUntil(t, 30*time.Second, func() bool {
+			held = heldRanges(t, d)
+			_, ok := held[id]
+			return !ok
+		}, func() string { return fmt.Sprintf("range %d of destroyed box %s still held", held[id], id) })
 		for other := range live {
 			if held[other] != ranges[other] {
 				t.Errorf("after destroying %s: live box %s: range recorded %d, want %d", id, other, held[other], ranges[other])
