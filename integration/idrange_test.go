@@ -18,26 +18,34 @@ import (
 const idMapDir = "/run/sbx/idmap"
 
 // boxRange is the first host uid of a box's own id range, as the box's
-// user namespace maps it ("0 <base> 65536"), read from inside the box.
-func boxRange(t *testing.T, ctx context.Context, sb *sbx.Sandbox) uint32 {
+// user namespace maps it ("0 <base> 65536"), read from the host: inside,
+// the box sees its ids map to the canonical range (its user namespace's
+// parent shows the box's range as that). The box must agree.
+func boxRange(t *testing.T, ctx context.Context, d *daemon, sb *sbx.Sandbox) uint32 {
 	t.Helper()
-	out := mustRun(t, ctx, sb, "cat /proc/self/uid_map /proc/self/gid_map")
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("box %s: uid and gid maps: %q", sb.ID, out)
+	if got, want := mustRun(t, ctx, sb, "cat /proc/self/uid_map /proc/self/gid_map | tr -s ' '"), " 0 100000 65536\n 0 100000 65536\n"; got != want {
+		t.Fatalf("box %s: its uid and gid maps: got %q, want %q", sb.ID, got, want)
+	}
+	pid, err := os.ReadFile(filepath.Join(d.dataDir, "oci", "boxes", sb.ID, "init.pid"))
+	if err != nil {
+		t.Fatalf("box %s: %v", sb.ID, err)
 	}
 	var base uint32
-	for _, l := range lines {
-		f := strings.Fields(l)
-		if len(f) != 3 || f[0] != "0" || f[2] != "65536" {
-			t.Fatalf("box %s: map %q, want 0 <base> 65536", sb.ID, l)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		m, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(pid)), f))
+		if err != nil {
+			t.Fatalf("box %s: %v", sb.ID, err)
 		}
-		b, err := strconv.ParseUint(f[1], 10, 32)
+		fs := strings.Fields(string(m))
+		if len(fs) != 3 || fs[0] != "0" || fs[2] != "65536" {
+			t.Fatalf("box %s: %s %q, want 0 <base> 65536", sb.ID, f, m)
+		}
+		b, err := strconv.ParseUint(fs[1], 10, 32)
 		if err != nil || b < 1<<28 {
-			t.Fatalf("box %s: map %q: base %s, want the box's own range from 2^28", sb.ID, l, f[1])
+			t.Fatalf("box %s: %s %q: base %s, want the box's own range from 2^28", sb.ID, f, m, fs[1])
 		}
 		if base != 0 && uint32(b) != base {
-			t.Fatalf("box %s: uid and gid maps differ: %q", sb.ID, out)
+			t.Fatalf("box %s: uid and gid maps differ", sb.ID)
 		}
 		base = uint32(b)
 	}
@@ -101,7 +109,7 @@ func TestIDRangesSurviveDaemonRestart(t *testing.T) {
 	add := func(opts sbx.CreateOptions) *sbx.Sandbox {
 		t.Helper()
 		sb := newBox(t, ctx, d, opts)
-		base := boxRange(t, ctx, sb)
+		base := boxRange(t, ctx, d, sb)
 		for id, other := range ranges {
 			if other == base {
 				t.Fatalf("new box %s got range %d, which live box %s holds", sb.ID, base, id)
@@ -123,7 +131,7 @@ func TestIDRangesSurviveDaemonRestart(t *testing.T) {
 		t.Helper()
 		held := heldRanges(t, d)
 		for id, sb := range live {
-			if got := boxRange(t, ctx, sb); got != ranges[id] {
+			if got := boxRange(t, ctx, d, sb); got != ranges[id] {
 				t.Errorf("%s: box %s runs in range %d, want %d as before", when, id, got, ranges[id])
 			}
 			if held[id] != ranges[id] {
@@ -174,9 +182,13 @@ func TestIDRangesSurviveDaemonRestart(t *testing.T) {
 			t.Fatalf("destroy %s: %v", id, err)
 		}
 		delete(live, id)
-		waitUntil(t, 30*time.Second, func() bool { _, ok := heldRanges(t, d)[id]; return !ok },
-			func() string { return fmt.Sprintf("range %d of destroyed box %s still held", heldRanges(t, d)[id], id) })
-		held := heldRanges(t, d)
+		// Destroy answers before its teardown, which frees the range last.
+		var held map[string]uint32
+		waitUntil(t, 30*time.Second, func() bool {
+			held = heldRanges(t, d)
+			_, ok := held[id]
+			return !ok
+		}, func() string { return fmt.Sprintf("range %d of destroyed box %s still held", held[id], id) })
 		for other := range live {
 			if held[other] != ranges[other] {
 				t.Errorf("after destroying %s: live box %s: range recorded %d, want %d", id, other, held[other], ranges[other])

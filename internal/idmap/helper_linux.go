@@ -53,74 +53,99 @@ func HostLimits() (Limits, error) {
 	return l, nil
 }
 
-// boxNamespace makes box r's user namespace with limits lim (see Limits)
-// and bind-mounts it at path. It runs on a locked thread whose effective
-// ids are r.Base, so the box's parent namespace is r.Base's: the helper
-// (exe HelperArg ...) is cloned into that parent, mapping r to itself,
-// as r.Base with the capabilities it needs there in its ambient set. It
-// sets the parent's limits, makes the box's namespace (0.. mapped to r)
-// from a child it stops at its exec, and prints that child's pid; the
-// namespace is bound from another thread, with the daemon's credentials,
-// and the helper is told to end by closing its stdin.
-func boxNamespace(r Range, exe, path string, lim Limits) error {
+// boxNamespace makes box r's user namespace with limits lim (see Limits),
+// bind-mounts it at path and returns its parent. It runs on a locked
+// thread whose effective ids are r.Base, so the box's parent namespace is
+// r.Base's: the helper (exe HelperArg ...) is cloned into that parent,
+// which maps Canonical to r (so that it doubles as the namespace idmapped
+// mounts shift canonical trees through), as r.Base with the capabilities
+// it needs there in its ambient set. It sets the parent's limits, makes
+// the box's namespace (0.. mapped to r through the parent) from a child it
+// stops at its exec, and prints that child's pid; the parent is opened and
+// the box's namespace bound from another thread, with the daemon's
+// credentials. On success it returns, with the parent, end, which tells
+// the helper to end by closing its stdin and reaps it: the caller calls it
+// on this same thread once it has handed the parent on, so that nothing
+// waits for it but the thread the helper's death signal is tied to stays
+// until the helper has reaped its own child (else the child would be
+// reparented to a subreaper such as the daemon, and left a zombie).
+func boxNamespace(r Range, exe, path string, lim Limits) (parentNS *os.File, end func(), err error) {
 	if err := setThreadIDs(int(r.Base), false); err != nil {
-		return err
+		return nil, nil, err
 	}
-	self := []syscall.SysProcIDMap{{ContainerID: int(r.Base), HostID: int(r.Base), Size: int(r.Size)}}
-	cmd := exec.Command(exe, HelperArg, strconv.FormatUint(uint64(r.Base), 10), strconv.FormatUint(uint64(r.Size), 10), lim.String())
+	n := min(r.Size, Canonical.Size)
+	parent := []syscall.SysProcIDMap{{ContainerID: int(Canonical.Base), HostID: int(r.Base), Size: int(n)}}
+	cmd := exec.Command(exe, HelperArg, strconv.FormatUint(uint64(Canonical.Base), 10), strconv.FormatUint(uint64(n), 10), lim.String())
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWUSER,
-		UidMappings: self, GidMappings: self, GidMappingsEnableSetgroups: true,
+		UidMappings: parent, GidMappings: parent, GidMappingsEnableSetgroups: true,
 		// Its own ids (not just effective ones), so that it stays
 		// dumpable and may write its child's maps; its capabilities are
 		// in the parent namespace only.
-		Credential:  &syscall.Credential{Uid: r.Base, Gid: r.Base},
+		Credential:  &syscall.Credential{Uid: Canonical.Base, Gid: Canonical.Base},
 		AmbientCaps: []uintptr{unix.CAP_SETUID, unix.CAP_SETGID, unix.CAP_SYS_RESOURCE},
 		Pdeathsig:   unix.SIGKILL,
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return fmt.Errorf("box user namespace helper: %w", err)
+		return nil, nil, fmt.Errorf("box user namespace helper: %w", err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return fmt.Errorf("box user namespace helper: %w", err)
+		return nil, nil, fmt.Errorf("box user namespace helper: %w", err)
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start box user namespace helper: %w", err)
+		return nil, nil, fmt.Errorf("start box user namespace helper: %w", err)
 	}
-	// Whatever happens, the helper ends (it kills its child then) and is reaped.
+	// Whatever happens, the helper ends (it kills its child then) and is
+	// reaped; on success in end.
 	timer := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
-	defer func() {
+	end = func() {
 		timer.Stop()
 		_ = stdin.Close()
 		_ = cmd.Wait()
-	}()
+	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	pid, perr := strconv.Atoi(strings.TrimSpace(line))
 	if err != nil || perr != nil || pid <= 0 {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("box user namespace helper: %q, %v: %s", line, err, strings.TrimSpace(stderr.String()))
+		end()
+		return nil, nil, fmt.Errorf("box user namespace helper: %q, %v: %s", line, err, strings.TrimSpace(stderr.String()))
 	}
-	done := make(chan error, 1)
+	type result struct {
+		parent *os.File
+		err    error
+	}
+	done := make(chan result, 1)
 	go func() { // a thread with the daemon's credentials
-		src := "/proc/" + strconv.Itoa(pid) + "/ns/user"
-		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
-			done <- fmt.Errorf("bind user namespace at %s: %w", path, err)
+		f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+		if err != nil {
+			done <- result{err: fmt.Errorf("open the box's parent user namespace: %w", err)}
 			return
 		}
-		done <- nil
+		src := "/proc/" + strconv.Itoa(pid) + "/ns/user"
+		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
+			f.Close()
+			done <- result{err: fmt.Errorf("bind user namespace at %s: %w", path, err)}
+			return
+		}
+		done <- result{parent: f}
 	}()
-	return <-done
+	res := <-done
+	if res.err != nil {
+		end()
+		return nil, nil, res.err
+	}
+	return res.parent, end, nil
 }
 
 // Helper is the helper's side of BoxNamespace, in the box's parent
-// namespace: args are the range's base and size and the Limits. It writes
+// namespace: args are the box's range as the parent sees it (base and
+// size) and the Limits. It writes
 // the parent's /proc/sys/user/max_* (one more user namespace than the
 // limit: the box's own is one), lowers its own rlimits, which become the
 // box namespace's ceilings, makes the box's namespace in a child stopped

@@ -2,7 +2,10 @@ package idmap
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -11,9 +14,10 @@ import (
 )
 
 // BenchmarkBoxNamespace times making a box's user namespace (the helper
-// in the box's parent namespace, with limits) against ShiftNamespace, a
-// bare namespace from a helper stopped at its exec, which is how the
-// box's own was made before it had a parent.
+// in the box's parent namespace, with limits) against a bare namespace
+// from a child stopped at its exec, which is how the box's own was made
+// before it had a parent (and, until its parent doubled as it, how the
+// namespace idmapped mounts shift through was made).
 func BenchmarkBoxNamespace(b *testing.B) {
 	testutil.RequiresRoot(b)
 	alloc, err := NewAllocator("", DefaultPool)
@@ -33,21 +37,36 @@ func BenchmarkBoxNamespace(b *testing.B) {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			if err := BoxNamespace(r, exe, ns, DefaultLimits()); err != nil {
+			parent, err := BoxNamespace(r, exe, ns, DefaultLimits())
+			if err != nil {
 				b.Fatal(err)
 			}
+			parent.Close()
 			if err := unix.Unmount(ns, unix.MNT_DETACH); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("bare", func(b *testing.B) {
+		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.Base), Size: int(r.Size)}}
 		for b.Loop() {
-			f, err := ShiftNamespace(r, exe)
-			if err != nil {
+			errc := make(chan error, 1)
+			go func() {
+				runtime.LockOSThread() // the tracer: never unlocked, the thread ends with the goroutine
+				cmd := exec.Command(exe)
+				cmd.SysProcAttr = &syscall.SysProcAttr{
+					Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Ptrace: true, Pdeathsig: unix.SIGKILL,
+				}
+				err := cmd.Start()
+				if err == nil {
+					_ = cmd.Process.Kill()
+					_ = cmd.Wait()
+				}
+				errc <- err
+			}()
+			if err := <-errc; err != nil {
 				b.Fatal(err)
 			}
-			f.Close()
 		}
 	})
 }

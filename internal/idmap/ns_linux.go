@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,80 +14,36 @@ import (
 const secbitNoSetuidFixup = 1 << 2
 
 // BoxNamespace creates the user namespace of a box with range r: box ids
-// 0..r.Size-1 map to r, and its owner is r.Base, not the caller, so the
-// kernel charges what the box's processes count in ucounts (inotify,
-// RLIMIT_SIGPENDING, RLIMIT_NPROC, user namespaces...) to host uid r.Base
-// at every level above the box, never to host root, and all of it
-// together is bounded by lim (see Limits), in a parent namespace of the
-// box's own. The namespace is bind-mounted at path (an existing empty
-// file) and stays there until path is unmounted. exe is the binary whose
-// first argument HelperArg runs Helper (the agent), reachable and
-// executable by r.Base.
-func BoxNamespace(r Range, exe, path string, lim Limits) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- boxNamespace(r, exe, path, lim)
-	}()
-	return <-errc
-}
-
-// ShiftNamespace returns a user namespace that maps Canonical to r: an
-// idmapped mount through it shows a tree stored in Canonical in r. The
-// caller closes it (mounts made with it keep their own reference).
-func ShiftNamespace(r Range, exe string) (*os.File, error) {
-	m := fmt.Sprintf("%d %d %d\n", Canonical.Base, r.Base, min(r.Size, Canonical.Size))
-	var out *os.File
-	err := withNamespace(exe, m, func(pid int) error {
-		f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/user")
-		if err != nil {
-			return fmt.Errorf("open user namespace: %w", err)
-		}
-		out = f
-		return nil
-	})
-	return out, err
-}
-
-// withNamespace starts a helper in a new user namespace, writes idMap as
-// its uid and gid map, calls use with its pid and kills it.
+// 0..n-1 map to r (n is r.Size, at most Canonical.Size), and its owner is
+// r.Base, not the caller, so the kernel charges what the box's processes
+// count in ucounts (inotify, RLIMIT_SIGPENDING, RLIMIT_NPROC, user
+// namespaces...) to host uid r.Base at every level above the box, never
+// to host root, and all of it together is bounded by lim (see Limits), in
+// a parent namespace of the box's own. The namespace is bind-mounted at
+// path (an existing empty file) and stays there until path is unmounted.
+// exe is the binary whose first argument HelperArg runs Helper (the
+// agent), reachable and executable by r.Base.
 //
-// The helper is exe run under ptrace: it stops at its exec and never runs a
-// line of exe. It is forked from a thread locked for the purpose (the
-// tracer), which exits with the goroutine. The maps are written from
-// another thread.
-func withNamespace(exe, idMap string, use func(pid int) error) error {
-	errc := make(chan error, 1)
+// It returns the box's parent namespace, which maps Canonical to r: an
+// idmapped mount through it (Mount) shows a tree stored in Canonical in
+// r. The caller closes it (mounts made with it keep their own reference).
+// A process in the box sees its ids map to Canonical, not to r.
+func BoxNamespace(r Range, exe, path string, lim Limits) (*os.File, error) {
+	type result struct {
+		parent *os.File
+		err    error
+	}
+	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- forkNamespace(exe, idMap, use)
-	}()
-	return <-errc
-}
-
-func forkNamespace(exe, idMap string, use func(pid int) error) error {
-	cmd := exec.Command(exe)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, Ptrace: true, Pdeathsig: unix.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start user namespace helper: %w", err)
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	pid := cmd.Process.Pid
-	done := make(chan error, 1)
-	go func() { // a thread with the daemon's credentials
-		proc := "/proc/" + strconv.Itoa(pid)
-		for _, f := range []string{"uid_map", "gid_map"} {
-			if err := os.WriteFile(proc+"/"+f, []byte(idMap), 0); err != nil {
-				done <- fmt.Errorf("write %s of user namespace: %w", f, err)
-				return
-			}
+		f, end, err := boxNamespace(r, exe, path, lim)
+		done <- result{f, err}
+		if end != nil {
+			end() // off the caller's path
 		}
-		done <- use(pid)
 	}()
-	return <-done
+	res := <-done
+	return res.parent, res.err
 }
 
 // setThreadIDs sets the calling thread's effective (or, with fsOnly, only

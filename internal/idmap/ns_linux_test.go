@@ -83,9 +83,11 @@ func TestBoxNamespaceLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim := Limits{"user_namespaces": 3, "inotify_instances": 5, "sigpending": 40}
-	if err := BoxNamespace(r, testutil.AgentBinary(t), ns, lim); err != nil {
+	parent, err := BoxNamespace(r, testutil.AgentBinary(t), ns, lim)
+	if err != nil {
 		t.Fatal(err)
 	}
+	parent.Close()
 	t.Cleanup(func() { _ = unix.Unmount(ns, unix.MNT_DETACH) })
 	out, err := exec.Command("/usr/bin/nsenter", "--user="+ns, "--setuid=0", "--setgid=0", "/usr/bin/python3", "-c", takePy).CombinedOutput()
 	if err != nil {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"sync"
 	"time"
@@ -28,16 +29,22 @@ import (
 // concurrent clients is served warm; after shrinkAfter without such a
 // create it halves its target (never below the floor) and destroys the
 // excess, so it does not hold memory nobody uses. Refills run in the
-// background, at most refillConcurrency at once, so that they never take
-// more than that from the creates they serve. Close cancels refills in
+// background, as many at once as the pool is short of its target, up to
+// refillMax (twice the CPUs) less the creates in flight that found no warm
+// box and so make theirs cold: refills use what the creates they serve
+// leave of the machine, never starve them, and at least one runs while the
+// pool is short, so that it catches up once demand falls. Close cancels refills in
 // flight and destroys every box a refill hands in after it, so a graceful
 // stop leaves no warm box running however it races a refill.
 
 const (
-	demandWindow      = time.Second
-	shrinkAfter       = 30 * time.Second
-	refillConcurrency = 2
+	demandWindow = time.Second
+	shrinkAfter  = 30 * time.Second
 )
+
+// defaultRefillMax is the most refills at once: twice the CPUs (a create
+// waits on its agent and runtime part of the time), at least 2.
+var defaultRefillMax = max(2, 2*goruntime.NumCPU())
 
 // DefaultWarmPoolMax is the warm pool's ceiling when Config.WarmPoolMax is 0.
 const DefaultWarmPoolMax = 16
@@ -53,6 +60,8 @@ type warmBox struct {
 // warmPool is the pool's state. min and max are immutable.
 type warmPool struct {
 	min, max int
+	// refillMax bounds refills and cold creates in flight together.
+	refillMax int
 	// wake nudges the filler.
 	wake chan struct{}
 	// ctx is cancelled by Close: refills in flight give up.
@@ -75,7 +84,10 @@ type warmPool struct {
 	// active counts pool-eligible creates in flight: a burst of clients
 	// whose creates reach the pool spread over more than demandWindow (a
 	// loaded host) still shows as that many at once.
-	active     int
+	active int
+	// cold counts the pool-eligible creates in flight that found no warm
+	// box: refills give way to them.
+	cold       int
 	lastTake   time.Time
 	lastShrink time.Time
 	backoff    time.Duration
@@ -84,7 +96,7 @@ type warmPool struct {
 
 func newWarmPool(min, max int) *warmPool {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &warmPool{min: min, max: max, target: min, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+	return &warmPool{min: min, max: max, refillMax: defaultRefillMax, target: min, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		shrinkAfter: shrinkAfter, backoff: time.Second}
 }
 
@@ -138,9 +150,17 @@ func (m *Manager) poolSpec(id string) runtime.Spec {
 	}
 }
 
+// refillsLocked is how many more refills may start now: as many as the
+// pool is short of its target, within refillMax less the cold creates in
+// flight (at least one refill in flight while short).
+func (p *warmPool) refillsLocked() int {
+	short := p.target - len(p.idle) - p.starting
+	room := max(1, p.refillMax-p.cold) - p.starting
+	return max(0, min(short, room))
+}
+
 // fillPool keeps the pool at its target until Close, starting boxes in
-// the background (at most refillConcurrency at once) and shrinking it when
-// demand stops.
+// the background (see refillsLocked) and shrinking it when demand stops.
 func (m *Manager) fillPool() {
 	defer m.wg.Done()
 	p := m.pool
@@ -159,9 +179,8 @@ func (m *Manager) fillPool() {
 		excess := p.shrinkLocked(now)
 		n := 0
 		if !p.closed && !now.Before(p.retryAt) {
-			n = min(p.target-len(p.idle)-p.starting, refillConcurrency-p.starting)
+			n = p.refillsLocked()
 		}
-		n = max(n, 0)
 		p.starting += n
 		p.mu.Unlock()
 		for _, w := range excess {
@@ -268,16 +287,26 @@ func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver)
 	p.mu.Lock()
 	var w *warmBox
 	p.active++
-	done := func() {
-		p.mu.Lock()
-		p.active--
-		p.mu.Unlock()
-	}
 	if !p.closed {
 		p.demandLocked(time.Now())
 		if len(p.idle) > 0 {
 			w = p.idle[0]
 			p.idle = slices.Delete(p.idle, 0, 1)
+		}
+	}
+	cold := w == nil
+	if cold {
+		p.cold++
+	}
+	done := func() {
+		p.mu.Lock()
+		p.active--
+		if cold {
+			p.cold--
+		}
+		p.mu.Unlock()
+		if cold {
+			p.wakeUp() // room for a refill
 		}
 	}
 	idle := len(p.idle)

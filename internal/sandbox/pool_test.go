@@ -235,3 +235,69 @@ func TestWarmPoolDemandCountsCreatesInFlight(t *testing.T) {
 		t.Errorf("target after 8 creates in flight, %v apart: got %d, want 8", 2*demandWindow, p.target)
 	}
 }
+
+// Refills start as many at once as the pool is short, within refillMax
+// less the cold creates in flight, and at least one while it is short.
+func TestWarmPoolRefillsLocked(t *testing.T) {
+	for _, tc := range []struct {
+		name                         string
+		target, idle, starting, cold int
+		want                         int
+	}{
+		{name: "full", target: 8, idle: 8, want: 0},
+		{name: "short, machine free", target: 8, want: 4},
+		{name: "short by 2", target: 8, idle: 6, want: 2},
+		{name: "some in flight", target: 8, starting: 3, want: 1},
+		{name: "cold creates take the room", target: 8, cold: 2, want: 2},
+		{name: "cold creates fill the machine: one refill still", target: 8, cold: 6, want: 1},
+		{name: "cold creates fill the machine, one in flight", target: 8, cold: 6, starting: 1, want: 0},
+		{name: "more in flight than room", target: 8, cold: 3, starting: 2, want: 0},
+	} {
+		p := newWarmPool(1, 16)
+		p.refillMax = 4
+		p.target, p.starting, p.cold = tc.target, tc.starting, tc.cold
+		p.idle = make([]*warmBox, tc.idle)
+		if got := p.refillsLocked(); got != tc.want {
+			t.Errorf("%s: refills to start: got %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A pool short of several boxes refills them in parallel (up to
+// refillMax), not two at a time: N creates in a row after a burst are
+// served warm only if refills keep up.
+func TestWarmPoolRefillsInParallel(t *testing.T) {
+	old := defaultRefillMax
+	defaultRefillMax = 4
+	t.Cleanup(func() { defaultRefillMax = old })
+	release := make(chan struct{})
+	gd := &gatedDriver{entered: make(chan string, 16), gate: func(ctx context.Context) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}}
+	m, state := poolEnv(t, 6, 6, gd)
+	for i := range 4 {
+		select {
+		case <-gd.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("refills in flight at once: got %d, want 4", i)
+		}
+	}
+	m.pool.mu.Lock()
+	starting, more := m.pool.starting, m.pool.refillsLocked()
+	m.pool.mu.Unlock()
+	if starting != 4 || more != 0 {
+		t.Errorf("with 4 refills held: got %d in flight and %d more allowed, want 4 and 0", starting, more)
+	}
+	close(release)
+	waitFor(t, "the pool to fill (6 boxes)", func() bool {
+		idle, _ := poolState(m)
+		return len(idle) == 6
+	})
+	m.Close()
+	if n := liveBoxes(t, state); n != 0 {
+		t.Errorf("after Close: got %d live boxes, want 0", n)
+	}
+}

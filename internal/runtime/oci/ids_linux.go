@@ -27,7 +27,7 @@ func rwMapDir(box string) string       { return filepath.Join(box, "rwmap") }
 
 // boxIDs is what Create sets up for a box's own id range: its user
 // namespace (owned by the range's first uid, bind-mounted in the box dir)
-// and a namespace shifting the canonical range to the box's, for the
+// and its parent, which shifts the canonical range to the box's, for the
 // idmapped mounts of everything the box sees from the host.
 type boxIDs struct {
 	box   string
@@ -51,14 +51,13 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 	// The helper execs (and stops at) the agent binary of the agent layer:
 	// a file every box's root can reach and execute.
 	exe := filepath.Join(d.agentLayer, agentInBox)
-	if err := idmap.BoxNamespace(r, exe, ns, d.boxLimits); err != nil {
+	// Its parent maps the canonical range to the box's: the idmapped
+	// mounts shift through it.
+	shift, err := idmap.BoxNamespace(r, exe, ns, d.boxLimits)
+	if err != nil {
 		return nil, fmt.Errorf("create box user namespace: %w", err)
 	}
 	undo.add(func() error { return hostmount.Unmount(ns) })
-	shift, err := idmap.ShiftNamespace(r, exe)
-	if err != nil {
-		return nil, fmt.Errorf("create id shift namespace: %w", err)
-	}
 	return &boxIDs{box: box, r: r, shift: shift, undo: undo}, nil
 }
 
