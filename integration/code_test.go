@@ -481,4 +481,11 @@ func TestRunCodeRPackageFromLocalRepo(t *testing.T) {
 	if string(res.Stdout) != "42 \n" || res.ExitCode != 0 || len(res.Installed) != 1 {
 		t.Errorf("got stdout %q exit %d installed %v error %q stderr %q, want 42 and sbxr installed", res.Stdout, res.ExitCode, res.Installed, res.Error, res.Stderr)
 	}
+	// install.packages only warns about a package it cannot install: that is still a failed install.
+	res, err = sb.RunCode(ctx, "r", "cat(1)\n", sbx.RunCodeOptions{
+		Libraries: []string{"sbxnosuch"}, LibrarySource: &sbxv1.LibrarySource{IndexUrl: "file:///tmp/rrepo"}, Timeout: 2 * time.Minute,
+	})
+	if err != nil || len(res.Installed) != 0 || !strings.Contains(res.Error, "failed to install: sbxnosuch") || len(res.Stdout) != 0 {
+		t.Errorf("missing R package: got %v, installed %v error %q stdout %q, want a failed install naming sbxnosuch", err, res.Installed, res.Error, res.Stdout)
+	}
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -241,6 +242,12 @@ func TestEntrypointSurvivesDaemonRestart(t *testing.T) {
 		// The sweep runs before the daemon serves: by now it has run.
 		if !serving() {
 			t.Fatalf("after a %s the sandbox's entrypoint no longer serves:\n%s", restart.name, procsMatching(ctx, t, sb, "http.server"))
+		}
+		// Its output stayed in the box: the requests it logged are there.
+		var errb bytes.Buffer
+		res, err := d.client().Sandbox(sb.ID).Logs(ctx, sbx.LogsOptions{Stderr: &errb})
+		if err != nil || res.Exit != nil || !strings.Contains(errb.String(), "GET /") {
+			t.Errorf("logs after a %s: %v, exit %+v, stderr %q; want the logged requests and no exit", restart.name, err, res, errb.String())
 		}
 	}
 }

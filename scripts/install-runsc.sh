@@ -19,7 +19,8 @@ fi
 
 tools="$PWD/.tools"
 mkdir -p "$tools"
-if [[ -x "$tools/runsc" ]] && go version -m "$tools/runsc" 2>/dev/null | grep -q "$RUNSC_VERSION"; then
+# No grep -q or head in pipelines: under pipefail the writer's SIGPIPE fails them.
+if [[ -x "$tools/runsc" ]] && go version -m "$tools/runsc" 2>/dev/null | grep "$RUNSC_VERSION" >/dev/null; then
   exit 0
 fi
 echo "install-runsc: building runsc $RUNSC_VERSION (CGO_ENABLED=0, about a minute)"
@@ -27,4 +28,5 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 GOBIN="$tmp" GOFLAGS= CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
 install -m 0755 "$tmp/runsc" "$tools/runsc"
-"$tools/runsc" --version | head -1
+version=$("$tools/runsc" --version)
+echo "${version%%$'\n'*}"

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -39,6 +40,10 @@ type reaper struct{}
 type spawner struct{}
 
 type detachedTable struct{}
+
+type entryProc struct{ p *process }
+
+type process struct{ exited atomic.Bool }
 
 func newReaper(bool, *slog.Logger) *reaper { return &reaper{} }
 

@@ -162,17 +162,6 @@ func (s *Server) adoptLocked(id string, argv []string, p *process, claimed bool)
 	return d
 }
 
-// wait blocks until d has exited and its output is read, and returns its
-// exit status.
-func (d *detachedProc) wait() *sbxv1.ExecExited {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for d.exit == nil {
-		d.cond.Wait()
-	}
-	return d.exit
-}
-
 func (s *Server) lookupDetached(id string) *detachedProc {
 	s.detached.mu.Lock()
 	defer s.detached.mu.Unlock()

@@ -421,55 +421,6 @@ func BenchmarkShellRoundTrip(b *testing.B) {
 	})
 }
 
-// TestEntrypointOutputBounded: the sandbox's own command writes into the
-// detached buffer (newest bytes kept, the rest dropped and counted), not
-// into the agent's stdout, which is a file on the host; a client reads it
-// by attaching to EntrypointID.
-func TestEntrypointOutputBounded(t *testing.T) {
-	old := maxDetachedOutput
-	maxDetachedOutput = 4096
-	t.Cleanup(func() { maxDetachedOutput = old })
-	a := newTestAgent(t)
-	const total = 1 << 20
-	script := fmt.Sprintf("head -c %d /dev/zero | tr '\\0' e; printf LAST", total-4)
-	if err := a.srv.startEntrypoint([]string{"/bin/sh", "-c", script}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	a.waitExited(t, EntrypointID)
-	st, att := a.attach(t, ctx, EntrypointID, nil)
-	out, ex := readToExit(t, st)
-	if len(out) != maxDetachedOutput || !strings.HasSuffix(out, "eLAST") {
-		t.Errorf("entrypoint output: %d bytes, ...%q", len(out), out[max(0, len(out)-12):])
-	}
-	if got, want := att.GetDroppedStdout(), uint64(total-maxDetachedOutput); got != want {
-		t.Errorf("dropped: got %d, want %d", got, want)
-	}
-	if ex.GetExitCode() != 0 {
-		t.Errorf("exit code %d", ex.GetExitCode())
-	}
-	// A new entrypoint may start once the old one has exited.
-	if err := a.srv.startEntrypoint([]string{"/bin/sh", "-c", "sleep 30"}); err != nil {
-		t.Fatalf("second entrypoint: %v", err)
-	}
-	if err := a.srv.startEntrypoint([]string{"/bin/true"}); connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Errorf("entrypoint while one runs: %v, want FailedPrecondition", err)
-	}
-	if _, err := a.conn.RemoveDetached(ctx, connect.NewRequest(&agentv1.RemoveDetachedRequest{Id: EntrypointID})); err != nil {
-		t.Fatal(err)
-	}
-	// Its output pumps are done once the entrypoint counts as exited.
-	a.srv.configureMu.Lock()
-	exited := a.srv.entrypoint
-	a.srv.configureMu.Unlock()
-	select {
-	case <-exited:
-	case <-ctx.Done():
-		t.Fatal("removed entrypoint did not exit")
-	}
-}
-
 // TestDetachedStartsOwned: a process started by Attach is owned by its
 // client from the start, so output it writes before the client's serve runs
 // is back-pressured, not dropped (a race CI once hit: 4096 of 1 MB lost).

@@ -2,19 +2,13 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
-	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
-
-	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
@@ -203,63 +197,4 @@ func listen(fd int, addr, name string) (net.Listener, error) {
 	default:
 		return nil, fmt.Errorf("need --%s-fd N or --%s unix:/path (got %q)", name, name, addr)
 	}
-}
-
-// startEntrypoint starts the sandbox's long-running command with the
-// current defaults (see startEntrypointLocked).
-func (s *Server) startEntrypoint(argv []string) error {
-	s.configureMu.Lock()
-	defer s.configureMu.Unlock()
-	env, dir, userSpec := s.defaults()
-	user, err := s.lookupUser("entrypoint", userSpec)
-	if err != nil {
-		return err
-	}
-	return s.startEntrypointLocked(argv, env, dir, user)
-}
-
-// EntrypointID is the detached-process id of the sandbox's own command: its
-// output is kept like any detached process's (the newest 1 MiB of each
-// stream while nobody is attached, older bytes dropped and counted), never
-// written to the agent's own log, which is a file on the host; a client reads
-// it by attaching to this id.
-const EntrypointID = "entrypoint"
-
-// startEntrypointLocked starts the sandbox's long-running command in the
-// background as user (nil: root), as detached process EntrypointID (an
-// earlier entrypoint that exited is forgotten); its exit is logged.
-// s.configureMu must be held.
-func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *userInfo) error {
-	env = userEnv(env, user)
-	name := argv[0]
-	if !filepath.IsAbs(name) && strings.ContainsRune(name, '/') {
-		name = filepath.Join(dir, name)
-	}
-	path, err := lookPath(name, envLookup(env, "PATH"))
-	if err != nil {
-		return err
-	}
-	t := &s.detached
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if old := t.procs[EntrypointID]; old != nil {
-		if !old.p.exited.Load() {
-			return connect.NewError(connect.CodeFailedPrecondition, errors.New("the entrypoint started before is still running"))
-		}
-		delete(t.procs, EntrypointID)
-	}
-	p, err := s.spawn(path, argv, env, dir, user, &sbxv1.ExecRequest{})
-	if err != nil {
-		return err
-	}
-	d := s.adoptLocked(EntrypointID, argv, p, false)
-	exited := make(chan struct{})
-	s.entrypoint = exited
-	s.log.Info("entrypoint started", "argv", argv, "pid", p.pid)
-	go func() {
-		st := d.wait()
-		close(exited)
-		s.log.Info("entrypoint exited", "pid", p.pid, "exit_code", st.GetExitCode(), "signal", st.GetSignal(), "after", time.Since(p.started).Round(time.Millisecond))
-	}()
-	return nil
 }

@@ -34,6 +34,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -46,8 +47,8 @@ import (
 var Version = "dev"
 
 // ProtocolVersion is the highest daemon↔agent protocol version this agent speaks.
-// Version 2 added Attach, ListDetached and RemoveDetached.
-const ProtocolVersion = 2
+// Version 2 added Attach, ListDetached and RemoveDetached; 3 added Logs and Wait.
+const ProtocolVersion = 3
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
@@ -92,11 +93,11 @@ type Server struct {
 	workdir string   // absolute default working directory
 	user    string   // default user spec, validated; "" means root
 
-	// configureMu serializes Configure calls and guards entrypoint.
+	// configureMu serializes Configure calls and the starts of entry.
 	configureMu sync.Mutex
-	// entrypoint is closed when the entrypoint started last exits; nil if
+	// entry is the entrypoint started last (entrypoint_linux.go); nil if
 	// none was started.
-	entrypoint <-chan struct{}
+	entry atomic.Pointer[entryProc]
 
 	// lockMu guards lock: the path guards and whether CAP_SYS_ADMIN was
 	// dropped. Taken after configureMu when both are held.
@@ -298,12 +299,8 @@ func (s *Server) Configure(_ context.Context, req *connect.Request[agentv1.Confi
 
 	s.configureMu.Lock()
 	defer s.configureMu.Unlock()
-	if len(argv) > 0 && s.entrypoint != nil {
-		select {
-		case <-s.entrypoint:
-		default:
-			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("configure: the entrypoint started before is still running"))
-		}
+	if old := s.entry.Load(); len(argv) > 0 && old != nil && !old.p.exited.Load() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("configure: the entrypoint started before is still running"))
 	}
 	// Guards first: the workdir and the entrypoint may be below them.
 	if err := s.mountGuards(req.Msg.GetPathPolicies()); err != nil {

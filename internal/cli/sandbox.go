@@ -17,18 +17,18 @@ import (
 )
 
 type createFlags struct {
-	image, name, workdir, memory, disk string
-	labels, env, secrets               []string
-	cpus                               float64
-	pids                               int64
-	timeout, idleTimeout               time.Duration
-	stopWhenIdle, scopedToken          bool
-	runtime, user                      string
-	net                                netFlags
-	volumes                            []string
-	secretFor                          []string // NAME[=VALUE]@domain,...
-	guard                              guardFlags
-	codebases                          []string
+	image, name, workdir, memory, disk      string
+	labels, env, secrets                    []string
+	cpus                                    float64
+	pids                                    int64
+	timeout, idleTimeout                    time.Duration
+	stopWhenIdle, scopedToken, noEntrypoint bool
+	runtime, user                           string
+	net                                     netFlags
+	volumes                                 []string
+	secretFor                               []string // NAME[=VALUE]@domain,...
+	guard                                   guardFlags
+	codebases                               []string
 }
 
 // netFlags are the network policy flags of create, run and network.
@@ -70,6 +70,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.BoolVar(&c.scopedToken, "scoped-token", false, "give the sandbox an API token (env SBX_TOKEN, SBX_ADDR) that can create and manage only its own child sandboxes")
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
+	f.BoolVar(&c.noEntrypoint, "no-entrypoint", false, "start neither the image's ENTRYPOINT nor its CMD (a given command then runs alone)")
 	c.net.add(f, "network")
 	f.StringArrayVarP(&c.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (repeatable)")
 	c.guard.add(f)
@@ -117,8 +118,8 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		ScopedToken: c.scopedToken,
-		Network:     c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards, Codebases: cbs,
+		ScopedToken: c.scopedToken, NoEntrypoint: c.noEntrypoint,
+		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards, Codebases: cbs,
 	}, nil
 }
 
@@ -127,6 +128,9 @@ func newCreate(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "create [flags] [-- CMD...]",
 		Short: "Create a sandbox and print its id",
+		Long: "Create a sandbox and print its id. CMD (after the image's ENTRYPOINT), or with none the image's\n" +
+			"ENTRYPOINT and CMD, runs in the background for the sandbox's life: read it with sbx logs and sbx wait.\n" +
+			"A command that cannot start fails the create.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := cf.options(args)
 			if err != nil {
@@ -156,6 +160,8 @@ func newRun(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The command run is the one given here, not the image's.
+			opts.NoEntrypoint = true
 			c := a.client()
 			sb, err := c.Create(cmd.Context(), opts)
 			if err != nil {

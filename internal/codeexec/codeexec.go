@@ -47,21 +47,25 @@ const (
 	maxInlineCode = 64 << 10
 )
 
-// The python scripts: plotly.py (the plotly capture hook) is prepended to
-// both the one-shot runner and the kernel. One-shot runs start boot.py,
+// The python scripts: plotly.py (the plotly capture hook) and notebook.py
+// (plt.show() capture, display(), !cmd and %pip) are prepended to both the
+// one-shot runner and the kernel. One-shot runs start boot.py,
 // which imports the runner from runnerLib in the sandbox (written there on
 // first use) so that Python loads it from its bytecode cache instead of
 // compiling it every time; runnerLib's name carries the runner's hash.
 var (
 	//go:embed kernels/plotly.py
 	plotlyHook string
+	//go:embed kernels/notebook.py
+	notebookHook string
 	//go:embed kernels/runner.py
 	runnerScript string
 	//go:embed kernels/boot.py
 	pythonBoot string
 
-	pythonRunner = plotlyHook + runnerScript
-	runnerLib    = func() string {
+	pythonPrelude = plotlyHook + notebookHook
+	pythonRunner  = pythonPrelude + runnerScript
+	runnerLib     = func() string {
 		sum := sha256.Sum256([]byte(pythonRunner))
 		return RunDir + "/lib/sbx_runner_" + hex.EncodeToString(sum[:8])
 	}()
@@ -149,6 +153,9 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 	lang, err := lookupLanguage(langName)
 	if err != nil {
 		return err
+	}
+	if len(req.GetLibraries()) > 0 && lang.install == nil {
+		return errNoInstaller(lang)
 	}
 	findings, err := checkPolicy(lang.name, req.GetCode(), req.GetPolicy())
 	if err != nil {
@@ -326,7 +333,7 @@ func (s *Service) probe(ctx context.Context, conn *agentconn.Conn, lang *languag
 // install runs lang's installer for req's libraries and returns what it installed.
 func (s *Service) install(ctx context.Context, conn *agentconn.Conn, lang *language, req *sbxv1.RunCodeRequest) ([]string, error) {
 	if lang.install == nil {
-		return nil, fmt.Errorf("language %s has no library installer: %w", lang.name, errdefs.ErrInvalidArgument)
+		return nil, errNoInstaller(lang)
 	}
 	if err := s.probe(ctx, conn, lang); err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ var kernelScript string
 //go:embed kernels/kernel.js
 var jsKernel string
 
-var kernelScripts = map[string]string{"kernel.py": plotlyHook + kernelScript, "kernel.js": jsKernel}
+var kernelScripts = map[string]string{"kernel.py": pythonPrelude + kernelScript, "kernel.js": jsKernel}
 
 // kernel is one context: a long-lived interpreter in the sandbox, a
 // detached process of the sandbox's agent (id = context id) the daemon

@@ -25,6 +25,8 @@ type language struct {
 	run string
 	// install is a sh -c command installing libraries (appended, shell-quoted).
 	install func(libs []string, src *sbxv1.LibrarySource) string
+	// noInstall says why a language without install takes no libraries.
+	noInstall string
 	// kernel is the embedded kernel script for contexts ("" if none) and kernelCmd starts it.
 	kernel, kernelCmd string
 }
@@ -71,6 +73,8 @@ var languages = []*language{
 	},
 	{
 		name: "java", file: "Main.java", tools: []string{"javac"},
+		noInstall: "Java has no installer sbx can run without a build tool: put the jars in the image (a recipe step) " +
+			"and compile against them through CLASSPATH in env",
 		compile: `javac -d . "$SBX_SOURCE"`,
 		run:     `exec java -cp . "$SBX_MAIN"`,
 	},
@@ -78,6 +82,8 @@ var languages = []*language{
 		name: "cpp", aliases: []string{"c++", "cxx"}, file: "main.cpp", tools: []string{"g++", "clang++"},
 		compile: `CXX=g++; command -v g++ >/dev/null || CXX=clang++; "$CXX" -std=c++17 -O1 -o prog main.cpp`,
 		run:     `exec ./prog`,
+		noInstall: "C++ has no package manager sbx can run in a sandbox (apt needs root and a writable /usr): install " +
+			"the -dev packages into the image (a recipe apt step) and include them",
 	},
 	{
 		name: "ruby", aliases: []string{"rb"}, file: "main.rb", tools: []string{"ruby"},
@@ -102,7 +108,15 @@ var languages = []*language{
 			for i, l := range libs {
 				q[i] = fmt.Sprintf("%q", l)
 			}
-			expr := fmt.Sprintf(`lib <- Sys.getenv("R_LIBS_USER"); dir.create(lib, recursive=TRUE, showWarnings=FALSE); install.packages(c(%s), lib=lib, repos=%q)`,
+			// install.packages only warns when a package fails (exit 0):
+			// its warnings, or a package missing from lib afterwards, fail
+			// the install with a message naming them.
+			expr := fmt.Sprintf(`pkgs <- c(%s); lib <- Sys.getenv("R_LIBS_USER"); dir.create(lib, recursive=TRUE, showWarnings=FALSE); `+
+				`w <- character(); withCallingHandlers(install.packages(pkgs, lib=lib, repos=%q), `+
+				`warning=function(c) { w <<- c(w, conditionMessage(c)); invokeRestart("muffleWarning") }); `+
+				`bad <- setdiff(pkgs, rownames(installed.packages(lib.loc=lib))); `+
+				`if (length(w) || length(bad)) { if (length(w)) message(paste(w, collapse="\n")); `+
+				`message("failed to install: ", paste(if (length(bad)) bad else pkgs, collapse=", ")); quit(status=1) }`,
 				strings.Join(q, ","), repo)
 			return "Rscript -e " + shQuote(expr)
 		},
@@ -127,6 +141,15 @@ func lookupLanguage(name string) (*language, error) {
 		names[i] = l.name
 	}
 	return nil, fmt.Errorf("unknown language %q (known: %s): %w", name, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+}
+
+// errNoInstaller refuses libraries for a language without an installer, saying why.
+func errNoInstaller(l *language) error {
+	why := l.noInstall
+	if why == "" {
+		why = "it has no package manager"
+	}
+	return fmt.Errorf("language %s takes no libraries: %s: %w", l.name, why, errdefs.ErrInvalidArgument)
 }
 
 // errUnavailable is the error for a language whose toolchain the image lacks.

@@ -20,6 +20,13 @@ func r(id, lang, pattern string, sev sbxv1.Severity, msg string) *sbxv1.PolicyRu
 	return &sbxv1.PolicyRule{Id: id, Language: lang, Pattern: pattern, Severity: sev, Message: msg}
 }
 
+// rs is r for a pattern that also sees string contents (MatchStrings).
+func rs(id, lang, pattern string, sev sbxv1.Severity, msg string) *sbxv1.PolicyRule {
+	p := r(id, lang, pattern, sev, msg)
+	p.MatchStrings = true
+	return p
+}
+
 func mod(id, lang, module string, sev sbxv1.Severity, msg string) *sbxv1.PolicyRule {
 	return &sbxv1.PolicyRule{Id: id, Language: lang, Module: module, Severity: sev, Message: msg}
 }
@@ -37,6 +44,8 @@ var Presets = map[string][]*sbxv1.PolicyRule{
 		r("py-os-system", "python", `\bos\.(system|popen|exec[lv]p?e?)\s*\(`, high, "runs a shell command"),
 		mod("py-subprocess", "python", "subprocess", high, "starts processes"),
 		mod("py-ctypes", "python", "ctypes", high, "calls native code"),
+		r("py-shell-escape", "python", pyShellEscape, high, "runs a shell command (notebook line)"),
+		r("py-pip-magic", "python", pyPipMagic, medium, "installs packages (%pip)"),
 		r("py-eval", "python", `(^|[^.\w])(eval|exec)\s*\(`, medium, "evaluates dynamic code"),
 		r("py-rmtree", "python", `\bshutil\.rmtree\s*\(`, medium, "deletes directory trees"),
 		mod("js-child-process", "javascript", "child_process", high, "starts processes"),
@@ -69,16 +78,29 @@ var Presets = map[string][]*sbxv1.PolicyRule{
 	"no-subprocess": {
 		mod("py-subprocess", "python", "subprocess", high, "starts processes"),
 		r("py-os-system", "python", `\bos\.(system|popen|spawn\w*|exec\w*|fork)\s*\(`, high, "starts processes"),
+		r("py-shell-escape", "python", pyShellEscape, high, "runs a shell command (notebook line)"),
+		r("py-pip-magic", "python", pyPipMagic, high, "starts pip (%pip)"),
 		mod("js-child-process", "javascript", "child_process", high, "starts processes"),
 		mod("go-os-exec", "go", "os/exec", high, "starts processes"),
 	},
 	"no-filesystem": {
-		r("py-open-write", "python", `\bopen\s*\([^)]*,\s*['"][wax]`, medium, "writes files"),
+		// The mode is a string: these rules see string contents. One level
+		// of nested parentheses in the arguments (open(os.path.join(d, f), "w")).
+		rs("py-open-write", "python", `\bopen\s*\((?:[^()]|\([^()]*\))*?,\s*(?:mode\s*=\s*)?[rbfuRBFU]?['"][rbtU]*[wax+][rbtU+]*['"]`, medium, "writes files"),
+		rs("py-os-open-write", "python", `\bos\.open\s*\((?:[^()]|\([^()]*\))*?\bO_(WRONLY|RDWR|CREAT|APPEND|TRUNC)\b`, medium, "writes files"),
+		r("py-path-write", "python", `\.(write_text|write_bytes)\s*\(`, medium, "writes files"),
 		r("py-remove", "python", `\b(os\.(remove|unlink|rmdir)|shutil\.rmtree)\s*\(`, high, "deletes files"),
 		mod("js-fs", "javascript", "fs", medium, "file system access"),
 		r("sh-rm", "bash", `\brm\s`, medium, "deletes files"),
 	},
 }
+
+// Notebook lines python contexts and runs accept (!cmd, x = !cmd, %%bash,
+// %sx, %system) and %pip, which start processes.
+const (
+	pyShellEscape = `^[ \t]*(?:[\w.]+[ \t]*=[ \t]*)?(?:!|%%?(?:sx|system|bash|sh|script)\b)`
+	pyPipMagic    = `^[ \t]*%pip\b`
+)
 
 // compilePolicy gathers p's preset and custom rules that apply to lang.
 func compilePolicy(lang string, p *sbxv1.CodePolicy) ([]rule, error) {
@@ -102,6 +124,12 @@ func compilePolicy(lang string, p *sbxv1.CodePolicy) ([]rule, error) {
 				continue
 			}
 		}
+		if _, ok := sbxv1.Severity_name[int32(pr.GetSeverity())]; !ok {
+			return nil, fmt.Errorf("policy rule %q: unknown severity %d (low, medium, high or critical): %w", pr.GetId(), pr.GetSeverity(), errdefs.ErrInvalidArgument)
+		}
+		if pr.GetMatchStrings() && pr.GetPattern() == "" {
+			return nil, fmt.Errorf("policy rule %q: match_strings needs a pattern: %w", pr.GetId(), errdefs.ErrInvalidArgument)
+		}
 		if (pr.GetPattern() == "") == (pr.GetModule() == "") {
 			return nil, fmt.Errorf("policy rule %q: give exactly one of pattern and module: %w", pr.GetId(), errdefs.ErrInvalidArgument)
 		}
@@ -119,20 +147,26 @@ func compilePolicy(lang string, p *sbxv1.CodePolicy) ([]rule, error) {
 }
 
 // Scan returns the findings of rules (for language lang) in code. Patterns
-// see the code with comments and string literals blanked; module rules see
-// the names the language's import forms name.
+// see the code with comments and string literals blanked (MatchStrings
+// rules: only comments); module
+// rules see the names the language's import forms name.
 func Scan(lang, code string, p *sbxv1.CodePolicy) ([]*sbxv1.PolicyFinding, error) {
 	rules, err := compilePolicy(lang, p)
 	if err != nil || len(rules) == 0 {
 		return nil, err
 	}
-	clean := blank(lang, code)
+	views := scrub(lang, code)
+	clean := views.clean
 	var imports []importRef
 	scanned := false
 	var out []*sbxv1.PolicyFinding
 	for _, ru := range rules {
 		if ru.re != nil {
-			for _, m := range ru.re.FindAllStringIndex(clean, -1) {
+			text := clean
+			if ru.GetMatchStrings() {
+				text = views.withStrings
+			}
+			for _, m := range ru.re.FindAllStringIndex(text, -1) {
 				out = append(out, finding(ru, code, m[0], strings.TrimSpace(code[m[0]:m[1]])))
 			}
 			continue

@@ -10,6 +10,7 @@ import (
 
 func TestScan(t *testing.T) {
 	def := &sbxv1.CodePolicy{Presets: []string{"default"}}
+	nofs := &sbxv1.CodePolicy{Presets: []string{"no-filesystem"}}
 	tests := []struct {
 		name, lang, code string
 		policy           *sbxv1.CodePolicy
@@ -36,6 +37,17 @@ func TestScan(t *testing.T) {
 		{"custom regex", "python", "password = 1\n", &sbxv1.CodePolicy{Rules: []*sbxv1.PolicyRule{{Id: "pw", Pattern: `password\s*=`}}}, []string{"pw@1"}},
 		{"custom module any language", "python", "import numpy as np\n", &sbxv1.CodePolicy{Rules: []*sbxv1.PolicyRule{{Id: "np", Module: "numpy"}}}, []string{"np@1"}},
 		{"no-network", "python", "import urllib.request\n", &sbxv1.CodePolicy{Presets: []string{"no-network"}}, []string{"py-urllib@1"}},
+		{"no-filesystem open w", "python", "f = open('out.txt', 'w')\n", nofs, []string{"py-open-write@1"}},
+		{"no-filesystem open mode kw and nested call", "python", "import os\nopen(os.path.join(d, 'x'), encoding='utf-8', mode=\"ab\")\n", nofs, []string{"py-open-write@2"}},
+		{"no-filesystem open r+", "python", "open(p, 'r+')\n", nofs, []string{"py-open-write@1"}},
+		{"no-filesystem open read", "python", "open(p)\nopen(p, 'rb')\nopen(p, encoding='ascii')\n", nofs, nil},
+		{"no-filesystem open in a comment", "python", "# open(p, 'w')\nx = 1 # open(p, 'w')\n", nofs, nil},
+		{"no-filesystem os.open and pathlib", "python", "os.open(p, os.O_WRONLY | os.O_CREAT)\nPath(p).write_text('x')\n", nofs, []string{"py-os-open-write@1", "py-path-write@2"}},
+		{"custom match_strings", "python", "url = 'https://evil.example/x'\n", &sbxv1.CodePolicy{Rules: []*sbxv1.PolicyRule{{Id: "evil", Pattern: `evil\.example`, MatchStrings: true}}}, []string{"evil@1"}},
+		{"custom pattern without match_strings misses strings", "python", "url = 'https://evil.example/x'\n", &sbxv1.CodePolicy{Rules: []*sbxv1.PolicyRule{{Id: "evil", Pattern: `evil\.example`}}}, nil},
+		{"py shell escape", "python", "x = 1\n!rm -rf /tmp/x\nout = !ls\n%%bash\n", def, []string{"py-shell-escape@2", "py-shell-escape@3", "py-shell-escape@4"}},
+		{"py pip magic", "python", "%pip install requests\n", &sbxv1.CodePolicy{Presets: []string{"no-subprocess"}}, []string{"py-pip-magic@1"}},
+		{"py not a shell escape", "python", "if a != b:\n    x = 10 % 3\n", def, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,8 +89,15 @@ func TestCheckPolicy(t *testing.T) {
 	if err != nil || len(findings) != 2 {
 		t.Errorf("advisory: got %v, %v, want 2 findings and no error", findings, err)
 	}
+	crit := &sbxv1.CodePolicy{Mode: sbxv1.PolicyMode_POLICY_MODE_ENFORCE, Threshold: sbxv1.Severity_SEVERITY_CRITICAL,
+		Rules: []*sbxv1.PolicyRule{{Id: "crit", Pattern: `eval`, Severity: sbxv1.Severity_SEVERITY_CRITICAL}}}
+	if _, err := checkPolicy("python", code, crit); err == nil || !strings.Contains(err.Error(), "crit [critical") {
+		t.Errorf("critical custom rule at a critical threshold: got %v, want a refusal naming crit [critical]", err)
+	}
 	for _, bad := range []*sbxv1.CodePolicy{
 		{Presets: []string{"nope"}},
+		{Rules: []*sbxv1.PolicyRule{{Id: "x", Pattern: "a", Severity: 9}}},
+		{Rules: []*sbxv1.PolicyRule{{Id: "x", Module: "os", MatchStrings: true}}},
 		{Rules: []*sbxv1.PolicyRule{{Id: "x", Pattern: "("}}},
 		{Rules: []*sbxv1.PolicyRule{{Id: "x"}}},
 	} {

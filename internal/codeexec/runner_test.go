@@ -51,6 +51,7 @@ func TestRunner(t *testing.T) {
 		marked               bool // the "no artifacts" mark on stderr
 		artifacts            []string
 		needs                string // a module the host python must have
+		noModule             string // a module the host python must lack
 		worldWritableLibFile bool
 	}{
 		{name: "print", code: "print(1)", stdout: "1\n", marked: true},
@@ -64,11 +65,30 @@ func TestRunner(t *testing.T) {
 		{name: "plotly", code: "import plotly.express as px\npx.bar(x=[1], y=[2]).show()", artifacts: []string{"plotly-1.html", "plotly-1.plotly.json"}, needs: "plotly"},
 		{name: "plotly not shown", code: "import plotly.express as px\npx.bar(x=[1], y=[2])", marked: true, needs: "plotly"},
 		{name: "matplotlib", code: "import matplotlib.pyplot as plt\nplt.plot([1, 2])", artifacts: []string{"figure-1.png"}, needs: "matplotlib"},
+		{name: "each plt.show ends its figures", code: "import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.plot([1, i])\n    plt.show()\nprint(plt.get_fignums())",
+			stdout: "[]\n", artifacts: []string{"figure-1.png", "figure-2.png", "figure-3.png"}, needs: "matplotlib"},
+		{name: "seaborn then matplotlib are separate figures", code: "import seaborn as sns, matplotlib.pyplot as plt\nsns.histplot([1, 2, 2, 3])\nplt.show()\nplt.plot([3, 2, 1])\nprint(len(plt.gca().patches))",
+			stdout: "0\n", artifacts: []string{"figure-1.png", "figure-2.png"}, needs: "seaborn"},
+		{name: "figure.show", code: "import matplotlib.pyplot as plt\nfig = plt.figure()\nfig.show()\nplt.figure()", artifacts: []string{"figure-1.png", "figure-2.png"}, needs: "matplotlib"},
+		{name: "display dataframe", code: "import pandas as pd\ndisplay(pd.DataFrame({'a': [1]}))", stdout: "   a\n0  1\n", artifacts: []string{"display-1.html"}, needs: "pandas"},
+		{name: "display plain value", code: "display(1, 'x')", stdout: "1\n'x'\n", marked: true},
+		{name: "IPython.display stand-in", code: "from IPython.display import display, HTML, Markdown\ndisplay(HTML('<b>x</b>'), Markdown('# t'))", stdout: "<b>x</b>\n# t\n",
+			artifacts: []string{"display-1.html", "display-1.md"}, noModule: "IPython"},
+		{name: "libraries still see no IPython", code: "import types\nlib = types.ModuleType('lib')\nexec('try:\\n    import IPython\\n    r = 1\\nexcept ImportError:\\n    r = 0', lib.__dict__)\nimport IPython\nprint(lib.r, IPython.get_ipython())",
+			stdout: "0 None\n", marked: true, noModule: "IPython"},
+		{name: "shell lines", code: "import sys\n!echo hi {1+1}\nx = !echo a; echo b\nprint(x, _exit_code)\n!exit 3\nprint(_exit_code)", stdout: "hi 2\n['a', 'b'] 0\n3\n", marked: true},
+		{name: "bash cell", code: "%%bash\necho $((1+2))", stdout: "3\n", marked: true},
+		{name: "line magics", code: "%matplotlib inline\n%cd /\n%env SBX_T=1\nimport os\nprint(os.environ['SBX_T'])", stdout: "/\n1\n", marked: true},
+		{name: "unknown magic", code: "%timeit 1", stderr: "NotImplementedError: unsupported magic %timeit", exit: 1, marked: true},
+		{name: "bang inside a string is left alone", code: "s = \"\"\"\n!echo no\n\"\"\"\nprint(s.strip())", stdout: "!echo no\n", marked: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.needs != "" && !hostHasModule(tt.needs) {
 				t.Skipf("host python3 has no %s", tt.needs)
+			}
+			if tt.noModule != "" && hostHasModule(tt.noModule) {
+				t.Skipf("host python3 has %s", tt.noModule)
 			}
 			if tt.worldWritableLibFile {
 				if err := os.Chmod(lib+".py", 0o666); err != nil {

@@ -27,22 +27,34 @@ var syntaxes = map[string]syntax{
 	"bash":       {hashCmt: true, quotes: `'"`},
 }
 
-// blank returns code with the contents of comments and string literals
-// replaced by spaces (quotes and newlines kept), so offsets and line numbers
-// still match the original. Unknown languages come back unchanged.
-func blank(lang, code string) string {
+// scrubbed holds the views of a piece of code that rules match on: the
+// contents of comments and string literals replaced by spaces (quotes and
+// newlines kept), so offsets and line numbers still match the original.
+type scrubbed struct {
+	// clean has comments and string contents blanked.
+	clean string
+	// withStrings has only comments blanked.
+	withStrings string
+}
+
+// scrub computes code's views for lang (unknown languages: all equal to code).
+func scrub(lang, code string) scrubbed {
 	sx, ok := syntaxes[lang]
 	if !ok {
-		return code
+		return scrubbed{clean: code, withStrings: code}
 	}
 	b := []byte(code)
-	space := func(from, to int) {
-		for i := from; i < to && i < len(b); i++ {
-			if b[i] != '\n' {
-				b[i] = ' '
+	w := []byte(code)
+	spaceIn := func(buf []byte, from, to int) {
+		for i := from; i < to && i < len(buf); i++ {
+			if buf[i] != '\n' {
+				buf[i] = ' '
 			}
 		}
 	}
+	comment := func(from, to int) { spaceIn(b, from, to); spaceIn(w, from, to) }
+	str := func(from, to int) { spaceIn(b, from, to) }
+	done := func() scrubbed { return scrubbed{clean: string(b), withStrings: string(w)} }
 	i := 0
 next:
 	for i < len(b) {
@@ -51,11 +63,11 @@ next:
 			if strings.HasPrefix(rest, bc[0]) {
 				end := strings.Index(rest[len(bc[0]):], bc[1])
 				if end < 0 {
-					space(i, len(b))
-					return string(b)
+					comment(i, len(b))
+					return done()
 				}
 				n := len(bc[0]) + end + len(bc[1])
-				space(i, i+n)
+				comment(i, i+n)
 				i += n
 				continue next
 			}
@@ -66,7 +78,7 @@ next:
 				if n < 0 {
 					n = len(rest)
 				}
-				space(i, i+n)
+				comment(i, i+n)
 				i += n
 				continue next
 			}
@@ -77,7 +89,7 @@ next:
 			if n < 0 {
 				n = len(rest)
 			}
-			space(i, i+n)
+			comment(i, i+n)
 			i += n
 			continue
 		}
@@ -85,10 +97,10 @@ next:
 			if sx.triple && len(rest) >= 3 && rest[1] == c && rest[2] == c {
 				end := strings.Index(rest[3:], rest[:3])
 				if end < 0 {
-					space(i+3, len(b))
-					return string(b)
+					str(i+3, len(b))
+					return done()
 				}
-				space(i+3, i+3+end)
+				str(i+3, i+3+end)
 				i += 3 + end + 3
 				continue
 			}
@@ -102,13 +114,13 @@ next:
 					break
 				}
 			}
-			space(i+1, i+j)
+			str(i+1, i+j)
 			i += j + 1
 			continue
 		}
 		i++
 	}
-	return string(b)
+	return done()
 }
 
 // importRef is a module a piece of code imports, at a byte offset.

@@ -78,19 +78,32 @@ func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxReq
 	if spec.User == "" {
 		spec.User = img.User
 	}
-	if len(spec.Command) > 0 && len(img.Entrypoint) > 0 {
-		spec.Command = append(slices.Clone(img.Entrypoint), spec.Command...)
-	}
+	spec.Command = imageCommand(spec, img)
 	return img, release, nil
 }
 
-// configure hands the agent of a box the sandbox's defaults and path
-// policies (it mounts the guards first) and starts its command (as the
-// sandbox's user).
-func configure(ctx context.Context, conn *agentconn.Conn, id string, spec *sbxv1.CreateSandboxRequest) error {
-	rs := runtimeSpec(id, spec, nil)
+// imageCommand is the command a sandbox of img runs, as docker run has it:
+// the request's command after the image's ENTRYPOINT, or with none the
+// ENTRYPOINT and CMD. With no_entrypoint only the request's command.
+func imageCommand(spec *sbxv1.CreateSandboxRequest, img *ResolvedImage) []string {
+	switch {
+	case spec.GetNoEntrypoint():
+		return spec.Command
+	case len(spec.Command) > 0:
+		return append(slices.Clone(img.Entrypoint), spec.Command...)
+	default:
+		return append(slices.Clone(img.Entrypoint), img.Cmd...)
+	}
+}
+
+// configure hands the agent of a box the sandbox's defaults (env, the
+// environment the box was made with) and path policies (it mounts the
+// guards first) and starts its command (as the sandbox's user). A command
+// that cannot start (not found, not executable, a workdir that cannot be
+// made) fails it with the agent's error, which names the command.
+func configure(ctx context.Context, conn *agentconn.Conn, env []string, spec *sbxv1.CreateSandboxRequest) error {
 	_, err := conn.Configure(ctx, connect.NewRequest(&agentv1.ConfigureRequest{
-		Env: rs.Env, Workdir: rs.Workdir, Command: rs.Command, User: spec.User,
+		Env: env, Workdir: spec.Workdir, Command: spec.Command, User: spec.User,
 		PathPolicies: spec.PathPolicies,
 	}))
 	if err != nil {

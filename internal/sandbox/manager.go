@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -216,7 +217,13 @@ func protojsonMarshal(spec *sbxv1.CreateSandboxRequest) ([]byte, error) {
 
 // isUserError reports errors a retry with a cold create would only repeat.
 func isUserError(err error) bool {
-	return errdefs.IsAlreadyExists(err) || errdefs.IsInvalidArgument(err)
+	if errdefs.IsAlreadyExists(err) || errdefs.IsInvalidArgument(err) {
+		return true
+	}
+	// The agent's refusals of the sandbox's own settings (a command that
+	// cannot start, an unknown user): a cold box would refuse them too.
+	var ce *connect.Error
+	return errors.As(err, &ce) && (ce.Code() == connect.CodeFailedPrecondition || ce.Code() == connect.CodeInvalidArgument)
 }
 
 // Create validates req, starts a sandbox and returns it once its agent answers.
@@ -355,9 +362,10 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	b.mu.Unlock()
 	crashpoint.Hit("create-started")
 	if configuredByAgent(spec) {
-		// The command must start as the user, or after the path guards are
-		// mounted, so the agent starts it now.
-		if err := configure(ctx, conn, b.id, spec); err != nil {
+		// The agent starts the command now: as the user, after the path
+		// guards are mounted, and so that one that cannot start fails the
+		// create (see configuredByAgent).
+		if err := configure(ctx, conn, rs.Env, spec); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -445,9 +453,8 @@ func (m *Manager) applyDefaults(spec *sbxv1.CreateSandboxRequest, info runtime.I
 	return nil
 }
 
-// runtimeSpec is what the driver gets for a sandbox. With a user or path
-// policies set the command is left out: configure starts it as that user,
-// after mounting the guards.
+// runtimeSpec is what the driver gets for a sandbox. The command is left
+// out when configure starts it (configuredByAgent).
 func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage) runtime.Spec {
 	env := make([]string, 0, len(spec.Env)+len(spec.Secrets)+1)
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
@@ -463,7 +470,7 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 		image.Layers, image.OnHost = img.Layers, img.OnHost
 	}
 	command := spec.Command
-	if configuredByAgent(spec) && img != nil {
+	if configuredByAgent(spec) {
 		command = nil
 	}
 	return runtime.Spec{

@@ -110,9 +110,11 @@ func validatePathPolicies(req *sbxv1.CreateSandboxRequest) ([]*sbxv1.PathPolicy,
 	return ps, nil
 }
 
-// configuredByAgent reports whether the sandbox's command must be started
+// configuredByAgent reports whether the sandbox's agent is configured
 // through Configure rather than the box's command line: to run as a user,
-// or after its path guards are mounted.
+// after its path guards are mounted, or to start a command, which then
+// fails the create with its error if it cannot start (on the agent's
+// command line that error would only reach the agent's log).
 func configuredByAgent(spec *sbxv1.CreateSandboxRequest) bool {
-	return spec.GetUser() != "" || len(spec.GetPathPolicies()) > 0
+	return spec.GetUser() != "" || len(spec.GetPathPolicies()) > 0 || len(spec.GetCommand()) > 0
 }

@@ -359,7 +359,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 			return fail(fmt.Errorf("set limits of warm box: %w", err))
 		}
 	}
-	if err := configure(ctx, w.conn, b.id, spec); err != nil {
+	if err := configure(ctx, w.conn, runtimeSpec(b.id, spec, nil).Env, spec); err != nil {
 		return fail(err)
 	}
 	b.mu.Lock()

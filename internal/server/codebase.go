@@ -84,6 +84,9 @@ func (s *CodebaseServer) DownloadCodebase(ctx context.Context, req *connect.Requ
 
 // DeleteCodebase removes a codebase no sandbox mounts.
 func (s *CodebaseServer) DeleteCodebase(ctx context.Context, req *connect.Request[sbxv1.DeleteCodebaseRequest]) (*connect.Response[sbxv1.DeleteCodebaseResponse], error) {
+	// A destroyed box's teardown unmounts its codebases after the destroy
+	// answered: deleting the codebase right after must not race it.
+	settle(ctx, s.mgr)
 	if err := s.cbs.Delete(ctx, req.Msg.GetCodebase()); err != nil {
 		return nil, toConnect(err)
 	}

@@ -28,6 +28,7 @@ var dataStreams = map[string]bool{
 	sbxv1connect.ImageServiceExportImageProcedure:         true,
 	sbxv1connect.SessionServiceSessionExecProcedure:       true,
 	sbxv1connect.CodeServiceRunCodeProcedure:              true,
+	sbxv1connect.SandboxServiceLogsProcedure:              true,
 }
 
 // The request headers that name a request's own encoding, and those that

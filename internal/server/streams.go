@@ -20,7 +20,8 @@ import (
 // for everyone. Zero fields take the defaults.
 type StreamLimits struct {
 	// ExecsPerSandbox bounds running commands relayed for one sandbox (the
-	// Exec and ExecInteractive RPCs and the exec upgrade together).
+	// Exec and ExecInteractive RPCs, the exec upgrade, and the Logs and
+	// Wait calls on the sandbox's own command together).
 	ExecsPerSandbox int
 	// FilesPerSandbox bounds file calls in flight on one sandbox (reads,
 	// writes, tars, listings and the other file operations together).

@@ -55,6 +55,8 @@ var rpcAccess = map[string]access{
 	sbxv1connect.SandboxServiceRenameProcedure:            accessScoped,
 	sbxv1connect.SandboxServiceUploadTarProcedure:         accessScoped,
 	sbxv1connect.SandboxServiceDownloadTarProcedure:       accessScoped,
+	sbxv1connect.SandboxServiceLogsProcedure:              accessScoped,
+	sbxv1connect.SandboxServiceWaitProcedure:              accessScoped,
 	sbxv1connect.PortServiceGetPortProcedure:              accessScoped,
 	sbxv1connect.PortServiceListPortsProcedure:            accessScoped,
 	sbxv1connect.SessionServiceCreateSessionProcedure:     accessScoped,

@@ -241,7 +241,8 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		}
 		return resp.Msg.GetSandbox().GetId()
 	}
-	e.boxA = mk(a, &sbxv1.CreateSandboxRequest{Name: "dev"})
+	// Its command (which exits at once) is what Logs and Wait read.
+	e.boxA = mk(a, &sbxv1.CreateSandboxRequest{Name: "dev", Command: []string{"echo", "hi"}})
 	e.boxA2 = mk(a, &sbxv1.CreateSandboxRequest{})
 	ss, err := a.sess.CreateSession(ctx, connect.NewRequest(&sbxv1.CreateSessionRequest{Sandbox: "dev", Shell: "/bin/sh"}))
 	if err != nil {
@@ -259,7 +260,7 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		t.Fatalf("SBX_TOKEN in the scoped box: got %q, %v; want a token", out, err)
 	}
 	e.scoped = strings.TrimSpace(out)
-	e.child = mk(e.clients(e.scoped), &sbxv1.CreateSandboxRequest{})
+	e.child = mk(e.clients(e.scoped), &sbxv1.CreateSandboxRequest{Command: []string{"echo", "hi"}})
 	if _, err := a.vol.CreateVolume(ctx, connect.NewRequest(&sbxv1.CreateVolumeRequest{Name: "data", SizeBytes: 8 << 20})); err != nil {
 		t.Fatalf("acme's volume: %v", err)
 	}
@@ -463,6 +464,12 @@ var tenancyCases = map[string]tenancyCase{
 		_ = st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{Sandbox: ref, Path: tmp(ref, "w")}}})
 		_ = st.Send(&sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Data{Data: []byte("hi")}})
 		return one2(st.CloseAndReceive())
+	}},
+	sbxv1connect.SandboxServiceLogsProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one(drain(c.sb.Logs(ctx, connect.NewRequest(&sbxv1.LogsRequest{Sandbox: ref, Follow: true}))))
+	}},
+	sbxv1connect.SandboxServiceWaitProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.Wait(ctx, connect.NewRequest(&sbxv1.WaitRequest{Sandbox: ref})))
 	}},
 	sbxv1connect.SandboxServiceReadFileProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one(drain(c.sb.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Sandbox: ref, Path: "/etc/hostname"}))))

@@ -271,10 +271,15 @@ func (ts *TenantStores) InUse(ctx context.Context) map[string]bool {
 const settleWait = 30 * time.Second
 
 // Settle waits for the teardowns of destroyed sandboxes (see Stores).
-func (ts *TenantStores) Settle(ctx context.Context) {
+func (ts *TenantStores) Settle(ctx context.Context) { settle(ctx, ts.mgr) }
+
+// settle waits, at most settleWait, until the sandboxes mgr destroyed so far
+// are torn down, so that what only they held (images, volumes, codebase
+// mounts) is free again.
+func settle(ctx context.Context, mgr *sandbox.Manager) {
 	ctx, cancel := context.WithTimeout(ctx, settleWait)
 	defer cancel()
-	_ = ts.mgr.WaitTeardowns(ctx)
+	_ = mgr.WaitTeardowns(ctx)
 }
 
 // Path resolves a create's volume in its tenant's volumes (sandbox.Volumes).

@@ -209,9 +209,14 @@ type CreateOptions struct {
 	Labels  map[string]string
 	Env     map[string]string
 	Secrets map[string]string
-	// Command is an optional long-running process started with the sandbox.
+	// Command is an optional long-running process started with the
+	// sandbox (after the image's ENTRYPOINT, as docker run has it); with
+	// none the image's ENTRYPOINT and CMD run. Read it with Logs and Wait.
+	// A command that cannot start fails the create.
 	Command []string
-	Workdir string
+	// NoEntrypoint starts neither the image's ENTRYPOINT nor its CMD.
+	NoEntrypoint bool
+	Workdir      string
 	// MemoryBytes, CPUs (fractions allowed), Pids, DiskBytes limit resources.
 	MemoryBytes int64
 	CPUs        float64
@@ -267,6 +272,7 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	req := &sbxv1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
 		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User, ScopedToken: o.ScopedToken,
+		NoEntrypoint: o.NoEntrypoint,
 		Resources: &sbxv1.Resources{
 			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
 		},

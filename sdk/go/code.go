@@ -3,7 +3,9 @@ package sbx
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -36,9 +38,30 @@ type CodeResult struct {
 	Duration  time.Duration
 	Installed []string
 	Artifacts []*sbxv1.Artifact
+	// Plots are the image artifacts again (figures shown or left open,
+	// displayed images) in llm-sandbox's shape: base64 content and format.
+	Plots []Plot
 	// Value is the last expression's value (contexts only), or nil.
 	Value    *sbxv1.CodeValue
 	Findings []*sbxv1.PolicyFinding
+}
+
+// Plot is an image artifact as base64 plus its format ("png", "svg", "jpeg").
+type Plot struct {
+	Name          string
+	Format        string
+	ContentBase64 string
+}
+
+// plotsOf returns the image artifacts (with content) as Plots, in order.
+func plotsOf(arts []*sbxv1.Artifact) []Plot {
+	var out []Plot
+	for _, a := range arts {
+		if strings.HasPrefix(a.GetMime(), "image/") && len(a.GetContent()) > 0 {
+			out = append(out, Plot{Name: a.GetName(), Format: a.GetFormat(), ContentBase64: base64.StdEncoding.EncodeToString(a.GetContent())})
+		}
+	}
+	return out
 }
 
 // RunCode runs code in language lang ("python", "javascript", "bash", ...)
@@ -75,6 +98,7 @@ func (c *Client) runCode(ctx context.Context, req *sbxv1.RunCodeRequest, code st
 			res.ExitCode, res.Error, res.TimedOut = int(r.GetExitCode()), r.GetError(), r.GetTimedOut()
 			res.Duration = time.Duration(r.GetDurationMs()) * time.Millisecond
 			res.Installed, res.Artifacts, res.Value, res.Findings = r.GetInstalled(), r.GetArtifacts(), r.GetValue(), r.GetFindings()
+			res.Plots = plotsOf(res.Artifacts)
 		}
 	}
 	if err := st.Err(); err != nil {

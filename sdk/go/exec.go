@@ -140,11 +140,7 @@ func handleOutput(m *sbxv1.ExecOutput, stdout, stderr io.Writer) (*ExitStatus, b
 			}
 		}
 	case *sbxv1.ExecOutput_Exited:
-		x := ev.Exited
-		return &ExitStatus{
-			Code: int(x.GetExitCode()), Signal: int(x.GetSignal()), TimedOut: x.GetTimedOut(), OOMKilled: x.GetOomKilled(),
-			Error: x.GetError(), Duration: time.Duration(x.GetDurationMs()) * time.Millisecond,
-		}, true, nil
+		return exitStatusOf(ev.Exited), true, nil
 	}
 	return nil, false, nil
 }

@@ -1,8 +1,10 @@
 # sbx Python kernel: one JSON request per stdin line ({"code", "out"}),
 # executes it in a persistent namespace, then writes TOKEN + JSON reply on
 # stdout and TOKEN on stderr. User output goes straight to fds 1 and 2.
-# Matplotlib figures left open and plotly figures shown (or the value of a
-# cell's last expression) become artifacts in the run's outputs dir.
+# Matplotlib figures shown (plt.show() ends a figure) or left open, plotly
+# figures shown and display()ed objects (or the value of a cell's last
+# expression) become artifacts in the run's outputs dir. Notebook lines
+# (!cmd, %pip ...) are rewritten by notebook.py when a cell does not parse.
 import ast, base64, io, json, os, site, sys, traceback, importlib
 
 TOKEN = os.environ.pop("SBX_KERNEL_TOKEN", "")
@@ -14,11 +16,7 @@ if "MATPLOTLIBRC" not in os.environ and not os.path.exists("/etc/matplotlibrc") 
     os.environ["MATPLOTLIBRC"] = _rc  # Debian's rc lives in /etc, which images may lack
 ns = {"__name__": "__main__", "__builtins__": __builtins__}
 _plotly_save = _sbx_plotly()  # prepended from plotly.py
-
-
-def _figures():
-    plt = sys.modules.get("matplotlib.pyplot")
-    return plt, (plt.get_fignums() if plt else [])
+_figure, _finish, _magics = _sbx_notebook(_plotly_save, ns)  # prepended from notebook.py
 
 
 def _png(fig):
@@ -65,7 +63,16 @@ def run(code, out):
     importlib.invalidate_caches()
     reply = {"ok": True}
     try:
-        tree = ast.parse(code, "<cell>", "exec")
+        try:
+            tree = ast.parse(code, "<cell>", "exec")
+        except SyntaxError as e:
+            alt = _magics(code)
+            if alt is None:
+                raise
+            try:
+                tree = ast.parse(alt, "<cell>", "exec")
+            except SyntaxError:
+                raise e
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
@@ -81,18 +88,8 @@ def run(code, out):
         reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         sys.stderr.write("".join(tb[1:] if len(tb) > 1 else tb))
-    plt, nums = _figures()
-    if plt is not None and out:
-        v = ns.get("_") if reply.get("value") else None
-        for i, num in enumerate(nums, 1):
-            fig = plt.figure(num)
-            if v is fig:
-                continue
-            try:
-                fig.savefig(os.path.join(out, "figure-%d.png" % i), format="png")
-            except Exception as e:
-                sys.stderr.write("sbx: saving figure %d: %s\n" % (i, e))
-        plt.close("all")
+    if out:
+        _finish(ns.get("_") if reply.get("value") else None)
     if out:
         try:
             os.rmdir(out)  # only when empty: then the daemon need not look

@@ -1,8 +1,10 @@
-# sbx one-shot runner, started by boot.py (plotly.py is prepended). _sbx()
-# runs CODE (argv[2]) or else the file at PATH (argv[1]) as __main__, then
-# saves every open matplotlib figure into $SBX_OUTPUT_DIR (before
-# matplotlib's own atexit hook closes them); plotly figures shown are saved
-# by plotly.py's hook. At the end, if the outputs dir is empty it is removed
+# sbx one-shot runner, started by boot.py (plotly.py and notebook.py are
+# prepended). _sbx() runs CODE (argv[2]) or else the file at PATH (argv[1])
+# as __main__, then saves every open matplotlib figure into $SBX_OUTPUT_DIR
+# (before matplotlib's own atexit hook closes them); figures shown
+# (plt.show()), plotly figures shown and display()ed objects are saved as
+# they are shown. Code that does not compile is retried once with notebook
+# lines (!cmd, %pip) rewritten. At the end, if the outputs dir is empty it is removed
 # and $SBX_RUN_TOKEN + "empty" is written on stderr, so the daemon need not
 # look for artifacts. Kept free of imports beyond os and sys: each costs
 # start-up time.
@@ -21,22 +23,17 @@ def _sbx():
     else:
         with open(path, "rb") as f:
             src = f.read()
-    _sbx_plotly()
+    save = _sbx_plotly()
     sys.argv = [path]
     sys.path[0] = os.getcwd() if inline else os.path.dirname(os.path.abspath(path))
     main = sys.modules["__main__"].__dict__
     builtins = main["__builtins__"]
     main.clear()
     main.update(__name__="__main__", __file__=path, __builtins__=builtins)
+    _, figures, magics = _sbx_notebook(save, main)
 
     def finish():
-        plt = sys.modules.get("matplotlib.pyplot")
-        if plt is not None and out:
-            for i, num in enumerate(plt.get_fignums(), 1):
-                try:
-                    plt.figure(num).savefig(os.path.join(out, "figure-%d.png" % i), format="png")
-                except Exception as e:
-                    print("sbx: saving figure %d: %s" % (i, e), file=sys.stderr)
+        figures()
         if not out:
             return
         try:
@@ -59,7 +56,21 @@ def _sbx():
     # "<string>"; the traceback printed here names them PATH.
     name = "<string>" if inline else path
     try:
-        exec(src if inline else compile(src, path, "exec"), main)
+        try:
+            exec(src if inline else compile(src, path, "exec"), main)
+        except SyntaxError as e:
+            # Only a syntax error of the code itself (no frame of it ran).
+            if e.filename not in (name, path) or e.__traceback__.tb_next is not None:
+                raise
+            text = src.decode("utf-8", "replace") if isinstance(src, bytes) else src
+            alt = magics(text)
+            if alt is None:
+                raise
+            try:
+                code = compile(alt, name, "exec")
+            except SyntaxError:
+                raise e
+            exec(code, main)
     except SystemExit:
         finish()
         raise

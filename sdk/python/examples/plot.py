@@ -31,7 +31,7 @@ print("plotted", len(xs), "points")
 def main() -> int:
     out_dir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="sbx-plot-")
     with sbx.Sandbox.create(labels={"example": "plot"}, memory="512M", timeout=300) as sb:
-        res = sb.run_code("python", CODE, timeout=120, on_stdout=lambda s: print(s, end=""))
+        res = sb.run_code(CODE, timeout=120, on_stdout=lambda s: print(s, end=""))
         if not res.ok:
             print("failed:", res.error, res.stderr, file=sys.stderr)
             return 1

@@ -23,7 +23,7 @@ An asyncio flavour lives in :mod:`sbx.aio`.
 from ._tar import UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
-from .code import Artifact, CodeContext, CodeResult, PolicyFinding
+from .code import Artifact, CodeContext, CodeResult, Plot, PolicyFinding
 from .codebase import Codebase, CodebaseMount, Codebases, SkippedFile, SyncConflict, SyncResult
 from .errors import (
     AbortedError,
@@ -48,6 +48,7 @@ from .errors import (
 )
 from .files import Files
 from .images import Images
+from .logs import LogChunk, LogLines, SandboxLogs
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .recipe import Recipe
@@ -81,6 +82,9 @@ __all__ = [
     "OutputStream",
     "CommandResult",
     "ExitStatus",
+    "LogChunk",
+    "LogLines",
+    "SandboxLogs",
     "Files",
     "Images",
     "Recipe",
@@ -94,6 +98,7 @@ __all__ = [
     "Artifact",
     "CodeContext",
     "CodeResult",
+    "Plot",
     "PolicyFinding",
     "Session",
     "SessionResult",

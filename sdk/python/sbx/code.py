@@ -3,9 +3,10 @@
 Use it through :meth:`sbx.Sandbox.run_code` and
 :meth:`sbx.Sandbox.create_context`::
 
-    res = sb.run_code("python", "import matplotlib.pyplot as plt; plt.plot([1, 2])")
+    res = sb.run_code("import matplotlib.pyplot as plt; plt.plot([1, 2])")
     for a in res.artifacts:
         a.save("out")          # out/figure-1.png
+    res.plots[0].format        # "png"; .content_base64 as llm-sandbox gives it
 
     ctx = sb.create_context("python")
     ctx.run("x = 41")
@@ -23,7 +24,7 @@ from ._transport import b64decode
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["Artifact", "CodeContext", "CodeResult", "PolicyFinding"]
+__all__ = ["Artifact", "CodeContext", "CodeResult", "Plot", "PolicyFinding"]
 
 SERVICE = "sbx.v1.CodeService"
 
@@ -52,6 +53,27 @@ class Artifact:
 
 
 @dataclass
+class Plot:
+    """An image artifact (a figure shown or left open, a displayed image) in
+    llm-sandbox's shape: base64 content and its format ("png", "svg", "jpeg")."""
+
+    content_base64: str
+    format: str
+    name: str = ""
+
+
+def plots_of(artifacts: Sequence[Artifact]) -> List[Plot]:
+    """The image artifacts as :class:`Plot`, in artifact order."""
+    import base64
+
+    return [
+        Plot(content_base64=base64.b64encode(a.content).decode("ascii"), format=a.format, name=a.name)
+        for a in artifacts
+        if a.mime.startswith("image/") and a.content
+    ]
+
+
+@dataclass
 class PolicyFinding:
     rule: str
     severity: str
@@ -74,6 +96,8 @@ class CodeResult:
     duration_ms: int = 0
     installed: List[str] = field(default_factory=list)
     artifacts: List[Artifact] = field(default_factory=list)
+    #: The image artifacts again, llm-sandbox style (base64 + format).
+    plots: List[Plot] = field(default_factory=list)
     #: The last expression's value (contexts): text, png bytes, html.
     text: Optional[str] = None
     png: Optional[bytes] = None
@@ -85,6 +109,48 @@ class CodeResult:
         return self.exit_code == 0 and not self.error
 
 
+LANGUAGES = frozenset(
+    "python py python3 javascript js node nodejs typescript ts bash sh shell go golang java cpp c++ cxx ruby rb r rscript".split()
+)
+
+
+def code_and_language(code: Optional[str], language: Optional[str]) -> "tuple[str, str]":
+    """Sorts out run_code's arguments: (code, language="python"), or the
+    older (language, code) when the first is a language name and the
+    second is not."""
+    if code is None:
+        raise TypeError("run_code() missing the code to run")
+    if (
+        language is not None
+        and code.strip().lower() in LANGUAGES
+        and language.strip().lower() not in LANGUAGES
+    ):
+        code, language = language, code
+    return code, language or "python"
+
+
+def _severity(value: Any, what: str) -> str:
+    """The wire name of a severity given as "critical", "SEVERITY_CRITICAL"
+    (any case) or its number; anything else is a ValueError (the server
+    would silently read an unknown name as unset, i.e. medium)."""
+    names = list(_SEVERITIES.values())
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(names):
+        return names[value - 1]
+    if isinstance(value, str):
+        v = value.strip().lower()
+        v = v[len("severity_"):] if v.startswith("severity_") else v
+        if v in _SEVERITIES:
+            return _SEVERITIES[v]
+    raise ValueError(f"{what}: unknown severity {value!r} (one of {', '.join(_SEVERITIES)})")
+
+
+def _rule(r: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(r)
+    if out.get("severity") not in (None, ""):
+        out["severity"] = _severity(out["severity"], f"policy rule {out.get('id', '')!r}")
+    return out
+
+
 def policy_request(
     policy: Optional[Sequence[str]], enforce: bool, threshold: Optional[str], rules: Optional[Sequence[Mapping[str, Any]]]
 ) -> Optional[Dict[str, Any]]:
@@ -92,11 +158,9 @@ def policy_request(
         return None
     req: Dict[str, Any] = {"presets": list(policy or []), "mode": "POLICY_MODE_ENFORCE" if enforce else "POLICY_MODE_ADVISORY"}
     if rules:
-        req["rules"] = [dict(r) for r in rules]
+        req["rules"] = [_rule(r) for r in rules]
     if threshold:
-        if threshold.lower() not in _SEVERITIES:
-            raise ValueError(f"threshold must be one of {', '.join(_SEVERITIES)}")
-        req["threshold"] = _SEVERITIES[threshold.lower()]
+        req["threshold"] = _severity(threshold, "threshold")
     return req
 
 
@@ -139,6 +203,7 @@ def run(
                     )
                     for a in r.get("artifacts", [])
                 ]
+                res.plots = plots_of(res.artifacts)
                 v = r.get("value")
                 if v is not None:
                     res.text = v.get("text", "")

@@ -14,8 +14,9 @@ from .client import Client, selectors_from_labels
 from .codebase import SyncResult, mounts_to_json
 from .errors import CommandError, NotFoundError
 from .files import Files
+from .logs import SERVICE as _LOGS_SERVICE, LogLines, SandboxLogs, logs_request
 from .ports import Port
-from .process import CommandResult, Process
+from .process import CommandResult, ExitStatus, Process
 from .types import DomainSecret, ImageInfo, NetworkPolicy, PathPolicy, SandboxInfo, SandboxStats, parse_size
 from .volumes import VolumeMountLike, volume_mounts_to_json
 
@@ -87,6 +88,7 @@ class Sandbox:
         path_policies: Optional[Sequence[PathPolicy]] = None,
         codebases: Optional[Sequence[Any]] = None,
         scoped_token: bool = False,
+        entrypoint: bool = True,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -113,7 +115,11 @@ class Sandbox:
                 after this many seconds without exec or file activity.
             workdir: default working directory (created if missing).
             user: default user of commands (``"name"``, ``"uid"``, ``"uid:gid"``).
-            command: a long-running process started with the sandbox.
+            command: a long-running process started with the sandbox (after
+                the image's ENTRYPOINT, as ``docker run`` has it); without one,
+                the image's ENTRYPOINT and CMD run. Read it with :meth:`logs`,
+                :attr:`stdout`, :meth:`wait`. One that cannot start (not found,
+                not executable) fails the create (``FailedPreconditionError``).
             runtime: runtime driver (default ``"oci"``).
             network: ``"none"``, ``"public"`` or a :class:`~sbx.NetworkPolicy`.
             volumes: named volumes to mount: :class:`~sbx.VolumeMount` or
@@ -129,6 +135,8 @@ class Sandbox:
                 reaches it): code inside may create and manage child
                 sandboxes, which die with it, and nothing else. ``sbx.Client()``
                 inside the box picks both up. Needs networking.
+            entrypoint: ``False`` starts neither the image's ENTRYPOINT nor
+                its CMD (a given ``command`` then runs alone).
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -189,6 +197,8 @@ class Sandbox:
             req["codebases"] = mounts_to_json(codebases)
         if scoped_token:
             req["scopedToken"] = True
+        if not entrypoint:
+            req["noEntrypoint"] = True
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
@@ -332,6 +342,71 @@ class Sandbox:
         if resp.get("sandbox"):
             self._info = SandboxInfo.from_json(resp["sandbox"])
 
+    # -- the sandbox's own command -------------------------------------------
+
+    def logs(
+        self,
+        *,
+        follow: bool = False,
+        since: Union[float, _dt.datetime, _dt.timedelta, None] = None,
+        tail: Optional[int] = None,
+    ) -> SandboxLogs:
+        """The output of the sandbox's own command (``command``, else the
+        image's ENTRYPOINT/CMD), as :class:`~sbx.LogChunk` pieces::
+
+            for chunk in sb.logs(follow=True):
+                print(chunk.stream, chunk.text, end="")
+
+        The sandbox keeps the newest 1 MiB of each stream; what it dropped is
+        counted in the result's ``dropped_stdout``/``dropped_stderr``. Any
+        number of readers may follow at once; closing one does not affect
+        the command.
+
+        Args:
+            follow: keep reading new output until the command exits.
+            since: only output since this time (epoch seconds or a datetime),
+                or this long ago (a timedelta).
+            tail: only the last this many lines of what is kept.
+
+        Raises:
+            FailedPreconditionError: the sandbox has no command, or is stopped.
+        """
+        req = logs_request(self.id, follow, since, tail)
+        stream = self._client._transport.server_stream(_LOGS_SERVICE, "Logs", req, op=f"logs of {self.id}")
+        return SandboxLogs(stream)
+
+    @property
+    def stdout(self) -> LogLines:
+        """The lines of the command's stdout, from what is kept, followed
+        until it exits (each access reads anew)."""
+        return LogLines(self.logs(follow=True), "stdout")
+
+    @property
+    def stderr(self) -> LogLines:
+        """The lines of the command's stderr, as :attr:`stdout`."""
+        return LogLines(self.logs(follow=True), "stderr")
+
+    def wait(self, timeout: Optional[float] = None) -> ExitStatus:
+        """Wait for the sandbox's own command to exit and return how it
+        ended (kept for the sandbox's life: any number of calls get it).
+
+        Raises:
+            FailedPreconditionError: the sandbox has no command.
+            DeadlineExceededError: ``timeout`` seconds passed first.
+        """
+        resp = self._client._transport.unary(
+            _LOGS_SERVICE, "Wait", {"sandbox": self.id}, op=f"wait for {self.id}", timeout=timeout
+        )
+        return ExitStatus.from_json(resp.get("exited") or {})
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The command's exit code, or ``None`` while it runs."""
+        with self.logs(tail=0) as lg:
+            for _ in lg:
+                pass
+            return None if lg.exit is None else lg.exit.exit_code
+
     def __enter__(self) -> "Sandbox":
         return self
 
@@ -461,8 +536,8 @@ class Sandbox:
 
     def run_code(
         self,
-        language: str,
-        code: str,
+        code: Optional[str] = None,
+        language: Optional[str] = None,
         *,
         libraries: Sequence[str] = (),
         timeout: Optional[Seconds] = None,
@@ -495,10 +570,17 @@ class Sandbox:
                 directories in the sandbox, for pip ``--no-index``).
             on_stdout, on_stderr: called with output as it arrives.
 
+        Code comes first and Python is the default (``run_code("print(1)")``);
+        the older ``run_code("python", code)`` order is still accepted: two
+        positional arguments whose first is a language name and whose second
+        is not are read as (language, code). ``result.plots`` holds the image
+        artifacts as base64 + format (llm-sandbox's shape).
+
         Raises:
             FailedPreconditionError: the image lacks the language's toolchain.
             PermissionDeniedError: an enforcing policy refused the code.
         """
+        code, language = _code.code_and_language(code, language)
         req: Dict[str, Any] = {"sandbox": self.id, "language": language, "code": code}
         if context is not None:
             req["context"] = context.id

@@ -110,3 +110,50 @@ def test_plot_example(daemon_addr: str, tmp_path: str) -> None:
     assert "figure-1.png (image/png" in out
     assert "points.csv (text/csv" in out
     assert "median: 3.5" in out
+
+
+def test_run_code_argument_orders() -> None:
+    from sbx.code import code_and_language
+
+    assert code_and_language("print(1)", None) == ("print(1)", "python")
+    assert code_and_language("echo hi", "bash") == ("echo hi", "bash")
+    assert code_and_language("python", "print(1)") == ("print(1)", "python")  # the older (language, code) order
+    assert code_and_language("R", "print(1)") == ("print(1)", "R")
+    with pytest.raises(TypeError):
+        code_and_language(None, "python")
+
+
+def test_policy_rule_severities() -> None:
+    from sbx.code import policy_request
+
+    req = policy_request(None, True, "Critical", [
+        {"id": "a", "pattern": "x", "severity": "critical"},
+        {"id": "b", "pattern": "x", "severity": "SEVERITY_HIGH"},
+        {"id": "c", "pattern": "x", "severity": 1},
+        {"id": "d", "pattern": "x"},
+    ])
+    assert req is not None
+    assert [r.get("severity") for r in req["rules"]] == ["SEVERITY_CRITICAL", "SEVERITY_HIGH", "SEVERITY_LOW", None]
+    assert req["threshold"] == "SEVERITY_CRITICAL"
+    with pytest.raises(ValueError, match="policy rule 'e': unknown severity 'severe'"):
+        policy_request(None, False, None, [{"id": "e", "pattern": "x", "severity": "severe"}])
+
+
+def test_plots_of_artifacts() -> None:
+    from sbx.code import Artifact, plots_of
+
+    arts = [Artifact("figure-1.png", "png", "image/png", 3, b"png"), Artifact("t.csv", "csv", "text/csv", 1, b"a"),
+            Artifact("display-1.svg", "svg", "image/svg+xml", 4, b"<sv>")]
+    assert [(p.name, p.format, p.content_base64) for p in plots_of(arts)] == [
+        ("figure-1.png", "png", "cG5n"), ("display-1.svg", "svg", "PHN2Pg==")]
+
+
+def test_run_code_notebook_habits(shared_sandbox: sbx.Sandbox) -> None:
+    if not _host_has_matplotlib():
+        pytest.skip("host python3 has no matplotlib")
+    res = shared_sandbox.run_code(
+        "import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.plot([1, i])\n    plt.show()\n!echo hi\ndisplay(1)")
+    assert res.ok, res
+    assert res.stdout == "hi\n1\n"
+    assert [(p.name, p.format) for p in res.plots] == [("figure-1.png", "png"), ("figure-2.png", "png"), ("figure-3.png", "png")]
+    assert all(p.content_base64.startswith("iVBOR") for p in res.plots)

@@ -1145,7 +1145,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
 	"\x04user\x18\x04 \x01(\tR\x04user\x127\n" +
 	"\rpath_policies\x18\x05 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\"\x13\n" +
-	"\x11ConfigureResponse2\xf8\a\n" +
+	"\x11ConfigureResponse2\xdd\b\n" +
 	"\fAgentService\x128\n" +
 	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +
 	"\tConfigure\x12\x1a.agent.v1.ConfigureRequest\x1a\x1b.agent.v1.ConfigureResponse\x121\n" +
@@ -1162,7 +1162,9 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Dial\x12\x13.agent.v1.DialInput\x1a\x14.agent.v1.DialOutput(\x010\x01\x12;\n" +
 	"\x06Attach\x12\x15.agent.v1.AttachInput\x1a\x16.agent.v1.AttachOutput(\x010\x01\x12M\n" +
 	"\fListDetached\x12\x1d.agent.v1.ListDetachedRequest\x1a\x1e.agent.v1.ListDetachedResponse\x12S\n" +
-	"\x0eRemoveDetached\x12\x1f.agent.v1.RemoveDetachedRequest\x1a .agent.v1.RemoveDetachedResponseB0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
+	"\x0eRemoveDetached\x12\x1f.agent.v1.RemoveDetachedRequest\x1a .agent.v1.RemoveDetachedResponse\x120\n" +
+	"\x04Logs\x12\x13.sbx.v1.LogsRequest\x1a\x11.sbx.v1.LogsEvent0\x01\x121\n" +
+	"\x04Wait\x12\x13.sbx.v1.WaitRequest\x1a\x14.sbx.v1.WaitResponseB0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1208,14 +1210,18 @@ var file_agent_v1_agent_proto_goTypes = []any{
 	(*v1.RenameRequest)(nil),       // 27: sbx.v1.RenameRequest
 	(*v1.UploadTarRequest)(nil),    // 28: sbx.v1.UploadTarRequest
 	(*v1.DownloadTarRequest)(nil),  // 29: sbx.v1.DownloadTarRequest
-	(*v1.FileChunk)(nil),           // 30: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),   // 31: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),     // 32: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),        // 33: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),     // 34: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),      // 35: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),      // 36: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),   // 37: sbx.v1.UploadTarResponse
+	(*v1.LogsRequest)(nil),         // 30: sbx.v1.LogsRequest
+	(*v1.WaitRequest)(nil),         // 31: sbx.v1.WaitRequest
+	(*v1.FileChunk)(nil),           // 32: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),   // 33: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),     // 34: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),        // 35: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),     // 36: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),      // 37: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),      // 38: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),   // 39: sbx.v1.UploadTarResponse
+	(*v1.LogsEvent)(nil),           // 40: sbx.v1.LogsEvent
+	(*v1.WaitResponse)(nil),        // 41: sbx.v1.WaitResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.AttachInput.start:type_name -> agent.v1.AttachStart
@@ -1243,24 +1249,28 @@ var file_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 22: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
 	4,  // 23: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
 	7,  // 24: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
-	14, // 25: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	16, // 26: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
-	19, // 27: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	30, // 28: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	31, // 29: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	32, // 30: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	33, // 31: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	34, // 32: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	35, // 33: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	36, // 34: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	37, // 35: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	30, // 36: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	11, // 37: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
-	2,  // 38: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
-	5,  // 39: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
-	8,  // 40: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
-	25, // [25:41] is the sub-list for method output_type
-	9,  // [9:25] is the sub-list for method input_type
+	30, // 25: agent.v1.AgentService.Logs:input_type -> sbx.v1.LogsRequest
+	31, // 26: agent.v1.AgentService.Wait:input_type -> sbx.v1.WaitRequest
+	14, // 27: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	16, // 28: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	19, // 29: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	32, // 30: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	33, // 31: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	34, // 32: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	35, // 33: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	36, // 34: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	37, // 35: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	38, // 36: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	39, // 37: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	32, // 38: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	11, // 39: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
+	2,  // 40: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
+	5,  // 41: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
+	8,  // 42: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
+	40, // 43: agent.v1.AgentService.Logs:output_type -> sbx.v1.LogsEvent
+	41, // 44: agent.v1.AgentService.Wait:output_type -> sbx.v1.WaitResponse
+	27, // [27:45] is the sub-list for method output_type
+	9,  // [9:27] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name

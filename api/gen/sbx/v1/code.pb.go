@@ -377,10 +377,16 @@ type PolicyRule struct {
 	// Language the rule applies to (empty: all).
 	Language string `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
 	// Exactly one of pattern and module.
-	Pattern       string   `protobuf:"bytes,3,opt,name=pattern,proto3" json:"pattern,omitempty"`
-	Module        string   `protobuf:"bytes,4,opt,name=module,proto3" json:"module,omitempty"`
-	Severity      Severity `protobuf:"varint,5,opt,name=severity,proto3,enum=sbx.v1.Severity" json:"severity,omitempty"`
-	Message       string   `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	Pattern string `protobuf:"bytes,3,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	Module  string `protobuf:"bytes,4,opt,name=module,proto3" json:"module,omitempty"`
+	// Unset means medium. SDKs take "low", "medium", "high" and "critical"
+	// and refuse other names (JSON clients: unknown enum names are dropped).
+	Severity Severity `protobuf:"varint,5,opt,name=severity,proto3,enum=sbx.v1.Severity" json:"severity,omitempty"`
+	Message  string   `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// The pattern also sees the contents of string literals (comments stay
+	// blanked), e.g. a file mode in open(path, "w") or a URL, so it also
+	// matches text quoted in a string. Off: string contents are blanked too.
+	MatchStrings  bool `protobuf:"varint,7,opt,name=match_strings,json=matchStrings,proto3" json:"match_strings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +461,13 @@ func (x *PolicyRule) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *PolicyRule) GetMatchStrings() bool {
+	if x != nil {
+		return x.MatchStrings
+	}
+	return false
 }
 
 type PolicyFinding struct {
@@ -1286,7 +1299,7 @@ const file_sbx_v1_code_proto_rawDesc = "" +
 	"\apresets\x18\x01 \x03(\tR\apresets\x12(\n" +
 	"\x05rules\x18\x02 \x03(\v2\x12.sbx.v1.PolicyRuleR\x05rules\x12&\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x12.sbx.v1.PolicyModeR\x04mode\x12.\n" +
-	"\tthreshold\x18\x04 \x01(\x0e2\x10.sbx.v1.SeverityR\tthreshold\"\xb2\x01\n" +
+	"\tthreshold\x18\x04 \x01(\x0e2\x10.sbx.v1.SeverityR\tthreshold\"\xd7\x01\n" +
 	"\n" +
 	"PolicyRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
@@ -1294,7 +1307,8 @@ const file_sbx_v1_code_proto_rawDesc = "" +
 	"\apattern\x18\x03 \x01(\tR\apattern\x12\x16\n" +
 	"\x06module\x18\x04 \x01(\tR\x06module\x12,\n" +
 	"\bseverity\x18\x05 \x01(\x0e2\x10.sbx.v1.SeverityR\bseverity\x12\x18\n" +
-	"\amessage\x18\x06 \x01(\tR\amessage\"\xad\x01\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12#\n" +
+	"\rmatch_strings\x18\a \x01(\bR\fmatchStrings\"\xad\x01\n" +
 	"\rPolicyFinding\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12,\n" +
 	"\bseverity\x18\x02 \x01(\x0e2\x10.sbx.v1.SeverityR\bseverity\x12\x12\n" +

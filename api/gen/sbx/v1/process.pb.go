@@ -645,6 +645,411 @@ func (x *ExecExited) GetOomKilled() bool {
 	return false
 }
 
+type LogsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Keep streaming new output until the command exits.
+	Follow bool `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Only output that arrived at or after this time (Unix milliseconds; 0: all).
+	SinceUnixMs int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	// Only the last this many lines of what is buffered (unset: all; 0: none,
+	// e.g. to follow only new output).
+	Tail          *uint32 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsRequest) Reset() {
+	*x = LogsRequest{}
+	mi := &file_sbx_v1_process_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsRequest) ProtoMessage() {}
+
+func (x *LogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
+func (*LogsRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *LogsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *LogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *LogsRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetTail() uint32 {
+	if x != nil && x.Tail != nil {
+		return *x.Tail
+	}
+	return 0
+}
+
+// LogsEvent is one event of a Logs stream: data, dropped and keepalive in
+// any order, and exited last if the command has exited.
+type LogsEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*LogsEvent_Data
+	//	*LogsEvent_Dropped
+	//	*LogsEvent_Keepalive
+	//	*LogsEvent_Exited
+	Event         isLogsEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsEvent) Reset() {
+	*x = LogsEvent{}
+	mi := &file_sbx_v1_process_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsEvent) ProtoMessage() {}
+
+func (x *LogsEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsEvent.ProtoReflect.Descriptor instead.
+func (*LogsEvent) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LogsEvent) GetEvent() isLogsEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *LogsEvent) GetData() *LogData {
+	if x != nil {
+		if x, ok := x.Event.(*LogsEvent_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *LogsEvent) GetDropped() *LogsDropped {
+	if x != nil {
+		if x, ok := x.Event.(*LogsEvent_Dropped); ok {
+			return x.Dropped
+		}
+	}
+	return nil
+}
+
+func (x *LogsEvent) GetKeepalive() *ExecKeepalive {
+	if x != nil {
+		if x, ok := x.Event.(*LogsEvent_Keepalive); ok {
+			return x.Keepalive
+		}
+	}
+	return nil
+}
+
+func (x *LogsEvent) GetExited() *ExecExited {
+	if x != nil {
+		if x, ok := x.Event.(*LogsEvent_Exited); ok {
+			return x.Exited
+		}
+	}
+	return nil
+}
+
+type isLogsEvent_Event interface {
+	isLogsEvent_Event()
+}
+
+type LogsEvent_Data struct {
+	Data *LogData `protobuf:"bytes,1,opt,name=data,proto3,oneof"`
+}
+
+type LogsEvent_Dropped struct {
+	// Output of the command this reader will not see: the agent's buffer
+	// dropped it before the reader got to it (the first event of a stream
+	// counts what was dropped since the command started, not what since or
+	// tail left out).
+	Dropped *LogsDropped `protobuf:"bytes,2,opt,name=dropped,proto3,oneof"`
+}
+
+type LogsEvent_Keepalive struct {
+	Keepalive *ExecKeepalive `protobuf:"bytes,3,opt,name=keepalive,proto3,oneof"`
+}
+
+type LogsEvent_Exited struct {
+	// The command has exited and all its buffered output was sent.
+	Exited *ExecExited `protobuf:"bytes,4,opt,name=exited,proto3,oneof"`
+}
+
+func (*LogsEvent_Data) isLogsEvent_Event() {}
+
+func (*LogsEvent_Dropped) isLogsEvent_Event() {}
+
+func (*LogsEvent_Keepalive) isLogsEvent_Event() {}
+
+func (*LogsEvent_Exited) isLogsEvent_Event() {}
+
+// LogData is a piece of the command's output from one stream.
+type LogData struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stderr bool                   `protobuf:"varint,1,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Data   []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// When the agent read the piece's first byte (Unix milliseconds).
+	TimeUnixMs    int64 `protobuf:"varint,3,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogData) Reset() {
+	*x = LogData{}
+	mi := &file_sbx_v1_process_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogData) ProtoMessage() {}
+
+func (x *LogData) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogData.ProtoReflect.Descriptor instead.
+func (*LogData) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LogData) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
+}
+
+func (x *LogData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *LogData) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+type LogsDropped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StdoutBytes   uint64                 `protobuf:"varint,1,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"`
+	StderrBytes   uint64                 `protobuf:"varint,2,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsDropped) Reset() {
+	*x = LogsDropped{}
+	mi := &file_sbx_v1_process_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsDropped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsDropped) ProtoMessage() {}
+
+func (x *LogsDropped) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsDropped.ProtoReflect.Descriptor instead.
+func (*LogsDropped) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LogsDropped) GetStdoutBytes() uint64 {
+	if x != nil {
+		return x.StdoutBytes
+	}
+	return 0
+}
+
+func (x *LogsDropped) GetStderrBytes() uint64 {
+	if x != nil {
+		return x.StderrBytes
+	}
+	return 0
+}
+
+type WaitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitRequest) Reset() {
+	*x = WaitRequest{}
+	mi := &file_sbx_v1_process_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitRequest) ProtoMessage() {}
+
+func (x *WaitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
+func (*WaitRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WaitRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type WaitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How the command ended (oom_killed is set by the daemon as for Exec).
+	Exited *ExecExited `protobuf:"bytes,1,opt,name=exited,proto3" json:"exited,omitempty"`
+	// The command that ran.
+	Command       []string `protobuf:"bytes,2,rep,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitResponse) Reset() {
+	*x = WaitResponse{}
+	mi := &file_sbx_v1_process_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitResponse) ProtoMessage() {}
+
+func (x *WaitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_process_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
+func (*WaitResponse) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_process_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WaitResponse) GetExited() *ExecExited {
+	if x != nil {
+		return x.Exited
+	}
+	return nil
+}
+
+func (x *WaitResponse) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
 var File_sbx_v1_process_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_process_proto_rawDesc = "" +
@@ -699,7 +1104,32 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilledB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\x85\x01\n" +
+	"\vLogsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x17\n" +
+	"\x04tail\x18\x04 \x01(\rH\x00R\x04tail\x88\x01\x01B\a\n" +
+	"\x05_tail\"\xd1\x01\n" +
+	"\tLogsEvent\x12%\n" +
+	"\x04data\x18\x01 \x01(\v2\x0f.sbx.v1.LogDataH\x00R\x04data\x12/\n" +
+	"\adropped\x18\x02 \x01(\v2\x13.sbx.v1.LogsDroppedH\x00R\adropped\x125\n" +
+	"\tkeepalive\x18\x03 \x01(\v2\x15.sbx.v1.ExecKeepaliveH\x00R\tkeepalive\x12,\n" +
+	"\x06exited\x18\x04 \x01(\v2\x12.sbx.v1.ExecExitedH\x00R\x06exitedB\a\n" +
+	"\x05event\"W\n" +
+	"\aLogData\x12\x16\n" +
+	"\x06stderr\x18\x01 \x01(\bR\x06stderr\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12 \n" +
+	"\ftime_unix_ms\x18\x03 \x01(\x03R\n" +
+	"timeUnixMs\"S\n" +
+	"\vLogsDropped\x12!\n" +
+	"\fstdout_bytes\x18\x01 \x01(\x04R\vstdoutBytes\x12!\n" +
+	"\fstderr_bytes\x18\x02 \x01(\x04R\vstderrBytes\"'\n" +
+	"\vWaitRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"T\n" +
+	"\fWaitResponse\x12*\n" +
+	"\x06exited\x18\x01 \x01(\v2\x12.sbx.v1.ExecExitedR\x06exited\x12\x18\n" +
+	"\acommand\x18\x02 \x03(\tR\acommandB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
 
 var (
 	file_sbx_v1_process_proto_rawDescOnce sync.Once
@@ -713,7 +1143,7 @@ func file_sbx_v1_process_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_process_proto_rawDescData
 }
 
-var file_sbx_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_sbx_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_sbx_v1_process_proto_goTypes = []any{
 	(*ExecRequest)(nil),   // 0: sbx.v1.ExecRequest
 	(*TerminalSize)(nil),  // 1: sbx.v1.TerminalSize
@@ -722,21 +1152,32 @@ var file_sbx_v1_process_proto_goTypes = []any{
 	(*ExecStarted)(nil),   // 4: sbx.v1.ExecStarted
 	(*ExecKeepalive)(nil), // 5: sbx.v1.ExecKeepalive
 	(*ExecExited)(nil),    // 6: sbx.v1.ExecExited
-	nil,                   // 7: sbx.v1.ExecRequest.EnvEntry
+	(*LogsRequest)(nil),   // 7: sbx.v1.LogsRequest
+	(*LogsEvent)(nil),     // 8: sbx.v1.LogsEvent
+	(*LogData)(nil),       // 9: sbx.v1.LogData
+	(*LogsDropped)(nil),   // 10: sbx.v1.LogsDropped
+	(*WaitRequest)(nil),   // 11: sbx.v1.WaitRequest
+	(*WaitResponse)(nil),  // 12: sbx.v1.WaitResponse
+	nil,                   // 13: sbx.v1.ExecRequest.EnvEntry
 }
 var file_sbx_v1_process_proto_depIdxs = []int32{
-	7, // 0: sbx.v1.ExecRequest.env:type_name -> sbx.v1.ExecRequest.EnvEntry
-	1, // 1: sbx.v1.ExecRequest.size:type_name -> sbx.v1.TerminalSize
-	0, // 2: sbx.v1.ExecInput.start:type_name -> sbx.v1.ExecRequest
-	1, // 3: sbx.v1.ExecInput.resize:type_name -> sbx.v1.TerminalSize
-	4, // 4: sbx.v1.ExecOutput.started:type_name -> sbx.v1.ExecStarted
-	5, // 5: sbx.v1.ExecOutput.keepalive:type_name -> sbx.v1.ExecKeepalive
-	6, // 6: sbx.v1.ExecOutput.exited:type_name -> sbx.v1.ExecExited
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	13, // 0: sbx.v1.ExecRequest.env:type_name -> sbx.v1.ExecRequest.EnvEntry
+	1,  // 1: sbx.v1.ExecRequest.size:type_name -> sbx.v1.TerminalSize
+	0,  // 2: sbx.v1.ExecInput.start:type_name -> sbx.v1.ExecRequest
+	1,  // 3: sbx.v1.ExecInput.resize:type_name -> sbx.v1.TerminalSize
+	4,  // 4: sbx.v1.ExecOutput.started:type_name -> sbx.v1.ExecStarted
+	5,  // 5: sbx.v1.ExecOutput.keepalive:type_name -> sbx.v1.ExecKeepalive
+	6,  // 6: sbx.v1.ExecOutput.exited:type_name -> sbx.v1.ExecExited
+	9,  // 7: sbx.v1.LogsEvent.data:type_name -> sbx.v1.LogData
+	10, // 8: sbx.v1.LogsEvent.dropped:type_name -> sbx.v1.LogsDropped
+	5,  // 9: sbx.v1.LogsEvent.keepalive:type_name -> sbx.v1.ExecKeepalive
+	6,  // 10: sbx.v1.LogsEvent.exited:type_name -> sbx.v1.ExecExited
+	6,  // 11: sbx.v1.WaitResponse.exited:type_name -> sbx.v1.ExecExited
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_process_proto_init() }
@@ -758,13 +1199,20 @@ func file_sbx_v1_process_proto_init() {
 		(*ExecOutput_Keepalive)(nil),
 		(*ExecOutput_Exited)(nil),
 	}
+	file_sbx_v1_process_proto_msgTypes[7].OneofWrappers = []any{}
+	file_sbx_v1_process_proto_msgTypes[8].OneofWrappers = []any{
+		(*LogsEvent_Data)(nil),
+		(*LogsEvent_Dropped)(nil),
+		(*LogsEvent_Keepalive)(nil),
+		(*LogsEvent_Exited)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_process_proto_rawDesc), len(file_sbx_v1_process_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -478,7 +478,11 @@ type CreateSandboxRequest struct {
 	// own box). With it, code in the box may create and manage sandboxes of
 	// its own (children, within its tenant's quotas) and see nothing else.
 	// Children die with their parent. Needs networking.
-	ScopedToken   bool `protobuf:"varint,19,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
+	ScopedToken bool `protobuf:"varint,19,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
+	// Do not start the image's ENTRYPOINT/CMD when no command is given (by
+	// default they are started, as docker run does). With a command, the
+	// image's ENTRYPOINT is still put in front of it unless this is set.
+	NoEntrypoint  bool `protobuf:"varint,20,opt,name=no_entrypoint,json=noEntrypoint,proto3" json:"no_entrypoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -642,6 +646,13 @@ func (x *CreateSandboxRequest) GetDomainSecrets() []*DomainSecret {
 func (x *CreateSandboxRequest) GetScopedToken() bool {
 	if x != nil {
 		return x.ScopedToken
+	}
+	return false
+}
+
+func (x *CreateSandboxRequest) GetNoEntrypoint() bool {
+	if x != nil {
+		return x.NoEntrypoint
 	}
 	return false
 }
@@ -1905,7 +1916,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xec\a\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x91\b\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1928,7 +1939,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\tcodebases\x18\x10 \x03(\v2\x15.sbx.v1.CodebaseMountR\tcodebases\x127\n" +
 	"\rpath_policies\x18\x11 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
 	"\x0edomain_secrets\x18\x12 \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x12!\n" +
-	"\fscoped_token\x18\x13 \x01(\bR\vscopedToken\x1a9\n" +
+	"\fscoped_token\x18\x13 \x01(\bR\vscopedToken\x12#\n" +
+	"\rno_entrypoint\x18\x14 \x01(\bR\fnoEntrypoint\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -2056,8 +2068,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
 	"\x13NETWORK_MODE_PUBLIC\x10\x02\x12\x16\n" +
-	"\x12NETWORK_MODE_ALLOW\x10\x032\xc3\n" +
-	"\n" +
+	"\x12NETWORK_MODE_ALLOW\x10\x032\xa8\v\n" +
 	"\x0eSandboxService\x12:\n" +
 	"\aVersion\x12\x16.sbx.v1.VersionRequest\x1a\x17.sbx.v1.VersionResponse\x12L\n" +
 	"\rCreateSandbox\x12\x1c.sbx.v1.CreateSandboxRequest\x1a\x1d.sbx.v1.CreateSandboxResponse\x12C\n" +
@@ -2079,7 +2090,9 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x06Remove\x12\x15.sbx.v1.RemoveRequest\x1a\x16.sbx.v1.RemoveResponse\x127\n" +
 	"\x06Rename\x12\x15.sbx.v1.RenameRequest\x1a\x16.sbx.v1.RenameResponse\x12B\n" +
 	"\tUploadTar\x12\x18.sbx.v1.UploadTarRequest\x1a\x19.sbx.v1.UploadTarResponse(\x01\x12>\n" +
-	"\vDownloadTar\x12\x1a.sbx.v1.DownloadTarRequest\x1a\x11.sbx.v1.FileChunk0\x01B,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
+	"\vDownloadTar\x12\x1a.sbx.v1.DownloadTarRequest\x1a\x11.sbx.v1.FileChunk0\x01\x120\n" +
+	"\x04Logs\x12\x13.sbx.v1.LogsRequest\x1a\x11.sbx.v1.LogsEvent0\x01\x121\n" +
+	"\x04Wait\x12\x13.sbx.v1.WaitRequest\x1a\x14.sbx.v1.WaitResponseB,Z*github.com/sbxdev/sbx/api/gen/sbx/v1;sbxv1b\x06proto3"
 
 var (
 	file_sbx_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2143,15 +2156,19 @@ var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(*RenameRequest)(nil),           // 44: sbx.v1.RenameRequest
 	(*UploadTarRequest)(nil),        // 45: sbx.v1.UploadTarRequest
 	(*DownloadTarRequest)(nil),      // 46: sbx.v1.DownloadTarRequest
-	(*ExecOutput)(nil),              // 47: sbx.v1.ExecOutput
-	(*FileChunk)(nil),               // 48: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),       // 49: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),         // 50: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),            // 51: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),         // 52: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),          // 53: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),          // 54: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),       // 55: sbx.v1.UploadTarResponse
+	(*LogsRequest)(nil),             // 47: sbx.v1.LogsRequest
+	(*WaitRequest)(nil),             // 48: sbx.v1.WaitRequest
+	(*ExecOutput)(nil),              // 49: sbx.v1.ExecOutput
+	(*FileChunk)(nil),               // 50: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),       // 51: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),         // 52: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),            // 53: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),         // 54: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),          // 55: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),          // 56: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),       // 57: sbx.v1.UploadTarResponse
+	(*LogsEvent)(nil),               // 58: sbx.v1.LogsEvent
+	(*WaitResponse)(nil),            // 59: sbx.v1.WaitResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
@@ -2205,28 +2222,32 @@ var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	44, // 48: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
 	45, // 49: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
 	46, // 50: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	4,  // 51: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	10, // 52: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	14, // 53: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	16, // 54: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	18, // 55: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	20, // 56: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	22, // 57: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	26, // 58: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
-	24, // 59: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
-	47, // 60: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	47, // 61: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	48, // 62: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	49, // 63: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	50, // 64: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	51, // 65: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	52, // 66: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	53, // 67: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	54, // 68: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	55, // 69: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	48, // 70: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
+	47, // 51: sbx.v1.SandboxService.Logs:input_type -> sbx.v1.LogsRequest
+	48, // 52: sbx.v1.SandboxService.Wait:input_type -> sbx.v1.WaitRequest
+	4,  // 53: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	10, // 54: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	14, // 55: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	16, // 56: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	18, // 57: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	20, // 58: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	22, // 59: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	26, // 60: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
+	24, // 61: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	49, // 62: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	49, // 63: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	50, // 64: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	51, // 65: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	52, // 66: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	53, // 67: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	54, // 68: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	55, // 69: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	56, // 70: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	57, // 71: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	50, // 72: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	58, // 73: sbx.v1.SandboxService.Logs:output_type -> sbx.v1.LogsEvent
+	59, // 74: sbx.v1.SandboxService.Wait:output_type -> sbx.v1.WaitResponse
+	53, // [53:75] is the sub-list for method output_type
+	31, // [31:53] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name

@@ -73,6 +73,10 @@ const (
 	// AgentServiceRemoveDetachedProcedure is the fully-qualified name of the AgentService's
 	// RemoveDetached RPC.
 	AgentServiceRemoveDetachedProcedure = "/agent.v1.AgentService/RemoveDetached"
+	// AgentServiceLogsProcedure is the fully-qualified name of the AgentService's Logs RPC.
+	AgentServiceLogsProcedure = "/agent.v1.AgentService/Logs"
+	// AgentServiceWaitProcedure is the fully-qualified name of the AgentService's Wait RPC.
+	AgentServiceWaitProcedure = "/agent.v1.AgentService/Wait"
 )
 
 // AgentServiceClient is a client for the agent.v1.AgentService service.
@@ -117,6 +121,11 @@ type AgentServiceClient interface {
 	// RemoveDetached SIGKILLs a detached process's group (if it still runs)
 	// and forgets it. An unknown id is NotFound.
 	RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error)
+	// Logs and Wait read the sandbox's own command (the entrypoint) as the
+	// public API's Logs and Wait do (the sandbox field is ignored). Since
+	// protocol 3.
+	Logs(context.Context, *connect.Request[v11.LogsRequest]) (*connect.ServerStreamForClient[v11.LogsEvent], error)
+	Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the agent.v1.AgentService service. By default, it
@@ -226,6 +235,18 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("RemoveDetached")),
 			connect.WithClientOptions(opts...),
 		),
+		logs: connect.NewClient[v11.LogsRequest, v11.LogsEvent](
+			httpClient,
+			baseURL+AgentServiceLogsProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Logs")),
+			connect.WithClientOptions(opts...),
+		),
+		wait: connect.NewClient[v11.WaitRequest, v11.WaitResponse](
+			httpClient,
+			baseURL+AgentServiceWaitProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Wait")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -247,6 +268,8 @@ type agentServiceClient struct {
 	attach         *connect.Client[v1.AttachInput, v1.AttachOutput]
 	listDetached   *connect.Client[v1.ListDetachedRequest, v1.ListDetachedResponse]
 	removeDetached *connect.Client[v1.RemoveDetachedRequest, v1.RemoveDetachedResponse]
+	logs           *connect.Client[v11.LogsRequest, v11.LogsEvent]
+	wait           *connect.Client[v11.WaitRequest, v11.WaitResponse]
 }
 
 // Hello calls agent.v1.AgentService.Hello.
@@ -329,6 +352,16 @@ func (c *agentServiceClient) RemoveDetached(ctx context.Context, req *connect.Re
 	return c.removeDetached.CallUnary(ctx, req)
 }
 
+// Logs calls agent.v1.AgentService.Logs.
+func (c *agentServiceClient) Logs(ctx context.Context, req *connect.Request[v11.LogsRequest]) (*connect.ServerStreamForClient[v11.LogsEvent], error) {
+	return c.logs.CallServerStream(ctx, req)
+}
+
+// Wait calls agent.v1.AgentService.Wait.
+func (c *agentServiceClient) Wait(ctx context.Context, req *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error) {
+	return c.wait.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
@@ -371,6 +404,11 @@ type AgentServiceHandler interface {
 	// RemoveDetached SIGKILLs a detached process's group (if it still runs)
 	// and forgets it. An unknown id is NotFound.
 	RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error)
+	// Logs and Wait read the sandbox's own command (the entrypoint) as the
+	// public API's Logs and Wait do (the sandbox field is ignored). Since
+	// protocol 3.
+	Logs(context.Context, *connect.Request[v11.LogsRequest], *connect.ServerStream[v11.LogsEvent]) error
+	Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -476,6 +514,18 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("RemoveDetached")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceLogsHandler := connect.NewServerStreamHandler(
+		AgentServiceLogsProcedure,
+		svc.Logs,
+		connect.WithSchema(agentServiceMethods.ByName("Logs")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceWaitHandler := connect.NewUnaryHandler(
+		AgentServiceWaitProcedure,
+		svc.Wait,
+		connect.WithSchema(agentServiceMethods.ByName("Wait")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHelloProcedure:
@@ -510,6 +560,10 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceListDetachedHandler.ServeHTTP(w, r)
 		case AgentServiceRemoveDetachedProcedure:
 			agentServiceRemoveDetachedHandler.ServeHTTP(w, r)
+		case AgentServiceLogsProcedure:
+			agentServiceLogsHandler.ServeHTTP(w, r)
+		case AgentServiceWaitProcedure:
+			agentServiceWaitHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -581,4 +635,12 @@ func (UnimplementedAgentServiceHandler) ListDetached(context.Context, *connect.R
 
 func (UnimplementedAgentServiceHandler) RemoveDetached(context.Context, *connect.Request[v1.RemoveDetachedRequest]) (*connect.Response[v1.RemoveDetachedResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.RemoveDetached is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Logs(context.Context, *connect.Request[v11.LogsRequest], *connect.ServerStream[v11.LogsEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Logs is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Wait is not implemented"))
 }

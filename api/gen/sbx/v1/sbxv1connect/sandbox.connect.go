@@ -86,6 +86,10 @@ const (
 	// SandboxServiceDownloadTarProcedure is the fully-qualified name of the SandboxService's
 	// DownloadTar RPC.
 	SandboxServiceDownloadTarProcedure = "/sbx.v1.SandboxService/DownloadTar"
+	// SandboxServiceLogsProcedure is the fully-qualified name of the SandboxService's Logs RPC.
+	SandboxServiceLogsProcedure = "/sbx.v1.SandboxService/Logs"
+	// SandboxServiceWaitProcedure is the fully-qualified name of the SandboxService's Wait RPC.
+	SandboxServiceWaitProcedure = "/sbx.v1.SandboxService/Wait"
 )
 
 // SandboxServiceClient is a client for the sbx.v1.SandboxService service.
@@ -124,6 +128,18 @@ type SandboxServiceClient interface {
 	UploadTar(context.Context) *connect.ClientStreamForClient[v1.UploadTarRequest, v1.UploadTarResponse]
 	// DownloadTar streams a directory (or file) of the sandbox as a tar.
 	DownloadTar(context.Context, *connect.Request[v1.DownloadTarRequest]) (*connect.ServerStreamForClient[v1.FileChunk], error)
+	// Logs streams the output of the sandbox's own command (create's command,
+	// else its image's ENTRYPOINT/CMD) from the bounded buffer its agent keeps
+	// (the newest 1 MiB of each stream; older bytes are dropped and counted).
+	// Without follow the stream ends after what is buffered; with follow it
+	// ends when the command has exited and its output is sent. Any number of
+	// clients may read or follow at once; a reader that goes away does not
+	// affect the command. A sandbox without a command is FailedPrecondition.
+	Logs(context.Context, *connect.Request[v1.LogsRequest]) (*connect.ServerStreamForClient[v1.LogsEvent], error)
+	// Wait returns once the sandbox's own command has exited, with its exit
+	// status (kept for the sandbox's life; any number of waiters). A sandbox
+	// without a command is FailedPrecondition.
+	Wait(context.Context, *connect.Request[v1.WaitRequest]) (*connect.Response[v1.WaitResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the sbx.v1.SandboxService service. By default, it
@@ -257,6 +273,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("DownloadTar")),
 			connect.WithClientOptions(opts...),
 		),
+		logs: connect.NewClient[v1.LogsRequest, v1.LogsEvent](
+			httpClient,
+			baseURL+SandboxServiceLogsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Logs")),
+			connect.WithClientOptions(opts...),
+		),
+		wait: connect.NewClient[v1.WaitRequest, v1.WaitResponse](
+			httpClient,
+			baseURL+SandboxServiceWaitProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Wait")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -282,6 +310,8 @@ type sandboxServiceClient struct {
 	rename          *connect.Client[v1.RenameRequest, v1.RenameResponse]
 	uploadTar       *connect.Client[v1.UploadTarRequest, v1.UploadTarResponse]
 	downloadTar     *connect.Client[v1.DownloadTarRequest, v1.FileChunk]
+	logs            *connect.Client[v1.LogsRequest, v1.LogsEvent]
+	wait            *connect.Client[v1.WaitRequest, v1.WaitResponse]
 }
 
 // Version calls sbx.v1.SandboxService.Version.
@@ -384,6 +414,16 @@ func (c *sandboxServiceClient) DownloadTar(ctx context.Context, req *connect.Req
 	return c.downloadTar.CallServerStream(ctx, req)
 }
 
+// Logs calls sbx.v1.SandboxService.Logs.
+func (c *sandboxServiceClient) Logs(ctx context.Context, req *connect.Request[v1.LogsRequest]) (*connect.ServerStreamForClient[v1.LogsEvent], error) {
+	return c.logs.CallServerStream(ctx, req)
+}
+
+// Wait calls sbx.v1.SandboxService.Wait.
+func (c *sandboxServiceClient) Wait(ctx context.Context, req *connect.Request[v1.WaitRequest]) (*connect.Response[v1.WaitResponse], error) {
+	return c.wait.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the sbx.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Version(context.Context, *connect.Request[v1.VersionRequest]) (*connect.Response[v1.VersionResponse], error)
@@ -420,6 +460,18 @@ type SandboxServiceHandler interface {
 	UploadTar(context.Context, *connect.ClientStream[v1.UploadTarRequest]) (*connect.Response[v1.UploadTarResponse], error)
 	// DownloadTar streams a directory (or file) of the sandbox as a tar.
 	DownloadTar(context.Context, *connect.Request[v1.DownloadTarRequest], *connect.ServerStream[v1.FileChunk]) error
+	// Logs streams the output of the sandbox's own command (create's command,
+	// else its image's ENTRYPOINT/CMD) from the bounded buffer its agent keeps
+	// (the newest 1 MiB of each stream; older bytes are dropped and counted).
+	// Without follow the stream ends after what is buffered; with follow it
+	// ends when the command has exited and its output is sent. Any number of
+	// clients may read or follow at once; a reader that goes away does not
+	// affect the command. A sandbox without a command is FailedPrecondition.
+	Logs(context.Context, *connect.Request[v1.LogsRequest], *connect.ServerStream[v1.LogsEvent]) error
+	// Wait returns once the sandbox's own command has exited, with its exit
+	// status (kept for the sandbox's life; any number of waiters). A sandbox
+	// without a command is FailedPrecondition.
+	Wait(context.Context, *connect.Request[v1.WaitRequest]) (*connect.Response[v1.WaitResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -549,6 +601,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("DownloadTar")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceLogsHandler := connect.NewServerStreamHandler(
+		SandboxServiceLogsProcedure,
+		svc.Logs,
+		connect.WithSchema(sandboxServiceMethods.ByName("Logs")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWaitHandler := connect.NewUnaryHandler(
+		SandboxServiceWaitProcedure,
+		svc.Wait,
+		connect.WithSchema(sandboxServiceMethods.ByName("Wait")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sbx.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceVersionProcedure:
@@ -591,6 +655,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceUploadTarHandler.ServeHTTP(w, r)
 		case SandboxServiceDownloadTarProcedure:
 			sandboxServiceDownloadTarHandler.ServeHTTP(w, r)
+		case SandboxServiceLogsProcedure:
+			sandboxServiceLogsHandler.ServeHTTP(w, r)
+		case SandboxServiceWaitProcedure:
+			sandboxServiceWaitHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -678,4 +746,12 @@ func (UnimplementedSandboxServiceHandler) UploadTar(context.Context, *connect.Cl
 
 func (UnimplementedSandboxServiceHandler) DownloadTar(context.Context, *connect.Request[v1.DownloadTarRequest], *connect.ServerStream[v1.FileChunk]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.DownloadTar is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Logs(context.Context, *connect.Request[v1.LogsRequest], *connect.ServerStream[v1.LogsEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.Logs is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Wait(context.Context, *connect.Request[v1.WaitRequest]) (*connect.Response[v1.WaitResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.Wait is not implemented"))
 }

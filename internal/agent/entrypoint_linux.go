@@ -1,0 +1,268 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+)
+
+// The entrypoint is the sandbox's own command: create's command, else its
+// image's ENTRYPOINT/CMD. Its output goes to a logRing (the newest
+// maxDetachedOutput bytes of each stream, older bytes dropped and counted),
+// never to the agent's own log, which is a file on the host; any number of
+// clients read or follow it (Logs) and wait for its exit (Wait), whose
+// status is kept for the sandbox's life. Nothing a reader does (or fails to
+// do) holds the command back: the ring never blocks it.
+
+// entryProc is a started entrypoint.
+type entryProc struct {
+	argv []string
+	p    *process
+
+	// mu guards the fields below; cond (on mu) is broadcast on every change.
+	mu      sync.Mutex
+	cond    *sync.Cond
+	log     logRing
+	readers int               // output pumps still reading
+	exit    *sbxv1.ExecExited // set once the process exited and its output is all read
+}
+
+// startEntrypoint starts the sandbox's long-running command with the
+// current defaults (see startEntrypointLocked).
+func (s *Server) startEntrypoint(argv []string) error {
+	s.configureMu.Lock()
+	defer s.configureMu.Unlock()
+	env, dir, userSpec := s.defaults()
+	user, err := s.lookupUser("entrypoint", userSpec)
+	if err != nil {
+		return err
+	}
+	return s.startEntrypointLocked(argv, env, dir, user)
+}
+
+// startEntrypointLocked starts the sandbox's long-running command in the
+// background as user (nil: root), replacing an earlier entrypoint that has
+// exited; its exit is logged. A command that cannot start (not found, not
+// executable, no such workdir) is a *startError.
+// s.configureMu must be held.
+func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *userInfo) error {
+	if old := s.entry.Load(); old != nil && !old.p.exited.Load() {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the entrypoint started before is still running"))
+	}
+	env = userEnv(env, user)
+	name := argv[0]
+	if !filepath.IsAbs(name) && strings.ContainsRune(name, '/') {
+		name = filepath.Join(dir, name)
+	}
+	path, err := lookPath(name, envLookup(env, "PATH"))
+	if err != nil {
+		return err
+	}
+	p, err := s.spawn(path, argv, env, dir, user, &sbxv1.ExecRequest{})
+	if err != nil {
+		return err
+	}
+	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: maxDetachedOutput}}
+	if p.stderr != nil {
+		e.readers++
+	}
+	e.cond = sync.NewCond(&e.mu)
+	s.entry.Store(e)
+	go e.pump(s, p.stdout, false)
+	if p.stderr != nil {
+		go e.pump(s, p.stderr, true)
+	}
+	go func() {
+		e.watch()
+		st := e.wait(context.Background())
+		s.log.Info("entrypoint exited", "pid", p.pid, "exit_code", st.GetExitCode(), "signal", st.GetSignal(), "after", time.Since(p.started).Round(time.Millisecond))
+	}()
+	s.log.Info("entrypoint started", "argv", argv, "pid", p.pid)
+	return nil
+}
+
+// pump moves f's output into the ring until EOF, error or the drain
+// deadline.
+func (e *entryProc) pump(s *Server, f *os.File, stderr bool) {
+	buf := make([]byte, chunkSize)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			data := slices.Clone(buf[:n])
+			e.mu.Lock()
+			e.log.add(stderr, data, time.Now())
+			e.cond.Broadcast()
+			e.mu.Unlock()
+		}
+		if err != nil {
+			e.mu.Lock()
+			e.readers--
+			last := e.readers == 0
+			e.cond.Broadcast()
+			e.mu.Unlock()
+			if last && !e.p.exited.Load() {
+				s.reaper.poll(e.p.pid)
+			}
+			return
+		}
+	}
+}
+
+// watch waits for the process to exit and its output to be read, then
+// records the exit status and releases the stdio.
+func (e *entryProc) watch() {
+	st := <-e.p.done
+	e.p.exited.Store(true)
+	// A background grandchild may hold the pipes open: read what is there,
+	// but not for long.
+	deadline := time.Now().Add(drainTimeout)
+	e.p.stdout.SetReadDeadline(deadline)
+	if e.p.stderr != nil {
+		e.p.stderr.SetReadDeadline(deadline)
+	}
+	e.mu.Lock()
+	for e.readers > 0 {
+		e.cond.Wait()
+	}
+	code, sig := exitCode(st.ws)
+	e.exit = &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(e.p.started).Milliseconds()}
+	e.cond.Broadcast()
+	e.mu.Unlock()
+	e.p.close()
+}
+
+// wait blocks until e has exited and its output is read, or ctx ends (nil).
+func (e *entryProc) wait(ctx context.Context) *sbxv1.ExecExited {
+	defer context.AfterFunc(ctx, func() {
+		e.mu.Lock()
+		e.cond.Broadcast()
+		e.mu.Unlock()
+	})()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.exit == nil && ctx.Err() == nil {
+		e.cond.Wait()
+	}
+	return e.exit
+}
+
+// errNoEntrypoint answers Logs and Wait in a sandbox without a command.
+func errNoEntrypoint() error {
+	return connect.NewError(connect.CodeFailedPrecondition,
+		errors.New("the sandbox has no command (created without one, from an image without ENTRYPOINT or CMD, or with no_entrypoint)"))
+}
+
+// Logs streams the entrypoint's output (see sbx.v1 SandboxService.Logs).
+func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsRequest], out *connect.ServerStream[sbxv1.LogsEvent]) error {
+	e := s.entry.Load()
+	if e == nil {
+		return errNoEntrypoint()
+	}
+	var since time.Time
+	if ms := req.Msg.GetSinceUnixMs(); ms > 0 {
+		since = time.UnixMilli(ms)
+	}
+	tail := int64(-1)
+	if req.Msg.Tail != nil {
+		tail = int64(req.Msg.GetTail())
+	}
+	follow := req.Msg.GetFollow()
+	wake := func() {
+		e.mu.Lock()
+		e.cond.Broadcast()
+		e.mu.Unlock()
+	}
+	defer context.AfterFunc(ctx, wake)()
+	if follow {
+		t := time.NewTicker(keepaliveIdle)
+		defer t.Stop()
+		quit := make(chan struct{})
+		defer close(quit)
+		go func() {
+			for {
+				select {
+				case <-t.C:
+					wake()
+				case <-quit:
+					return
+				}
+			}
+		}()
+	}
+
+	e.mu.Lock()
+	cur := e.log.cursor(since, tail)
+	before := e.log.dropped()
+	e.mu.Unlock()
+	if before != [2]uint64{} {
+		if err := out.Send(droppedEvent(before)); err != nil {
+			return err
+		}
+	}
+	lastSend := time.Now()
+	for {
+		e.mu.Lock()
+		for follow && ctx.Err() == nil && e.exit == nil && !e.log.unread(cur) && time.Since(lastSend) < keepaliveIdle {
+			e.cond.Wait()
+		}
+		chunks, dropped := e.log.read(&cur)
+		exit := e.exit
+		e.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if dropped != [2]uint64{} {
+			if err := out.Send(droppedEvent(dropped)); err != nil {
+				return err
+			}
+		}
+		for _, c := range chunks {
+			ev := &sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Data{Data: &sbxv1.LogData{Stderr: c.stderr, Data: c.data, TimeUnixMs: c.at.UnixMilli()}}}
+			if err := out.Send(ev); err != nil {
+				return err
+			}
+			lastSend = time.Now()
+		}
+		if exit != nil {
+			// The exit is recorded only after all output was read, and this
+			// read took everything: nothing comes after it.
+			return out.Send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Exited{Exited: exit}})
+		}
+		if !follow {
+			return nil
+		}
+		if len(chunks) == 0 && time.Since(lastSend) >= keepaliveIdle {
+			if err := out.Send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
+				return err
+			}
+			lastSend = time.Now()
+		}
+	}
+}
+
+func droppedEvent(d [2]uint64) *sbxv1.LogsEvent {
+	return &sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Dropped{Dropped: &sbxv1.LogsDropped{StdoutBytes: d[0], StderrBytes: d[1]}}}
+}
+
+// Wait returns once the entrypoint has exited (see sbx.v1
+// SandboxService.Wait).
+func (s *Server) Wait(ctx context.Context, _ *connect.Request[sbxv1.WaitRequest]) (*connect.Response[sbxv1.WaitResponse], error) {
+	e := s.entry.Load()
+	if e == nil {
+		return nil, errNoEntrypoint()
+	}
+	st := e.wait(ctx)
+	if st == nil {
+		return nil, ctx.Err()
+	}
+	return connect.NewResponse(&sbxv1.WaitResponse{Exited: st, Command: e.argv}), nil
+}
