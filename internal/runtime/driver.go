@@ -232,3 +232,34 @@ type DiffLimits struct {
 	// sb-1's disk limit"); "" gives a generic name.
 	DataWhat, ApparentWhat string
 }
+
+// Watcher is implemented by drivers that can tell when a box's init (the
+// agent) ends on its own — killed from the host, OOM-killed, crashed — so the
+// caller can stop calling the box running (attack class 5: a box that is
+// running but cannot exec is a bug). Watch returns a channel that receives
+// one Exit when the init of box h is gone and is then closed; if it is gone
+// already (it died while the daemon was down), the Exit is in the channel
+// when Watch returns, so a non-blocking receive right after Watch tells. The
+// watch ends, the channel closed without an Exit, once ctx is done; Destroy
+// ends it too (the init's death is then no news: the caller destroyed it).
+// Watching must not cost a busy loop per box: the oci driver parks one
+// goroutine per box on a pidfd in Go's netpoller (epoll), holding no thread.
+// Watch fails with an error wrapping errors.ErrUnsupported for a box whose
+// handle does not say which process is its init.
+type Watcher interface {
+	Watch(ctx context.Context, h Handle) (<-chan Exit, error)
+}
+
+// Exit says how a box's init ended.
+type Exit struct {
+	// Reason is for humans and names what happened: "OOM-killed (SIGKILL)",
+	// "killed by signal SIGKILL", "exited with status 2", or why it is not
+	// known ("exited; status unknown: ...").
+	Reason string
+	// Signal is the number of the signal that killed the init (0 if it
+	// exited or is not known).
+	Signal int
+	// OOMKilled is set when the box's own OOM-kill count (the agent's, not
+	// user code's) rose while the init was watched.
+	OOMKilled bool
+}

@@ -119,7 +119,7 @@ func (m *Manager) freezeLocked(ctx context.Context, b *box) (thaw func(), err er
 		return func() {}, nil
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
 	default:
-		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return nil, b.notRunning(st)
 	}
 	if err := b.require(ctx, runtime.CapPause, "freezing a running sandbox to read its files"); err != nil {
 		return nil, err

@@ -132,6 +132,20 @@ type box struct {
 	net    network.Attachment
 }
 
+// notRunning is the error for an operation that needs b running while it
+// is in state st: a failed box's error says why it failed (its agent died).
+func (b *box) notRunning(st sbxv1.SandboxState) error {
+	if st == sbxv1.SandboxState_SANDBOX_STATE_FAILED {
+		b.mu.Lock()
+		detail := b.rec.StateDetail
+		b.mu.Unlock()
+		if detail != "" {
+			return fmt.Errorf("sandbox %s is failed (%s): %w", b.id, detail, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+}
+
 func (b *box) state() sbxv1.SandboxState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -361,6 +375,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return fail(err)
 	}
 	crashpoint.Hit("create-running")
+	m.watch(b, "agent died")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
 	return m.toProto(b, nil), nil
 }
@@ -666,7 +681,7 @@ func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
 		return nil
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
 	default:
-		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return b.notRunning(st)
 	}
 	if err := b.require(ctx, runtime.CapPause, "stopping a sandbox"); err != nil {
 		return err
@@ -693,7 +708,7 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 		return m.toProto(b, nil), nil
 	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 	default:
-		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return nil, b.notRunning(st)
 	}
 	b.mu.Lock()
 	h := b.handle
@@ -791,7 +806,7 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	case st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 		return nil, nil, fmt.Errorf("sandbox %s is stopped; start it first: %w", b.id, errdefs.ErrFailedPrecondition)
 	case st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil:
-		return nil, nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return nil, nil, b.notRunning(st)
 	}
 	b.busy.Add(1)
 	m.touch(b)

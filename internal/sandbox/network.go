@@ -105,7 +105,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	if st := b.state(); st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
-		return nil, fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return nil, b.notRunning(st)
 	}
 	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec, pol))
 	if err != nil {

@@ -397,6 +397,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		return fail(err)
 	}
+	m.watch(b, "agent died")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime, "warm", true)
 	return m.toProto(b, nil), nil
 }

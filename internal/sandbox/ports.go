@@ -44,7 +44,7 @@ func (m *Manager) RunningID(ctx context.Context, ref string) (string, error) {
 	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 		return "", fmt.Errorf("sandbox %s is stopped; start it first: %w", b.id, errdefs.ErrFailedPrecondition)
 	default:
-		return "", fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return "", b.notRunning(st)
 	}
 }
 

@@ -135,15 +135,27 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	case sbxv1.SandboxState_SANDBOX_STATE_CREATING:
 		return drop("daemon stopped while the sandbox was being created")
 	default:
-		return drop("daemon stopped while the sandbox was " + rec.State)
-	}
-	nh, err := drv.Recover(ctx, h)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return drop("found dead after daemon restart")
+		why := "daemon stopped while the sandbox was " + rec.State
+		if rec.StateDetail != "" {
+			why += " (" + rec.StateDetail + ")"
 		}
-		return drop("could not re-attach after daemon restart: " + err.Error())
+		return drop(why)
 	}
+	// An init that died while the daemon was down leaves the sandbox
+	// failed, saying so, rather than silently gone (drv.Recover would
+	// destroy the box): its resources stay until it is destroyed.
+	dead, exit := initExited(ctx, drv, h)
+	nh := h
+	if !dead {
+		var err error
+		if nh, err = drv.Recover(ctx, h); err != nil {
+			if errdefs.IsNotFound(err) {
+				return drop("found dead after daemon restart")
+			}
+			return drop("could not re-attach after daemon restart: " + err.Error())
+		}
+	}
+	var err error
 	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
 	if m.cfg.Network != nil {
 		if att, err = m.cfg.Network.Recover(ctx, rec.ID, m.domainSecrets(rec.ID, spec)); err != nil {
@@ -161,6 +173,14 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
 	}
 	b.conn = agentConn(drv, nh)
+	if dead {
+		if err := m.reserve(b, nil); err != nil {
+			b.conn.Close()
+			return drop("name clash during recovery: " + err.Error())
+		}
+		m.agentExited(b, "agent died while the daemon was down", exit, false)
+		return true
+	}
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := b.conn.Hello(hctx)
@@ -188,7 +208,29 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		return drop("name clash during recovery: " + err.Error())
 	}
 	log.Info("sandbox re-attached", "state", rec.State)
+	m.watch(b, "agent died")
 	return true
+}
+
+// initExited reports whether the init of box h is gone already, for
+// drivers that can tell (runtime.Watcher).
+func initExited(ctx context.Context, drv runtime.Driver, h runtime.Handle) (bool, runtime.Exit) {
+	w, ok := drv.(runtime.Watcher)
+	if !ok {
+		return false, runtime.Exit{}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the driver's watch
+	ch, err := w.Watch(ctx, h)
+	if err != nil {
+		return false, runtime.Exit{}
+	}
+	select {
+	case ex, ok := <-ch:
+		return ok, ex
+	default:
+		return false, runtime.Exit{}
+	}
 }
 
 // Run starts the background loop that enforces lifetimes and idle timeouts
@@ -248,7 +290,10 @@ func (m *Manager) enforceTimeouts() {
 		b.mu.Lock()
 		st, exp := stateOf(b.rec.State), b.rec.ExpiresAtMs
 		b.mu.Unlock()
-		if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
+		// A failed box (its agent died) still holds its resources until
+		// destroyed: its lifetime ends it like any other.
+		if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED &&
+			st != sbxv1.SandboxState_SANDBOX_STATE_FAILED {
 			continue
 		}
 		switch {

@@ -50,7 +50,7 @@ func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
 	switch st := b.state(); st {
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING, sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 	default:
-		return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
+		return b.notRunning(st)
 	}
 	if err := b.require(ctx, runtime.CapSnapshot, "snapshots and diffs of a sandbox's files"); err != nil {
 		return err
