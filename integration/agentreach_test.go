@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -83,22 +86,30 @@ func TestAgentServesThroughForkBomb(t *testing.T) {
 	defer stopBomb()
 	bombDone := make(chan error, 1)
 	go func() {
-		_, err := sb.RunShell(bombCtx, "timeout -s KILL 8 /bin/sh -c 'f() { f | f & }; f; sleep 30' 2>/dev/null; true")
+		// bash keeps forking when a fork fails, and every child holds its
+		// pid: the box's user pids stay full until timeout kills the
+		// whole process group. (A dash fork bomb dies out: dash exits on a
+		// failed fork, so the check below sometimes never saw the limit.)
+		_, err := sb.RunShell(bombCtx, "timeout -s KILL 20 bash -c 'while :; do sleep 1000 & done' >/dev/null 2>&1; true")
 		bombDone <- err
 	}()
-	// Wait for the bomb to reach the limit: an exec is refused a fork.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		res, err := sb.Run(rctx, "true")
-		cancel()
-		if err != nil || res.Code != 0 {
-			break
+	// Wait for the bomb to fill the box's user pids (read on the host).
+	userPids := func(file string) string {
+		paths, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids/*", sb.ID, "user", file))
+		if len(paths) != 1 {
+			t.Fatalf("the user pids cgroup of %s: found %v", sb.ID, paths)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the fork bomb never filled the box's pids")
+		b, err := os.ReadFile(paths[0])
+		if err != nil {
+			t.Fatal(err)
 		}
+		return strings.TrimSpace(string(b))
 	}
+	max := userPids("pids.max")
+	waitUntil(t, 15*time.Second, func() bool { return userPids("pids.current") == max },
+		func() string {
+			return fmt.Sprintf("the fork bomb holds %s of the box's %s user pids", userPids("pids.current"), max)
+		})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var hung []string
@@ -130,7 +141,7 @@ func TestAgentServesThroughForkBomb(t *testing.T) {
 	// The bomb's orphans may hold pids for a while after timeout kills its
 	// shell: kill them (kill -1 spares PID 1 and the caller), retrying
 	// while a fork is refused.
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		res, err := sb.RunShell(rctx, "kill -9 -1 2>/dev/null; true")
