@@ -216,15 +216,7 @@ func (d *detachedProc) pump(s *Server, f *os.File, stderr bool) {
 // watch waits for the process to exit and its output to be read, then
 // records the exit status and releases the stdio.
 func (d *detachedProc) watch() {
-	st := <-d.p.done
-	d.p.exited.Store(true)
-	// A background grandchild may hold the pipes open: read what is there,
-	// but not for long.
-	deadline := time.Now().Add(drainTimeout)
-	d.p.stdout.SetReadDeadline(deadline)
-	if d.p.stderr != nil {
-		d.p.stderr.SetReadDeadline(deadline)
-	}
+	st := d.p.exitedDraining()
 	d.mu.Lock()
 	for d.readers > 0 {
 		d.cond.Wait()

@@ -120,15 +120,7 @@ func (e *entryProc) pump(s *Server, f *os.File, stderr bool) {
 // watch waits for the process to exit and its output to be read, then
 // records the exit status and releases the stdio.
 func (e *entryProc) watch() {
-	st := <-e.p.done
-	e.p.exited.Store(true)
-	// A background grandchild may hold the pipes open: read what is there,
-	// but not for long.
-	deadline := time.Now().Add(drainTimeout)
-	e.p.stdout.SetReadDeadline(deadline)
-	if e.p.stderr != nil {
-		e.p.stderr.SetReadDeadline(deadline)
-	}
+	st := e.p.exitedDraining()
 	e.mu.Lock()
 	for e.readers > 0 {
 		e.cond.Wait()

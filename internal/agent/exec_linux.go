@@ -461,13 +461,7 @@ func (s *Server) wait(ctx context.Context, stream execStream, req *sbxv1.ExecReq
 			exited, done = true, nil
 			p.exited.Store(true)
 			if readers > 0 {
-				// A background grandchild may hold the pipes open: read
-				// what is there, but not for long.
-				deadline := time.Now().Add(drainTimeout)
-				p.stdout.SetReadDeadline(deadline)
-				if p.stderr != nil {
-					p.stderr.SetReadDeadline(deadline)
-				}
+				p.drainSoon()
 			}
 		case <-timeout:
 			timedOut, timeout = true, nil
@@ -614,6 +608,26 @@ func (p *process) kill() {
 	if !p.exited.Load() {
 		unix.Kill(-p.pid, unix.SIGKILL)
 	}
+}
+
+// drainSoon bounds the reads of an exited process's output: a background
+// grandchild may hold the pipes open, so what is there is read, but not for
+// long.
+func (p *process) drainSoon() {
+	deadline := time.Now().Add(drainTimeout)
+	p.stdout.SetReadDeadline(deadline)
+	if p.stderr != nil {
+		p.stderr.SetReadDeadline(deadline)
+	}
+}
+
+// exitedDraining waits for the process to exit, marks it exited and bounds
+// the reads of what it left in its pipes (drainSoon).
+func (p *process) exitedDraining() exitStatus {
+	st := <-p.done
+	p.exited.Store(true)
+	p.drainSoon()
+	return st
 }
 
 // close releases the parent's ends of the child's stdio.
