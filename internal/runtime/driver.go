@@ -12,8 +12,11 @@ import (
 	"io"
 	"net"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
 // Driver starts and stops boxes whose PID 1 is sbx-agent. It is the whole
@@ -111,6 +114,28 @@ type Mount struct {
 // are absolute host paths the caller owns and keeps until the box is gone.
 type Overlay struct {
 	Lower, Upper, Work string
+}
+
+// ValidateMounts checks a spec's mounts as every driver must before making
+// anything: each destination passes ValidateMountPath and each host source
+// (an overlay's three dirs) is absolute. Errors wrap
+// errdefs.ErrInvalidArgument.
+func ValidateMounts(ms []Mount) error {
+	for _, m := range ms {
+		if err := ValidateMountPath(m.Destination); err != nil {
+			return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		srcs := []string{m.Source}
+		if m.Overlay != nil {
+			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
+		}
+		for _, src := range srcs {
+			if !filepath.IsAbs(src) {
+				return fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	return nil
 }
 
 // ValidateMountPath checks a mount destination: absolute, clean, and not /

@@ -353,19 +353,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	for _, m := range spec.Mounts {
-		if err := runtime.ValidateMountPath(m.Destination); err != nil {
-			return h, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
-		}
-		srcs := []string{m.Source}
-		if m.Overlay != nil {
-			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
-		}
-		for _, src := range srcs {
-			if !filepath.IsAbs(src) {
-				return h, fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
-			}
-		}
+	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+		return h, err
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
 	if err != nil {
