@@ -151,7 +151,19 @@ func scanCodebases(rows *sql.Rows) ([]*CodebaseRecord, error) {
 // GetCodebase returns tenant's codebase by id or name. Another tenant's
 // is not found, exactly like one that does not exist.
 func (s *Store) GetCodebase(ctx context.Context, tenant, ref string) (*CodebaseRecord, error) {
-	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE tenant = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC LIMIT 1`, tenant, ref, ref, ref)
+	return s.oneCodebase(ctx, ref, ` WHERE tenant = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC LIMIT 1`, tenant, ref, ref, ref)
+}
+
+// GetCodebaseByID returns a codebase by id, whoever owns it (for the
+// daemon's own work: a mount's codebase).
+func (s *Store) GetCodebaseByID(ctx context.Context, id string) (*CodebaseRecord, error) {
+	return s.oneCodebase(ctx, id, ` WHERE id = ?`, id)
+}
+
+// oneCodebase returns the first codebase the query's where clause finds,
+// or NotFound naming ref.
+func (s *Store) oneCodebase(ctx context.Context, ref, where string, args ...any) (*CodebaseRecord, error) {
+	rows, err := s.db.QueryContext(ctx, selectCodebases+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("get codebase %s: %w", ref, err)
 	}
@@ -161,23 +173,6 @@ func (s *Store) GetCodebase(ctx context.Context, tenant, ref string) (*CodebaseR
 	}
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("codebase %q: %w", ref, errdefs.ErrNotFound)
-	}
-	return recs[0], nil
-}
-
-// GetCodebaseByID returns a codebase by id, whoever owns it (for the
-// daemon's own work: a mount's codebase).
-func (s *Store) GetCodebaseByID(ctx context.Context, id string) (*CodebaseRecord, error) {
-	rows, err := s.db.QueryContext(ctx, selectCodebases+` WHERE id = ?`, id)
-	if err != nil {
-		return nil, fmt.Errorf("get codebase %s: %w", id, err)
-	}
-	recs, err := scanCodebases(rows)
-	if err != nil {
-		return nil, err
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("codebase %q: %w", id, errdefs.ErrNotFound)
 	}
 	return recs[0], nil
 }
