@@ -119,15 +119,21 @@ func (m *Manager) ImagesInUse(tenant string) map[string]bool {
 	defer m.mu.RUnlock()
 	out := map[string]bool{}
 	for _, b := range m.boxes {
-		if b.tenant != tenant {
-			continue
-		}
-		b.mu.Lock()
-		if d := b.rec.ImageDigest; d != "" {
-			out[d] = true
-		}
-		b.mu.Unlock()
+		b.addImage(tenant, out)
 	}
 	m.dyingImages(tenant, out)
 	return out
+}
+
+// addImage adds to out the digest of the image b started from, if b is
+// tenant's.
+func (b *box) addImage(tenant string, out map[string]bool) {
+	if b.tenant != tenant {
+		return
+	}
+	b.mu.Lock()
+	if d := b.rec.ImageDigest; d != "" {
+		out[d] = true
+	}
+	b.mu.Unlock()
 }

@@ -178,13 +178,6 @@ func (m *Manager) dyingImages(tenant string, out map[string]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, b := range t.dying {
-		if b.tenant != tenant {
-			continue
-		}
-		b.mu.Lock()
-		if d := b.rec.ImageDigest; d != "" {
-			out[d] = true
-		}
-		b.mu.Unlock()
+		b.addImage(tenant, out)
 	}
 }
