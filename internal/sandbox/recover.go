@@ -166,8 +166,9 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			att = network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
 		}
 	}
-	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att,
+	b := &box{id: rec.ID, driver: drv, rec: rec, handle: nh, net: att,
 		tenant: rec.Tenant, parent: rec.Parent, tokenHash: rec.ScopedTokenHash}
+	b.specp.Store(spec)
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
 	if st, err := drv.Stats(ctx, nh); err == nil {
 		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
@@ -299,8 +300,8 @@ func (m *Manager) enforceTimeouts() {
 		switch {
 		case exp > 0 && now >= exp:
 			expired = append(expired, b)
-		case st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING && b.spec.IdleTimeoutMs > 0 &&
-			b.busy.Load() == 0 && now-b.lastActive.Load() >= b.spec.IdleTimeoutMs:
+		case st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING && b.spec().IdleTimeoutMs > 0 &&
+			b.busy.Load() == 0 && now-b.lastActive.Load() >= b.spec().IdleTimeoutMs:
 			idle = append(idle, b)
 		}
 	}
@@ -318,7 +319,7 @@ func (m *Manager) enforceTimeouts() {
 		b.lastActive.Store(now)
 		go func() {
 			var err error
-			if b.spec.IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
+			if b.spec().IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
 				err = m.stopBox(ctx, b, "idle timeout reached")
 			} else {
 				err = m.destroyBox(ctx, b, "idle timeout reached")

@@ -568,7 +568,11 @@ type ExecExited struct {
 	// by the sandbox's memory limit: it ended by SIGKILL while the sandbox's
 	// count of OOM kills rose. Set by the daemon; raise the sandbox's memory
 	// or use less.
-	OomKilled     bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	OomKilled bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// While the command ran, the sandbox's pids limit refused a fork (of any
+	// process of the sandbox: the kernel counts per sandbox, not per
+	// command). Set by the daemon; the command may have failed because of it.
+	PidsLimitHit  bool `protobuf:"varint,16,opt,name=pids_limit_hit,json=pidsLimitHit,proto3" json:"pids_limit_hit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +645,13 @@ func (x *ExecExited) GetDurationMs() int64 {
 func (x *ExecExited) GetOomKilled() bool {
 	if x != nil {
 		return x.OomKilled
+	}
+	return false
+}
+
+func (x *ExecExited) GetPidsLimitHit() bool {
+	if x != nil {
+		return x.PidsLimitHit
 	}
 	return false
 }
@@ -1094,7 +1105,7 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\x05event\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\x0f\n" +
-	"\rExecKeepalive\"\xb4\x01\n" +
+	"\rExecKeepalive\"\xda\x01\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -1104,7 +1115,8 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\x85\x01\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\x12$\n" +
+	"\x0epids_limit_hit\x18\x10 \x01(\bR\fpidsLimitHit\"\x85\x01\n" +
 	"\vLogsRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\"\n" +
