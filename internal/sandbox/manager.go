@@ -712,6 +712,26 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 	return m.toProto(b, nil), nil
 }
 
+// running returns nil if b is running, after starting it if it is stopped
+// and has auto_resume, else an error saying why b cannot be used.
+func (m *Manager) running(ctx context.Context, b *box) error {
+	st := b.state()
+	if st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED && b.spec().AutoResume {
+		var err error
+		if st, err = m.resume(ctx, b, "auto-resume"); err != nil {
+			return err
+		}
+	}
+	switch st {
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+		return nil
+	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+		return fmt.Errorf("sandbox %s is stopped; start it first (or give it auto_resume): %w", b.id, errdefs.ErrFailedPrecondition)
+	default:
+		return b.notRunning(st)
+	}
+}
+
 // resume starts b if it is stopped (why says who asked, for the log) and
 // returns its state afterwards: running, or an error for a box that is
 // neither running nor stopped.
@@ -809,27 +829,20 @@ func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) err
 
 // Agent returns a client of a running sandbox's agent for one operation.
 // The caller must call release when the operation ends; while it runs the
-// sandbox counts as active and does not idle out.
+// sandbox counts as active and does not idle out. A stopped sandbox made
+// with auto_resume is started first; other stopped ones are refused.
 func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error) {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := m.running(ctx, b); err != nil {
+		return nil, nil, err
+	}
 	b.mu.Lock()
 	st, conn := stateOf(b.rec.State), b.conn
 	b.mu.Unlock()
-	if st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED && b.spec().AutoResume {
-		if st, err = m.resume(ctx, b, "auto-resume"); err != nil {
-			return nil, nil, err
-		}
-		b.mu.Lock()
-		conn = b.conn
-		b.mu.Unlock()
-	}
-	switch {
-	case st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
-		return nil, nil, fmt.Errorf("sandbox %s is stopped; start it first (or create it with auto_resume): %w", b.id, errdefs.ErrFailedPrecondition)
-	case st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil:
+	if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil {
 		return nil, nil, b.notRunning(st)
 	}
 	b.busy.Add(1)
@@ -837,17 +850,21 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
 }
 
-// OOMKilled reports whether a command of sandbox ref that just ended by
-// SIGKILL (its own death, or a shell's exit code 137 for a child's) was
-// killed by the sandbox's memory limit: the sandbox's count of OOM kills
-// rose since it was last looked at. Only called for such ends, so an
-// ordinary exec costs nothing for it; two commands killed at once may both
-// be told so.
+// OOMKilled reports whether the sandbox's own command (its entrypoint),
+// or an exec of a driver without LimitEvents, that just ended by SIGKILL
+// (its own death, or a shell's exit code 137 for a child's) was killed by
+// the sandbox's memory limit: the sandbox's count of OOM kills rose since
+// it was last looked at. Execs of other drivers use LimitWatch, which
+// counts over the exec's own life.
 func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return false
 	}
+	return m.oomKilled(ctx, b)
+}
+
+func (m *Manager) oomKilled(ctx context.Context, b *box) bool {
 	b.mu.Lock()
 	h := b.handle
 	b.mu.Unlock()

@@ -565,9 +565,14 @@ type ExecExited struct {
 	Error      string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	DurationMs int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// The process (or, for exit code 137 from a shell, its child) was killed
-	// by the sandbox's memory limit: it ended by SIGKILL while the sandbox's
-	// count of OOM kills rose. Set by the daemon; raise the sandbox's memory
-	// or use less.
+	// by the sandbox's memory limit. A heuristic, since the kernel counts OOM
+	// kills per sandbox, not per process: the command ended by SIGKILL (or
+	// exit code 137), did not time out, and the sandbox's count of OOM kills
+	// rose between its start and its end. A plain `kill -9` with no OOM kill
+	// in the sandbox meanwhile is never reported; one racing an OOM kill of
+	// another process of the sandbox may be. Set by the daemon (for a
+	// sandbox's own command, in Logs and Wait: an OOM kill during the
+	// sandbox's life). Raise the memory (UpdateSandbox) or use less.
 	OomKilled bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// While the command ran, the sandbox's pids limit refused a fork (of any
 	// process of the sandbox: the kernel counts per sandbox, not per
