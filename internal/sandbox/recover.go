@@ -309,7 +309,7 @@ func (m *Manager) enforceTimeouts() {
 	ctx := context.Background()
 	for _, b := range expired {
 		go func() {
-			if err := m.destroyBox(ctx, b, "lifetime timeout reached"); err != nil {
+			if err := m.destroyExpired(ctx, b); err != nil {
 				m.log.Error("destroying expired sandbox", "sandbox", b.id, "err", err)
 			}
 		}()
@@ -329,6 +329,21 @@ func (m *Manager) enforceTimeouts() {
 			}
 		}()
 	}
+}
+
+// destroyExpired destroys b if its deadline has passed, looking again under
+// its opMu: an UpdateSandbox that moved the deadline after the reaper's
+// look (it holds opMu) wins.
+func (m *Manager) destroyExpired(ctx context.Context, b *box) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	b.mu.Lock()
+	exp := b.rec.ExpiresAtMs
+	b.mu.Unlock()
+	if exp == 0 || nowMs() < exp {
+		return nil
+	}
+	return m.destroyLocked(ctx, b, "lifetime timeout reached")
 }
 
 func (m *Manager) flushActivity(ctx context.Context) {

@@ -124,6 +124,14 @@ func TestUpdateLifetime(t *testing.T) {
 		time.Sleep(time.Duration(sb.ExpiresAtMs-time.Now().UnixMilli()+1) * time.Millisecond)
 	}
 	e.mgr.enforceTimeouts()
+	// A reaper that looked before the update destroys only after looking
+	// again under the box's opMu.
+	e.mgr.mu.RLock()
+	b := e.mgr.boxes[sb.Id]
+	e.mgr.mu.RUnlock()
+	if err := e.mgr.destroyExpired(ctx, b); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.mgr.Get(ctx, sb.Id); err != nil {
 		t.Fatalf("extended sandbox after its old deadline: %v", err)
 	}
