@@ -576,7 +576,10 @@ type ExecExited struct {
 	OomKilled bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// While the command ran, the sandbox's pids limit refused a fork (of any
 	// process of the sandbox: the kernel counts per sandbox, not per
-	// command). Set by the daemon; the command may have failed because of it.
+	// command). Set by the daemon for Exec (not for a sandbox's own command
+	// in Logs and Wait), where the runtime counts refused forks (oci); the
+	// command may have failed because of it. Raise the limit with
+	// UpdateSandbox.
 	PidsLimitHit  bool `protobuf:"varint,16,opt,name=pids_limit_hit,json=pidsLimitHit,proto3" json:"pids_limit_hit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
