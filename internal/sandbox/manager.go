@@ -681,6 +681,11 @@ func (m *Manager) Stop(ctx context.Context, ref string) (*sbxv1.Sandbox, error) 
 func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	return m.stopLocked(ctx, b, detail)
+}
+
+// stopLocked freezes b; b.opMu must be held.
+func (m *Manager) stopLocked(ctx context.Context, b *box, detail string) error {
 	switch st := b.state(); st {
 	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 		return nil
@@ -836,16 +841,19 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// Busy first: an idle stop that has not begun yet then leaves b be.
+	b.busy.Add(1)
 	if err := m.running(ctx, b); err != nil {
+		b.busy.Add(-1)
 		return nil, nil, err
 	}
 	b.mu.Lock()
 	st, conn := stateOf(b.rec.State), b.conn
 	b.mu.Unlock()
 	if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil {
+		b.busy.Add(-1)
 		return nil, nil, b.notRunning(st)
 	}
-	b.busy.Add(1)
 	m.touch(b)
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
 }

@@ -318,17 +318,25 @@ func (m *Manager) enforceTimeouts() {
 		// Mark active so the next tick does not fire again while this runs.
 		b.lastActive.Store(now)
 		go func() {
-			var err error
-			if b.spec().IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
-				err = m.stopBox(ctx, b, "idle timeout reached")
-			} else {
-				err = m.destroyBox(ctx, b, "idle timeout reached")
-			}
-			if err != nil && !errdefs.IsFailedPrecondition(err) {
+			if err := m.idleOut(ctx, b); err != nil && !errdefs.IsFailedPrecondition(err) {
 				m.log.Error("idle action", "sandbox", b.id, "err", err)
 			}
 		}()
 	}
+}
+
+// idleOut applies b's idle action unless an operation began since the
+// reaper's look (Agent counts it busy before it starts a stopped box).
+func (m *Manager) idleOut(ctx context.Context, b *box) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if b.busy.Load() > 0 {
+		return nil
+	}
+	if b.spec().IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
+		return m.stopLocked(ctx, b, "idle timeout reached")
+	}
+	return m.destroyLocked(ctx, b, "idle timeout reached")
 }
 
 // destroyExpired destroys b if its deadline has passed, looking again under

@@ -304,3 +304,39 @@ func TestAutoResume(t *testing.T) {
 		t.Fatalf("using a stopped sandbox after turning auto_resume on: %v", err)
 	}
 }
+
+// An idle timeout set by an update is honoured, and its STOP action with
+// auto_resume makes a box that sleeps when idle and wakes on use.
+func TestUpdateIdle(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb, err := e.mgr.Create(ctx, &sbxv1.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.mgr.Update(ctx, &sbxv1.UpdateSandboxRequest{Sandbox: sb.Id, IdleTimeoutMs: i64(50),
+		IdleAction: sbxv1.IdleAction_IDLE_ACTION_STOP, AutoResume: new(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.IdleTimeoutMs != 50 || got.IdleAction != sbxv1.IdleAction_IDLE_ACTION_STOP || !got.AutoResume {
+		t.Fatalf("after update: idle %d action %v auto_resume %v", got.IdleTimeoutMs, got.IdleAction, got.AutoResume)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := e.mgr.Get(ctx, sb.Id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not stopped after the idle timeout: %v", got.State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := e.hello(sb.Id); err != nil {
+		t.Fatalf("use after the idle stop: %v", err)
+	}
+}
