@@ -66,4 +66,8 @@ func (w *LimitWatch) Mark(ctx context.Context, ex *sbxv1.ExecExited) {
 	}
 	ex.OomKilled = killed && ev.OOMKills > w.start.OOMKills
 	ex.PidsLimitHit = ev.PidsLimitHits > w.start.PidsLimitHits
+	if ex.OomKilled || ex.PidsLimitHit {
+		w.m.log.Info("command hit a sandbox limit", "sandbox", w.b.id, "oom_killed", ex.OomKilled,
+			"pids_limit_hit", ex.PidsLimitHit, "exit_code", ex.GetExitCode())
+	}
 }
