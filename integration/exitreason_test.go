@@ -12,8 +12,8 @@ import (
 // kill during its own life. A child OOM-killed inside an exec that still
 // exits 0 used to leave the sandbox's count unread, and the next plain
 // `kill -9` was then reported as an OOM kill. A fork refused by the pids
-// limit is reported on the exec during which it happened, and not on the
-// next one.
+// limit is reported on the failed exec during which it happened, and not
+// on the next one.
 func TestExitReasonsPerExec(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t, 2*time.Minute)
@@ -43,8 +43,8 @@ func TestExitReasonsPerExec(t *testing.T) {
 	}
 
 	// Fork until the pids limit refuses, then let the children go.
-	forker := `import os, signal, time
-kids = []
+	forker := `import os, signal, sys, time
+kids, refused = [], False
 try:
     while True:
         pid = os.fork()
@@ -54,23 +54,25 @@ try:
         kids.append(pid)
 except OSError as e:
     print("refused", e.errno, "after", len(kids))
+    refused = True
 for k in kids:
     os.kill(k, signal.SIGKILL)
     os.waitpid(k, 0)
+sys.exit(3 if refused else 0)
 `
 	res, err = sb.Run(ctx, "python3", "-c", forker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Code != 0 || !res.PidsLimitHit || !strings.Contains(string(res.Stdout), "refused 11") {
-		t.Errorf("forking past the pids limit: exit %d, pids_limit_hit %v, out %q; want 0, true, refused 11 (EAGAIN)", res.Code, res.PidsLimitHit, res.Stdout)
+	if res.Code != 3 || !res.PidsLimitHit || !strings.Contains(string(res.Stdout), "refused 11") {
+		t.Errorf("forking past the pids limit: exit %d, pids_limit_hit %v, out %q; want 3, true, refused 11 (EAGAIN)", res.Code, res.PidsLimitHit, res.Stdout)
 	}
-	res, err = sb.Run(ctx, "true")
+	res, err = sb.RunShell(ctx, "exit 1")
 	if err != nil || res.PidsLimitHit || res.OOMKilled {
-		t.Errorf("plain exec afterwards: %+v %v; want no limit reported", res, err)
+		t.Errorf("failing exec afterwards: %+v %v; want no limit reported", res, err)
 	}
 	_, errOut, code := d.cli("", "exec", sb.ID, "--", "python3", "-c", forker)
-	if code != 0 || !strings.Contains(errOut, "pids limit refused a fork") {
+	if code != 3 || !strings.Contains(errOut, "pids limit refused a fork") {
 		t.Errorf("sbx exec of the forker: exit %d, stderr %q; want the pids limit named", code, errOut)
 	}
 }

@@ -18,18 +18,28 @@ import (
 // OOM kills rose while it ran. Two commands killed by one OOM event, or a
 // command killed by `kill -9` while another process of the sandbox was
 // OOM-killed, may both be told so. A `kill -9` with no OOM kill in its
-// sandbox during the command is never reported as one. PidsLimitHit says
-// some fork of the sandbox was refused while the command ran.
+// sandbox during the command is never reported as one. A failed command
+// (non-zero exit) is told PidsLimitHit when some fork of the sandbox was
+// refused while it ran.
+//
+// Cost: the counters (a few cgroup files) are read in the background as
+// the command starts, off the exec's path, and read again only for a
+// command that failed, so a successful exec waits for no read.
 type LimitWatch struct {
-	m     *Manager
-	b     *box
-	h     runtime.Handle
-	le    runtime.LimitEventer // nil: the driver cannot count (see Mark)
+	m  *Manager
+	b  *box
+	h  runtime.Handle
+	le runtime.LimitEventer // nil: the driver cannot count (see Mark)
+	// read is closed once start (and ok) are set.
+	read  chan struct{}
 	start runtime.LimitEvents
+	ok    bool
 }
 
-// WatchLimits reads sandbox ref's limit counters before a command starts
-// (nil, which Mark accepts, if ref is gone).
+// WatchLimits starts reading sandbox ref's limit counters as a command
+// starts (nil, which Mark accepts, if ref is gone). The read runs beside
+// the command's start: a command takes far longer to start and allocate
+// than the read, so what it does is counted after the read.
 func (m *Manager) WatchLimits(ctx context.Context, ref string) *LimitWatch {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -40,9 +50,13 @@ func (m *Manager) WatchLimits(ctx context.Context, ref string) *LimitWatch {
 	b.mu.Unlock()
 	w := &LimitWatch{m: m, b: b, h: h}
 	if le, ok := b.driver.(runtime.LimitEventer); ok {
-		if ev, err := le.LimitEvents(ctx, h); err == nil {
-			w.le, w.start = le, ev
-		}
+		w.le, w.read = le, make(chan struct{})
+		go func() {
+			defer close(w.read)
+			if ev, err := le.LimitEvents(ctx, h); err == nil {
+				w.start, w.ok = ev, true
+			}
+		}()
 	}
 	return w
 }
@@ -50,7 +64,7 @@ func (m *Manager) WatchLimits(ctx context.Context, ref string) *LimitWatch {
 // Mark sets ex's oom_killed and pids_limit_hit (see LimitWatch). With a
 // driver that cannot count per command it falls back on OOMKilled.
 func (w *LimitWatch) Mark(ctx context.Context, ex *sbxv1.ExecExited) {
-	if w == nil || ex == nil {
+	if w == nil || ex == nil || (ex.GetExitCode() == 0 && ex.GetSignal() == 0) {
 		return
 	}
 	killed := (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && !ex.GetTimedOut()
@@ -58,6 +72,10 @@ func (w *LimitWatch) Mark(ctx context.Context, ex *sbxv1.ExecExited) {
 		if killed && w.m.oomKilled(ctx, w.b) {
 			ex.OomKilled = true
 		}
+		return
+	}
+	<-w.read
+	if !w.ok {
 		return
 	}
 	ev, err := w.le.LimitEvents(ctx, w.h)

@@ -43,8 +43,8 @@ type ExitStatus struct {
 	// SIGKILL while the sandbox's count of OOM kills rose (a heuristic;
 	// see ExecExited.oom_killed).
 	OOMKilled bool
-	// PidsLimitHit says the sandbox's pids limit refused a fork while the
-	// command ran (of any process of the sandbox).
+	// PidsLimitHit says the command failed and the sandbox's pids limit
+	// refused a fork (of any process of the sandbox) while it ran.
 	PidsLimitHit bool
 	// Error is set when the command could not be started.
 	Error    string

@@ -30,8 +30,8 @@ class ExitStatus:
             SIGKILL (or a shell reported exit code 137) while the sandbox's
             count of OOM kills rose (a heuristic: the kernel counts per
             sandbox, not per process).
-        pids_limit_hit: whether the sandbox's pids limit refused a fork (of
-            any of its processes) while the command ran.
+        pids_limit_hit: whether the command failed and the sandbox's pids
+            limit refused a fork (of any of its processes) while it ran.
     """
 
     exit_code: int

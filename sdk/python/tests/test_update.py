@@ -67,7 +67,7 @@ def test_exit_reasons(make_sandbox) -> None:
     r = sb.run("kill -9 $$")
     assert (r.exit_code, r.oom_killed) == (137, False)
     forker = (
-        "import os, signal, time\n"
+        "import os, signal, sys, time\n"
         "kids = []\n"
         "try:\n"
         "    while True:\n"
@@ -81,10 +81,11 @@ def test_exit_reasons(make_sandbox) -> None:
         "for k in kids:\n"
         "    os.kill(k, signal.SIGKILL)\n"
         "    os.waitpid(k, 0)\n"
+        "sys.exit(3)\n"
     )
     r = sb.run(["python3", "-c", forker])
-    assert (r.exit_code, r.pids_limit_hit) == (0, True)
-    assert not sb.run("true").pids_limit_hit
+    assert (r.exit_code, r.pids_limit_hit) == (3, True)
+    assert not sb.run("exit 1").pids_limit_hit
 
 
 def test_async_update(client: sbx.Client) -> None:

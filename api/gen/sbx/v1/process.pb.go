@@ -574,11 +574,11 @@ type ExecExited struct {
 	// sandbox's own command, in Logs and Wait: an OOM kill during the
 	// sandbox's life). Raise the memory (UpdateSandbox) or use less.
 	OomKilled bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
-	// While the command ran, the sandbox's pids limit refused a fork (of any
-	// process of the sandbox: the kernel counts per sandbox, not per
-	// command). Set by the daemon for Exec (not for a sandbox's own command
-	// in Logs and Wait), where the runtime counts refused forks (oci); the
-	// command may have failed because of it. Raise the limit with
+	// The command failed (non-zero exit) and, while it ran, the sandbox's
+	// pids limit refused a fork (of any process of the sandbox: the kernel
+	// counts per sandbox, not per command), which may be why. Set by the
+	// daemon for Exec (not for a sandbox's own command in Logs and Wait),
+	// where the runtime counts refused forks (oci). Raise the limit with
 	// UpdateSandbox.
 	PidsLimitHit  bool `protobuf:"varint,16,opt,name=pids_limit_hit,json=pidsLimitHit,proto3" json:"pids_limit_hit,omitempty"`
 	unknownFields protoimpl.UnknownFields
