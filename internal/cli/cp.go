@@ -27,7 +27,8 @@ func newCp(a *app) *cobra.Command {
 			"A directory is copied recursively; symlinks are copied as links and never followed. Copying out,\n" +
 			"symlinks pointing outside the destination (absolute, or climbing out with ..) are skipped\n" +
 			"with a warning listing them.",
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: a.completeCp,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcRef, srcPath, srcRemote := splitRemote(args[0])
 			dstRef, dstPath, dstRemote := splitRemote(args[1])
