@@ -40,6 +40,16 @@ func (n *netFlags) add(f *pflag.FlagSet, modeFlag string) {
 	f.StringArrayVar(&n.deny, "deny-cidr", nil, "CIDR blocked in every mode; repeatable")
 }
 
+// check names a mode that is none of the three (the daemon would see only
+// an unknown number).
+func (n *netFlags) check(flag string) error {
+	switch strings.ToLower(n.mode) {
+	case "", "none", "public", "allow":
+		return nil
+	}
+	return fmt.Errorf("--%s %q: want none, public or allow", flag, n.mode)
+}
+
 func (n *netFlags) policy() *sbx.NetworkPolicy {
 	if n.mode == "" && len(n.allowCIDRs)+len(n.allowDomains)+len(n.deny) == 0 {
 		return nil
@@ -74,6 +84,9 @@ func (c *createFlags) add(cmd *cobra.Command) {
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
+	if err := c.net.check("network"); err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	mem, err := parseSize(c.memory)
 	if err != nil {
 		return sbx.CreateOptions{}, fmt.Errorf("--memory: %w", err)
@@ -227,6 +240,9 @@ func newNetwork(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if nf.mode == "" {
 				return fmt.Errorf("--mode is required")
+			}
+			if err := nf.check("mode"); err != nil {
+				return err
 			}
 			sb, err := a.client().Get(cmd.Context(), args[0])
 			if err != nil {

@@ -354,7 +354,14 @@ type Error struct {
 	cause error
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Op, e.Msg) }
+// Error is "op: message", or the message alone when the daemon's message
+// already begins with op (the daemon named what failed the same way).
+func (e *Error) Error() string {
+	if e.Op == "" || e.Msg == e.Op || strings.HasPrefix(e.Msg, e.Op+": ") {
+		return e.Msg
+	}
+	return fmt.Sprintf("%s: %s", e.Op, e.Msg)
+}
 
 // Unwrap returns the transport's error.
 func (e *Error) Unwrap() error { return e.cause }
