@@ -25,17 +25,25 @@ import os
 from typing import IO, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from .client import Client
+from .code import CodeContext, CodeResult
+from .codebase import Codebase, Codebases, SyncResult
 from .errors import NotFoundError
 from .files import Data, Files
 from .images import Images
+from .logs import LogChunk, LogLines, SandboxLogs
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
+from .session import Session, SessionResult
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
-from .tenants import Tenant
+from .tenants import Tenant, Tenants
 from .volumes import Volume, Volumes
 
-__all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
+__all__ = [
+    "AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages",
+    "AsyncVolumes", "AsyncCodebases", "AsyncTenants", "AsyncCodeContext", "AsyncSession", "AsyncLogs",
+    "AsyncLogLines", "AsyncSandboxFile",
+]
 
 T = TypeVar("T")
 
@@ -69,6 +77,179 @@ async def _in_own_thread(func: Callable[[], T]) -> T:
 
     threading.Thread(target=target, name="sbx-aio", daemon=True).start()
     return await fut
+
+
+class _Pump:
+    """Async iteration of a blocking iterator: a thread of its own moves
+    its items to an :class:`asyncio.Queue` (started at the first ``await``);
+    an exception of the iterator is raised by the ``await`` that reaches it."""
+
+    _END = object()
+
+    def __init__(self, it: Any) -> None:
+        self._it = it
+        self._q: "Optional[asyncio.Queue[Any]]" = None
+
+    def _start(self) -> "asyncio.Queue[Any]":
+        if self._q is None:
+            loop = asyncio.get_running_loop()
+            q: "asyncio.Queue[Any]" = asyncio.Queue()
+            self._q = q
+
+            def pump() -> None:
+                try:
+                    for item in self._it:
+                        loop.call_soon_threadsafe(q.put_nowait, (True, item))
+                except BaseException as e:  # delivered to the awaiting coroutine
+                    loop.call_soon_threadsafe(q.put_nowait, (False, e))
+                    return
+                loop.call_soon_threadsafe(q.put_nowait, (True, _Pump._END))
+
+            threading.Thread(target=pump, name="sbx-aio-pump", daemon=True).start()
+        return self._q
+
+    def __aiter__(self) -> "_Pump":
+        return self
+
+    async def __anext__(self) -> Any:
+        ok, item = await self._start().get()
+        if not ok:
+            raise item
+        if item is _Pump._END:
+            self._q = asyncio.Queue()  # stays at the end
+            self._q.put_nowait((True, _Pump._END))
+            raise StopAsyncIteration
+        return item
+
+
+class AsyncLogs:
+    """Async view of :class:`~sbx.SandboxLogs`: ``async for chunk in
+    await sb.logs(follow=True)``."""
+
+    def __init__(self, logs: SandboxLogs) -> None:
+        self.sync = logs
+        self._pump = _Pump(logs)
+
+    @property
+    def exit(self) -> Optional[ExitStatus]:
+        """How the command ended, once the chunks are all read."""
+        return self.sync.exit
+
+    @property
+    def dropped_stdout(self) -> int:
+        return self.sync.dropped_stdout
+
+    @property
+    def dropped_stderr(self) -> int:
+        return self.sync.dropped_stderr
+
+    def __aiter__(self) -> "AsyncLogs":
+        return self
+
+    async def __anext__(self) -> LogChunk:
+        return await self._pump.__anext__()
+
+    async def read(self) -> Dict[str, bytes]:
+        """Read to the end; ``{"stdout": ..., "stderr": ...}``."""
+        parts: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
+        async for c in self:
+            parts[c.stream].append(c.data)
+        return {k: b"".join(v) for k, v in parts.items()}
+
+    def close(self) -> None:
+        """Stop reading (from any thread); the command is not affected."""
+        self.sync.close()
+
+    async def __aenter__(self) -> "AsyncLogs":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncLogLines:
+    """Async view of :class:`~sbx.LogLines`: ``async for line in sb.stdout``."""
+
+    def __init__(self, lines: LogLines) -> None:
+        self.sync = lines
+        self._pump = _Pump(lines)
+
+    def __aiter__(self) -> "AsyncLogLines":
+        return self
+
+    async def __anext__(self) -> str:
+        return await self._pump.__anext__()
+
+    async def read(self) -> str:
+        """The rest of the lines at once."""
+        return "".join([line async for line in self])
+
+    @property
+    def exit(self) -> Optional[ExitStatus]:
+        """How the command ended, once the lines are all read."""
+        return self.sync.exit
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+class AsyncSandboxFile:
+    """Async view of a file from :meth:`AsyncSandbox.open` (a
+    :class:`~sbx.fileobj.SandboxFile` or text wrapper of one): reads and
+    writes work on the local copy; ``flush`` and ``close`` send it."""
+
+    def __init__(self, f: Any) -> None:
+        self.sync = f
+
+    @property
+    def name(self) -> str:
+        return self.sync.name
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.sync.closed)
+
+    async def read(self, size: int = -1) -> Any:
+        return self.sync.read(size)
+
+    async def readline(self, size: int = -1) -> Any:
+        return self.sync.readline(size)
+
+    async def readlines(self) -> List[Any]:
+        return self.sync.readlines()
+
+    async def write(self, data: Any) -> int:
+        return self.sync.write(data)
+
+    async def writelines(self, lines: Any) -> None:
+        self.sync.writelines(lines)
+
+    async def seek(self, offset: int, whence: int = 0) -> int:
+        return self.sync.seek(offset, whence)
+
+    async def tell(self) -> int:
+        return self.sync.tell()
+
+    async def flush(self) -> None:
+        await _in_own_thread(self.sync.flush)
+
+    async def close(self) -> None:
+        await _in_own_thread(self.sync.close)
+
+    def __aiter__(self) -> "AsyncSandboxFile":
+        return self
+
+    async def __anext__(self) -> Any:
+        line = self.sync.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line
+
+    async def __aenter__(self) -> "AsyncSandboxFile":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class AsyncOutputStream:
@@ -160,6 +341,20 @@ class AsyncProcess:
         return self.sync.pid
 
     @property
+    def args(self) -> List[str]:
+        """The command's argv."""
+        return self.sync.args
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the command was killed at its timeout."""
+        return self.sync.timed_out
+
+    def poll(self) -> Optional[int]:
+        """The exit code if the command has exited, else ``None`` (never blocks)."""
+        return self.sync.poll()
+
+    @property
     def returncode(self) -> Optional[int]:
         """The exit code, or ``None`` while the command runs."""
         return self.sync.returncode
@@ -215,9 +410,21 @@ class AsyncFiles:
         """A file's content."""
         return await _in_own_thread(lambda: self.sync.read(path, offset, length))
 
-    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+    async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         """A file's content as text."""
-        return await _in_own_thread(lambda: self.sync.read_text(path, encoding))
+        return await _in_own_thread(lambda: self.sync.read_text(path, encoding, errors))
+
+    def iter_read(self, path: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
+        """A file's content in chunks: ``async for chunk in sb.files.iter_read(p)``."""
+        return _Pump(self.sync.iter_read(path, offset, length))
+
+    async def write_text(self, path: str, text: str, mode: int = 0o644, encoding: str = "utf-8") -> int:
+        """Write ``text`` to a file of the sandbox."""
+        return await _in_own_thread(lambda: self.sync.write_text(path, text, mode, encoding))
+
+    def iter_download_tar(self, remote_path: str) -> AsyncIterator[bytes]:
+        """A tar of a sandbox path, in chunks."""
+        return _Pump(self.sync.iter_download_tar(remote_path))
 
     async def write(
         self, path: str, data: Data, mode: int = 0o644, *, append: bool = False, make_parents: bool = True
@@ -295,6 +502,14 @@ class AsyncImages:
         """Describe one image."""
         return await _to_thread(self.sync.get, ref)
 
+    async def disk_usage(self) -> int:
+        """Bytes all layers take on disk."""
+        return await _to_thread(self.sync.disk_usage)
+
+    async def tag(self, source: str, target: str) -> None:
+        """Give an image another reference."""
+        await _to_thread(self.sync.tag, source, target)
+
     async def remove(self, ref: str) -> None:
         """Untag an image."""
         await _to_thread(self.sync.remove, ref)
@@ -342,6 +557,128 @@ class AsyncVolumes:
         await _to_thread(self.sync.remove, name)
 
 
+class AsyncCodebases:
+    """Async view of :class:`~sbx.codebase.Codebases` (which has a ``sync``
+    method: the blocking object is ``_blocking`` here)."""
+
+    def __init__(self, codebases: Codebases) -> None:
+        self._blocking = codebases
+
+    async def from_local(self, path: Any, **kwargs: Any) -> Codebase:
+        """Upload a local directory as a codebase (arguments of
+        :meth:`sbx.codebase.Codebases.from_local`)."""
+        return await _in_own_thread(lambda: self._blocking.from_local(path, **kwargs))
+
+    async def list(self) -> List[Codebase]:
+        """Every codebase."""
+        return await _to_thread(self._blocking.list)
+
+    async def get(self, ref: str) -> Codebase:
+        """Describe one codebase."""
+        return await _to_thread(self._blocking.get, ref)
+
+    def iter_download(self, ref: str) -> AsyncIterator[bytes]:
+        """The current revision as a tar, in chunks."""
+        return _Pump(self._blocking.iter_download(ref))
+
+    async def download(self, ref: str, dest: Any = None) -> Union[bytes, int]:
+        """The current revision as a tar (bytes, or written to ``dest``)."""
+        return await _in_own_thread(lambda: self._blocking.download(ref, dest))
+
+    async def delete(self, ref: str) -> None:
+        """Delete a codebase."""
+        await _to_thread(self._blocking.delete, ref)
+
+    async def sync(self, sandbox: str, path: Optional[str] = None, *, dry_run: bool = False, force: bool = False) -> SyncResult:
+        """Write a sandbox's changes back into its codebase."""
+        return await _to_thread(lambda: self._blocking.sync(sandbox, path, dry_run=dry_run, force=force))
+
+
+class AsyncTenants:
+    """Async view of :class:`~sbx.tenants.Tenants`."""
+
+    def __init__(self, tenants: Tenants) -> None:
+        self.sync = tenants
+
+    async def current(self) -> Tenant:
+        """The token's tenant."""
+        return await _to_thread(self.sync.current)
+
+    async def get(self, name: str) -> Tenant:
+        """One tenant (admin token)."""
+        return await _to_thread(self.sync.get, name)
+
+    async def list(self) -> List[Tenant]:
+        """Every tenant (admin token)."""
+        return await _to_thread(self.sync.list)
+
+
+class AsyncCodeContext:
+    """Async view of :class:`~sbx.CodeContext`; closed by ``async with``."""
+
+    def __init__(self, ctx: CodeContext) -> None:
+        self.sync = ctx
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def sandbox(self) -> str:
+        return self.sync.sandbox
+
+    @property
+    def language(self) -> str:
+        return self.sync.language
+
+    async def run(self, code: str, **kwargs: Any) -> CodeResult:
+        """Run code in the context (arguments of :meth:`sbx.CodeContext.run`)."""
+        return await _in_own_thread(lambda: self.sync.run(code, **kwargs))
+
+    async def close(self) -> None:
+        """Stop the kernel."""
+        await _to_thread(self.sync.close)
+
+    async def __aenter__(self) -> "AsyncCodeContext":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncSession:
+    """Async view of :class:`~sbx.Session`; closed by ``async with``."""
+
+    def __init__(self, session: Session) -> None:
+        self.sync = session
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def sandbox(self) -> str:
+        return self.sync.sandbox
+
+    @property
+    def shell(self) -> str:
+        return self.sync.shell
+
+    async def exec(self, command: str, **kwargs: Any) -> SessionResult:
+        """Run a command line in the session (arguments of :meth:`sbx.Session.exec`)."""
+        return await _in_own_thread(lambda: self.sync.exec(command, **kwargs))
+
+    async def close(self) -> None:
+        """Kill the shell and everything it started."""
+        await _to_thread(self.sync.close)
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class AsyncClient:
     """Async view of :class:`~sbx.Client`."""
 
@@ -360,6 +697,13 @@ class AsyncClient:
         )
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
+        self.codebases = AsyncCodebases(self.sync.codebases)
+        self.tenants = AsyncTenants(self.sync.tenants)
+
+    @property
+    def addr(self) -> str:
+        """The daemon's address."""
+        return self.sync.addr
 
     async def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes."""
@@ -392,11 +736,28 @@ def _sync_client(client: Union[AsyncClient, Client, None]) -> Optional[Client]:
 
 class AsyncSandbox:
     """Async view of :class:`~sbx.Sandbox`: the same methods, as coroutines.
-    ``async with`` terminates the sandbox on exit."""
+    ``async with`` terminates a sandbox this handle created on exit (not one
+    found with ``from_id``, ``from_name`` or ``list``)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sync = sandbox
         self.files = AsyncFiles(sandbox.files)
+
+    @classmethod
+    async def from_local(cls, path: Any, *, client: Union[AsyncClient, Client, None] = None, **kwargs: Any) -> "AsyncSandbox":
+        """Upload ``path`` as a codebase and create a sandbox mounting it,
+        guarded (default ``"view-only"``); see :meth:`Sandbox.from_local`."""
+        return cls(await _in_own_thread(lambda: Sandbox.from_local(path, client=_sync_client(client), **kwargs)))
+
+    @property
+    def owned(self) -> bool:
+        """Whether this handle created the sandbox."""
+        return self.sync.owned
+
+    @property
+    def client(self) -> Client:
+        """The (blocking) client this sandbox was found with."""
+        return self.sync.client
 
     @classmethod
     async def create(cls, image: Optional[str] = None, *, client: Union[AsyncClient, Client, None] = None, **kwargs: Any) -> "AsyncSandbox":
@@ -516,14 +877,68 @@ class AsyncSandbox:
             lambda: self.sync.run(cmd, timeout=timeout, raise_on_error=raise_on_error, **kwargs)
         )
 
+    # -- the sandbox's own command -----------------------------------------
+
+    async def logs(self, *, follow: bool = False, since: Any = None, tail: Optional[int] = None) -> AsyncLogs:
+        """The output of the sandbox's own command; ``async for chunk in
+        await sb.logs(follow=True)``. See :meth:`Sandbox.logs`."""
+        return AsyncLogs(await _to_thread(lambda: self.sync.logs(follow=follow, since=since, tail=tail)))
+
+    @property
+    def stdout(self) -> AsyncLogLines:
+        """The command's stdout lines, followed until it exits."""
+        return AsyncLogLines(self.sync.stdout)
+
+    @property
+    def stderr(self) -> AsyncLogLines:
+        """The command's stderr lines, followed until it exits."""
+        return AsyncLogLines(self.sync.stderr)
+
+    async def wait(self, timeout: Optional[float] = None) -> ExitStatus:
+        """Wait for the sandbox's own command to exit."""
+        return await _in_own_thread(lambda: self.sync.wait(timeout))
+
+    async def returncode(self) -> Optional[int]:
+        """The command's exit code, or ``None`` while it runs (a coroutine
+        here, unlike the sync property)."""
+        return await _to_thread(lambda: self.sync.returncode)
+
+    # -- code and sessions --------------------------------------------------
+
+    async def run_code(self, code: Optional[str] = None, language: Optional[str] = None, **kwargs: Any) -> CodeResult:
+        """Run a program (arguments of :meth:`Sandbox.run_code`; a ``context``
+        may be an :class:`AsyncCodeContext`)."""
+        ctx = kwargs.get("context")
+        if isinstance(ctx, AsyncCodeContext):
+            kwargs["context"] = ctx.sync
+        return await _in_own_thread(lambda: self.sync.run_code(code, language, **kwargs))
+
+    async def create_context(self, language: str = "python", **kwargs: Any) -> AsyncCodeContext:
+        """Start a stateful context (see :meth:`Sandbox.create_context`)."""
+        return AsyncCodeContext(await _to_thread(lambda: self.sync.create_context(language, **kwargs)))
+
+    async def list_contexts(self) -> List[AsyncCodeContext]:
+        """The sandbox's live contexts."""
+        return [AsyncCodeContext(c) for c in await _to_thread(self.sync.list_contexts)]
+
+    async def session(self, **kwargs: Any) -> AsyncSession:
+        """Start a stateful shell session (see :meth:`Sandbox.session`)."""
+        return AsyncSession(await _to_thread(lambda: self.sync.session(**kwargs)))
+
+    async def list_sessions(self) -> List[AsyncSession]:
+        """The sandbox's live shell sessions."""
+        return [AsyncSession(s) for s in await _to_thread(self.sync.list_sessions)]
+
+    async def open(self, path: str, mode: str = "r", **kwargs: Any) -> AsyncSandboxFile:
+        """Open a file of the sandbox (see :meth:`Sandbox.open`):
+        ``async with await sb.open(p, "w") as f: await f.write("x")``."""
+        return AsyncSandboxFile(await _in_own_thread(lambda: self.sync.open(path, mode, **kwargs)))
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        try:
-            await self.terminate()
-        except NotFoundError:
-            pass
+        await _in_own_thread(lambda: self.sync.__exit__(None, None, None))
 
     def __repr__(self) -> str:
         return f"<sbx.aio.AsyncSandbox {self.id} {self.state}>"
