@@ -25,7 +25,7 @@ func TestCLIHabits(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.remember(sb.ID)
-	cli := func(args ...string) string {
+	cli := func(t *testing.T, args ...string) string {
 		t.Helper()
 		out, errOut, code := d.cli("", args...)
 		if code != 0 {
@@ -36,7 +36,7 @@ func TestCLIHabits(t *testing.T) {
 
 	t.Run("json", func(t *testing.T) {
 		var boxes []map[string]any
-		if err := json.Unmarshal([]byte(cli("ls", "--json")), &boxes); err != nil || len(boxes) != 1 {
+		if err := json.Unmarshal([]byte(cli(t, "ls", "--json")), &boxes); err != nil || len(boxes) != 1 {
 			t.Fatalf("ls --json: got %d boxes, %v; want 1", len(boxes), err)
 		}
 		b := boxes[0]
@@ -49,7 +49,7 @@ func TestCLIHabits(t *testing.T) {
 		if _, ok := b["created_at_ms"]; ok {
 			t.Error("ls --json: snake_case field names, want the JSON API's camelCase")
 		}
-		if got := strings.TrimSpace(cli("ls", "-q")); got != sb.ID {
+		if got := strings.TrimSpace(cli(t, "ls", "-q")); got != sb.ID {
 			t.Errorf("ls -q: got %q, want %q", got, sb.ID)
 		}
 		if _, err := sb.CreateSession(ctx, sbx.SessionOptions{}); err != nil {
@@ -59,14 +59,14 @@ func TestCLIHabits(t *testing.T) {
 			{"images", "ls"}, {"volume", "ls"}, {"codebase", "ls"}, {"session", "ls"}, {"context", "ls"}, {"port", sb.ID},
 		} {
 			var list []map[string]any
-			out := cli(append(args, "--json")...)
+			out := cli(t, append(args, "--json")...)
 			if err := json.Unmarshal([]byte(out), &list); err != nil {
 				t.Errorf("sbx %s --json: %v:\n%s", strings.Join(args, " "), err, out)
 			}
-			cli(append(args, "-q")...)
+			cli(t, append(args, "-q")...)
 		}
 		var sessions []map[string]any
-		_ = json.Unmarshal([]byte(cli("session", "ls", "--json")), &sessions)
+		_ = json.Unmarshal([]byte(cli(t, "session", "ls", "--json")), &sessions)
 		if len(sessions) != 1 || sessions[0]["sandbox"] != sb.ID {
 			t.Errorf("session ls --json: got %v, want one session of %s", sessions, sb.ID)
 		}
@@ -77,24 +77,24 @@ func TestCLIHabits(t *testing.T) {
 
 	t.Run("completion", func(t *testing.T) {
 		for _, args := range [][]string{{"exec", ""}, {"rm", sb.ID, ""}, {"logs", "ha"}} {
-			out := cli(append([]string{"__complete"}, args...)...)
+			out := cli(t, append([]string{"__complete"}, args...)...)
 			if !strings.Contains(out, "habits\trunning") {
 				t.Errorf("completing sbx %s: got %q, want the name habits described as running", strings.Join(args, " "), out)
 			}
 		}
-		if out := cli("__complete", "cp", "hab"); !strings.Contains(out, "habits:") {
+		if out := cli(t, "__complete", "cp", "hab"); !strings.Contains(out, "habits:") {
 			t.Errorf("completing cp: got %q, want habits:", out)
 		}
-		if out := cli("__complete", "exec", sb.ID, ""); strings.Contains(out, "habits") {
+		if out := cli(t, "__complete", "exec", sb.ID, ""); strings.Contains(out, "habits") {
 			t.Errorf("completing the command after the sandbox offered sandboxes: %q", out)
 		}
 	})
 
 	t.Run("exec-without-dashes", func(t *testing.T) {
-		if got := cli("exec", "habits", "python3", "-c", "import sys; print(sys.argv[1:])", "-x", "--y"); got != "['-x', '--y']\n" {
+		if got := cli(t, "exec", "habits", "python3", "-c", "import sys; print(sys.argv[1:])", "-x", "--y"); got != "['-x', '--y']\n" {
 			t.Errorf("exec without --: got %q", got)
 		}
-		if got := cli("exec", "-w", "/tmp", "habits", "--", "sh", "-c", "pwd"); got != "/tmp\n" {
+		if got := cli(t, "exec", "-w", "/tmp", "habits", "--", "sh", "-c", "pwd"); got != "/tmp\n" {
 			t.Errorf("exec with -w and --: got %q", got)
 		}
 	})
@@ -115,34 +115,34 @@ func TestCLIHabits(t *testing.T) {
 			return string(res.Stdout)
 		}
 		// In, onto an existing directory: it lands inside.
-		cli("cp", proj, "habits:/root/exists")
+		cli(t, "cp", proj, "habits:/root/exists")
 		if got := boxCat("/root/exists/proj/sub/f"); got != "data" {
 			t.Errorf("cp DIR box:EXISTING: /root/exists/proj/sub/f = %q, want data", got)
 		}
 		// In, onto a new path: the directory becomes it.
-		cli("cp", proj, "habits:/root/new")
+		cli(t, "cp", proj, "habits:/root/new")
 		if got := boxCat("/root/new/sub/f"); got != "data" {
 			t.Errorf("cp DIR box:NEW: /root/new/sub/f = %q, want data", got)
 		}
 		// Out, onto an existing directory.
 		out := filepath.Join(local, "out")
 		os.Mkdir(out, 0o755)
-		cli("cp", "habits:/root/new", out+"/")
+		cli(t, "cp", "habits:/root/new", out+"/")
 		if b, err := os.ReadFile(filepath.Join(out, "new", "sub", "f")); string(b) != "data" {
 			t.Errorf("cp box:DIR EXISTING/: out/new/sub/f = %q, %v; want data", b, err)
 		}
 		// Out, onto a new path.
 		fresh := filepath.Join(local, "fresh")
-		cli("cp", "habits:/root/new", fresh)
+		cli(t, "cp", "habits:/root/new", fresh)
 		if b, err := os.ReadFile(filepath.Join(fresh, "sub", "f")); string(b) != "data" {
 			t.Errorf("cp box:DIR NEW: fresh/sub/f = %q, %v; want data", b, err)
 		}
 		// DIR/. copies the contents, both ways.
-		cli("cp", "habits:/root/new/.", out)
+		cli(t, "cp", "habits:/root/new/.", out)
 		if b, err := os.ReadFile(filepath.Join(out, "sub", "f")); string(b) != "data" {
 			t.Errorf("cp box:DIR/. EXISTING: out/sub/f = %q, %v; want data", b, err)
 		}
-		cli("cp", proj+"/.", "habits:/root/exists")
+		cli(t, "cp", proj+"/.", "habits:/root/exists")
 		if got := boxCat("/root/exists/sub/f"); got != "data" {
 			t.Errorf("cp DIR/. box:EXISTING: /root/exists/sub/f = %q, want data", got)
 		}

@@ -312,7 +312,9 @@ func (c *Client) CreateFromRequest(ctx context.Context, req *sbxv1.CreateSandbox
 	if err != nil {
 		return nil, wrap("create sandbox", err)
 	}
-	return c.sandbox(resp.Msg.GetSandbox()), nil
+	sb := c.sandbox(resp.Msg.GetSandbox())
+	sb.owned = true
+	return sb, nil
 }
 
 // Sandbox returns a handle on the sandbox ref (id or name) without asking

@@ -53,6 +53,9 @@ type Plot struct {
 	ContentBase64 string
 }
 
+// Bytes is the image itself.
+func (p Plot) Bytes() ([]byte, error) { return base64.StdEncoding.DecodeString(p.ContentBase64) }
+
 // plotsOf returns the image artifacts (with content) as Plots, in order.
 func plotsOf(arts []*sbxv1.Artifact) []Plot {
 	var out []Plot
