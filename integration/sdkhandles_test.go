@@ -81,6 +81,44 @@ func TestSDKHandles(t *testing.T) {
 		}
 	})
 
+	t.Run("errors-name-things-once", func(t *testing.T) {
+		sb, err := c.Create(ctx, sbx.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.remember(sb.ID)
+		defer sb.Close(ctx)
+		calls := map[string]func() error{
+			"read":     func() error { _, err := sb.ReadFile(ctx, "/nope"); return err },
+			"stat":     func() error { _, err := sb.Stat(ctx, "/nope"); return err },
+			"list":     func() error { _, err := sb.ListDir(ctx, "/nope", false, 0); return err },
+			"remove":   func() error { return sb.Remove(ctx, "/nope", false) },
+			"mkdir":    func() error { return sb.MakeDir(ctx, "/nope/a", false) },
+			"rename":   func() error { return sb.Rename(ctx, "/nope", "/x") },
+			"download": func() error { return sb.DownloadTar(ctx, "/nope", io.Discard) },
+			"upload":   func() error { _, err := sb.UploadTar(ctx, "/etc/hostname", bytes.NewReader(nil)); return err },
+			"snapshot": func() error { _, err := sb.Snapshot(ctx, "BAD REF"); return err },
+			"image":    func() error { _, err := c.Create(ctx, sbx.CreateOptions{Image: "nope/nope:1"}); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			if err == nil {
+				t.Errorf("%s: succeeded", name)
+				continue
+			}
+			msg := err.Error()
+			segs := strings.Split(msg, ": ")
+			for i := 1; i < len(segs); i++ {
+				if segs[i] == segs[i-1] {
+					t.Errorf("%s: %q repeats %q", name, msg, segs[i])
+				}
+			}
+			if strings.Count(msg, "/nope ")+strings.Count(msg, "/nope:") > 1 || strings.Count(msg, sb.ID) > 1 {
+				t.Errorf("%s: %q names the path or sandbox twice", name, msg)
+			}
+		}
+	})
+
 	t.Run("from-local-and-ownership", func(t *testing.T) {
 		src := t.TempDir()
 		writeTree(t, src, map[string]string{"app.py": "print('app')\n"})

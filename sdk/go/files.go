@@ -168,5 +168,5 @@ func (s *Sandbox) Remove(ctx context.Context, path string, recursive bool) error
 // Rename moves a path within the sandbox.
 func (s *Sandbox) Rename(ctx context.Context, from, to string) error {
 	_, err := s.c.api.Rename(ctx, connect.NewRequest(&sbxv1.RenameRequest{Sandbox: s.ID, From: from, To: to}))
-	return wrap("rename "+from, err)
+	return wrap("rename "+from+" -> "+to, err)
 }

@@ -154,3 +154,34 @@ def test_async_parity_live(client: sbx.Client, tmp_path: "os.PathLike[str]") -> 
         await ac.codebases.delete(cb.id)
 
     asyncio.run(main())
+
+
+def test_errors_name_things_once(client: sbx.Client, shared_sandbox: sbx.Sandbox) -> None:
+    """Representative failures of the SDK read without a repeated segment
+    (the SDK's op and the daemon's message used to say the same thing)."""
+    sb = shared_sandbox
+    calls = {
+        "read": lambda: sb.files.read("/nope"),
+        "stat": lambda: sb.files.stat("/nope"),
+        "list": lambda: sb.files.list("/nope"),
+        "remove": lambda: sb.files.remove("/nope"),
+        "mkdir": lambda: sb.files.mkdir("/nope/a", parents=False),
+        "rename": lambda: sb.files.rename("/nope", "/x"),
+        "download_tar": lambda: sb.files.download_tar("/nope"),
+        "upload_tar": lambda: sb.files.upload_tar("/etc/hostname", b""),
+        "run_code": lambda: sb.run_code("x", "cobol"),
+        "codebase": lambda: client.codebases.get("nope"),
+        "volume": lambda: client.volumes.get("nope"),
+        "image": lambda: client.images.get("nope"),
+        "tag": lambda: client.images.tag("nope", "x"),
+        "snapshot": lambda: sb.snapshot("BAD REF"),
+        "create image": lambda: sbx.Sandbox.create(image="nope/nope:1", client=client),
+    }
+    for name, call in calls.items():
+        with pytest.raises(sbx.SbxError) as info:
+            call()
+        segs = str(info.value).split(": ")
+        repeats = [s for a, s in zip(segs, segs[1:]) if a == s]
+        assert not repeats, f"{name}: {info.value} repeats {repeats}"
+        assert str(info.value).count(sb.id) <= 1, f"{name}: {info.value} names the sandbox twice"
+        assert str(info.value).count("/nope ") + str(info.value).count("/nope:") <= 1, f"{name}: {info.value}"
