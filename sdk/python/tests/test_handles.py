@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-from typing import Callable
 
 import pytest
 
