@@ -7,7 +7,7 @@
 //	sb, err := c.Create(ctx, sbx.CreateOptions{Name: "demo"})
 //	res, err := sb.Run(ctx, "python3", "-c", "print(6*7)")
 //	fmt.Print(string(res.Stdout))
-//	sb.Destroy(ctx)
+//	sb.Close(ctx) // destroys it: this handle created it (a found one's Close leaves the box running)
 package sbx
 
 import (
