@@ -85,6 +85,15 @@ func TestCLIHabits(t *testing.T) {
 		if out := cli(t, "__complete", "cp", "hab"); !strings.Contains(out, "habits:") {
 			t.Errorf("completing cp: got %q, want habits:", out)
 		}
+		if _, err := c.CreateVolume(ctx, "habitvol", 16<<20); err != nil {
+			t.Fatal(err)
+		}
+		if out := cli(t, "__complete", "create", "--volume", "habit"); !strings.Contains(out, "habitvol:") {
+			t.Errorf("completing create --volume: got %q, want habitvol:", out)
+		}
+		if err := c.RemoveVolume(ctx, "habitvol"); err != nil {
+			t.Error(err)
+		}
 		if out := cli(t, "__complete", "exec", sb.ID, ""); strings.Contains(out, "habits") {
 			t.Errorf("completing the command after the sandbox offered sandboxes: %q", out)
 		}

@@ -47,3 +47,57 @@ func (a *app) completeCp(cmd *cobra.Command, args []string, toComplete string) (
 	}
 	return a.sandboxCompletions(cmd, toComplete, ":"), cobra.ShellCompDirectiveNoSpace | cobra.ShellCompDirectiveDefault
 }
+
+// completeCreateFlags completes --image with the daemon's image references,
+// --volume with volume names and --codebase with codebase names (each
+// followed by ":" for the mount path).
+func (a *app) completeCreateFlags(cmd *cobra.Command) {
+	reg := func(flag string, list func(cmd *cobra.Command) []string, suffix string) {
+		_ = cmd.RegisterFlagCompletionFunc(flag, func(cmd *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			var out []cobra.Completion
+			for _, n := range list(cmd) {
+				if n != "" && strings.HasPrefix(n, toComplete) {
+					out = append(out, n+suffix)
+				}
+			}
+			d := cobra.ShellCompDirectiveNoFileComp
+			if suffix != "" {
+				d |= cobra.ShellCompDirectiveNoSpace
+			}
+			return out, d
+		})
+	}
+	reg("image", func(cmd *cobra.Command) []string {
+		imgs, _, err := a.client().Images().List(cmd.Context())
+		if err != nil {
+			return nil
+		}
+		var out []string
+		for _, i := range imgs {
+			out = append(out, i.GetRef())
+		}
+		return out
+	}, "")
+	reg("volume", func(cmd *cobra.Command) []string {
+		vs, err := a.client().ListVolumes(cmd.Context())
+		if err != nil {
+			return nil
+		}
+		var out []string
+		for _, v := range vs {
+			out = append(out, v.GetName())
+		}
+		return out
+	}, ":")
+	reg("codebase", func(cmd *cobra.Command) []string {
+		cbs, err := a.client().ListCodebases(cmd.Context())
+		if err != nil {
+			return nil
+		}
+		var out []string
+		for _, cb := range cbs {
+			out = append(out, cb.GetName(), cb.GetId())
+		}
+		return out
+	}, ":")
+}

@@ -155,6 +155,7 @@ func newCreate(a *app) *cobra.Command {
 	}
 	cmd.Flags().SetInterspersed(false)
 	cf.add(cmd)
+	a.completeCreateFlags(cmd)
 	return cmd
 }
 
@@ -191,6 +192,7 @@ func newRun(a *app) *cobra.Command {
 	}
 	cmd.Flags().SetInterspersed(false)
 	cf.add(cmd)
+	a.completeCreateFlags(cmd)
 	cmd.Flags().BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
 	cmd.Flags().BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
 	cmd.Flags().DurationVar(&ef.timeout, "exec-timeout", 0, "kill the command after this long")
