@@ -52,29 +52,49 @@ async def _in_own_thread(func: Callable[[], T]) -> T:
 
 class _Pump:
     """Async iteration of a blocking iterator: a thread of its own moves
-    its items to an :class:`asyncio.Queue` (started at the first ``await``);
-    an exception of the iterator is raised by the ``await`` that reaches it."""
+    its items to an :class:`asyncio.Queue` (started at the first ``await``),
+    at most ``window`` items ahead of the consumer, so a slow reader of a big
+    download holds a few chunks, not the file. An exception of the iterator
+    is raised by the ``await`` that reaches it. :meth:`aclose` (or dropping
+    the object) stops the thread at its next item and closes the iterator."""
 
     _END = object()
 
-    def __init__(self, it: Any) -> None:
+    def __init__(self, it: Any, window: int = 8) -> None:
         self._it = it
         self._q: "Optional[asyncio.Queue[Any]]" = None
+        self._credits = threading.Semaphore(window)
+        self._stop = threading.Event()
+        self._done = False
 
     def _start(self) -> "asyncio.Queue[Any]":
         if self._q is None:
             loop = asyncio.get_running_loop()
             q: "asyncio.Queue[Any]" = asyncio.Queue()
             self._q = q
+            it, credits, stop = self._it, self._credits, self._stop
+
+            def put(item: Any) -> None:
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, item)
+                except RuntimeError:  # the loop is closed: nobody reads
+                    stop.set()
 
             def pump() -> None:
                 try:
-                    for item in self._it:
-                        loop.call_soon_threadsafe(q.put_nowait, (True, item))
+                    for item in it:
+                        credits.acquire()
+                        if stop.is_set():
+                            return
+                        put((True, item))
                 except BaseException as e:  # delivered to the awaiting coroutine
-                    loop.call_soon_threadsafe(q.put_nowait, (False, e))
+                    put((False, e))
                     return
-                loop.call_soon_threadsafe(q.put_nowait, (True, _Pump._END))
+                finally:
+                    close = getattr(it, "close", None)
+                    if close is not None:
+                        close()
+                put((True, _Pump._END))
 
             threading.Thread(target=pump, name="sbx-aio-pump", daemon=True).start()
         return self._q
@@ -83,14 +103,29 @@ class _Pump:
         return self
 
     async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
         ok, item = await self._start().get()
         if not ok:
+            self._done = True
             raise item
         if item is _Pump._END:
-            self._q = asyncio.Queue()  # stays at the end
-            self._q.put_nowait((True, _Pump._END))
+            self._done = True
             raise StopAsyncIteration
+        self._credits.release()
         return item
+
+    async def aclose(self) -> None:
+        """Stop reading; the thread ends at its next item."""
+        self._close()
+
+    def _close(self) -> None:
+        self._done = True
+        self._stop.set()
+        self._credits.release()  # wake a pump waiting for room
+
+    def __del__(self) -> None:
+        self._close()
 
 
 class AsyncLogs:
