@@ -52,7 +52,7 @@ func newExec(a *app) *cobra.Command {
 func commandArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) < n || len(dropDashes(args[n:])) == 0 {
-			return fmt.Errorf("%s: want %s", cmd.CommandPath(), cmd.Use)
+			return fmt.Errorf("no command given; usage: %s", cmd.UseLine())
 		}
 		return nil
 	}
