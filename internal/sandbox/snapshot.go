@@ -126,10 +126,10 @@ func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error)
 	// A diff cut short by the commit's end says only that: the commit's
 	// error is the one worth reporting then.
 	if derr := <-done; derr != nil && (err == nil || !errors.Is(derr, errCommitEnded)) {
-		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, derr)
+		return "", fmt.Errorf("snapshot sandbox %s: %w", b.id, derr)
 	}
 	if err != nil {
-		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, err)
+		return "", fmt.Errorf("snapshot sandbox %s: %w", b.id, err)
 	}
 	m.log.Info("sandbox snapshotted", "sandbox", b.id, "image", digest, "tag", tag)
 	return digest, nil
