@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -49,12 +48,7 @@ Nothing changes if any part is refused.`,
 				return err
 			}
 			if uf.json {
-				b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(sb.Info)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintln(a.stdout, string(b))
-				return nil
+				return writeJSON(a.stdout, protoJSON(sb.Info))
 			}
 			fmt.Fprintln(a.stdout, updatedText(sb.Info))
 			return nil
@@ -139,7 +133,7 @@ func updatedText(s *sbxv1.Sandbox) string {
 	}
 	r := s.GetResources()
 	parts := []string{
-		s.GetId(), stateText(s.GetState()), "expires " + expires,
+		s.GetId(), protoEnumText(s.GetState()), "expires " + expires,
 		fmt.Sprintf("memory %s", sandbox.FormatBytes(r.GetMemoryBytes())),
 		fmt.Sprintf("cpus %g", float64(r.GetCpuMillis())/1000),
 		fmt.Sprintf("pids %d", r.GetPids()),
