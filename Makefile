@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/agent.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/agent.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/mcp.Version=$(VERSION)
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
