@@ -95,6 +95,17 @@ func mcpSession(t *testing.T, ctx context.Context, cs *mcp.ClientSession, keep b
 		t.Errorf("exec with stdin: got %+v, want SHOUT/0", ex)
 	}
 
+	// Output past the 1 MiB limit is read, counted and dropped.
+	var big struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Dropped  int64  `json:"stdout_dropped_bytes"`
+	}
+	mcpJSON(t, "exec", mcpCall(t, ctx, cs, "exec", map[string]any{"sandbox": sb.ID, "command": "head -c 3000000 /dev/zero | tr '\\0' a"}), &big)
+	if len(big.Stdout) != 1<<20 || big.Dropped != 3000000-1<<20 || big.ExitCode != 0 || strings.Trim(big.Stdout, "a") != "" {
+		t.Errorf("exec of 3 MB: got %d bytes of stdout, %d dropped, exit %d; want %d, %d, 0", len(big.Stdout), big.Dropped, big.ExitCode, 1<<20, 3000000-1<<20)
+	}
+
 	res := mcpCall(t, ctx, cs, "write_file", map[string]any{"sandbox": sb.ID, "path": "/tmp/mcp/a.txt", "content": "written by mcp"})
 	if res.IsError {
 		t.Fatalf("write_file: %s", mcpText(t, res))
