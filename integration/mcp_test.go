@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,10 +205,27 @@ func TestMCPStdio(t *testing.T) {
 	if !strings.Contains(stderr.String(), left) {
 		t.Errorf("got stderr %q, want it to name the destroyed %s", stderr.String(), left)
 	}
+
+	// A client that stops the server with SIGTERM gets the same clean-up.
+	cmd = exec.Command(d.bin, "--addr", d.url(), "mcp")
+	cmd.Env = append(os.Environ(), "SBX_TOKEN="+d.token)
+	cs, err = client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct{ ID string }
+	mcpJSON(t, "create_sandbox", mcpCall(t, ctx, cs, "create_sandbox", map[string]any{}), &sb)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = cs.Close() // waits for the process to exit
+	if _, err := d.client().Get(ctx, sb.ID); !sbx.IsNotFound(err) {
+		t.Errorf("the sandbox of a session ended by SIGTERM: got %v, want not found", err)
+	}
 }
 
-// TestMCPHTTP drives the daemon's /mcp endpoint with the MCP SDK's
-// streamable-HTTP client: every tool works; without a token the endpoint
+// TestMCPHTTP drives the daemon's /mcp endpoint (over TLS) with the MCP
+// SDK's streamable-HTTP client: every tool works; without a token the endpoint
 // answers 401; with tenants, one tenant's MCP client cannot see, run in,
 // read or destroy another tenant's sandbox.
 func TestMCPHTTP(t *testing.T) {
@@ -219,12 +238,18 @@ func TestMCPHTTP(t *testing.T) {
 		tenant.HashToken(tokA), tenant.HashToken(tokB)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemonOpts(t, daemonOpts{token: tokA}, "--tenants", tenants)
+	// Over TLS: the endpoint's tools reach the daemon's listener pinning its
+	// certificate.
+	_, certFile, keyFile, pool := testCA(t, dir)
+	tlsConf := &tls.Config{RootCAs: pool}
+	d := startDaemonOpts(t, daemonOpts{token: tokA, tls: tlsConf}, "--tenants", tenants, "--tls-cert", certFile, "--tls-key", keyFile)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	endpoint := "http://" + d.addr + "/mcp"
+	endpoint := "https://" + d.addr + "/mcp"
+	base := &http.Transport{TLSClientConfig: tlsConf}
+	defer base.CloseIdleConnections()
 	connect := func(tok string) (*mcp.ClientSession, error) {
-		hc := &http.Client{Transport: &bearerRT{tok: tok}}
+		hc := &http.Client{Transport: &bearerRT{tok: tok, base: base}}
 		client := mcp.NewClient(&mcp.Implementation{Name: "sbx-test", Version: "1"}, nil)
 		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
 	}
@@ -237,7 +262,7 @@ func TestMCPHTTP(t *testing.T) {
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Transport: base}).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,10 +321,13 @@ func TestMCPHTTP(t *testing.T) {
 }
 
 // bearerRT sends a bearer token on every request.
-type bearerRT struct{ tok string }
+type bearerRT struct {
+	tok  string
+	base http.RoundTripper
+}
 
 func (r *bearerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.Header.Set("Authorization", "Bearer "+r.tok)
-	return http.DefaultTransport.RoundTrip(req)
+	return r.base.RoundTrip(req)
 }

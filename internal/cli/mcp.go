@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -38,7 +40,11 @@ Claude Desktop style configuration:
 				return err
 			}
 			s := mcp.NewSession(b, mcp.DefaultLimits)
-			runErr := s.Run(cmd.Context(), &mcpsdk.IOTransport{Reader: readNopCloser{a.stdin}, Writer: writeNopCloser{a.stdout}})
+			// A client that stops the server with a signal still gets its
+			// sandboxes cleaned up.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			runErr := s.Run(ctx, &mcpsdk.IOTransport{Reader: readNopCloser{a.stdin}, Writer: writeNopCloser{a.stdout}})
 			if !keep {
 				// The client is gone (or ctx ended): clean up with a fresh deadline.
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -51,7 +57,7 @@ Claude Desktop style configuration:
 					fmt.Fprintf(a.stderr, "sbx mcp: destroying the session's sandboxes: %v\n", err)
 				}
 			}
-			if runErr != nil && cmd.Context().Err() == nil {
+			if runErr != nil && ctx.Err() == nil {
 				return fmt.Errorf("serving mcp: %w", runErr)
 			}
 			return nil
