@@ -1,13 +1,13 @@
 import { create } from "@bufbuild/protobuf";
 
 import { ExecRequestSchema, type ExecRequest } from "./gen/sbx/v1/process_pb.js";
-import { NetworkMode, SandboxState, type Sandbox as PbSandbox } from "./gen/sbx/v1/sandbox_pb.js";
+import { IdleAction, NetworkMode, SandboxState, type Sandbox as PbSandbox } from "./gen/sbx/v1/sandbox_pb.js";
 import { Client, getDefaultClient } from "./client.js";
 import { CodeContext, runCode, type CodeResult, type RunCodeOptions } from "./code.js";
-import { call, NotFoundError } from "./errors.js";
+import { call, NotFoundError, toSbxError } from "./errors.js";
 import { Files } from "./files.js";
 import { imageOf, type ImageInfo } from "./images.js";
-import { collect, Process, type CommandResult, type OutputHandlers } from "./process.js";
+import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
 import { Session } from "./session.js";
 import { parseSize } from "./size.js";
 
@@ -42,7 +42,25 @@ export interface CreateOptions {
   network?: "public" | "none" | { allowCidrs?: string[]; allowDomains?: string[] };
   volumes?: { volume: string; path: string; readOnly?: boolean }[];
   codebases?: { codebase: string; path: string; preset?: string }[];
+  /** Secrets kept out of the sandbox: it sees a placeholder in env `name`;
+   * the egress proxy sends the value to the listed domains only (over
+   * HTTPS, in the headers named; Authorization by default). */
+  domainSecrets?: { name: string; value: string; domains: string[]; headers?: string[]; allowQuery?: boolean }[];
+  /** Stop (freeze) instead of destroying the sandbox at its idle timeout. */
+  stopWhenIdle?: boolean;
+  /** Give the sandbox a scoped API token (SBX_TOKEN) to manage child sandboxes. */
+  scopedToken?: boolean;
+  /** Start the image's ENTRYPOINT/CMD (default true). */
+  entrypoint?: boolean;
   client?: Client;
+}
+
+/** A piece of the sandbox's own command's output. */
+export interface LogChunk {
+  stream: "stdout" | "stderr";
+  data: Uint8Array;
+  text: string;
+  time: Date;
 }
 
 /** Options of exec and run. */
@@ -109,6 +127,19 @@ export interface Port {
   headers: Record<string, string>;
 }
 
+function networkOf(n: CreateOptions["network"]): { mode: NetworkMode; allowCidrs?: string[]; allowDomains?: string[] } | undefined {
+  if (n === "none") {
+    return { mode: NetworkMode.NONE };
+  }
+  if (n === "public") {
+    return { mode: NetworkMode.PUBLIC };
+  }
+  if (n) {
+    return { mode: NetworkMode.ALLOW, allowCidrs: n.allowCidrs ?? [], allowDomains: n.allowDomains ?? [] };
+  }
+  return undefined;
+}
+
 function ms(seconds: number | undefined): bigint {
   return BigInt(Math.round((seconds ?? 0) * 1000));
 }
@@ -141,14 +172,7 @@ export class Sandbox {
   /** Create a sandbox and return once it is ready for commands. */
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const c = opts.client ?? getDefaultClient();
-    let network: { mode: NetworkMode; allowCidrs?: string[]; allowDomains?: string[] } | undefined;
-    if (opts.network === "none") {
-      network = { mode: NetworkMode.NONE };
-    } else if (opts.network === "public") {
-      network = { mode: NetworkMode.PUBLIC };
-    } else if (opts.network) {
-      network = { mode: NetworkMode.ALLOW, allowCidrs: opts.network.allowCidrs ?? [], allowDomains: opts.network.allowDomains ?? [] };
-    }
+    const network = networkOf(opts.network);
     const r = await call("create sandbox", () => c.rpc.sandboxes.createSandbox({
       image: opts.image ?? "", name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
       command: opts.command ?? [], workdir: opts.workdir ?? "", user: opts.user ?? "", runtime: opts.runtime ?? "",
@@ -159,6 +183,11 @@ export class Sandbox {
       timeoutMs: ms(opts.timeout), idleTimeoutMs: ms(opts.idleTimeout), network,
       volumes: (opts.volumes ?? []).map((v) => ({ volume: v.volume, path: v.path, readOnly: v.readOnly ?? false })),
       codebases: (opts.codebases ?? []).map((cb) => ({ codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "" })),
+      domainSecrets: (opts.domainSecrets ?? []).map((ds) => ({
+        name: ds.name, value: ds.value, domains: ds.domains, headers: ds.headers ?? [], allowQuery: ds.allowQuery ?? false,
+      })),
+      idleAction: opts.stopWhenIdle ? IdleAction.STOP : IdleAction.UNSPECIFIED,
+      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false,
     }));
     if (!r.sandbox) {
       throw new NotFoundError("not_found", "create sandbox: the daemon returned no sandbox");
@@ -224,6 +253,41 @@ export class Sandbox {
   /** Destroy the sandbox and everything in it. */
   async terminate(opts: { syncCodebases?: boolean } = {}): Promise<void> {
     await call(`destroy ${this.id}`, () => this.client.rpc.sandboxes.destroySandbox({ sandbox: this.id, syncCodebases: opts.syncCodebases ?? false }));
+  }
+
+  /** Change the network policy of the running sandbox (open connections included). */
+  async updateNetwork(network: NonNullable<CreateOptions["network"]>): Promise<void> {
+    await call(`update network of ${this.id}`, () => this.client.rpc.sandboxes.updateNetwork({ sandbox: this.id, network: networkOf(network) }));
+  }
+
+  /**
+   * The output of the sandbox's own command (`command`, else the image's
+   * ENTRYPOINT/CMD): what is kept, then (with follow) what comes until it
+   * exits. `tail` keeps only the last lines kept; `since` starts later.
+   */
+  async *logs(opts: { follow?: boolean; tail?: number; since?: Date } = {}): AsyncGenerator<LogChunk> {
+    const dec = new TextDecoder();
+    try {
+      for await (const m of this.client.rpc.sandboxes.logs({
+        sandbox: this.id, follow: opts.follow ?? false, tail: opts.tail, sinceUnixMs: BigInt(opts.since?.getTime() ?? 0),
+      })) {
+        if (m.event.case === "data") {
+          const d = m.event.value;
+          yield { stream: d.stderr ? "stderr" : "stdout", data: d.data, text: dec.decode(d.data), time: new Date(Number(d.timeUnixMs)) };
+        }
+      }
+    } catch (e) {
+      throw toSbxError(`logs of ${this.id}`, e);
+    }
+  }
+
+  /** Wait for the sandbox's own command to exit and return how it ended. */
+  async wait(): Promise<ExitStatus> {
+    const r = await call(`wait for ${this.id}`, () => this.client.rpc.sandboxes.wait({ sandbox: this.id }, { timeoutMs: 0 }));
+    if (!r.exited) {
+      throw toSbxError(`wait for ${this.id}`, new Error("the daemon returned no exit status"));
+    }
+    return exitStatusOf(r.exited);
   }
 
   /** Save the sandbox's filesystem as an image (tagged tag, if given). */

@@ -70,6 +70,21 @@ describe("sandboxes", () => {
   });
 });
 
+describe("the sandbox's own command", () => {
+  it("streams its logs and reports how it ended", async (t) => {
+    if (skip(t)) return;
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN }, command: ["sh", "-c", "echo out; echo err >&2; exit 7"] });
+    const status = await box.wait();
+    assert.equal(status.exitCode, 7);
+    const chunks = [];
+    for await (const c of box.logs()) {
+      chunks.push(`${c.stream}:${c.text}`);
+    }
+    assert.deepEqual(chunks.sort(), ["stderr:err\n", "stdout:out\n"]);
+    await box.terminate();
+  });
+});
+
 describe("exec", () => {
   it("runs shell lines and argv with env, cwd and stdin", async (t) => {
     if (skip(t)) return;
