@@ -145,6 +145,25 @@ func mcpSession(t *testing.T, ctx context.Context, cs *mcp.ClientSession, keep b
 	if pngs != 1 {
 		t.Errorf("run_code: got %d images, want 1", pngs)
 	}
+	// Other artifacts are embedded resources: a plotly figure's JSON; its
+	// self-contained HTML (plotly.js inlined, over 8 MiB) is past the limit
+	// of artifacts per call and left out with a note naming it.
+	if hostHas("/usr/bin/python3", "-c", "import plotly") {
+		res = mcpCall(t, ctx, cs, "run_code", map[string]any{"sandbox": sb.ID, "code": "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=['a'], y=[1])).show()\n"})
+		var gotJSON, leftOut bool
+		for _, c := range res.Content {
+			switch c := c.(type) {
+			case *mcp.EmbeddedResource:
+				gotJSON = gotJSON || c.Resource.MIMEType == plotlyMime && c.Resource.URI == "sbx://"+sb.ID+"/artifacts/plotly-1.plotly.json" &&
+					strings.Contains(c.Resource.Text, `"type":"bar"`)
+			case *mcp.TextContent:
+				leftOut = leftOut || strings.Contains(c.Text, `artifact "plotly-1.html"`) && strings.Contains(c.Text, "left out")
+			}
+		}
+		if !gotJSON || !leftOut {
+			t.Errorf("run_code of a plotly figure: got the JSON resource %v, the HTML left out with a note %v; want both", gotJSON, leftOut)
+		}
+	}
 	// A failing program is a tool error carrying its traceback.
 	res = mcpCall(t, ctx, cs, "run_code", map[string]any{"sandbox": sb.ID, "code": "1/0"})
 	if !res.IsError || !strings.Contains(mcpText(t, res), "ZeroDivisionError") {

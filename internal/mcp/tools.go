@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -47,6 +48,9 @@ var DefaultLimits = Limits{
 	SandboxTimeout:    time.Hour,
 	MaxSandboxTimeout: 24 * time.Hour,
 }
+
+// rasterMIME are the artifact types returned as MCP image content.
+var rasterMIME = map[string]bool{"image/png": true, "image/jpeg": true, "image/gif": true, "image/webp": true}
 
 // LabelKey marks the sandboxes MCP tools create (value "1").
 const LabelKey = "sbx-mcp"
@@ -120,7 +124,7 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "destroy_sandbox", Description: "Destroy a sandbox and everything in it."}, t.destroy)
 	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run a shell command in a sandbox and return its exit code, stdout and stderr (each cut at 1 MiB)."}, t.exec)
 	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run a program (python by default) in a sandbox. Returns stdout, stderr, the error if it failed, " +
-		"and every figure it showed (matplotlib) or saved as an image artifact, as image content."}, t.runCode)
+		"every figure it showed (matplotlib, seaborn) as image content, and other artifacts (plotly HTML/JSON, SVG) as embedded resources."}, t.runCode)
 	mcp.AddTool(s, &mcp.Tool{Name: "create_code_context", Description: "Start a stateful python or javascript interpreter in a sandbox; pass its id as run_code's context to keep variables between runs."}, t.createContext)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a file from a sandbox (text, or base64 for binary content; at most 1 MiB)."}, t.readFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating parent directories."}, t.writeFile)
@@ -304,24 +308,39 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeI
 		return nil, nil, callErr(err)
 	}
 	out := textResult(res)
+	// Raster images go back as image content; every other artifact (SVG,
+	// plotly HTML and JSON, ...) as an embedded resource; together at most
+	// MaxImageBytes.
 	budget := t.lim.MaxImageBytes
-	addImage := func(mime string, data []byte) {
-		if len(data) == 0 {
-			return
+	fits := func(name string, n int) bool {
+		if n > budget {
+			out.Content = append(out.Content, &mcp.TextContent{Text: fmt.Sprintf("artifact %q (%d bytes) was left out: over the %d-byte limit of artifacts per call", name, n, t.lim.MaxImageBytes)})
+			return false
 		}
-		if len(data) > budget {
-			out.Content = append(out.Content, &mcp.TextContent{Text: fmt.Sprintf("an image of %d bytes was left out: over the %d-byte limit of images per call", len(data), t.lim.MaxImageBytes)})
-			return
-		}
-		budget -= len(data)
-		out.Content = append(out.Content, &mcp.ImageContent{Data: data, MIMEType: mime})
+		budget -= n
+		return true
 	}
 	for _, a := range arts {
-		if mime := a.GetMime(); strings.HasPrefix(mime, "image/") && mime != "image/svg+xml" {
-			addImage(mime, a.GetContent())
+		data, mime := a.GetContent(), a.GetMime()
+		if len(data) == 0 || !fits(a.GetName(), len(data)) {
+			continue
+		}
+		switch {
+		case rasterMIME[mime]:
+			out.Content = append(out.Content, &mcp.ImageContent{Data: data, MIMEType: mime})
+		default:
+			rc := &mcp.ResourceContents{URI: "sbx://" + in.Sandbox + "/artifacts/" + url.PathEscape(a.GetName()), MIMEType: mime}
+			if utf8.Valid(data) {
+				rc.Text = string(data)
+			} else {
+				rc.Blob = data
+			}
+			out.Content = append(out.Content, &mcp.EmbeddedResource{Resource: rc})
 		}
 	}
-	addImage("image/png", value.GetPng())
+	if png := value.GetPng(); len(png) > 0 && fits("value", len(png)) {
+		out.Content = append(out.Content, &mcp.ImageContent{Data: png, MIMEType: "image/png"})
+	}
 	if res.Error != "" || res.ExitCode != 0 || res.TimedOut {
 		out.IsError = true
 	}
