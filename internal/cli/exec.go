@@ -82,7 +82,10 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
 	}
 	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: command killed: out of memory (the sandbox's memory limit; raise it with --memory)")
+		fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
+	}
+	if st.PidsLimitHit {
+		fmt.Fprintln(a.stderr, "sbx: the sandbox's pids limit refused a fork while the command ran; raise it with `sbx update --pids`")
 	}
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}

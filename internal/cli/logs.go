@@ -81,7 +81,7 @@ func newWait(a *app) *cobra.Command {
 				fmt.Fprintf(a.stderr, "sbx: killed by signal %d\n", st.Signal)
 			}
 			if st.OOMKilled {
-				fmt.Fprintln(a.stderr, "sbx: killed: out of memory (the sandbox's memory limit)")
+				fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
 			}
 			return nil
 		},

@@ -23,6 +23,7 @@ type createFlags struct {
 	pids                                    int64
 	timeout, idleTimeout                    time.Duration
 	stopWhenIdle, scopedToken, noEntrypoint bool
+	autoResume                              bool
 	runtime, user                           string
 	net                                     netFlags
 	volumes                                 []string
@@ -67,6 +68,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.DurationVar(&c.timeout, "timeout", 0, "lifetime, e.g. 10m (default: the daemon's)")
 	f.DurationVar(&c.idleTimeout, "idle-timeout", 0, "destroy after this long without activity")
 	f.BoolVar(&c.stopWhenIdle, "stop-when-idle", false, "stop instead of destroy at the idle timeout")
+	f.BoolVar(&c.autoResume, "auto-resume", false, "start the sandbox again when it is used (exec, files) while stopped")
 	f.BoolVar(&c.scopedToken, "scoped-token", false, "give the sandbox an API token (env SBX_TOKEN, SBX_ADDR) that can create and manage only its own child sandboxes")
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
@@ -118,7 +120,7 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		ScopedToken: c.scopedToken, NoEntrypoint: c.noEntrypoint,
+		ScopedToken: c.scopedToken, NoEntrypoint: c.noEntrypoint, AutoResume: c.autoResume,
 		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards, Codebases: cbs,
 	}, nil
 }

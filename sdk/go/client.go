@@ -247,6 +247,9 @@ type CreateOptions struct {
 	// create and manage child sandboxes, which die with it, and nothing
 	// else. NewClient("") inside the box picks both up.
 	ScopedToken bool
+	// AutoResume starts the sandbox again when it is used (exec, files)
+	// while stopped, by Stop or by idling with StopWhenIdle.
+	AutoResume bool
 }
 
 // DomainSecret is a secret only the listed hosts receive, over HTTPS (a
@@ -272,7 +275,7 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	req := &sbxv1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
 		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User, ScopedToken: o.ScopedToken,
-		NoEntrypoint: o.NoEntrypoint,
+		NoEntrypoint: o.NoEntrypoint, AutoResume: o.AutoResume,
 		Resources: &sbxv1.Resources{
 			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
 		},

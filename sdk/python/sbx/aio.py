@@ -189,6 +189,7 @@ class AsyncProcess:
             error=st.error,
             duration=st.duration,
             oom_killed=st.oom_killed,
+            pids_limit_hit=st.pids_limit_hit,
             stdout_bytes=out,
             stderr_bytes=err,
         )
@@ -497,6 +498,22 @@ class AsyncSandbox:
     async def update_network(self, network: Union[str, NetworkPolicy]) -> None:
         """Change the network policy of the running sandbox."""
         await _to_thread(self.sync.update_network, network)
+
+    async def update(self, **kwargs: Any) -> None:
+        """Change lifetime, labels, limits or auto-resume (arguments of
+        :meth:`Sandbox.update`)."""
+        await _to_thread(lambda: self.sync.update(**kwargs))
+
+    async def set_timeout(self, timeout: Seconds) -> None:
+        """A new lifetime counted from now (see :meth:`Sandbox.set_timeout`)."""
+        await _to_thread(self.sync.set_timeout, timeout)
+
+    async def set_labels(self, labels: Mapping[str, str]) -> None:
+        """Make the labels exactly ``labels`` (see :meth:`Sandbox.set_labels`)."""
+        await _to_thread(self.sync.set_labels, labels)
+
+    #: Modal's name for :meth:`set_labels`.
+    set_tags = set_labels
 
     async def exec(self, *args: str, **kwargs: Any) -> AsyncProcess:
         """Start a command (arguments of :meth:`Sandbox.exec`); iterate

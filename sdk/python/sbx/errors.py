@@ -188,6 +188,8 @@ class CommandError(SbxError):
             what = f"could not start: {result.error}"
         else:
             what = f"exited with code {result.exit_code}"
+        if getattr(result, "pids_limit_hit", False):
+            what += " (the sandbox's pids limit refused a fork while it ran)"
         msg = f"command {command!r} {what}" if command else f"command {what}"
         tail = result.stderr.strip()
         if tail:

@@ -89,6 +89,7 @@ class Sandbox:
         codebases: Optional[Sequence[Any]] = None,
         scoped_token: bool = False,
         entrypoint: bool = True,
+        auto_resume: bool = False,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -137,6 +138,9 @@ class Sandbox:
                 inside the box picks both up. Needs networking.
             entrypoint: ``False`` starts neither the image's ENTRYPOINT nor
                 its CMD (a given ``command`` then runs alone).
+            auto_resume: start the sandbox again when it is used (a command,
+                a file call) while stopped, by :meth:`stop` or by idling with
+                ``stop_when_idle``, instead of failing.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -199,6 +203,8 @@ class Sandbox:
             req["scopedToken"] = True
         if not entrypoint:
             req["noEntrypoint"] = True
+        if auto_resume:
+            req["autoResume"] = True
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
@@ -341,6 +347,91 @@ class Sandbox:
         resp = self._client._transport.unary(_SERVICE, "UpdateNetwork", req, op=f"update network of {self.id}")
         if resp.get("sandbox"):
             self._info = SandboxInfo.from_json(resp["sandbox"])
+
+    def update(
+        self,
+        *,
+        timeout: Optional[Seconds] = None,
+        idle_timeout: Optional[Seconds] = None,
+        stop_when_idle: Optional[bool] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        replace_labels: bool = False,
+        memory: Union[int, str, None] = None,
+        cpu: Optional[float] = None,
+        pids: Optional[int] = None,
+        auto_resume: Optional[bool] = None,
+    ) -> None:
+        """Change the running or stopped sandbox; arguments left ``None``
+        keep their value, and nothing changes if any part is refused.
+
+        Args:
+            timeout: a new lifetime in seconds counted from now (E2B's
+                ``set_timeout``): the sandbox is destroyed this long after the
+                call, sooner or later than before. 0 removes the limit where
+                the daemon has no maximum.
+            idle_timeout: a new idle timeout in seconds (0: none).
+            stop_when_idle: whether idling stops (``True``) or destroys it.
+            labels: labels to add or replace (with ``replace_labels``, the
+                labels become exactly these).
+            remove_labels: label keys to remove.
+            memory, cpu, pids: new limits (as in :meth:`create`). The runtime
+                must be able to change them, and they count against the
+                tenant's quotas like a create's.
+            auto_resume: whether using the stopped sandbox starts it.
+
+        Raises:
+            InvalidArgumentError: a bad value, or one past the host's bounds.
+            FailedPreconditionError: the runtime cannot change limits.
+            ResourceExhaustedError: past the tenant's memory or CPU quota.
+        """
+        req: Dict[str, Any] = {"sandbox": self.id}
+        if timeout is not None:
+            req["timeoutMs"] = str(_ms(timeout, "timeout"))
+        if idle_timeout is not None:
+            req["idleTimeoutMs"] = str(_ms(idle_timeout, "idle_timeout"))
+        if stop_when_idle is not None:
+            req["idleAction"] = "IDLE_ACTION_STOP" if stop_when_idle else "IDLE_ACTION_DESTROY"
+        if labels:
+            req["setLabels"] = dict(labels)
+        if remove_labels:
+            if isinstance(remove_labels, str):
+                raise TypeError("remove_labels must be a list of keys")
+            req["removeLabels"] = list(remove_labels)
+        if replace_labels:
+            req["replaceLabels"] = True
+        res: Dict[str, str] = {}
+        if memory is not None:
+            res["memoryBytes"] = str(parse_size(memory))
+        if cpu is not None:
+            if cpu <= 0:
+                raise ValueError("cpu must be positive")
+            res["cpuMillis"] = str(int(round(cpu * 1000)))
+        if pids is not None:
+            if pids <= 0:
+                raise ValueError("pids must be positive")
+            res["pids"] = str(int(pids))
+        if res:
+            req["resources"] = res
+        if auto_resume is not None:
+            req["autoResume"] = bool(auto_resume)
+        resp = self._client._transport.unary(_SERVICE, "UpdateSandbox", req, op=f"update sandbox {self.id}")
+        if resp.get("sandbox"):
+            self._info = SandboxInfo.from_json(resp["sandbox"])
+
+    def set_timeout(self, timeout: Seconds) -> None:
+        """Give the sandbox a new lifetime of ``timeout`` seconds counted from
+        now (E2B's ``set_timeout``): it is destroyed that long after this
+        call, whether that is sooner or later than before."""
+        self.update(timeout=timeout)
+
+    def set_labels(self, labels: Mapping[str, str]) -> None:
+        """Make the sandbox's labels exactly ``labels`` (Modal's ``set_tags``);
+        :meth:`update` adds and removes single ones."""
+        self.update(labels=labels, replace_labels=True)
+
+    #: Modal's name for :meth:`set_labels`.
+    set_tags = set_labels
 
     # -- the sandbox's own command -------------------------------------------
 

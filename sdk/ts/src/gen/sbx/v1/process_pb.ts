@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sbx/v1/process.proto.
  */
 export const file_sbx_v1_process: GenFile = /*@__PURE__*/
-  fileDesc("ChRzYngvdjEvcHJvY2Vzcy5wcm90bxIGc2J4LnYxIpkCCgtFeGVjUmVxdWVzdBIPCgdzYW5kYm94GAEgASgJEgwKBGFyZ3YYAiADKAkSDQoFc2hlbGwYAyABKAkSKQoDZW52GAQgAygLMhwuc2J4LnYxLkV4ZWNSZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBSABKAkSEgoKdGltZW91dF9tcxgGIAEoAxILCgN0dHkYByABKAgSIgoEc2l6ZRgIIAEoCzIULnNieC52MS5UZXJtaW5hbFNpemUSDQoFc3RkaW4YCSABKAwSEgoKc3RkaW5fb3BlbhgKIAEoCBIMCgR1c2VyGAsgASgJGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiKgoMVGVybWluYWxTaXplEgwKBHJvd3MYASABKA0SDAoEY29scxgCIAEoDSKcAQoJRXhlY0lucHV0EiQKBXN0YXJ0GAEgASgLMhMuc2J4LnYxLkV4ZWNSZXF1ZXN0SAASDwoFc3RkaW4YAiABKAxIABIVCgtzdGRpbl9jbG9zZRgDIAEoCEgAEiYKBnJlc2l6ZRgEIAEoCzIULnNieC52MS5UZXJtaW5hbFNpemVIABIQCgZzaWduYWwYBSABKAVIAEIHCgVldmVudCKzAQoKRXhlY091dHB1dBImCgdzdGFydGVkGAEgASgLMhMuc2J4LnYxLkV4ZWNTdGFydGVkSAASEAoGc3Rkb3V0GAIgASgMSAASEAoGc3RkZXJyGAMgASgMSAASKgoJa2VlcGFsaXZlGAQgASgLMhUuc2J4LnYxLkV4ZWNLZWVwYWxpdmVIABIkCgZleGl0ZWQYBSABKAsyEi5zYngudjEuRXhlY0V4aXRlZEgAQgcKBWV2ZW50IhoKC0V4ZWNTdGFydGVkEgsKA3BpZBgBIAEoBSIPCg1FeGVjS2VlcGFsaXZlInoKCkV4ZWNFeGl0ZWQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnNpZ25hbBgCIAEoBRIRCgl0aW1lZF9vdXQYAyABKAgSDQoFZXJyb3IYBCABKAkSEwoLZHVyYXRpb25fbXMYBSABKAMSEgoKb29tX2tpbGxlZBgGIAEoCCJhCgtMb2dzUmVxdWVzdBIPCgdzYW5kYm94GAEgASgJEg4KBmZvbGxvdxgCIAEoCBIVCg1zaW5jZV91bml4X21zGAMgASgDEhEKBHRhaWwYBCABKA1IAIgBAUIHCgVfdGFpbCKvAQoJTG9nc0V2ZW50Eh8KBGRhdGEYASABKAsyDy5zYngudjEuTG9nRGF0YUgAEiYKB2Ryb3BwZWQYAiABKAsyEy5zYngudjEuTG9nc0Ryb3BwZWRIABIqCglrZWVwYWxpdmUYAyABKAsyFS5zYngudjEuRXhlY0tlZXBhbGl2ZUgAEiQKBmV4aXRlZBgEIAEoCzISLnNieC52MS5FeGVjRXhpdGVkSABCBwoFZXZlbnQiPQoHTG9nRGF0YRIOCgZzdGRlcnIYASABKAgSDAoEZGF0YRgCIAEoDBIUCgx0aW1lX3VuaXhfbXMYAyABKAMiOQoLTG9nc0Ryb3BwZWQSFAoMc3Rkb3V0X2J5dGVzGAEgASgEEhQKDHN0ZGVycl9ieXRlcxgCIAEoBCIeCgtXYWl0UmVxdWVzdBIPCgdzYW5kYm94GAEgASgJIkMKDFdhaXRSZXNwb25zZRIiCgZleGl0ZWQYASABKAsyEi5zYngudjEuRXhlY0V4aXRlZBIPCgdjb21tYW5kGAIgAygJQixaKmdpdGh1Yi5jb20vc2J4ZGV2L3NieC9hcGkvZ2VuL3NieC92MTtzYnh2MWIGcHJvdG8z");
+  fileDesc("ChRzYngvdjEvcHJvY2Vzcy5wcm90bxIGc2J4LnYxIpkCCgtFeGVjUmVxdWVzdBIPCgdzYW5kYm94GAEgASgJEgwKBGFyZ3YYAiADKAkSDQoFc2hlbGwYAyABKAkSKQoDZW52GAQgAygLMhwuc2J4LnYxLkV4ZWNSZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBSABKAkSEgoKdGltZW91dF9tcxgGIAEoAxILCgN0dHkYByABKAgSIgoEc2l6ZRgIIAEoCzIULnNieC52MS5UZXJtaW5hbFNpemUSDQoFc3RkaW4YCSABKAwSEgoKc3RkaW5fb3BlbhgKIAEoCBIMCgR1c2VyGAsgASgJGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiKgoMVGVybWluYWxTaXplEgwKBHJvd3MYASABKA0SDAoEY29scxgCIAEoDSKcAQoJRXhlY0lucHV0EiQKBXN0YXJ0GAEgASgLMhMuc2J4LnYxLkV4ZWNSZXF1ZXN0SAASDwoFc3RkaW4YAiABKAxIABIVCgtzdGRpbl9jbG9zZRgDIAEoCEgAEiYKBnJlc2l6ZRgEIAEoCzIULnNieC52MS5UZXJtaW5hbFNpemVIABIQCgZzaWduYWwYBSABKAVIAEIHCgVldmVudCKzAQoKRXhlY091dHB1dBImCgdzdGFydGVkGAEgASgLMhMuc2J4LnYxLkV4ZWNTdGFydGVkSAASEAoGc3Rkb3V0GAIgASgMSAASEAoGc3RkZXJyGAMgASgMSAASKgoJa2VlcGFsaXZlGAQgASgLMhUuc2J4LnYxLkV4ZWNLZWVwYWxpdmVIABIkCgZleGl0ZWQYBSABKAsyEi5zYngudjEuRXhlY0V4aXRlZEgAQgcKBWV2ZW50IhoKC0V4ZWNTdGFydGVkEgsKA3BpZBgBIAEoBSIPCg1FeGVjS2VlcGFsaXZlIpIBCgpFeGVjRXhpdGVkEhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzaWduYWwYAiABKAUSEQoJdGltZWRfb3V0GAMgASgIEg0KBWVycm9yGAQgASgJEhMKC2R1cmF0aW9uX21zGAUgASgDEhIKCm9vbV9raWxsZWQYBiABKAgSFgoOcGlkc19saW1pdF9oaXQYECABKAgiYQoLTG9nc1JlcXVlc3QSDwoHc2FuZGJveBgBIAEoCRIOCgZmb2xsb3cYAiABKAgSFQoNc2luY2VfdW5peF9tcxgDIAEoAxIRCgR0YWlsGAQgASgNSACIAQFCBwoFX3RhaWwirwEKCUxvZ3NFdmVudBIfCgRkYXRhGAEgASgLMg8uc2J4LnYxLkxvZ0RhdGFIABImCgdkcm9wcGVkGAIgASgLMhMuc2J4LnYxLkxvZ3NEcm9wcGVkSAASKgoJa2VlcGFsaXZlGAMgASgLMhUuc2J4LnYxLkV4ZWNLZWVwYWxpdmVIABIkCgZleGl0ZWQYBCABKAsyEi5zYngudjEuRXhlY0V4aXRlZEgAQgcKBWV2ZW50Ij0KB0xvZ0RhdGESDgoGc3RkZXJyGAEgASgIEgwKBGRhdGEYAiABKAwSFAoMdGltZV91bml4X21zGAMgASgDIjkKC0xvZ3NEcm9wcGVkEhQKDHN0ZG91dF9ieXRlcxgBIAEoBBIUCgxzdGRlcnJfYnl0ZXMYAiABKAQiHgoLV2FpdFJlcXVlc3QSDwoHc2FuZGJveBgBIAEoCSJDCgxXYWl0UmVzcG9uc2USIgoGZXhpdGVkGAEgASgLMhIuc2J4LnYxLkV4ZWNFeGl0ZWQSDwoHY29tbWFuZBgCIAMoCUIsWipnaXRodWIuY29tL3NieGRldi9zYngvYXBpL2dlbi9zYngvdjE7c2J4djFiBnByb3RvMw");
 
 /**
  * ExecRequest starts a command in a sandbox.
@@ -294,13 +294,30 @@ export type ExecExited = Message<"sbx.v1.ExecExited"> & {
 
   /**
    * The process (or, for exit code 137 from a shell, its child) was killed
-   * by the sandbox's memory limit: it ended by SIGKILL while the sandbox's
-   * count of OOM kills rose. Set by the daemon; raise the sandbox's memory
-   * or use less.
+   * by the sandbox's memory limit. A heuristic, since the kernel counts OOM
+   * kills per sandbox, not per process: the command ended by SIGKILL (or
+   * exit code 137), did not time out, and the sandbox's count of OOM kills
+   * rose between its start and its end. A plain `kill -9` with no OOM kill
+   * in the sandbox meanwhile is never reported; one racing an OOM kill of
+   * another process of the sandbox may be. Set by the daemon (for a
+   * sandbox's own command, in Logs and Wait: an OOM kill during the
+   * sandbox's life). Raise the memory (UpdateSandbox) or use less.
    *
    * @generated from field: bool oom_killed = 6;
    */
   oomKilled: boolean;
+
+  /**
+   * The command failed (non-zero exit) and, while it ran, the sandbox's
+   * pids limit refused a fork (of any process of the sandbox: the kernel
+   * counts per sandbox, not per command), which may be why. Set by the
+   * daemon for Exec (not for a sandbox's own command in Logs and Wait),
+   * where the runtime counts refused forks (oci). Raise the limit with
+   * UpdateSandbox.
+   *
+   * @generated from field: bool pids_limit_hit = 16;
+   */
+  pidsLimitHit: boolean;
 };
 
 /**

@@ -22,7 +22,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sbx/v1/sandbox.proto.
  */
 export const file_sbx_v1_sandbox: GenFile = /*@__PURE__*/
-  fileDesc("ChRzYngvdjEvc2FuZGJveC5wcm90bxIGc2J4LnYxIhAKDlZlcnNpb25SZXF1ZXN0IlkKD1ZlcnNpb25SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEg4KBmNvbW1pdBgCIAEoCRIlCghydW50aW1lcxgDIAMoCzITLnNieC52MS5SdW50aW1lSW5mbyJtCgtSdW50aW1lSW5mbxIMCgRuYW1lGAEgASgJEg8KB2hlYWx0aHkYAiABKAgSFQoNaGVhbHRoX2RldGFpbBgDIAEoCRIUCgxjYXBhYmlsaXRpZXMYBCADKAkSEgoKaXNfZGVmYXVsdBgFIAEoCCJXCglSZXNvdXJjZXMSFAoMbWVtb3J5X2J5dGVzGAEgASgDEhIKCmNwdV9taWxsaXMYAiABKAMSDAoEcGlkcxgDIAEoAxISCgpkaXNrX2J5dGVzGAQgASgDIqMGChRDcmVhdGVTYW5kYm94UmVxdWVzdBINCgVpbWFnZRgBIAEoCRIMCgRuYW1lGAIgASgJEjgKBmxhYmVscxgDIAMoCzIoLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdC5MYWJlbHNFbnRyeRIyCgNlbnYYBCADKAsyJS5zYngudjEuQ3JlYXRlU2FuZGJveFJlcXVlc3QuRW52RW50cnkSOgoHc2VjcmV0cxgFIAMoCzIpLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdC5TZWNyZXRzRW50cnkSDwoHY29tbWFuZBgGIAMoCRIPCgd3b3JrZGlyGAcgASgJEiQKCXJlc291cmNlcxgIIAEoCzIRLnNieC52MS5SZXNvdXJjZXMSEgoKdGltZW91dF9tcxgJIAEoAxIXCg9pZGxlX3RpbWVvdXRfbXMYCiABKAMSJwoLaWRsZV9hY3Rpb24YCyABKA4yEi5zYngudjEuSWRsZUFjdGlvbhIPCgdydW50aW1lGAwgASgJEgwKBHVzZXIYDSABKAkSJgoHbmV0d29yaxgOIAEoCzIVLnNieC52MS5OZXR3b3JrUG9saWN5EiQKB3ZvbHVtZXMYDyADKAsyEy5zYngudjEuVm9sdW1lTW91bnQSKAoJY29kZWJhc2VzGBAgAygLMhUuc2J4LnYxLkNvZGViYXNlTW91bnQSKQoNcGF0aF9wb2xpY2llcxgRIAMoCzISLnNieC52MS5QYXRoUG9saWN5EiwKDmRvbWFpbl9zZWNyZXRzGBIgAygLMhQuc2J4LnYxLkRvbWFpblNlY3JldBIUCgxzY29wZWRfdG9rZW4YEyABKAgSFQoNbm9fZW50cnlwb2ludBgUIAEoCBotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYgoMRG9tYWluU2VjcmV0EgwKBG5hbWUYASABKAkSDQoFdmFsdWUYAiABKAkSDwoHZG9tYWlucxgDIAMoCRIPCgdoZWFkZXJzGAQgAygJEhMKC2FsbG93X3F1ZXJ5GAUgASgIInIKDU5ldHdvcmtQb2xpY3kSIQoEbW9kZRgBIAEoDjITLnNieC52MS5OZXR3b3JrTW9kZRITCgthbGxvd19jaWRycxgCIAMoCRIVCg1hbGxvd19kb21haW5zGAMgAygJEhIKCmRlbnlfY2lkcnMYBCADKAkiOQoVQ3JlYXRlU2FuZGJveFJlc3BvbnNlEiAKB3NhbmRib3gYASABKAsyDy5zYngudjEuU2FuZGJveCL+BgoHU2FuZGJveBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEisKBmxhYmVscxgDIAMoCzIbLnNieC52MS5TYW5kYm94LkxhYmVsc0VudHJ5Eg0KBWltYWdlGAQgASgJEg8KB3J1bnRpbWUYBSABKAkSIwoFc3RhdGUYBiABKA4yFC5zYngudjEuU2FuZGJveFN0YXRlEiUKA2VudhgHIAMoCzIYLnNieC52MS5TYW5kYm94LkVudkVudHJ5EhQKDHNlY3JldF9uYW1lcxgIIAMoCRIPCgdjb21tYW5kGAkgAygJEg8KB3dvcmtkaXIYCiABKAkSJAoJcmVzb3VyY2VzGAsgASgLMhEuc2J4LnYxLlJlc291cmNlcxISCgp0aW1lb3V0X21zGAwgASgDEhcKD2lkbGVfdGltZW91dF9tcxgNIAEoAxInCgtpZGxlX2FjdGlvbhgOIAEoDjISLnNieC52MS5JZGxlQWN0aW9uEhUKDWNyZWF0ZWRfYXRfbXMYDyABKAMSFQoNZXhwaXJlc19hdF9tcxgQIAEoAxIZChFsYXN0X2FjdGl2ZV9hdF9tcxgRIAEoAxIUCgxzdGF0ZV9kZXRhaWwYEiABKAkSIwoFc3RhdHMYEyABKAsyFC5zYngudjEuU2FuZGJveFN0YXRzEgwKBHVzZXIYFCABKAkSFAoMaW1hZ2VfZGlnZXN0GBUgASgJEiYKB25ldHdvcmsYFiABKAsyFS5zYngudjEuTmV0d29ya1BvbGljeRISCgppcF9hZGRyZXNzGBcgASgJEiQKB3ZvbHVtZXMYGCADKAsyEy5zYngudjEuVm9sdW1lTW91bnQSKAoJY29kZWJhc2VzGBkgAygLMhUuc2J4LnYxLkNvZGViYXNlTW91bnQSKQoNcGF0aF9wb2xpY2llcxgaIAMoCzISLnNieC52MS5QYXRoUG9saWN5EiwKDmRvbWFpbl9zZWNyZXRzGBsgAygLMhQuc2J4LnYxLkRvbWFpblNlY3JldBIOCgZwYXJlbnQYHCABKAkSFAoMc2NvcGVkX3Rva2VuGB0gASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLxAQoMU2FuZGJveFN0YXRzEhQKDG1lbW9yeV9ieXRlcxgBIAEoAxIZChFtZW1vcnlfcGVha19ieXRlcxgCIAEoAxIUCgxjcHVfdXNhZ2VfbnMYAyABKAMSDAoEcGlkcxgEIAEoAxIXCg9kaXNrX3VzZWRfYnl0ZXMYBSABKAMSFAoMbmV0X3J4X2J5dGVzGAYgASgDEhQKDG5ldF90eF9ieXRlcxgHIAEoAxIWCg5uZXRfcnhfcGFja2V0cxgIIAEoAxIWCg5uZXRfdHhfcGFja2V0cxgJIAEoAxIXCg9uZXRfY29ubmVjdGlvbnMYCiABKAMiJAoRR2V0U2FuZGJveFJlcXVlc3QSDwoHc2FuZGJveBgBIAEoCSI2ChJHZXRTYW5kYm94UmVzcG9uc2USIAoHc2FuZGJveBgBIAEoCzIPLnNieC52MS5TYW5kYm94IikKFExpc3RTYW5kYm94ZXNSZXF1ZXN0EhEKCXNlbGVjdG9ycxgBIAMoCSI7ChVMaXN0U2FuZGJveGVzUmVzcG9uc2USIgoJc2FuZGJveGVzGAEgAygLMg8uc2J4LnYxLlNhbmRib3giJQoSU3RvcFNhbmRib3hSZXF1ZXN0Eg8KB3NhbmRib3gYASABKAkiNwoTU3RvcFNhbmRib3hSZXNwb25zZRIgCgdzYW5kYm94GAEgASgLMg8uc2J4LnYxLlNhbmRib3giJgoTU3RhcnRTYW5kYm94UmVxdWVzdBIPCgdzYW5kYm94GAEgASgJIjgKFFN0YXJ0U2FuZGJveFJlc3BvbnNlEiAKB3NhbmRib3gYASABKAsyDy5zYngudjEuU2FuZGJveCJAChVEZXN0cm95U2FuZGJveFJlcXVlc3QSDwoHc2FuZGJveBgBIAEoCRIWCg5zeW5jX2NvZGViYXNlcxgCIAEoCCIYChZEZXN0cm95U2FuZGJveFJlc3BvbnNlIk8KFFVwZGF0ZU5ldHdvcmtSZXF1ZXN0Eg8KB3NhbmRib3gYASABKAkSJgoHbmV0d29yaxgCIAEoCzIVLnNieC52MS5OZXR3b3JrUG9saWN5IjkKFVVwZGF0ZU5ldHdvcmtSZXNwb25zZRIgCgdzYW5kYm94GAEgASgLMg8uc2J4LnYxLlNhbmRib3giNgoWU25hcHNob3RTYW5kYm94UmVxdWVzdBIPCgdzYW5kYm94GAEgASgJEgsKA3RhZxgCIAEoCSI7ChdTbmFwc2hvdFNhbmRib3hSZXNwb25zZRIgCgVpbWFnZRgBIAEoCzIRLnNieC52MS5JbWFnZUluZm8q1AEKDFNhbmRib3hTdGF0ZRIdChlTQU5EQk9YX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWU0FOREJPWF9TVEFURV9DUkVBVElORxABEhkKFVNBTkRCT1hfU1RBVEVfUlVOTklORxACEhkKFVNBTkRCT1hfU1RBVEVfU1RPUFBFRBADEhwKGFNBTkRCT1hfU1RBVEVfREVTVFJPWUlORxAEEhsKF1NBTkRCT1hfU1RBVEVfREVTVFJPWUVEEAUSGAoUU0FOREJPWF9TVEFURV9GQUlMRUQQBipYCgpJZGxlQWN0aW9uEhsKF0lETEVfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTSURMRV9BQ1RJT05fREVTVFJPWRABEhQKEElETEVfQUNUSU9OX1NUT1AQAipzCgtOZXR3b3JrTW9kZRIcChhORVRXT1JLX01PREVfVU5TUEVDSUZJRUQQABIVChFORVRXT1JLX01PREVfTk9ORRABEhcKE05FVFdPUktfTU9ERV9QVUJMSUMQAhIWChJORVRXT1JLX01PREVfQUxMT1cQAzKoCwoOU2FuZGJveFNlcnZpY2USOgoHVmVyc2lvbhIWLnNieC52MS5WZXJzaW9uUmVxdWVzdBoXLnNieC52MS5WZXJzaW9uUmVzcG9uc2USTAoNQ3JlYXRlU2FuZGJveBIcLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdBodLnNieC52MS5DcmVhdGVTYW5kYm94UmVzcG9uc2USQwoKR2V0U2FuZGJveBIZLnNieC52MS5HZXRTYW5kYm94UmVxdWVzdBoaLnNieC52MS5HZXRTYW5kYm94UmVzcG9uc2USTAoNTGlzdFNhbmRib3hlcxIcLnNieC52MS5MaXN0U2FuZGJveGVzUmVxdWVzdBodLnNieC52MS5MaXN0U2FuZGJveGVzUmVzcG9uc2USRgoLU3RvcFNhbmRib3gSGi5zYngudjEuU3RvcFNhbmRib3hSZXF1ZXN0Ghsuc2J4LnYxLlN0b3BTYW5kYm94UmVzcG9uc2USSQoMU3RhcnRTYW5kYm94Ehsuc2J4LnYxLlN0YXJ0U2FuZGJveFJlcXVlc3QaHC5zYngudjEuU3RhcnRTYW5kYm94UmVzcG9uc2USTwoORGVzdHJveVNhbmRib3gSHS5zYngudjEuRGVzdHJveVNhbmRib3hSZXF1ZXN0Gh4uc2J4LnYxLkRlc3Ryb3lTYW5kYm94UmVzcG9uc2USUgoPU25hcHNob3RTYW5kYm94Eh4uc2J4LnYxLlNuYXBzaG90U2FuZGJveFJlcXVlc3QaHy5zYngudjEuU25hcHNob3RTYW5kYm94UmVzcG9uc2USTAoNVXBkYXRlTmV0d29yaxIcLnNieC52MS5VcGRhdGVOZXR3b3JrUmVxdWVzdBodLnNieC52MS5VcGRhdGVOZXR3b3JrUmVzcG9uc2USMQoERXhlYxITLnNieC52MS5FeGVjUmVxdWVzdBoSLnNieC52MS5FeGVjT3V0cHV0MAESPAoPRXhlY0ludGVyYWN0aXZlEhEuc2J4LnYxLkV4ZWNJbnB1dBoSLnNieC52MS5FeGVjT3V0cHV0KAEwARI4CghSZWFkRmlsZRIXLnNieC52MS5SZWFkRmlsZVJlcXVlc3QaES5zYngudjEuRmlsZUNodW5rMAESQgoJV3JpdGVGaWxlEhguc2J4LnYxLldyaXRlRmlsZVJlcXVlc3QaGS5zYngudjEuV3JpdGVGaWxlUmVzcG9uc2UoARI6CgdMaXN0RGlyEhYuc2J4LnYxLkxpc3REaXJSZXF1ZXN0Ghcuc2J4LnYxLkxpc3REaXJSZXNwb25zZRIxCgRTdGF0EhMuc2J4LnYxLlN0YXRSZXF1ZXN0GhQuc2J4LnYxLlN0YXRSZXNwb25zZRI6CgdNYWtlRGlyEhYuc2J4LnYxLk1ha2VEaXJSZXF1ZXN0Ghcuc2J4LnYxLk1ha2VEaXJSZXNwb25zZRI3CgZSZW1vdmUSFS5zYngudjEuUmVtb3ZlUmVxdWVzdBoWLnNieC52MS5SZW1vdmVSZXNwb25zZRI3CgZSZW5hbWUSFS5zYngudjEuUmVuYW1lUmVxdWVzdBoWLnNieC52MS5SZW5hbWVSZXNwb25zZRJCCglVcGxvYWRUYXISGC5zYngudjEuVXBsb2FkVGFyUmVxdWVzdBoZLnNieC52MS5VcGxvYWRUYXJSZXNwb25zZSgBEj4KC0Rvd25sb2FkVGFyEhouc2J4LnYxLkRvd25sb2FkVGFyUmVxdWVzdBoRLnNieC52MS5GaWxlQ2h1bmswARIwCgRMb2dzEhMuc2J4LnYxLkxvZ3NSZXF1ZXN0GhEuc2J4LnYxLkxvZ3NFdmVudDABEjEKBFdhaXQSEy5zYngudjEuV2FpdFJlcXVlc3QaFC5zYngudjEuV2FpdFJlc3BvbnNlQixaKmdpdGh1Yi5jb20vc2J4ZGV2L3NieC9hcGkvZ2VuL3NieC92MTtzYnh2MWIGcHJvdG8z", [file_sbx_v1_process, file_sbx_v1_files, file_sbx_v1_images, file_sbx_v1_volumes, file_sbx_v1_permissions]);
+  fileDesc("ChRzYngvdjEvc2FuZGJveC5wcm90bxIGc2J4LnYxIhAKDlZlcnNpb25SZXF1ZXN0IlkKD1ZlcnNpb25SZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEg4KBmNvbW1pdBgCIAEoCRIlCghydW50aW1lcxgDIAMoCzITLnNieC52MS5SdW50aW1lSW5mbyJtCgtSdW50aW1lSW5mbxIMCgRuYW1lGAEgASgJEg8KB2hlYWx0aHkYAiABKAgSFQoNaGVhbHRoX2RldGFpbBgDIAEoCRIUCgxjYXBhYmlsaXRpZXMYBCADKAkSEgoKaXNfZGVmYXVsdBgFIAEoCCJXCglSZXNvdXJjZXMSFAoMbWVtb3J5X2J5dGVzGAEgASgDEhIKCmNwdV9taWxsaXMYAiABKAMSDAoEcGlkcxgDIAEoAxISCgpkaXNrX2J5dGVzGAQgASgDIrgGChRDcmVhdGVTYW5kYm94UmVxdWVzdBINCgVpbWFnZRgBIAEoCRIMCgRuYW1lGAIgASgJEjgKBmxhYmVscxgDIAMoCzIoLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdC5MYWJlbHNFbnRyeRIyCgNlbnYYBCADKAsyJS5zYngudjEuQ3JlYXRlU2FuZGJveFJlcXVlc3QuRW52RW50cnkSOgoHc2VjcmV0cxgFIAMoCzIpLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdC5TZWNyZXRzRW50cnkSDwoHY29tbWFuZBgGIAMoCRIPCgd3b3JrZGlyGAcgASgJEiQKCXJlc291cmNlcxgIIAEoCzIRLnNieC52MS5SZXNvdXJjZXMSEgoKdGltZW91dF9tcxgJIAEoAxIXCg9pZGxlX3RpbWVvdXRfbXMYCiABKAMSJwoLaWRsZV9hY3Rpb24YCyABKA4yEi5zYngudjEuSWRsZUFjdGlvbhIPCgdydW50aW1lGAwgASgJEgwKBHVzZXIYDSABKAkSJgoHbmV0d29yaxgOIAEoCzIVLnNieC52MS5OZXR3b3JrUG9saWN5EiQKB3ZvbHVtZXMYDyADKAsyEy5zYngudjEuVm9sdW1lTW91bnQSKAoJY29kZWJhc2VzGBAgAygLMhUuc2J4LnYxLkNvZGViYXNlTW91bnQSKQoNcGF0aF9wb2xpY2llcxgRIAMoCzISLnNieC52MS5QYXRoUG9saWN5EiwKDmRvbWFpbl9zZWNyZXRzGBIgAygLMhQuc2J4LnYxLkRvbWFpblNlY3JldBIUCgxzY29wZWRfdG9rZW4YEyABKAgSFQoNbm9fZW50cnlwb2ludBgUIAEoCBITCgthdXRvX3Jlc3VtZRgZIAEoCBotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYgoMRG9tYWluU2VjcmV0EgwKBG5hbWUYASABKAkSDQoFdmFsdWUYAiABKAkSDwoHZG9tYWlucxgDIAMoCRIPCgdoZWFkZXJzGAQgAygJEhMKC2FsbG93X3F1ZXJ5GAUgASgIInIKDU5ldHdvcmtQb2xpY3kSIQoEbW9kZRgBIAEoDjITLnNieC52MS5OZXR3b3JrTW9kZRITCgthbGxvd19jaWRycxgCIAMoCRIVCg1hbGxvd19kb21haW5zGAMgAygJEhIKCmRlbnlfY2lkcnMYBCADKAkiOQoVQ3JlYXRlU2FuZGJveFJlc3BvbnNlEiAKB3NhbmRib3gYASABKAsyDy5zYngudjEuU2FuZGJveCKTBwoHU2FuZGJveBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEisKBmxhYmVscxgDIAMoCzIbLnNieC52MS5TYW5kYm94LkxhYmVsc0VudHJ5Eg0KBWltYWdlGAQgASgJEg8KB3J1bnRpbWUYBSABKAkSIwoFc3RhdGUYBiABKA4yFC5zYngudjEuU2FuZGJveFN0YXRlEiUKA2VudhgHIAMoCzIYLnNieC52MS5TYW5kYm94LkVudkVudHJ5EhQKDHNlY3JldF9uYW1lcxgIIAMoCRIPCgdjb21tYW5kGAkgAygJEg8KB3dvcmtkaXIYCiABKAkSJAoJcmVzb3VyY2VzGAsgASgLMhEuc2J4LnYxLlJlc291cmNlcxISCgp0aW1lb3V0X21zGAwgASgDEhcKD2lkbGVfdGltZW91dF9tcxgNIAEoAxInCgtpZGxlX2FjdGlvbhgOIAEoDjISLnNieC52MS5JZGxlQWN0aW9uEhUKDWNyZWF0ZWRfYXRfbXMYDyABKAMSFQoNZXhwaXJlc19hdF9tcxgQIAEoAxIZChFsYXN0X2FjdGl2ZV9hdF9tcxgRIAEoAxIUCgxzdGF0ZV9kZXRhaWwYEiABKAkSIwoFc3RhdHMYEyABKAsyFC5zYngudjEuU2FuZGJveFN0YXRzEgwKBHVzZXIYFCABKAkSFAoMaW1hZ2VfZGlnZXN0GBUgASgJEiYKB25ldHdvcmsYFiABKAsyFS5zYngudjEuTmV0d29ya1BvbGljeRISCgppcF9hZGRyZXNzGBcgASgJEiQKB3ZvbHVtZXMYGCADKAsyEy5zYngudjEuVm9sdW1lTW91bnQSKAoJY29kZWJhc2VzGBkgAygLMhUuc2J4LnYxLkNvZGViYXNlTW91bnQSKQoNcGF0aF9wb2xpY2llcxgaIAMoCzISLnNieC52MS5QYXRoUG9saWN5EiwKDmRvbWFpbl9zZWNyZXRzGBsgAygLMhQuc2J4LnYxLkRvbWFpblNlY3JldBIOCgZwYXJlbnQYHCABKAkSFAoMc2NvcGVkX3Rva2VuGB0gASgIEhMKC2F1dG9fcmVzdW1lGCMgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLxAQoMU2FuZGJveFN0YXRzEhQKDG1lbW9yeV9ieXRlcxgBIAEoAxIZChFtZW1vcnlfcGVha19ieXRlcxgCIAEoAxIUCgxjcHVfdXNhZ2VfbnMYAyABKAMSDAoEcGlkcxgEIAEoAxIXCg9kaXNrX3VzZWRfYnl0ZXMYBSABKAMSFAoMbmV0X3J4X2J5dGVzGAYgASgDEhQKDG5ldF90eF9ieXRlcxgHIAEoAxIWCg5uZXRfcnhfcGFja2V0cxgIIAEoAxIWCg5uZXRfdHhfcGFja2V0cxgJIAEoAxIXCg9uZXRfY29ubmVjdGlvbnMYCiABKAMiJAoRR2V0U2FuZGJveFJlcXVlc3QSDwoHc2FuZGJveBgBIAEoCSI2ChJHZXRTYW5kYm94UmVzcG9uc2USIAoHc2FuZGJveBgBIAEoCzIPLnNieC52MS5TYW5kYm94IikKFExpc3RTYW5kYm94ZXNSZXF1ZXN0EhEKCXNlbGVjdG9ycxgBIAMoCSI7ChVMaXN0U2FuZGJveGVzUmVzcG9uc2USIgoJc2FuZGJveGVzGAEgAygLMg8uc2J4LnYxLlNhbmRib3giJQoSU3RvcFNhbmRib3hSZXF1ZXN0Eg8KB3NhbmRib3gYASABKAkiNwoTU3RvcFNhbmRib3hSZXNwb25zZRIgCgdzYW5kYm94GAEgASgLMg8uc2J4LnYxLlNhbmRib3giJgoTU3RhcnRTYW5kYm94UmVxdWVzdBIPCgdzYW5kYm94GAEgASgJIjgKFFN0YXJ0U2FuZGJveFJlc3BvbnNlEiAKB3NhbmRib3gYASABKAsyDy5zYngudjEuU2FuZGJveCJAChVEZXN0cm95U2FuZGJveFJlcXVlc3QSDwoHc2FuZGJveBgBIAEoCRIWCg5zeW5jX2NvZGViYXNlcxgCIAEoCCIYChZEZXN0cm95U2FuZGJveFJlc3BvbnNlIk8KFFVwZGF0ZU5ldHdvcmtSZXF1ZXN0Eg8KB3NhbmRib3gYASABKAkSJgoHbmV0d29yaxgCIAEoCzIVLnNieC52MS5OZXR3b3JrUG9saWN5IjkKFVVwZGF0ZU5ldHdvcmtSZXNwb25zZRIgCgdzYW5kYm94GAEgASgLMg8uc2J4LnYxLlNhbmRib3ginAMKFFVwZGF0ZVNhbmRib3hSZXF1ZXN0Eg8KB3NhbmRib3gYASABKAkSFwoKdGltZW91dF9tcxgCIAEoA0gAiAEBEhwKD2lkbGVfdGltZW91dF9tcxgDIAEoA0gBiAEBEicKC2lkbGVfYWN0aW9uGAQgASgOMhIuc2J4LnYxLklkbGVBY3Rpb24SPwoKc2V0X2xhYmVscxgFIAMoCzIrLnNieC52MS5VcGRhdGVTYW5kYm94UmVxdWVzdC5TZXRMYWJlbHNFbnRyeRIVCg1yZW1vdmVfbGFiZWxzGAYgAygJEhYKDnJlcGxhY2VfbGFiZWxzGAcgASgIEiQKCXJlc291cmNlcxgIIAEoCzIRLnNieC52MS5SZXNvdXJjZXMSGAoLYXV0b19yZXN1bWUYCSABKAhIAogBARowCg5TZXRMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg0KC190aW1lb3V0X21zQhIKEF9pZGxlX3RpbWVvdXRfbXNCDgoMX2F1dG9fcmVzdW1lIjkKFVVwZGF0ZVNhbmRib3hSZXNwb25zZRIgCgdzYW5kYm94GAEgASgLMg8uc2J4LnYxLlNhbmRib3giNgoWU25hcHNob3RTYW5kYm94UmVxdWVzdBIPCgdzYW5kYm94GAEgASgJEgsKA3RhZxgCIAEoCSI7ChdTbmFwc2hvdFNhbmRib3hSZXNwb25zZRIgCgVpbWFnZRgBIAEoCzIRLnNieC52MS5JbWFnZUluZm8q1AEKDFNhbmRib3hTdGF0ZRIdChlTQU5EQk9YX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWU0FOREJPWF9TVEFURV9DUkVBVElORxABEhkKFVNBTkRCT1hfU1RBVEVfUlVOTklORxACEhkKFVNBTkRCT1hfU1RBVEVfU1RPUFBFRBADEhwKGFNBTkRCT1hfU1RBVEVfREVTVFJPWUlORxAEEhsKF1NBTkRCT1hfU1RBVEVfREVTVFJPWUVEEAUSGAoUU0FOREJPWF9TVEFURV9GQUlMRUQQBipYCgpJZGxlQWN0aW9uEhsKF0lETEVfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTSURMRV9BQ1RJT05fREVTVFJPWRABEhQKEElETEVfQUNUSU9OX1NUT1AQAipzCgtOZXR3b3JrTW9kZRIcChhORVRXT1JLX01PREVfVU5TUEVDSUZJRUQQABIVChFORVRXT1JLX01PREVfTk9ORRABEhcKE05FVFdPUktfTU9ERV9QVUJMSUMQAhIWChJORVRXT1JLX01PREVfQUxMT1cQAzL2CwoOU2FuZGJveFNlcnZpY2USOgoHVmVyc2lvbhIWLnNieC52MS5WZXJzaW9uUmVxdWVzdBoXLnNieC52MS5WZXJzaW9uUmVzcG9uc2USTAoNQ3JlYXRlU2FuZGJveBIcLnNieC52MS5DcmVhdGVTYW5kYm94UmVxdWVzdBodLnNieC52MS5DcmVhdGVTYW5kYm94UmVzcG9uc2USQwoKR2V0U2FuZGJveBIZLnNieC52MS5HZXRTYW5kYm94UmVxdWVzdBoaLnNieC52MS5HZXRTYW5kYm94UmVzcG9uc2USTAoNTGlzdFNhbmRib3hlcxIcLnNieC52MS5MaXN0U2FuZGJveGVzUmVxdWVzdBodLnNieC52MS5MaXN0U2FuZGJveGVzUmVzcG9uc2USRgoLU3RvcFNhbmRib3gSGi5zYngudjEuU3RvcFNhbmRib3hSZXF1ZXN0Ghsuc2J4LnYxLlN0b3BTYW5kYm94UmVzcG9uc2USSQoMU3RhcnRTYW5kYm94Ehsuc2J4LnYxLlN0YXJ0U2FuZGJveFJlcXVlc3QaHC5zYngudjEuU3RhcnRTYW5kYm94UmVzcG9uc2USTwoORGVzdHJveVNhbmRib3gSHS5zYngudjEuRGVzdHJveVNhbmRib3hSZXF1ZXN0Gh4uc2J4LnYxLkRlc3Ryb3lTYW5kYm94UmVzcG9uc2USUgoPU25hcHNob3RTYW5kYm94Eh4uc2J4LnYxLlNuYXBzaG90U2FuZGJveFJlcXVlc3QaHy5zYngudjEuU25hcHNob3RTYW5kYm94UmVzcG9uc2USTAoNVXBkYXRlTmV0d29yaxIcLnNieC52MS5VcGRhdGVOZXR3b3JrUmVxdWVzdBodLnNieC52MS5VcGRhdGVOZXR3b3JrUmVzcG9uc2USTAoNVXBkYXRlU2FuZGJveBIcLnNieC52MS5VcGRhdGVTYW5kYm94UmVxdWVzdBodLnNieC52MS5VcGRhdGVTYW5kYm94UmVzcG9uc2USMQoERXhlYxITLnNieC52MS5FeGVjUmVxdWVzdBoSLnNieC52MS5FeGVjT3V0cHV0MAESPAoPRXhlY0ludGVyYWN0aXZlEhEuc2J4LnYxLkV4ZWNJbnB1dBoSLnNieC52MS5FeGVjT3V0cHV0KAEwARI4CghSZWFkRmlsZRIXLnNieC52MS5SZWFkRmlsZVJlcXVlc3QaES5zYngudjEuRmlsZUNodW5rMAESQgoJV3JpdGVGaWxlEhguc2J4LnYxLldyaXRlRmlsZVJlcXVlc3QaGS5zYngudjEuV3JpdGVGaWxlUmVzcG9uc2UoARI6CgdMaXN0RGlyEhYuc2J4LnYxLkxpc3REaXJSZXF1ZXN0Ghcuc2J4LnYxLkxpc3REaXJSZXNwb25zZRIxCgRTdGF0EhMuc2J4LnYxLlN0YXRSZXF1ZXN0GhQuc2J4LnYxLlN0YXRSZXNwb25zZRI6CgdNYWtlRGlyEhYuc2J4LnYxLk1ha2VEaXJSZXF1ZXN0Ghcuc2J4LnYxLk1ha2VEaXJSZXNwb25zZRI3CgZSZW1vdmUSFS5zYngudjEuUmVtb3ZlUmVxdWVzdBoWLnNieC52MS5SZW1vdmVSZXNwb25zZRI3CgZSZW5hbWUSFS5zYngudjEuUmVuYW1lUmVxdWVzdBoWLnNieC52MS5SZW5hbWVSZXNwb25zZRJCCglVcGxvYWRUYXISGC5zYngudjEuVXBsb2FkVGFyUmVxdWVzdBoZLnNieC52MS5VcGxvYWRUYXJSZXNwb25zZSgBEj4KC0Rvd25sb2FkVGFyEhouc2J4LnYxLkRvd25sb2FkVGFyUmVxdWVzdBoRLnNieC52MS5GaWxlQ2h1bmswARIwCgRMb2dzEhMuc2J4LnYxLkxvZ3NSZXF1ZXN0GhEuc2J4LnYxLkxvZ3NFdmVudDABEjEKBFdhaXQSEy5zYngudjEuV2FpdFJlcXVlc3QaFC5zYngudjEuV2FpdFJlc3BvbnNlQixaKmdpdGh1Yi5jb20vc2J4ZGV2L3NieC9hcGkvZ2VuL3NieC92MTtzYnh2MWIGcHJvdG8z", [file_sbx_v1_process, file_sbx_v1_files, file_sbx_v1_images, file_sbx_v1_volumes, file_sbx_v1_permissions]);
 
 /**
  * @generated from message sbx.v1.VersionRequest
@@ -200,7 +200,8 @@ export type CreateSandboxRequest = Message<"sbx.v1.CreateSandboxRequest"> & {
   resources?: Resources | undefined;
 
   /**
-   * Lifetime: the sandbox is destroyed this long after creation (0: daemon default).
+   * Lifetime: the sandbox is destroyed this long after creation (0: daemon
+   * default). UpdateSandbox sets a new one, counted from its call.
    *
    * @generated from field: int64 timeout_ms = 9;
    */
@@ -289,6 +290,16 @@ export type CreateSandboxRequest = Message<"sbx.v1.CreateSandboxRequest"> & {
    * @generated from field: bool no_entrypoint = 20;
    */
   noEntrypoint: boolean;
+
+  /**
+   * Start the sandbox again when it is used while stopped (by StopSandbox
+   * or idle_action STOP): an exec, a file call or any other call that needs
+   * its processes resumes it first instead of failing with
+   * FailedPrecondition. E2B's paused sandboxes resume on connect alike.
+   *
+   * @generated from field: bool auto_resume = 25;
+   */
+  autoResume: boolean;
 };
 
 /**
@@ -468,6 +479,9 @@ export type Sandbox = Message<"sbx.v1.Sandbox"> & {
   resources?: Resources | undefined;
 
   /**
+   * The lifetime last set (at create, or by UpdateSandbox counted from its
+   * call); expires_at_ms is when it ends (0: never).
+   *
    * @generated from field: int64 timeout_ms = 12;
    */
   timeoutMs: bigint;
@@ -573,6 +587,14 @@ export type Sandbox = Message<"sbx.v1.Sandbox"> & {
    * @generated from field: bool scoped_token = 29;
    */
   scopedToken: boolean;
+
+  /**
+   * Whether a call that needs the stopped sandbox starts it (see
+   * CreateSandboxRequest.auto_resume).
+   *
+   * @generated from field: bool auto_resume = 35;
+   */
+  autoResume: boolean;
 };
 
 /**
@@ -866,6 +888,106 @@ export const UpdateNetworkResponseSchema: GenMessage<UpdateNetworkResponse> = /*
   messageDesc(file_sbx_v1_sandbox, 21);
 
 /**
+ * @generated from message sbx.v1.UpdateSandboxRequest
+ */
+export type UpdateSandboxRequest = Message<"sbx.v1.UpdateSandboxRequest"> & {
+  /**
+   * Id or name.
+   *
+   * @generated from field: string sandbox = 1;
+   */
+  sandbox: string;
+
+  /**
+   * New lifetime, counted from now (E2B's setTimeout): the sandbox is
+   * destroyed this long after the call, whether that is sooner or later
+   * than before. 0 removes the limit, allowed only when the daemon has no
+   * --max-timeout. The whole life, from creation, may not exceed the
+   * daemon's --max-timeout.
+   *
+   * @generated from field: optional int64 timeout_ms = 2;
+   */
+  timeoutMs?: bigint | undefined;
+
+  /**
+   * New idle timeout (0: none).
+   *
+   * @generated from field: optional int64 idle_timeout_ms = 3;
+   */
+  idleTimeoutMs?: bigint | undefined;
+
+  /**
+   * New idle action (UNSPECIFIED: unchanged).
+   *
+   * @generated from field: sbx.v1.IdleAction idle_action = 4;
+   */
+  idleAction: IdleAction;
+
+  /**
+   * Labels to add or replace.
+   *
+   * @generated from field: map<string, string> set_labels = 5;
+   */
+  setLabels: { [key: string]: string };
+
+  /**
+   * Label keys to remove (a key may not be both set and removed).
+   *
+   * @generated from field: repeated string remove_labels = 6;
+   */
+  removeLabels: string[];
+
+  /**
+   * Make the labels exactly set_labels (Modal's set_tags); remove_labels
+   * must then be empty.
+   *
+   * @generated from field: bool replace_labels = 7;
+   */
+  replaceLabels: boolean;
+
+  /**
+   * New limits: memory_bytes, cpu_millis and pids, each 0 to keep it;
+   * disk_bytes must be 0. Checked like a create's against the host's
+   * limits and the tenant's quotas; the runtime must have the "update"
+   * capability.
+   *
+   * @generated from field: sbx.v1.Resources resources = 8;
+   */
+  resources?: Resources | undefined;
+
+  /**
+   * New auto_resume (see CreateSandboxRequest.auto_resume).
+   *
+   * @generated from field: optional bool auto_resume = 9;
+   */
+  autoResume?: boolean | undefined;
+};
+
+/**
+ * Describes the message sbx.v1.UpdateSandboxRequest.
+ * Use `create(UpdateSandboxRequestSchema)` to create a new message.
+ */
+export const UpdateSandboxRequestSchema: GenMessage<UpdateSandboxRequest> = /*@__PURE__*/
+  messageDesc(file_sbx_v1_sandbox, 22);
+
+/**
+ * @generated from message sbx.v1.UpdateSandboxResponse
+ */
+export type UpdateSandboxResponse = Message<"sbx.v1.UpdateSandboxResponse"> & {
+  /**
+   * @generated from field: sbx.v1.Sandbox sandbox = 1;
+   */
+  sandbox?: Sandbox | undefined;
+};
+
+/**
+ * Describes the message sbx.v1.UpdateSandboxResponse.
+ * Use `create(UpdateSandboxResponseSchema)` to create a new message.
+ */
+export const UpdateSandboxResponseSchema: GenMessage<UpdateSandboxResponse> = /*@__PURE__*/
+  messageDesc(file_sbx_v1_sandbox, 23);
+
+/**
  * @generated from message sbx.v1.SnapshotSandboxRequest
  */
 export type SnapshotSandboxRequest = Message<"sbx.v1.SnapshotSandboxRequest"> & {
@@ -887,7 +1009,7 @@ export type SnapshotSandboxRequest = Message<"sbx.v1.SnapshotSandboxRequest"> & 
  * Use `create(SnapshotSandboxRequestSchema)` to create a new message.
  */
 export const SnapshotSandboxRequestSchema: GenMessage<SnapshotSandboxRequest> = /*@__PURE__*/
-  messageDesc(file_sbx_v1_sandbox, 22);
+  messageDesc(file_sbx_v1_sandbox, 24);
 
 /**
  * @generated from message sbx.v1.SnapshotSandboxResponse
@@ -904,7 +1026,7 @@ export type SnapshotSandboxResponse = Message<"sbx.v1.SnapshotSandboxResponse"> 
  * Use `create(SnapshotSandboxResponseSchema)` to create a new message.
  */
 export const SnapshotSandboxResponseSchema: GenMessage<SnapshotSandboxResponse> = /*@__PURE__*/
-  messageDesc(file_sbx_v1_sandbox, 23);
+  messageDesc(file_sbx_v1_sandbox, 25);
 
 /**
  * @generated from enum sbx.v1.SandboxState
@@ -1111,6 +1233,19 @@ export const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof UpdateNetworkRequestSchema;
     output: typeof UpdateNetworkResponseSchema;
+  },
+  /**
+   * UpdateSandbox changes a running or stopped sandbox's lifetime, idle
+   * timeout, labels, limits and auto-resume; what the request leaves unset
+   * keeps its value. Everything is checked before anything changes, and the
+   * change is kept across daemon restarts.
+   *
+   * @generated from rpc sbx.v1.SandboxService.UpdateSandbox
+   */
+  updateSandbox: {
+    methodKind: "unary";
+    input: typeof UpdateSandboxRequestSchema;
+    output: typeof UpdateSandboxResponseSchema;
   },
   /**
    * Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
