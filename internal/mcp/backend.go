@@ -81,6 +81,7 @@ type execResult struct {
 	Signal    int32  `json:"signal,omitempty"`
 	TimedOut  bool   `json:"timed_out,omitempty"`
 	OOMKilled bool   `json:"oom_killed,omitempty"`
+	PidsLimit bool   `json:"pids_limit_hit,omitempty"`
 	Error     string `json:"error,omitempty"`
 	Stdout    string `json:"stdout"`
 	Stderr    string `json:"stderr"`
@@ -118,7 +119,7 @@ func (b *Backend) exec(ctx context.Context, req *sbxv1.ExecRequest, maxOut int) 
 	}
 	return &execResult{
 		ExitCode: exited.GetExitCode(), Signal: exited.GetSignal(), TimedOut: exited.GetTimedOut(),
-		OOMKilled: exited.GetOomKilled(), Error: exited.GetError(),
+		OOMKilled: exited.GetOomKilled(), PidsLimit: exited.GetPidsLimitHit(), Error: exited.GetError(),
 		Stdout: string(stdout.buf), Stderr: string(stderr.buf),
 		StdoutDropped: stdout.dropped, StderrDropped: stderr.dropped,
 	}, nil

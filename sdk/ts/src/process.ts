@@ -9,7 +9,10 @@ export interface ExitStatus {
   /** The signal that killed it (0: none). */
   signal: number;
   timedOut: boolean;
+  /** Killed by the sandbox's memory limit (a heuristic; see ExecExited in api/proto). */
   oomKilled: boolean;
+  /** It failed while the sandbox's pids limit refused a fork. */
+  pidsLimitHit: boolean;
   /** Why it could not run or was stopped, if it was. */
   error: string;
   durationMs: number;
@@ -42,9 +45,11 @@ export function concat(chunks: Uint8Array[]): Uint8Array {
 
 const decoder = new TextDecoder();
 
-export function exitStatusOf(ev: { exitCode: number; signal: number; timedOut: boolean; error: string; durationMs: bigint; oomKilled: boolean }): ExitStatus {
+export function exitStatusOf(ev: {
+  exitCode: number; signal: number; timedOut: boolean; error: string; durationMs: bigint; oomKilled: boolean; pidsLimitHit: boolean;
+}): ExitStatus {
   return {
-    exitCode: ev.exitCode, signal: ev.signal, timedOut: ev.timedOut, oomKilled: ev.oomKilled,
+    exitCode: ev.exitCode, signal: ev.signal, timedOut: ev.timedOut, oomKilled: ev.oomKilled, pidsLimitHit: ev.pidsLimitHit,
     error: ev.error, durationMs: Number(ev.durationMs),
   };
 }

@@ -255,6 +255,30 @@ export class Sandbox {
     await call(`destroy ${this.id}`, () => this.client.rpc.sandboxes.destroySandbox({ sandbox: this.id, syncCodebases: opts.syncCodebases ?? false }));
   }
 
+  /**
+   * Change a live sandbox: its lifetime and idle timeout (seconds from now),
+   * labels, and resource limits (memory may not drop below what it uses).
+   */
+  async update(opts: {
+    timeout?: number; idleTimeout?: number; stopWhenIdle?: boolean;
+    setLabels?: Record<string, string>; removeLabels?: string[];
+    memory?: number | string; cpu?: number; pids?: number;
+  }): Promise<void> {
+    const r = await call(`update ${this.id}`, () => this.client.rpc.sandboxes.updateSandbox({
+      sandbox: this.id,
+      timeoutMs: opts.timeout === undefined ? undefined : ms(opts.timeout),
+      idleTimeoutMs: opts.idleTimeout === undefined ? undefined : ms(opts.idleTimeout),
+      idleAction: opts.stopWhenIdle === undefined ? IdleAction.UNSPECIFIED : opts.stopWhenIdle ? IdleAction.STOP : IdleAction.DESTROY,
+      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [],
+      resources: {
+        memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)), pids: BigInt(opts.pids ?? 0),
+      },
+    }));
+    if (r.sandbox) {
+      this._info = infoOf(r.sandbox);
+    }
+  }
+
   /** Change the network policy of the running sandbox (open connections included). */
   async updateNetwork(network: NonNullable<CreateOptions["network"]>): Promise<void> {
     await call(`update network of ${this.id}`, () => this.client.rpc.sandboxes.updateNetwork({ sandbox: this.id, network: networkOf(network) }));

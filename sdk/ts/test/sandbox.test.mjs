@@ -58,6 +58,9 @@ describe("sandboxes", () => {
     assert.equal((await Sandbox.fromName(named.name, { client })).id, named.id);
     const listed = await Sandbox.list({ client, labels: { role: "named" } });
     assert.deepEqual(listed.map((s) => s.id), [named.id]);
+    await named.update({ setLabels: { role: "renamed" }, timeout: 120 });
+    assert.equal(named.info.labels.role, "renamed");
+    assert.ok(named.info.expiresAt && named.info.expiresAt.getTime() - Date.now() <= 120_000, `expires ${named.info.expiresAt}`);
     await named.terminate();
     await assert.rejects(Sandbox.fromId(named.id, { client }), NotFoundError);
   });
