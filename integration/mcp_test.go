@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -289,6 +290,24 @@ func TestMCPHTTP(t *testing.T) {
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Errorf("POST /mcp with token %q: got status %d, want 401", tok, resp.StatusCode)
 		}
+	}
+
+	// Behind a reverse proxy on the same host (its own Host header, to the
+	// loopback listener): a token is required, so it is served.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`))
+	req.Host = "sbx.example.com"
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+tokA)
+	resp, err := (&http.Client{Transport: base}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"serverInfo"`) {
+		t.Errorf("initialize with Host sbx.example.com: got %d %q, want 200 with serverInfo", resp.StatusCode, body)
 	}
 
 	a, err := connect(tokA)

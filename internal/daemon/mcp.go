@@ -30,7 +30,8 @@ func mcpEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (http.Handler, err
 		}
 	}
 	hostPort := net.JoinHostPort(ip.String(), fmt.Sprint(tcp.Port))
-	hc := mcp.HTTPConfig{BaseURL: "http://" + hostPort, Logger: log.With("component", "mcp")}
+	hc := mcp.HTTPConfig{BaseURL: "http://" + hostPort, Logger: log.With("component", "mcp"),
+		TokenRequired: cfg.AuthToken != "" || cfg.Tenants != nil}
 	if cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {

@@ -102,7 +102,13 @@ type HTTPConfig struct {
 	TLS *tls.Config
 	// Limits bound the tools (zero: DefaultLimits).
 	Limits Limits
-	Logger *slog.Logger
+	// TokenRequired says the daemon admits no request without a token.
+	// Then the SDK's DNS-rebinding check (a non-localhost Host arriving on
+	// a loopback address is refused) is off: a rebound page cannot send
+	// the token, and a reverse proxy on the same host (which sends its own
+	// Host to 127.0.0.1) must work. Without auth the check stays on.
+	TokenRequired bool
+	Logger        *slog.Logger
 }
 
 // maxClients bounds the API clients Handler keeps, one per token.
@@ -142,6 +148,7 @@ func Handler(cfg HTTPConfig) http.Handler {
 		return NewServer(backend(bearer(r), r.Host), cfg.Limits, nil)
 	}, &mcp.StreamableHTTPOptions{
 		Stateless: true, JSONResponse: true, Logger: cfg.Logger,
+		DisableLocalhostProtection: cfg.TokenRequired,
 		// Room for a file of MaxInputBytes as base64 in JSON, no more.
 		MaxRequestBodyBytes: int64(cfg.Limits.MaxInputBytes)*4/3 + 64<<10,
 	})
