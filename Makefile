@@ -3,11 +3,11 @@ SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/agent.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/agent.Version=$(VERSION) -X github.com/sbxdev/sbx/internal/mcp.Version=$(VERSION)
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
-.PHONY: all build deps run stop test test-python test-unit lint check-gen bench soak fuzz clean
+.PHONY: all build deps run stop test test-python test-ts test-unit lint check-gen bench soak fuzz clean
 
 all: build
 
@@ -43,9 +43,14 @@ test: deps build lint check-gen
 	cd api && $(GO) test -race -count=1 ./...
 	FUZZTIME=3s ./scripts/fuzz.sh
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh
+	env -u SBX_ADDR ./scripts/test-ts-sdk.sh
 
 test-python: build
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh
+
+# The TypeScript SDK (sdk/ts): check-gen, npm pack, node --test on the tarball.
+test-ts: build
+	env -u SBX_ADDR ./scripts/test-ts-sdk.sh
 
 test-unit:
 	$(GO) test -count=1 ./...

@@ -11,3 +11,5 @@ if ! diff -r "$tmp" api/gen >/dev/null; then
   exit 1
 fi
 echo "check-gen: api/gen is up to date"
+# The TypeScript SDK's generated code (sdk/ts/src/gen) too.
+(cd sdk/ts && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error; } && npm run -s check-gen)

@@ -21,3 +21,8 @@ PATH="$tools:$PATH" protoc -I api/proto \
   --go_out="$out" --go_opt=paths=source_relative \
   --connect-go_out="$out" --connect-go_opt=paths=source_relative \
   "${protos[@]}"
+# The TypeScript SDK's code from the same protos (sdk/ts/src/gen), when
+# regenerating in place (scripts/check-gen.sh checks it on its own).
+if [[ -z "${1:-}" ]]; then
+  (cd sdk/ts && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error; } && npm run -s gen)
+fi

@@ -358,9 +358,13 @@ func Run(ctx context.Context, cfg Config) error {
 	api.AddSessions(server.NewSessionServer(sessions, mgr))
 	api.AddTenants(server.NewTenantServer(mgr, stores, cfg.Tenants))
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
+	mcpHandler, err := mcpEndpoint(ln.Addr(), cfg, log)
+	if err != nil {
+		return err
+	}
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
-		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams,
+		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler,
 	})
 	defer front.Close()
 	if boxAPI != "" {

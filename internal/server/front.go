@@ -51,12 +51,18 @@ type FrontConfig struct {
 	// headers). Each is a client connection the daemon holds for as long
 	// as the sandbox's code keeps it open. 0: DefaultMaxConnsPerSandbox.
 	MaxConnsPerSandbox int
+	// MCP, when set, serves MCPPath (after the same auth as the API): the
+	// daemon's streamable-HTTP MCP endpoint (internal/mcp).
+	MCP http.Handler
 	// Streams counts the exec upgrade's commands against their sandboxes'
 	// limits; share the API server's (nil: a Streams of the front's own,
 	// with the default limits).
 	Streams *Streams
 	Logger  *slog.Logger
 }
+
+// MCPPath is where FrontConfig.MCP is served.
+const MCPPath = "/mcp"
 
 // DefaultMaxConnsPerSandbox is FrontConfig.MaxConnsPerSandbox's default.
 const DefaultMaxConnsPerSandbox = 1024
@@ -150,6 +156,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if r.URL.Path == ExecPath {
 			f.serveExec(w, r)
+			return
+		}
+		if r.URL.Path == MCPPath && f.cfg.MCP != nil {
+			f.cfg.MCP.ServeHTTP(w, r)
 			return
 		}
 		base := f.cfg.PublicURL

@@ -1,0 +1,128 @@
+import { create } from "@bufbuild/protobuf";
+
+import { FileType, WriteFileRequestSchema, type FileInfo as PbFileInfo, type WriteFileRequest } from "./gen/sbx/v1/files_pb.js";
+import type { Client } from "./client.js";
+import { call, NotFoundError, toSbxError } from "./errors.js";
+import { concat } from "./process.js";
+
+/** Bytes of file data per uploaded message (as the Go and Python SDKs). */
+const CHUNK = 1 << 20;
+
+/** One entry of a directory listing. */
+export interface FileInfo {
+  path: string;
+  name: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  mode: number;
+  mtime: Date;
+  symlinkTarget: string;
+  uid: number;
+  gid: number;
+}
+
+function typeName(t: FileType): FileInfo["type"] {
+  switch (t) {
+    case FileType.FILE:
+      return "file";
+    case FileType.DIR:
+      return "dir";
+    case FileType.SYMLINK:
+      return "symlink";
+    default:
+      return "other";
+  }
+}
+
+export function fileInfoOf(f: PbFileInfo): FileInfo {
+  return {
+    path: f.path, name: f.name, type: typeName(f.type), size: Number(f.size), mode: f.mode,
+    mtime: new Date(Number(f.mtimeMs)), symlinkTarget: f.symlinkTarget, uid: f.uid, gid: f.gid,
+  };
+}
+
+/** A sandbox's filesystem (sandbox.files). */
+export class Files {
+  /** @internal */
+  constructor(private readonly c: Client, private readonly sandbox: string) {}
+
+  /** Read a file (or `length` bytes of it from `offset`; 0: to the end). */
+  async read(path: string, opts: { offset?: number; length?: number } = {}): Promise<Uint8Array> {
+    const chunks: Uint8Array[] = [];
+    try {
+      for await (const m of this.c.rpc.sandboxes.readFile({
+        sandbox: this.sandbox, path, offset: BigInt(opts.offset ?? 0), length: BigInt(opts.length ?? 0),
+      })) {
+        chunks.push(m.data);
+      }
+    } catch (e) {
+      throw toSbxError(`read ${path}`, e);
+    }
+    return concat(chunks);
+  }
+
+  /** Read a file as UTF-8 text. */
+  async readText(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.read(path));
+  }
+
+  /** Write a file (created with mode, default 0o644; parent directories too), returning the bytes written. */
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number; append?: boolean } = {}): Promise<number> {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    const sandbox = this.sandbox;
+    async function* messages(): AsyncIterable<WriteFileRequest> {
+      yield create(WriteFileRequestSchema, {
+        msg: { case: "header", value: { sandbox, path, mode: opts.mode ?? 0o644, append: opts.append ?? false, makeParents: true } },
+      });
+      for (let off = 0; off < bytes.length; off += CHUNK) {
+        yield create(WriteFileRequestSchema, { msg: { case: "data", value: bytes.subarray(off, off + CHUNK) } });
+      }
+    }
+    const r = await call(`write ${path}`, () => this.c.rpc.sandboxes.writeFile(messages()));
+    return Number(r.bytesWritten);
+  }
+
+  /** List a directory (recursively up to maxDepth levels; 0: no bound). */
+  async list(path = ".", opts: { recursive?: boolean; maxDepth?: number } = {}): Promise<FileInfo[]> {
+    const r = await call(`list ${path}`, () =>
+      this.c.rpc.sandboxes.listDir({ sandbox: this.sandbox, path, recursive: opts.recursive ?? false, maxDepth: opts.maxDepth ?? 0 }));
+    return r.entries.map(fileInfoOf);
+  }
+
+  /** Describe a path (without following a final symlink). */
+  async stat(path: string): Promise<FileInfo> {
+    const r = await call(`stat ${path}`, () => this.c.rpc.sandboxes.stat({ sandbox: this.sandbox, path }));
+    if (!r.info) {
+      throw new NotFoundError("not_found", `stat ${path}: no such file`);
+    }
+    return fileInfoOf(r.info);
+  }
+
+  /** Whether path exists. */
+  async exists(path: string): Promise<boolean> {
+    try {
+      await this.stat(path);
+      return true;
+    } catch (e) {
+      if (e instanceof NotFoundError) {
+        return false;
+      }
+      throw e;
+    }
+  }
+
+  /** Make a directory (and its parents unless parents is false). */
+  async makeDir(path: string, opts: { parents?: boolean; mode?: number } = {}): Promise<void> {
+    await call(`mkdir ${path}`, () => this.c.rpc.sandboxes.makeDir({ sandbox: this.sandbox, path, parents: opts.parents ?? true, mode: opts.mode ?? 0 }));
+  }
+
+  /** Remove a file, or a directory tree with recursive. */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await call(`remove ${path}`, () => this.c.rpc.sandboxes.remove({ sandbox: this.sandbox, path, recursive: opts.recursive ?? false }));
+  }
+
+  /** Rename (move) a path. */
+  async rename(from: string, to: string): Promise<void> {
+    await call(`rename ${from}`, () => this.c.rpc.sandboxes.rename({ sandbox: this.sandbox, from, to }));
+  }
+}

@@ -1,0 +1,32 @@
+/**
+ * sbx: the TypeScript SDK of sbx, a self-hosted sandbox platform.
+ *
+ *     import { Sandbox } from "@sbxdev/sbx";
+ *     const sb = await Sandbox.create({ timeout: 600 });
+ *     const r = await sb.run("echo hello");
+ *     await sb.terminate();
+ *
+ * It talks to the daemon ($SBX_ADDR, token $SBX_TOKEN) with Connect over
+ * HTTP/2, through clients generated from api/proto (exported as `rpc` on
+ * Client for what this surface does not wrap).
+ */
+export { Client, DEFAULT_ADDR, getDefaultClient, type ClientOptions } from "./client.js";
+export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type Port, type SandboxInfo } from "./sandbox.js";
+export { Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
+export { Files, type FileInfo } from "./files.js";
+export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from "./code.js";
+export { Session, type SessionResult } from "./session.js";
+export { Volumes, type Volume } from "./volumes.js";
+export { Codebases, type Codebase, type SyncResult } from "./codebases.js";
+export { Images, type ImageInfo } from "./images.js";
+export { parseSize } from "./size.js";
+export {
+  AlreadyExistsError,
+  FailedPreconditionError,
+  InvalidArgumentError,
+  NotFoundError,
+  PermissionDeniedError,
+  ResourceExhaustedError,
+  SbxError,
+  UnauthenticatedError,
+} from "./errors.js";

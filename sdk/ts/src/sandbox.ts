@@ -1,0 +1,393 @@
+import { create } from "@bufbuild/protobuf";
+
+import { ExecRequestSchema, type ExecRequest } from "./gen/sbx/v1/process_pb.js";
+import { IdleAction, NetworkMode, SandboxState, type Sandbox as PbSandbox } from "./gen/sbx/v1/sandbox_pb.js";
+import { Client, getDefaultClient } from "./client.js";
+import { CodeContext, runCode, type CodeResult, type RunCodeOptions } from "./code.js";
+import { call, NotFoundError, toSbxError } from "./errors.js";
+import { Files } from "./files.js";
+import { imageOf, type ImageInfo } from "./images.js";
+import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
+import { Session } from "./session.js";
+import { parseSize } from "./size.js";
+
+/** Options of Sandbox.create. Unset ones take the daemon's defaults. */
+export interface CreateOptions {
+  /** Image reference (default "host": the host's /usr, read-only). */
+  image?: string;
+  /** Unique name among live sandboxes: [a-z0-9][a-z0-9_.-]{0,62}. */
+  name?: string;
+  labels?: Record<string, string>;
+  /** Environment of every command. */
+  env?: Record<string, string>;
+  /** Environment variables whose values the API never returns. */
+  secrets?: Record<string, string>;
+  /** CPU limit in CPUs (0.5 is half a CPU). */
+  cpu?: number;
+  /** Memory limit: bytes or a size like "512M". */
+  memory?: number | string;
+  pids?: number;
+  /** Bound of the writable layer: bytes or a size like "1G". */
+  disk?: number | string;
+  /** Lifetime in seconds, after which the sandbox is destroyed. */
+  timeout?: number;
+  /** Seconds without exec or file activity before the sandbox is destroyed. */
+  idleTimeout?: number;
+  workdir?: string;
+  user?: string;
+  /** A long-running command started with the sandbox. */
+  command?: string[];
+  runtime?: string;
+  /** "public" (default), "none", or an allowlist. */
+  network?: "public" | "none" | { allowCidrs?: string[]; allowDomains?: string[] };
+  volumes?: { volume: string; path: string; readOnly?: boolean }[];
+  codebases?: { codebase: string; path: string; preset?: string }[];
+  /** Secrets kept out of the sandbox: it sees a placeholder in env `name`;
+   * the egress proxy sends the value to the listed domains only (over
+   * HTTPS, in the headers named; Authorization by default). */
+  domainSecrets?: { name: string; value: string; domains: string[]; headers?: string[]; allowQuery?: boolean }[];
+  /** Stop (freeze) instead of destroying the sandbox at its idle timeout. */
+  stopWhenIdle?: boolean;
+  /** Give the sandbox a scoped API token (SBX_TOKEN) to manage child sandboxes. */
+  scopedToken?: boolean;
+  /** Start the image's ENTRYPOINT/CMD (default true). */
+  entrypoint?: boolean;
+  client?: Client;
+}
+
+/** A piece of the sandbox's own command's output. */
+export interface LogChunk {
+  stream: "stdout" | "stderr";
+  data: Uint8Array;
+  text: string;
+  time: Date;
+}
+
+/** Options of exec and run. */
+export interface ExecOptions extends OutputHandlers {
+  env?: Record<string, string>;
+  /** Working directory. */
+  cwd?: string;
+  /** Seconds before the command is killed. */
+  timeout?: number;
+  user?: string;
+  /** Bytes given on stdin before it is closed (run, and exec without openStdin). */
+  stdin?: string | Uint8Array;
+}
+
+/** The state of a sandbox as the daemon last reported it. */
+export interface SandboxInfo {
+  id: string;
+  name: string;
+  image: string;
+  state: "creating" | "running" | "stopped" | "destroying" | "destroyed" | "failed" | "unknown";
+  labels: Record<string, string>;
+  createdAt: Date;
+  expiresAt?: Date;
+  stateDetail: string;
+  ipAddress: string;
+}
+
+function stateName(s: SandboxState): SandboxInfo["state"] {
+  switch (s) {
+    case SandboxState.CREATING:
+      return "creating";
+    case SandboxState.RUNNING:
+      return "running";
+    case SandboxState.STOPPED:
+      return "stopped";
+    case SandboxState.DESTROYING:
+      return "destroying";
+    case SandboxState.DESTROYED:
+      return "destroyed";
+    case SandboxState.FAILED:
+      return "failed";
+    default:
+      return "unknown";
+  }
+}
+
+function infoOf(s: PbSandbox): SandboxInfo {
+  return {
+    id: s.id, name: s.name, image: s.image, state: stateName(s.state), labels: s.labels,
+    createdAt: new Date(Number(s.createdAtMs)), expiresAt: s.expiresAtMs > 0n ? new Date(Number(s.expiresAtMs)) : undefined,
+    stateDetail: s.stateDetail, ipAddress: s.ipAddress,
+  };
+}
+
+/** How a server in the sandbox is reached through the daemon. */
+export interface Port {
+  port: number;
+  url: string;
+  hostUrl: string;
+  websocketUrl: string;
+  tcpUrl: string;
+  /** Routing headers: requests to the daemon's own address that carry
+   * them reach the port too (instead of using url). */
+  headers: Record<string, string>;
+}
+
+function networkOf(n: CreateOptions["network"]): { mode: NetworkMode; allowCidrs?: string[]; allowDomains?: string[] } | undefined {
+  if (n === "none") {
+    return { mode: NetworkMode.NONE };
+  }
+  if (n === "public") {
+    return { mode: NetworkMode.PUBLIC };
+  }
+  if (n) {
+    return { mode: NetworkMode.ALLOW, allowCidrs: n.allowCidrs ?? [], allowDomains: n.allowDomains ?? [] };
+  }
+  return undefined;
+}
+
+function ms(seconds: number | undefined): bigint {
+  return BigInt(Math.round((seconds ?? 0) * 1000));
+}
+
+function bytesOf(data: string | Uint8Array | undefined): Uint8Array {
+  if (data === undefined) {
+    return new Uint8Array();
+  }
+  return typeof data === "string" ? new TextEncoder().encode(data) : data;
+}
+
+/**
+ * A sandbox: an isolated Linux environment on the daemon.
+ *
+ *     const sb = await Sandbox.create({ memory: "256M", timeout: 600 });
+ *     const r = await sb.run("python3 -c 'print(6*7)'");
+ *     console.log(r.stdout, r.exitCode);
+ *     await sb.terminate();
+ */
+export class Sandbox {
+  readonly files: Files;
+  private _info: SandboxInfo;
+
+  /** @internal */
+  constructor(readonly client: Client, info: SandboxInfo) {
+    this._info = info;
+    this.files = new Files(client, info.id);
+  }
+
+  /** Create a sandbox and return once it is ready for commands. */
+  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const c = opts.client ?? getDefaultClient();
+    const network = networkOf(opts.network);
+    const r = await call("create sandbox", () => c.rpc.sandboxes.createSandbox({
+      image: opts.image ?? "", name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
+      command: opts.command ?? [], workdir: opts.workdir ?? "", user: opts.user ?? "", runtime: opts.runtime ?? "",
+      resources: {
+        memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)),
+        pids: BigInt(opts.pids ?? 0), diskBytes: BigInt(parseSize(opts.disk)),
+      },
+      timeoutMs: ms(opts.timeout), idleTimeoutMs: ms(opts.idleTimeout), network,
+      volumes: (opts.volumes ?? []).map((v) => ({ volume: v.volume, path: v.path, readOnly: v.readOnly ?? false })),
+      codebases: (opts.codebases ?? []).map((cb) => ({ codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "" })),
+      domainSecrets: (opts.domainSecrets ?? []).map((ds) => ({
+        name: ds.name, value: ds.value, domains: ds.domains, headers: ds.headers ?? [], allowQuery: ds.allowQuery ?? false,
+      })),
+      idleAction: opts.stopWhenIdle ? IdleAction.STOP : IdleAction.UNSPECIFIED,
+      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false,
+    }));
+    if (!r.sandbox) {
+      throw new NotFoundError("not_found", "create sandbox: the daemon returned no sandbox");
+    }
+    return new Sandbox(c, infoOf(r.sandbox));
+  }
+
+  /** The sandbox with this id (it must exist). */
+  static async fromId(id: string, opts: { client?: Client } = {}): Promise<Sandbox> {
+    const c = opts.client ?? getDefaultClient();
+    const r = await call(`get sandbox ${id}`, () => c.rpc.sandboxes.getSandbox({ sandbox: id }));
+    if (!r.sandbox) {
+      throw new NotFoundError("not_found", `get sandbox ${id}: no such sandbox`);
+    }
+    return new Sandbox(c, infoOf(r.sandbox));
+  }
+
+  /** The live sandbox with this name. */
+  static fromName(name: string, opts: { client?: Client } = {}): Promise<Sandbox> {
+    return Sandbox.fromId(name, opts);
+  }
+
+  /** The sandboxes whose labels match every selector ("k=v", "k!=v", "k", "!k"). */
+  static async list(opts: { selectors?: string[]; labels?: Record<string, string>; client?: Client } = {}): Promise<Sandbox[]> {
+    const c = opts.client ?? getDefaultClient();
+    const selectors = [...(opts.selectors ?? []), ...Object.entries(opts.labels ?? {}).map(([k, v]) => `${k}=${v}`)];
+    const r = await call("list sandboxes", () => c.rpc.sandboxes.listSandboxes({ selectors }));
+    return r.sandboxes.map((s) => new Sandbox(c, infoOf(s)));
+  }
+
+  get id(): string {
+    return this._info.id;
+  }
+  get name(): string {
+    return this._info.name;
+  }
+  get state(): SandboxInfo["state"] {
+    return this._info.state;
+  }
+  get info(): SandboxInfo {
+    return this._info;
+  }
+
+  /** Fetch the sandbox's state again. */
+  async refresh(): Promise<this> {
+    const r = await call(`get sandbox ${this.id}`, () => this.client.rpc.sandboxes.getSandbox({ sandbox: this.id }));
+    if (r.sandbox) {
+      this._info = infoOf(r.sandbox);
+    }
+    return this;
+  }
+
+  /** Freeze every process (memory and files are kept). */
+  async stop(): Promise<void> {
+    await call(`stop ${this.id}`, () => this.client.rpc.sandboxes.stopSandbox({ sandbox: this.id }));
+  }
+
+  /** Thaw a stopped sandbox. */
+  async start(): Promise<void> {
+    await call(`start ${this.id}`, () => this.client.rpc.sandboxes.startSandbox({ sandbox: this.id }));
+  }
+
+  /** Destroy the sandbox and everything in it. */
+  async terminate(opts: { syncCodebases?: boolean } = {}): Promise<void> {
+    await call(`destroy ${this.id}`, () => this.client.rpc.sandboxes.destroySandbox({ sandbox: this.id, syncCodebases: opts.syncCodebases ?? false }));
+  }
+
+  /**
+   * Change a live sandbox: its lifetime and idle timeout (seconds from now),
+   * labels, and resource limits (memory may not drop below what it uses).
+   */
+  async update(opts: {
+    timeout?: number; idleTimeout?: number; stopWhenIdle?: boolean;
+    setLabels?: Record<string, string>; removeLabels?: string[];
+    memory?: number | string; cpu?: number; pids?: number;
+  }): Promise<void> {
+    const r = await call(`update ${this.id}`, () => this.client.rpc.sandboxes.updateSandbox({
+      sandbox: this.id,
+      timeoutMs: opts.timeout === undefined ? undefined : ms(opts.timeout),
+      idleTimeoutMs: opts.idleTimeout === undefined ? undefined : ms(opts.idleTimeout),
+      idleAction: opts.stopWhenIdle === undefined ? IdleAction.UNSPECIFIED : opts.stopWhenIdle ? IdleAction.STOP : IdleAction.DESTROY,
+      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [],
+      resources: {
+        memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)), pids: BigInt(opts.pids ?? 0),
+      },
+    }));
+    if (r.sandbox) {
+      this._info = infoOf(r.sandbox);
+    }
+  }
+
+  /** Change the network policy of the running sandbox (open connections included). */
+  async updateNetwork(network: NonNullable<CreateOptions["network"]>): Promise<void> {
+    await call(`update network of ${this.id}`, () => this.client.rpc.sandboxes.updateNetwork({ sandbox: this.id, network: networkOf(network) }));
+  }
+
+  /**
+   * The output of the sandbox's own command (`command`, else the image's
+   * ENTRYPOINT/CMD): what is kept, then (with follow) what comes until it
+   * exits. `tail` keeps only the last lines kept; `since` starts later.
+   */
+  async *logs(opts: { follow?: boolean; tail?: number; since?: Date } = {}): AsyncGenerator<LogChunk> {
+    const dec = new TextDecoder();
+    try {
+      for await (const m of this.client.rpc.sandboxes.logs({
+        sandbox: this.id, follow: opts.follow ?? false, tail: opts.tail, sinceUnixMs: BigInt(opts.since?.getTime() ?? 0),
+      })) {
+        if (m.event.case === "data") {
+          const d = m.event.value;
+          yield { stream: d.stderr ? "stderr" : "stdout", data: d.data, text: dec.decode(d.data), time: new Date(Number(d.timeUnixMs)) };
+        }
+      }
+    } catch (e) {
+      throw toSbxError(`logs of ${this.id}`, e);
+    }
+  }
+
+  /** Wait for the sandbox's own command to exit and return how it ended. */
+  async wait(): Promise<ExitStatus> {
+    const r = await call(`wait for ${this.id}`, () => this.client.rpc.sandboxes.wait({ sandbox: this.id }, { timeoutMs: 0 }));
+    if (!r.exited) {
+      throw toSbxError(`wait for ${this.id}`, new Error("the daemon returned no exit status"));
+    }
+    return exitStatusOf(r.exited);
+  }
+
+  /** Save the sandbox's filesystem as an image (tagged tag, if given). */
+  async snapshot(tag = ""): Promise<ImageInfo> {
+    const r = await call(`snapshot ${this.id}`, () => this.client.rpc.sandboxes.snapshotSandbox({ sandbox: this.id, tag }));
+    return imageOf(r.image);
+  }
+
+  private execRequest(argv: string[] | undefined, shell: string | undefined, opts: ExecOptions, stdinOpen: boolean): ExecRequest {
+    return create(ExecRequestSchema, {
+      sandbox: this.id, argv: argv ?? [], shell: shell ?? "", env: opts.env ?? {}, workdir: opts.cwd ?? "",
+      timeoutMs: ms(opts.timeout), user: opts.user ?? "", stdin: bytesOf(opts.stdin), stdinOpen,
+    });
+  }
+
+  /**
+   * Run a command to its end and return its exit status and output.
+   * A string is a shell command line (/bin/sh -c); an array is argv.
+   * A failing command is not an error: look at exitCode.
+   */
+  async run(cmd: string | string[], opts: ExecOptions = {}): Promise<CommandResult> {
+    const req = typeof cmd === "string" ? this.execRequest(undefined, cmd, opts, false) : this.execRequest(cmd, undefined, opts, false);
+    return collect("exec", this.client.rpc.sandboxes.exec(req), opts);
+  }
+
+  /**
+   * Start a command with its stdin open: write to it, close it, signal the
+   * command, and wait() for its end. Output streams to onStdout/onStderr.
+   */
+  exec(argv: string[], opts: ExecOptions = {}): Process {
+    const req = this.execRequest(argv, undefined, opts, true);
+    return new Process(req, (input, signal) => this.client.rpc.sandboxes.execInteractive(input, { signal }), opts);
+  }
+
+  /** Run code ("python" by default) and return its output and artifacts (figures). */
+  runCode(code: string, opts: RunCodeOptions = {}): Promise<CodeResult> {
+    return runCode(this.client, { sandbox: this.id, language: opts.language ?? "python" }, code, opts);
+  }
+
+  /** Start a stateful interpreter ("python" or "javascript"). */
+  async createContext(language = "python", opts: { cwd?: string; env?: Record<string, string> } = {}): Promise<CodeContext> {
+    const r = await call("create context", () => this.client.rpc.code.createContext({ sandbox: this.id, language, cwd: opts.cwd ?? "", env: opts.env ?? {} }));
+    return new CodeContext(this.client, r.context?.id ?? "", this.id, r.context?.language ?? language);
+  }
+
+  async listContexts(): Promise<CodeContext[]> {
+    const r = await call("list contexts", () => this.client.rpc.code.listContexts({ sandbox: this.id }));
+    return r.contexts.map((cc) => new CodeContext(this.client, cc.id, cc.sandbox, cc.language));
+  }
+
+  /** Start a long-lived shell whose state persists between commands. */
+  async session(opts: { shell?: string; env?: Record<string, string>; cwd?: string } = {}): Promise<Session> {
+    const r = await call("create session", () => this.client.rpc.sessions.createSession({
+      sandbox: this.id, shell: opts.shell ?? "", env: opts.env ?? {}, workdir: opts.cwd ?? "",
+    }));
+    return new Session(this.client, r.session?.id ?? "", this.id, r.session?.shell ?? "");
+  }
+
+  async listSessions(): Promise<Session[]> {
+    const r = await call("list sessions", () => this.client.rpc.sessions.listSessions({ sandbox: this.id }));
+    return r.sessions.map((s) => new Session(this.client, s.id, s.sandbox, s.shell));
+  }
+
+  /** How a server listening on port in the sandbox is reached. */
+  async getPort(port: number): Promise<Port> {
+    const r = await call(`get port ${port}`, () => this.client.rpc.ports.getPort({ sandbox: this.id, port }));
+    const p = r.port;
+    return {
+      port: p?.port ?? port, url: p?.url ?? "", hostUrl: p?.hostUrl ?? "", websocketUrl: p?.websocketUrl ?? "",
+      tcpUrl: p?.tcpUrl ?? "", headers: p?.headers ?? {},
+    };
+  }
+
+  /** The ports servers in the sandbox listen on. */
+  async ports(): Promise<Port[]> {
+    const r = await call("list ports", () => this.client.rpc.ports.listPorts({ sandbox: this.id }));
+    return r.ports.map((p) => ({ port: p.port, url: p.url, hostUrl: p.hostUrl, websocketUrl: p.websocketUrl, tcpUrl: p.tcpUrl, headers: p.headers }));
+  }
+}
