@@ -386,6 +386,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	srv.RegisterOnShutdown(stopObserving) // ends the event streams
 	errc := make(chan error, 1)
 	if cfg.TLSCert != "" {
 		protos.SetHTTP2(true)

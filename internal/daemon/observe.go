@@ -24,7 +24,7 @@ func observe(ctx context.Context, mgr *sandbox.Manager, bus *events.Bus, stores 
 	go sampler.Run(ctx)
 	bus.Publish(events.Record{Daemon: true, Event: &sbxv1.Event{Type: sbxv1.EventType_EVENT_TYPE_DAEMON_STARTED,
 		Detail: fmt.Sprintf("recovered %d sandboxes", len(mgr.IDs()))}})
-	return &server.Observer{Mgr: mgr, Bus: bus, Sampler: sampler, Metrics: m}
+	return &server.Observer{Mgr: mgr, Bus: bus, Sampler: sampler, Metrics: m, Done: ctx.Done()}
 }
 
 // storageOf sums what every tenant's images, volumes and codebases hold.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
@@ -30,6 +31,9 @@ type Observer struct {
 	Bus     *events.Bus
 	Sampler *metrics.Sampler
 	Metrics *metrics.Metrics
+	// Done, when closed, ends the event streams (the daemon is stopping:
+	// an HTTP server's graceful shutdown waits for them otherwise).
+	Done <-chan struct{}
 }
 
 type observerKey struct{}
@@ -48,10 +52,8 @@ func observerFrom(ctx context.Context) *Observer {
 
 // timedOps are the procedures whose durations the metrics histogram.
 var timedOps = map[string]string{
-	sbxv1connect.SandboxServiceCreateSandboxProcedure:   "create",
-	sbxv1connect.SandboxServiceDestroySandboxProcedure:  "destroy",
-	sbxv1connect.SandboxServiceExecProcedure:            "exec",
-	sbxv1connect.SandboxServiceExecInteractiveProcedure: "exec",
+	sbxv1connect.SandboxServiceCreateSandboxProcedure:  "create",
+	sbxv1connect.SandboxServiceDestroySandboxProcedure: "destroy",
 }
 
 // called records an API call that ended with err after d: its count and
@@ -114,7 +116,11 @@ func (o *Observer) execStarted(ctx context.Context, ref string, argv []string) f
 		cmd = path.Base(argv[0])
 	}
 	o.Mgr.Emit(id, &sbxv1.Event{Type: sbxv1.EventType_EVENT_TYPE_EXEC_STARTED, Detail: cmd})
+	start := time.Now()
 	return func(ex *sbxv1.ExecExited) {
+		if o.Metrics != nil && ex != nil {
+			o.Metrics.Observe("exec", time.Since(start))
+		}
 		ev := &sbxv1.Event{Type: sbxv1.EventType_EVENT_TYPE_EXEC_ENDED, Detail: cmd}
 		switch {
 		case ex == nil:
@@ -205,6 +211,8 @@ func (s *ObserveServer) Events(ctx context.Context, req *connect.Request[sbxv1.E
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-s.o.Done:
+			return connect.NewError(connect.CodeUnavailable, errors.New("the daemon is stopping"))
 		case <-tick.C:
 			if err := out.Send(&sbxv1.EventsResponse{Kind: &sbxv1.EventsResponse_Keepalive{Keepalive: true}}); err != nil {
 				return err
