@@ -102,24 +102,24 @@ func (c *firstMessage) Receive(m any) error {
 
 // execStarted publishes that a command started in sandbox ref, and
 // returns the func to call with its exit (nil if it did not report one).
-func (o *Observer) execStarted(ctx context.Context, ref string, argv []string) func(ex *sbxv1.ExecExited) {
+func (o *Observer) execStarted(ctx context.Context, start *sbxv1.ExecRequest) func(ex *sbxv1.ExecExited) {
 	if o == nil || o.Bus == nil {
 		return func(*sbxv1.ExecExited) {}
 	}
-	id, err := o.Mgr.Resolve(ctx, ref)
+	id, err := o.Mgr.Resolve(ctx, start.GetSandbox())
 	if err != nil {
 		return func(*sbxv1.ExecExited) {}
 	}
-	cmd := ""
-	if len(argv) > 0 {
-		// argv[0] only: arguments may carry secrets.
+	// argv[0] only (a shell command is "sh"): arguments may carry secrets.
+	cmd := "sh"
+	if argv := start.GetArgv(); len(argv) > 0 {
 		cmd = path.Base(argv[0])
 	}
 	o.Mgr.Emit(id, &sbxv1.Event{Type: sbxv1.EventType_EVENT_TYPE_EXEC_STARTED, Detail: cmd})
-	start := time.Now()
+	began := time.Now()
 	return func(ex *sbxv1.ExecExited) {
 		if o.Metrics != nil && ex != nil {
-			o.Metrics.Observe("exec", time.Since(start))
+			o.Metrics.Observe("exec", time.Since(began))
 		}
 		ev := &sbxv1.Event{Type: sbxv1.EventType_EVENT_TYPE_EXEC_ENDED, Detail: cmd}
 		switch {
