@@ -73,6 +73,7 @@ var (
 	rxDesc        = boxDesc("sbx_sandbox_network_receive_bytes_total", "Bytes the sandbox received.")
 	txDesc        = boxDesc("sbx_sandbox_network_transmit_bytes_total", "Bytes the sandbox sent.")
 	execsDesc     = boxDesc("sbx_sandbox_execs_total", "Commands run in the sandbox through the exec API.")
+	droppedDesc   = boxDesc("sbx_sandbox_network_dropped_connections_total", "Connections to the sandbox's ports the port proxy refused at its limit (sbx serve --proxy-max-conns).")
 	upDesc        = boxDesc("sbx_sandbox_running", "1 if the sandbox is running, 0 if stopped or failed.")
 )
 
@@ -85,7 +86,7 @@ type boxCollector struct {
 
 func (c *boxCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{cpuDesc, memDesc, memLimitDesc, oomDesc, pidsDesc, pidsLimitDesc, pidsHitsDesc,
-		diskDesc, diskLimitDesc, rxDesc, txDesc, execsDesc, upDesc, omittedDesc} {
+		diskDesc, diskLimitDesc, rxDesc, txDesc, execsDesc, droppedDesc, upDesc, omittedDesc} {
 		ch <- d
 	}
 }
@@ -118,7 +119,9 @@ func (c *boxCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(memLimitDesc, b.Resources.MemoryBytes, b)
 		gauge(pidsLimitDesc, b.Resources.Pids, b)
 		gauge(diskLimitDesc, b.Resources.DiskBytes, b)
-		counter(execsDesc, float64(c.m.Execs(b.ID)), b)
+		execs, dropped := c.m.Counts(b.ID)
+		counter(execsDesc, float64(execs), b)
+		counter(droppedDesc, float64(dropped), b)
 		if b.Current.TimeMs == 0 {
 			continue // never measured
 		}

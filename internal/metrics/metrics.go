@@ -56,8 +56,10 @@ type Metrics struct {
 	storage                     *prometheus.GaugeVec
 
 	mu sync.Mutex
-	// execs counts each sandbox's exec_started events. Guarded by mu.
-	execs map[string]int64
+	// execs counts each sandbox's exec_started events, dropped its
+	// connections the port proxy refused at its limit. Both guarded by mu;
+	// a sandbox's entries go with its destroyed event.
+	execs, dropped map[string]int64
 }
 
 // New returns Metrics registered on the event bus.
@@ -65,7 +67,7 @@ func New(cfg Config) *Metrics {
 	if cfg.StorageEvery <= 0 {
 		cfg.StorageEvery = 6
 	}
-	m := &Metrics{cfg: cfg, reg: prometheus.NewRegistry(), execs: map[string]int64{}}
+	m := &Metrics{cfg: cfg, reg: prometheus.NewRegistry(), execs: map[string]int64{}, dropped: map[string]int64{}}
 	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sbx_sandbox_creates_total",
 		Help: "Sandboxes created, by how (cold: started for the create, warm: taken from the warm pool)."}, []string{"how"})
 	m.destroys = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sbx_sandbox_destroys_total",
@@ -138,15 +140,11 @@ func (m *Metrics) count(r events.Record) {
 		}
 	case sbxv1.EventType_EVENT_TYPE_DESTROYED:
 		m.destroys.WithLabelValues(e.GetReason()).Inc()
-		m.mu.Lock()
-		delete(m.execs, e.GetSandboxId())
-		m.mu.Unlock()
+		m.forget(e.GetSandboxId())
 	case sbxv1.EventType_EVENT_TYPE_FAILED:
 		m.failures.WithLabelValues(e.GetReason()).Inc()
 		if e.GetReason() == "create" {
-			m.mu.Lock()
-			delete(m.execs, e.GetSandboxId())
-			m.mu.Unlock()
+			m.forget(e.GetSandboxId())
 		}
 	case sbxv1.EventType_EVENT_TYPE_EXEC_STARTED:
 		m.mu.Lock()
@@ -161,6 +159,28 @@ func (m *Metrics) count(r events.Record) {
 	case sbxv1.EventType_EVENT_TYPE_IMAGE_BUILT:
 		m.images.WithLabelValues("built").Inc()
 	}
+}
+
+func (m *Metrics) forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.execs, id)
+	delete(m.dropped, id)
+}
+
+// Dropped counts a connection to sandbox id that the port proxy refused
+// at the sandbox's limit.
+func (m *Metrics) Dropped(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dropped[id]++
+}
+
+// Counts returns sandbox id's execs and refused connections.
+func (m *Metrics) Counts(id string) (execs, dropped int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.execs[id], m.dropped[id]
 }
 
 // Execs returns how many commands sandbox id has run through the API.
