@@ -141,7 +141,7 @@ func checkLimits(cfg daemon.Config) error {
 	case cfg.StreamLimits.FilesPerSandbox > agentconn.MaxStalledStreams:
 		return fmt.Errorf("--file-max-streams %d: at most %d (each file call may hold a flow-control window of the sandbox's agent connection)",
 			cfg.StreamLimits.FilesPerSandbox, agentconn.MaxStalledStreams)
-	case cfg.StatsInterval < 100*time.Millisecond || cfg.StatsInterval > time.Minute:
+	case cfg.StatsInterval != 0 && (cfg.StatsInterval < 100*time.Millisecond || cfg.StatsInterval > time.Minute):
 		return fmt.Errorf("--stats-interval %s: want 100ms to 1m", cfg.StatsInterval)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
