@@ -57,3 +57,23 @@ def test_stats_current_and_history(client: sbx.Client, make_sandbox: Callable[..
     assert len(u.history) >= 1 and u.history[-1] == u.current
     with pytest.raises(sbx.NotFoundError):
         client.stats("sb-0000000000ff")
+
+
+def test_aio_events_and_stats(client: sbx.Client, make_sandbox: Callable[..., sbx.Sandbox]) -> None:
+    import asyncio
+
+    from sbx.aio import AsyncClient
+
+    sb = make_sandbox()
+
+    async def main() -> None:
+        ac = AsyncClient(client=client)
+        got = []
+        async for ev in ac.events(sandboxes=[sb.id], since=_dt.timedelta(minutes=5)):
+            got.append(ev.type)
+            if ev.type == "started":
+                break
+        assert got == ["created", "started"]
+        assert isinstance(await ac.stats(history=True), list)
+
+    asyncio.run(main())
