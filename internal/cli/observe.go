@@ -251,7 +251,7 @@ interrupted. Values are at most one interval old. --json prints once, with
 			if history {
 				return fmt.Errorf("--history needs --json")
 			}
-			tty := statsTTY(a.stdout)
+			tty := isTerminal(a.stdout)
 			for {
 				resp, err := c.Stats(ctx, false, args...)
 				if err != nil {
@@ -280,8 +280,8 @@ interrupted. Values are at most one interval old. --json prints once, with
 	return cmd
 }
 
-// statsTTY reports whether w is a terminal.
-func statsTTY(w io.Writer) bool {
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
