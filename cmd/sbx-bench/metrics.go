@@ -78,12 +78,11 @@ func metricValue(addr, name string) float64 {
 }
 
 type metricsPoint struct {
-	n                 int
-	scrape, stats     result
-	size              int
-	cpu               time.Duration // over metricsWindow
-	cycleMean         time.Duration // the sampler's, over the window
-	cycleSum, cycleNo float64
+	n             int
+	scrape, stats result
+	size          int
+	cpu           time.Duration // over metricsWindow
+	cycleMean     time.Duration // the sampler's, over the window
 }
 
 func measureMetricsAt(ctx context.Context, d *scaleDaemon, n int) (metricsPoint, error) {
