@@ -27,13 +27,16 @@ func observe(ctx context.Context, mgr *sandbox.Manager, bus *events.Bus, stores 
 	return &server.Observer{Mgr: mgr, Bus: bus, Sampler: sampler, Metrics: m, Done: ctx.Done()}
 }
 
-// storageOf sums what every tenant's images, volumes and codebases hold.
+// storageOf sums what every tenant's images, volumes and codebases hold
+// (of the tenants that have stores: see TenantStores.HasStores).
 func storageOf(ctx context.Context, stores *server.TenantStores, reg *tenant.Registry) (metrics.Storage, error) {
 	names := []string{""}
 	if reg != nil {
 		names = names[:0]
 		for _, t := range reg.Current().Tenants() {
-			names = append(names, t.Name)
+			if stores.HasStores(t.Name) {
+				names = append(names, t.Name)
+			}
 		}
 	}
 	var s metrics.Storage

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -281,4 +283,25 @@ func (s *ObserveServer) Stats(ctx context.Context, req *connect.Request[sbxv1.St
 func sampleProto(x metrics.Sample) *sbxv1.StatsSample {
 	return &sbxv1.StatsSample{TimeMs: x.TimeMs, CpuUsageNs: x.CPUUsageNs, CpuMillis: x.CPUMillis, MemoryBytes: x.MemoryBytes,
 		Pids: x.Pids, DiskUsedBytes: x.DiskUsedBytes, NetRxBytes: x.NetRxBytes, NetTxBytes: x.NetTxBytes}
+}
+
+// HasStores reports whether tenant t's stores exist (it has used them
+// since they were made), without opening them: the daemon's storage
+// metrics sum those, and opening every tenant's stores to find zeros would
+// make directories for tenants that never stored anything.
+func (ts *TenantStores) HasStores(t string) bool {
+	if t == "" {
+		return true
+	}
+	if !tenant.ValidName(t) {
+		return false
+	}
+	ts.mu.Lock()
+	_, ok := ts.byName[t]
+	ts.mu.Unlock()
+	if ok {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(ts.dir, t))
+	return err == nil
 }
