@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -10,7 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/events"
@@ -30,6 +31,7 @@ type Storage struct {
 
 // Config wires Metrics.
 type Config struct {
+	Logger  *slog.Logger
 	Sampler *Sampler
 	Events  *events.Bus
 	// PoolSize returns the warm pool's ready boxes (nil: no pool).
@@ -43,6 +45,7 @@ type Config struct {
 // Metrics holds the daemon's Prometheus metrics. Safe for concurrent use.
 type Metrics struct {
 	cfg Config
+	log *slog.Logger
 	// reg holds the daemon-level collectors (admin and single-user owner).
 	reg *prometheus.Registry
 
@@ -67,7 +70,10 @@ func New(cfg Config) *Metrics {
 	if cfg.StorageEvery <= 0 {
 		cfg.StorageEvery = 6
 	}
-	m := &Metrics{cfg: cfg, reg: prometheus.NewRegistry(), execs: map[string]int64{}, dropped: map[string]int64{}}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m := &Metrics{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry(), execs: map[string]int64{}, dropped: map[string]int64{}}
 	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sbx_sandbox_creates_total",
 		Help: "Sandboxes created, by how (cold: started for the create, warm: taken from the warm pool)."}, []string{"how"})
 	m.destroys = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sbx_sandbox_destroys_total",
@@ -220,11 +226,12 @@ func seesDaemon(p tenant.Principal) bool {
 func SeesDaemon(p tenant.Principal) bool { return seesDaemon(p) }
 
 // Handler serves GET /metrics for the request's Principal (set by the
-// front's token check): per-sandbox series of the sandboxes it may see
-// (sandbox.CanSee), and the daemon-level ones for the admin token and the
-// single-user owner only. A scrape reads the sampler's cache and counters;
-// it calls no driver.
+// front's token check) in the Prometheus text format: per-sandbox series
+// of the sandboxes it may see (sandbox.CanSee), and the daemon-level ones
+// for the admin token and the single-user owner only. A scrape reads the
+// sampler's cache and counters; it calls no driver.
 func (m *Metrics) Handler() http.Handler {
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
@@ -232,12 +239,22 @@ func (m *Metrics) Handler() http.Handler {
 			return
 		}
 		p := tenant.FromContext(r.Context())
-		boxes := prometheus.NewRegistry()
-		boxes.MustRegister(&boxCollector{m: m, keep: func(o *sandbox.Observation) bool { return sandbox.CanSee(p, o.Tenant, o.Parent) }})
-		var g prometheus.Gatherer = boxes
-		if seesDaemon(p) {
-			g = prometheus.Gatherers{m.reg, boxes}
+		w.Header().Set("Content-Type", string(format))
+		if r.Method == http.MethodHead {
+			return
 		}
-		promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}).ServeHTTP(w, r)
+		if seesDaemon(p) {
+			mfs, err := m.reg.Gather()
+			if err != nil {
+				m.log.Warn("gathering the daemon's metrics", "err", err)
+			}
+			enc := expfmt.NewEncoder(w, format)
+			for _, mf := range mfs {
+				if err := enc.Encode(mf); err != nil {
+					return
+				}
+			}
+		}
+		_ = m.writeBoxSeries(w, func(o *sandbox.Observation) bool { return sandbox.CanSee(p, o.Tenant, o.Parent) })
 	})
 }

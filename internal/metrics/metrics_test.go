@@ -6,10 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/events"
@@ -196,5 +200,47 @@ func TestScrapeBoundsSandboxes(t *testing.T) {
 	}
 	if src.calls != 1 {
 		t.Errorf("the scrape observed the sandboxes itself (%d Observe calls, want the sampler's 1)", src.calls)
+	}
+}
+
+// TestScrapeParses: the whole scrape (the registry's families and the
+// hand-written per-sandbox ones) is valid text format, label values
+// escaped.
+func TestScrapeParses(t *testing.T) {
+	src := &fakeSource{}
+	odd := box("sb-odd", "", 1, 0, 5e8)
+	odd.Name = "quote\"back\\slash\nnewline"
+	unmeasured := box("sb-new", "", 0, 0, 0)
+	unmeasured.OK = false
+	src.set(box("sb-a", "", 0, 0, 1e9), odd, unmeasured)
+	s := NewSampler(src, SamplerConfig{})
+	bus := events.New(events.Config{})
+	m := New(Config{Sampler: s, Events: bus, PoolSize: func() int { return 2 }})
+	s.SampleOnce(context.Background())
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(scrape(t, m, tenant.Principal{})))
+	if err != nil {
+		t.Fatalf("the scrape does not parse: %v", err)
+	}
+	for name, want := range map[string]int{
+		"sbx_sandbox_memory_limit_bytes": 3, // limits of every box
+		"sbx_sandbox_memory_bytes":       2, // usage of measured boxes only
+		"sbx_sandbox_series_omitted":     1,
+		"sbx_warm_pool_size":             1,
+	} {
+		if got := len(mfs[name].GetMetric()); got != want {
+			t.Errorf("%s: %d series, want %d", name, got, want)
+		}
+	}
+	var names []string
+	for _, mt := range mfs["sbx_sandbox_oom_kills_total"].GetMetric() {
+		for _, l := range mt.GetLabel() {
+			if l.GetName() == "name" {
+				names = append(names, l.GetValue())
+			}
+		}
+	}
+	if !slices.Contains(names, odd.Name) {
+		t.Errorf("sandbox names in the scrape %q, want %q among them (escaped and parsed back)", names, odd.Name)
 	}
 }
