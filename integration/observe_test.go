@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -249,5 +250,45 @@ func TestObserveEndToEnd(t *testing.T) {
 	}
 	if ev["type"] != "destroyed" || ev["reason"] != "user" || ev["sandboxId"] != sbA.ID {
 		t.Errorf("sbx events --json: %v, want acme's destroyed, reason user", ev)
+	}
+}
+
+// TestObservePidsLimitEvent: a fork refused at a sandbox's PID limit (user
+// code's, in its user cgroup) shows as a pids_limit event and in the
+// sandbox's stats and metrics. A dash loop stops at its first failed fork,
+// so the box is left at its limit, not spinning.
+func TestObservePidsLimitEvent(t *testing.T) {
+	d := startDaemon(t, "--stats-interval", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := d.client()
+	defer c.Close()
+	sb, err := c.Create(ctx, sbx.CreateOptions{Pids: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream starts at the first next(): replay from before the forks.
+	evs := c.Events(ctx, &sbxv1.EventsRequest{Sandboxes: []string{sb.ID}, Types: []sbxv1.EventType{sbxv1.EventType_EVENT_TYPE_PIDS_LIMIT},
+		SinceMs: time.Now().Add(-time.Minute).UnixMilli()})
+	next, stop := iter.Pull2(evs)
+	defer stop()
+	r, err := sb.Run(ctx, "sh", "-c", "i=0; while [ $i -lt 200 ]; do sleep 60 & i=$((i+1)); done")
+	if err != nil || r.Code == 0 {
+		t.Fatalf("forking past the limit: %+v, %v; want the shell to fail a fork", r, err)
+	}
+	ev, err, ok := next()
+	if !ok || err != nil {
+		t.Fatalf("no pids_limit event: %v", err)
+	}
+	if ev.GetCount() < 1 || ev.GetSandboxId() != sb.ID {
+		t.Errorf("pids_limit event %v, want a count of at least 1 for %s", ev, sb.ID)
+	}
+	st, err := c.Stats(ctx, false, sb.ID)
+	if err != nil || len(st.GetSandboxes()) != 1 || st.GetSandboxes()[0].GetPidsLimitHits() < 1 {
+		t.Errorf("stats: %v, %v; want pids_limit_hits at least 1", st, err)
+	}
+	if _, body := scrapeMetrics(t, d.addr, ""); !strings.Contains(body, fmt.Sprintf(`sbx_sandbox_pids_limit_hits_total{id=%q,name=""} `, sb.ID)) ||
+		strings.Contains(body, fmt.Sprintf(`sbx_sandbox_pids_limit_hits_total{id=%q,name=""} 0`, sb.ID)) {
+		t.Errorf("metrics lack a non-zero sbx_sandbox_pids_limit_hits_total for %s", sb.ID)
 	}
 }

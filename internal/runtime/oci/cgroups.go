@@ -217,7 +217,10 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 	}
 	if dir, _ := l.controllerDir("pids", id); dir != "" {
 		st.Pids = readInt(filepath.Join(dir, "pids.current"))
-		st.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max")
+		// As for OOM kills: v1 counts a fork refused at the user cgroup's
+		// limit there only (user code's forks hit that one first).
+		st.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max") +
+			readKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
 	}
 	return st, nil
 }
