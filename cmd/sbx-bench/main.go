@@ -39,11 +39,11 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load, scale or runtimes")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load, scale, metrics or runtimes")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
-	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale: the numbers of sandboxes to measure at (comma-separated)")
-	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale: the sbx binary run as the daemon")
+	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale or metrics: the numbers of sandboxes to measure at (comma-separated)")
+	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale or metrics: the sbx binary run as the daemon")
 	scaleNet := flag.String("scale-net", "sbxsc0,sbxscale,10.214.0.0/16,7491", "with -only scale: the daemons' bridge, nftables table, subnet and box API port (comma-separated), so runs beside other daemons do not collide")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	var nbOpts neighbourOpts
@@ -75,6 +75,15 @@ func main() {
 		"runtimes": runRuntimes,
 		// Not in the default run (minutes at 1000 sandboxes): `make bench
 		// ARGS="-only scale"`.
+		// /metrics, Stats and the sampler at -scale-n idle sandboxes:
+		// `make bench ARGS="-only metrics -scale-n 100,1000"`.
+		"metrics": func(_ int, agentPath, runtimeBin string) error {
+			sizes, err := parseSizes(*scaleSizes)
+			if err != nil {
+				return err
+			}
+			return runMetrics(sizes, *sbxBin, agentPath, runtimeBin)
+		},
 		"scale": func(_ int, agentPath, runtimeBin string) error {
 			sizes, err := parseSizes(*scaleSizes)
 			if err != nil {

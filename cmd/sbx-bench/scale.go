@@ -37,18 +37,25 @@ type scaleDaemon struct {
 	sbxBin, agent, runtimeBin, dataDir, addr, logPath string
 	warmPool                                          int
 	net                                               scaleNet
-	cmd                                               *exec.Cmd
-	c                                                 *sbx.Client
-	pid                                               int
+	// extra are more `sbx serve` flags.
+	extra []string
+	cmd   *exec.Cmd
+	c     *sbx.Client
+	pid   int
 	// exited yields the daemon's exit (nil while none runs).
 	exited chan error
 }
 
 func (d *scaleDaemon) args() []string {
 	a := []string{"serve", "--listen", d.addr, "--data-dir", d.dataDir, "--agent", d.agent,
-		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0",
-		"--net-bridge", d.net.bridge, "--net-table", d.net.table, "--net-subnet", d.net.subnet,
-		"--box-api-port", d.net.apiPort}
+		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0"}
+	if d.net.bridge == "" {
+		a = append(a, "--network=false")
+	} else {
+		a = append(a, "--net-bridge", d.net.bridge, "--net-table", d.net.table, "--net-subnet", d.net.subnet,
+			"--box-api-port", d.net.apiPort)
+	}
+	a = append(a, d.extra...)
 	if d.runtimeBin != "" {
 		a = append(a, "--oci-runtime", d.runtimeBin)
 	}

@@ -73,7 +73,12 @@ func newCodebaseCreate(a *app) *cobra.Command {
 			if n == 0 {
 				opts.MaxFileBytes = -1
 			}
+			p := a.newTransfer("uploading "+args[0], 0)
+			if p != nil {
+				opts.Progress = p.set
+			}
 			resp, err := a.client().CreateCodebase(cmd.Context(), args[0], opts)
+			p.done()
 			if err != nil {
 				return err
 			}

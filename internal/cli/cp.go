@@ -45,13 +45,17 @@ func newCp(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return copyIn(cmd.Context(), sb, srcPath, dstPath)
+				p := a.newTransfer("copying "+srcPath+" to "+args[1], 0)
+				defer p.done()
+				return copyIn(cmd.Context(), sb, srcPath, dstPath, p)
 			default:
 				sb, err := a.client().Get(cmd.Context(), srcRef)
 				if err != nil {
 					return err
 				}
-				return copyOut(cmd.Context(), sb, srcPath, dstPath)
+				p := a.newTransfer("copying "+args[0]+" to "+dstPath, 0)
+				defer p.done()
+				return copyOut(cmd.Context(), sb, srcPath, dstPath, p)
 			}
 		},
 	}
@@ -70,7 +74,9 @@ func splitRemote(arg string) (ref, p string, remote bool) {
 	return ref, p, true
 }
 
-func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
+// copyIn copies src on the host to dst in sb, counting the bytes read in
+// p (nil: none).
+func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string, p *transfer) error {
 	fi, err := os.Lstat(src)
 	if err != nil {
 		return err
@@ -85,7 +91,8 @@ func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 		if info, err := sb.Stat(ctx, dst); err == nil && info.GetType() == sbxv1.FileType_FILE_TYPE_DIR {
 			dst = path.Join(dst, filepath.Base(src))
 		}
-		_, err = sb.Upload(ctx, dst, f, uint32(fi.Mode().Perm()))
+		p.set(0, fi.Size())
+		_, err = sb.Upload(ctx, dst, p.reader(f), uint32(fi.Mode().Perm()))
 		return err
 	}
 	if info, err := sb.Stat(ctx, dst); err == nil && info.GetType() == sbxv1.FileType_FILE_TYPE_DIR {
@@ -93,7 +100,7 @@ func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTar(pw, src)) }()
-	_, err = sb.UploadTar(ctx, dst, pr)
+	_, err = sb.UploadTar(ctx, dst, p.reader(pr))
 	pr.CloseWithError(err)
 	return err
 }
@@ -162,7 +169,9 @@ func writeTar(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
-func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
+// copyOut copies src in sb to dst on the host, counting the bytes read in
+// p (nil: none).
+func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string, p *transfer) error {
 	info, err := sb.Stat(ctx, src)
 	if err != nil {
 		return err
@@ -179,7 +188,8 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(sb.Download(ctx, src, pw)) }()
 		// Holes arrive as zeros; keep them holes.
-		if _, err := boxcopy.WriteFrom(tmp, pr, nil); err != nil {
+		p.set(0, info.GetSize())
+		if _, err := boxcopy.WriteFrom(tmp, p.reader(pr), nil); err != nil {
 			pr.CloseWithError(err)
 			tmp.Close()
 			return err
@@ -201,7 +211,7 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(sb.DownloadTar(ctx, src, pw)) }()
-	skipped, err := extractTar(pr, dst)
+	skipped, err := extractTar(p.reader(pr), dst)
 	pr.CloseWithError(err)
 	if len(skipped) > 0 {
 		fmt.Fprintf(os.Stderr, "sbx cp: warning: skipped %d symlink(s) pointing outside %s:\n", len(skipped), dst)

@@ -117,6 +117,7 @@ fails the import unless --replace-archive-tags is given too.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = a.stdin
+			var size int64
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
@@ -124,8 +125,13 @@ fails the import unless --replace-archive-tags is given too.`,
 				}
 				defer f.Close()
 				r = f
+				if fi, err := f.Stat(); err == nil {
+					size = fi.Size()
+				}
 			}
-			resp, err := a.client().Images().ImportWith(cmd.Context(), r, impOpts)
+			p := a.newTransfer("importing "+args[0], size)
+			resp, err := a.client().Images().ImportWith(cmd.Context(), p.reader(r), impOpts)
+			p.done()
 			if err != nil {
 				return err
 			}
@@ -155,14 +161,19 @@ fails the import unless --replace-archive-tags is given too.`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output == "" || output == "-" {
-				return a.client().Images().Export(cmd.Context(), args[0], a.stdout)
+				p := a.newTransfer("exporting "+args[0], 0)
+				defer p.done()
+				return a.client().Images().Export(cmd.Context(), args[0], p.writer(a.stdout))
 			}
 			tmp, err := os.CreateTemp(".", ".sbx-export-*")
 			if err != nil {
 				return err
 			}
 			defer os.Remove(tmp.Name())
-			if err := a.client().Images().Export(cmd.Context(), args[0], tmp); err != nil {
+			p := a.newTransfer("exporting "+args[0]+" to "+output, 0)
+			err = a.client().Images().Export(cmd.Context(), args[0], p.writer(tmp))
+			p.done()
+			if err != nil {
 				tmp.Close()
 				return err
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/idmap"
+	"github.com/sbxdev/sbx/internal/metrics"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	"github.com/sbxdev/sbx/internal/server"
@@ -83,6 +84,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "oci", "runtime of sandboxes whose create names none: oci (runc, shared kernel) or gvisor (gVisor's user-space kernel)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
+	f.DurationVar(&cfg.StatsInterval, "stats-interval", metrics.DefaultInterval, "how often the daemon samples every sandbox's usage for /metrics and `sbx stats` (each sandbox keeps 15 minutes of samples)")
 	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, fmt.Sprintf("how many started sandboxes the warm pool may grow to when creates come in bursts; it shrinks back to --warm-pool after 30 s without them (0: %d, or --warm-pool if larger)", sandbox.DefaultWarmPoolMax))
 	f.BoolVar(&cfg.Network, "network", true, "give sandboxes networking (bridge, firewall, DNS forwarder); off: loopback only")
 	f.StringVar(&cfg.NetBridge, "net-bridge", "sbx0", "bridge sandboxes attach to")
@@ -139,6 +141,8 @@ func checkLimits(cfg daemon.Config) error {
 	case cfg.StreamLimits.FilesPerSandbox > agentconn.MaxStalledStreams:
 		return fmt.Errorf("--file-max-streams %d: at most %d (each file call may hold a flow-control window of the sandbox's agent connection)",
 			cfg.StreamLimits.FilesPerSandbox, agentconn.MaxStalledStreams)
+	case cfg.StatsInterval != 0 && (cfg.StatsInterval < 100*time.Millisecond || cfg.StatsInterval > time.Minute):
+		return fmt.Errorf("--stats-interval %s: want 100ms to 1m", cfg.StatsInterval)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
 	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:

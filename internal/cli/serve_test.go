@@ -3,6 +3,7 @@ package cli
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/server"
@@ -26,6 +27,8 @@ func TestCheckLimits(t *testing.T) {
 		{"no file calls", func(c *daemon.Config) { c.StreamLimits.FilesPerSandbox = 0 }, "--file-max-streams must be positive"},
 		{"more file calls than the agent window holds", func(c *daemon.Config) { c.StreamLimits.FilesPerSandbox = 65 }, "--file-max-streams 65: at most 64"},
 		{"negative exec streams", func(c *daemon.Config) { c.StreamLimits.ExecsPerSandbox = -1 }, "--exec-max-streams must be positive"},
+		{"stats interval too short", func(c *daemon.Config) { c.StatsInterval = time.Millisecond }, "--stats-interval 1ms: want 100ms to 1m"},
+		{"stats interval too long", func(c *daemon.Config) { c.StatsInterval = time.Hour }, "--stats-interval 1h0m0s: want 100ms to 1m"},
 		{"pool max below floor", func(c *daemon.Config) { c.WarmPool, c.WarmPoolMax = 4, 2 }, "--warm-pool-max 2 is below --warm-pool 4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,7 +22,9 @@ func newSnapshot(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			p := a.newTransfer("snapshotting "+args[0], -1)
 			img, err := sb.Snapshot(cmd.Context(), tag)
+			p.done()
 			if err != nil {
 				return err
 			}

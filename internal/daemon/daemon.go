@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/network"
@@ -61,6 +62,9 @@ type Config struct {
 	// at least; WarmPoolMax how many the pool may grow to under bursts of
 	// creates (0: sandbox.DefaultWarmPoolMax).
 	WarmPool, WarmPoolMax int
+	// StatsInterval is how often the sampler reads every sandbox's usage
+	// for metrics and `sbx stats` (0: metrics.DefaultInterval).
+	StatsInterval time.Duration
 	// Network turns sandbox networking on (bridge, firewall, DNS
 	// forwarder); off, sandboxes have loopback only.
 	Network bool
@@ -292,7 +296,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("codebase store: %w", err)
 	}
 	stores.SetCodebases(cbs)
+	bus := events.New(events.Config{})
 	mgr, err := sandbox.New(sandbox.Config{
+		Events:         bus,
 		Codebases:      cbs,
 		Volumes:        stores,
 		Network:        sbNet,
@@ -321,6 +327,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	mgr.Run()
 	defer mgr.Close()
+	octx, stopObserving := context.WithCancel(ctx)
+	defer stopObserving() // before mgr.Close
+	obs := observe(octx, mgr, bus, stores, cfg, log)
 
 	var protos http.Protocols
 	protos.SetHTTP1(true)
@@ -357,6 +366,7 @@ func Run(ctx context.Context, cfg Config) error {
 	api.AddCode(server.NewCodeServer(code, mgr))
 	api.AddSessions(server.NewSessionServer(sessions, mgr))
 	api.AddTenants(server.NewTenantServer(mgr, stores, cfg.Tenants))
+	api.AddObserve(obs)
 	handler := server.WithCodebases(server.WithVolumes(api.Handler(), server.NewVolumeServer(stores)), server.NewCodebaseServer(cbs, mgr))
 	mcpHandler, err := mcpEndpoint(ln.Addr(), cfg, log)
 	if err != nil {
@@ -364,11 +374,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
-		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler,
+		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
 	})
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, cfg, log)
 		if err != nil {
 			return err
 		}
@@ -380,6 +390,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	srv.RegisterOnShutdown(stopObserving) // ends the event streams
 	errc := make(chan error, 1)
 	if cfg.TLSCert != "" {
 		protos.SetHTTP2(true)

@@ -199,6 +199,8 @@ type Stats struct {
 	DiskUsedBytes   int64
 	// OOMKills counts processes killed for exceeding the memory limit.
 	OOMKills int64
+	// PidsLimitHits counts forks that failed on the box's PID limit.
+	PidsLimitHits int64
 }
 
 // Info is a driver's self-description.

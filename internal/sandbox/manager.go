@@ -26,6 +26,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
@@ -67,6 +68,9 @@ type Config struct {
 	// Diff and Snapshot copy out of a sandbox, whatever its disk limit
 	// (0: unbounded; the daemon sets `sbx serve --max-layer-size`).
 	MaxLayerBytes int64
+	// Events receives the sandboxes' lifecycle events (nil: none; see
+	// observe.go).
+	Events *events.Bus
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -288,6 +292,9 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	defer done()
 	if w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
+		if err == nil {
+			m.emitCreated(sb.GetId(), "warm")
+		}
 		if err == nil || isUserError(err) {
 			return sb, err
 		}
@@ -327,6 +334,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 			m.log.Error("deleting record of failed create", "sandbox", b.id, "err", derr)
 		}
 		m.forget(b.id, "creation failed: "+err.Error())
+		m.emit(b, sbxv1.EventType_EVENT_TYPE_FAILED, "create", err.Error())
 		return nil, err
 	}
 
@@ -382,6 +390,8 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	crashpoint.Hit("create-running")
 	m.watch(b, "agent died")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
+	m.emit(b, sbxv1.EventType_EVENT_TYPE_CREATED, "cold", "")
+	m.emit(b, sbxv1.EventType_EVENT_TYPE_STARTED, "", "")
 	return m.toProto(b, nil), nil
 }
 
@@ -702,7 +712,11 @@ func (m *Manager) stopLocked(ctx context.Context, b *box, detail string) error {
 	if err := b.driver.Pause(ctx, h); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", b.id, err)
 	}
-	return m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_STOPPED, detail)
+	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_STOPPED, detail); err != nil {
+		return err
+	}
+	m.emit(b, sbxv1.EventType_EVENT_TYPE_STOPPED, stopReason(detail), detail)
+	return nil
 }
 
 // Start resumes a stopped sandbox.
@@ -761,6 +775,11 @@ func (m *Manager) resume(ctx context.Context, b *box, why string) (sbxv1.Sandbox
 		return sbxv1.SandboxState_SANDBOX_STATE_STOPPED, err
 	}
 	m.log.Info("sandbox started", "sandbox", b.id, "by", why)
+	reason := "user"
+	if why != "start" {
+		reason = "auto_resume"
+	}
+	m.emit(b, sbxv1.EventType_EVENT_TYPE_STARTED, reason, "")
 	return sbxv1.SandboxState_SANDBOX_STATE_RUNNING, nil
 }
 
@@ -791,10 +810,12 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYING || st == sbxv1.SandboxState_SANDBOX_STATE_DESTROYED {
 		return nil
 	}
+	failed := b.state() == sbxv1.SandboxState_SANDBOX_STATE_FAILED
 	if err := m.markDestroying(ctx, b, reason); err != nil {
 		return err
 	}
 	crashpoint.Hit("destroy-marked")
+	m.emitDestroyed(b, reason, failed)
 	// Children die with their parent (first: their tokens are its code's).
 	m.destroyChildren(ctx, b.id)
 	b.mu.Lock()

@@ -86,4 +86,5 @@ func (m *Manager) agentExited(b *box, prefix string, ex runtime.Exit, lock bool)
 		m.log.Error("marking a sandbox whose agent died", "sandbox", b.id, "err", err)
 	}
 	m.log.Warn("sandbox failed", "sandbox", b.id, "reason", reason, "signal", ex.Signal, "oom_killed", ex.OOMKilled)
+	m.emit(b, sbxv1.EventType_EVENT_TYPE_FAILED, exitReason(ex), reason)
 }

@@ -69,6 +69,16 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 	}
 	defer release()
 	send = markOOM(ctx, streams.mgr, start.GetSandbox(), send)
+	var exited *sbxv1.ExecExited
+	ended := observerFrom(ctx).execStarted(ctx, start)
+	defer func() { ended(exited) }()
+	sendOut := send
+	send = func(m *sbxv1.ExecOutput) error {
+		if ex := m.GetExited(); ex != nil {
+			exited = ex
+		}
+		return sendOut(m)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if recv == nil {

@@ -58,7 +58,9 @@ type FrontConfig struct {
 	// limits; share the API server's (nil: a Streams of the front's own,
 	// with the default limits).
 	Streams *Streams
-	Logger  *slog.Logger
+	// Observer, if set, is in every request's context (observe.go).
+	Observer *Observer
+	Logger   *slog.Logger
 }
 
 // MCPPath is where FrontConfig.MCP is served.
@@ -135,6 +137,9 @@ func baseURL(ctx context.Context) string {
 }
 
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.Observer != nil {
+		r = r.WithContext(context.WithValue(r.Context(), observerKey{}, f.cfg.Observer))
+	}
 	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
 	if err != nil {
 		// Say nothing about sandboxes to strangers.

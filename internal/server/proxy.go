@@ -146,6 +146,9 @@ func (f *Front) admit(ctx context.Context, w http.ResponseWriter, ref string) (i
 func (f *Front) acquire(w http.ResponseWriter, id string) (release func(), ok bool) {
 	release, ok = f.conns.Acquire(id)
 	if !ok {
+		if o := f.cfg.Observer; o != nil && o.Metrics != nil {
+			o.Metrics.Dropped(id)
+		}
 		w.Header().Set("Retry-After", "1")
 		w.Header().Set("Connection", "close")
 		http.Error(w, fmt.Sprintf("sbx: sandbox %s has %d connections open through the port proxy, the most allowed (sbx serve --proxy-max-conns): try again later", id, f.conns.Max()), http.StatusServiceUnavailable)

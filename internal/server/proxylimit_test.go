@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sbxdev/sbx/internal/metrics"
 )
 
 // TestPortProxyConnsPerSandbox: a sandbox's port holding every connection
@@ -19,8 +21,9 @@ import (
 func TestPortProxyConnsPerSandbox(t *testing.T) {
 	e := newExecEnv(t, nil)
 	const max = 5
+	m := metrics.New(metrics.Config{})
 	e.front.Store(NewFront(New(e.mgr).Handler(), e.mgr, FrontConfig{Token: execTestToken, MaxConnsPerSandbox: max,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Observer: &Observer{Mgr: e.mgr, Metrics: m}}))
 	// The fake driver's agent dials the host's loopback: a server there
 	// that reads and never answers (the box code holding connections).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,6 +89,10 @@ func TestPortProxyConnsPerSandbox(t *testing.T) {
 				t.Errorf("connection %d past the limit: got %d, want 503", max+i, code)
 			}
 		}
+	}
+	// Each refusal counts as a dropped connection of the sandbox.
+	if _, dropped := m.Counts(e.sb); dropped != 20 {
+		t.Errorf("dropped connections of %s: %d, want 20", e.sb, dropped)
 	}
 	c, _ := e.client(t)
 	if _, err := c.List(t.Context()); err != nil {

@@ -35,6 +35,7 @@ type Server struct {
 	code    *CodeServer
 	sess    *SessionServer
 	tenants *TenantServer
+	observe *ObserveServer
 }
 
 var _ sbxv1connect.SandboxServiceHandler = (*Server)(nil)
@@ -91,6 +92,13 @@ func (s *Server) Handler() http.Handler {
 	if s.tenants != nil {
 		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
 		mux.Handle(path, h)
+	}
+	if s.observe != nil {
+		path, h := sbxv1connect.NewObserveServiceHandler(s.observe, handlerOpts...)
+		mux.Handle(path, h)
+		if s.observe.o.Metrics != nil {
+			mux.Handle("/metrics", s.observe.o.Metrics.Handler())
+		}
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -31,6 +32,10 @@ const (
 	// accessAdmin: it describes every tenant: the daemon's admin token
 	// only (and the single-user owner, who is told there are no tenants).
 	accessAdmin
+	// accessObserve: a read-only view that the handler filters by the
+	// Principal (sandbox.CanSee): a tenant sees its own sandboxes, a scoped
+	// token its children, the admin token every tenant's.
+	accessObserve
 )
 
 // rpcAccess lists every RPC the daemon serves. An RPC missing here is
@@ -90,6 +95,8 @@ var rpcAccess = map[string]access{
 	sbxv1connect.VolumeServiceRemoveVolumeProcedure:       accessTenant,
 	sbxv1connect.TenantServiceGetTenantProcedure:          accessAny, // the caller's own
 	sbxv1connect.TenantServiceListTenantsProcedure:        accessAdmin,
+	sbxv1connect.ObserveServiceEventsProcedure:            accessObserve,
+	sbxv1connect.ObserveServiceStatsProcedure:             accessObserve,
 }
 
 // admit checks procedure's rule against ctx's Principal.
@@ -100,7 +107,7 @@ func admit(ctx context.Context, procedure string) error {
 	}
 	p := tenant.FromContext(ctx)
 	switch {
-	case p.Admin && a != accessAny && a != accessAdmin:
+	case p.Admin && a != accessAny && a != accessAdmin && a != accessObserve:
 		// The admin token is no tenant: it must never act as the owner "".
 		return toConnect(fmt.Errorf("%s: the admin token manages tenants only; use a tenant's token: %w", procedure, errdefs.ErrPermissionDenied))
 	case a == accessAdmin && !p.Admin && (p.Tenant != "" || p.Scope != ""):
@@ -111,15 +118,20 @@ func admit(ctx context.Context, procedure string) error {
 	return nil
 }
 
-// tenancyInterceptor applies rpcAccess to every RPC, unary and streaming.
+// tenancyInterceptor applies rpcAccess to every RPC, unary and streaming,
+// and has the request's Observer (observe.go) count it.
 type tenancyInterceptor struct{}
 
 func (tenancyInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		start := time.Now()
 		if err := admit(ctx, req.Spec().Procedure); err != nil {
+			observerFrom(ctx).called(ctx, req.Spec().Procedure, nil, 0, err)
 			return nil, err
 		}
-		return next(ctx, req)
+		resp, err := next(ctx, req)
+		observerFrom(ctx).called(ctx, req.Spec().Procedure, req.Any(), time.Since(start), err)
+		return resp, err
 	}
 }
 
@@ -129,9 +141,18 @@ func (tenancyInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) 
 
 func (tenancyInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		start := time.Now()
+		o := observerFrom(ctx)
 		if err := admit(ctx, conn.Spec().Procedure); err != nil {
+			o.called(ctx, conn.Spec().Procedure, nil, 0, err)
 			return err
 		}
-		return next(ctx, conn)
+		if o == nil {
+			return next(ctx, conn)
+		}
+		fc := &firstMessage{StreamingHandlerConn: conn}
+		err := next(ctx, fc)
+		o.called(ctx, conn.Spec().Procedure, fc.first, time.Since(start), err)
+		return err
 	}
 }

@@ -29,7 +29,9 @@ import (
 	"github.com/sbxdev/sbx/internal/builder"
 	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/image"
+	"github.com/sbxdev/sbx/internal/metrics"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/fake"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -89,6 +91,7 @@ type tenancyEnv struct {
 	stores        *TenantStores
 	registry      *tenant.Registry
 	admin         string // the admin token
+	sampler       *metrics.Sampler
 }
 
 // importImage imports a small random image into c's tenant's store as ref.
@@ -158,8 +161,10 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 		t.Fatal(err)
 	}
 	stores.SetCodebases(cbs)
+	bus := events.New(events.Config{})
 	mgr, err := sandbox.New(sandbox.Config{
-		Store: st, Codebases: cbs, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
+		Events: bus,
+		Store:  st, Codebases: cbs, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits: sandbox.Limits{
 			MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
@@ -197,8 +202,11 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	api.AddImages(imgSrv)
 	e.registry = tenant.NewRegistry(set)
 	api.AddTenants(NewTenantServer(mgr, stores, e.registry))
+	e.sampler = metrics.NewSampler(mgr, metrics.SamplerConfig{})
+	obs := &Observer{Mgr: mgr, Bus: bus, Sampler: e.sampler, Metrics: metrics.New(metrics.Config{Sampler: e.sampler, Events: bus})}
+	api.AddObserve(obs)
 	mux := WithCodebases(WithVolumes(api.Handler(), NewVolumeServer(stores)), NewCodebaseServer(cbs, mgr))
-	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log})
+	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log, Observer: obs})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
 	protos.SetHTTP1(true)
@@ -270,6 +278,7 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	if err := createCodebase(ctx, a, "src", tarOf("secret.txt", "acme's code")); err != nil {
 		t.Fatalf("acme's codebase: %v", err)
 	}
+	e.sampler.SampleOnce(ctx)
 	return e
 }
 
@@ -296,6 +305,7 @@ type rpcClients struct {
 	sess  sbxv1connect.SessionServiceClient
 	code  sbxv1connect.CodeServiceClient
 	ten   sbxv1connect.TenantServiceClient
+	obs   sbxv1connect.ObserveServiceClient
 	token string
 }
 
@@ -324,6 +334,7 @@ func (e *tenancyEnv) clients(tok string) rpcClients {
 		vol: sbxv1connect.NewVolumeServiceClient(hc, u), cb: sbxv1connect.NewCodebaseServiceClient(hc, u),
 		port: sbxv1connect.NewPortServiceClient(hc, u), sess: sbxv1connect.NewSessionServiceClient(hc, u),
 		code: sbxv1connect.NewCodeServiceClient(hc, u), ten: sbxv1connect.NewTenantServiceClient(hc, u), token: tok,
+		obs: sbxv1connect.NewObserveServiceClient(hc, u),
 	}
 }
 
@@ -376,6 +387,10 @@ const (
 	targetTenantSandbox
 	targetSelf  // the caller's own tenant (GetTenant)
 	targetAdmin // every tenant: the admin token's alone
+	// targetObserve lists what the caller may observe (call returns the
+	// sandbox ids seen, and "image:REF" for image events): a tenant its
+	// own, a scoped token its children, the admin token every tenant's.
+	targetObserve
 )
 
 type tenancyCase struct {
@@ -395,6 +410,35 @@ var tenancyScratch = os.TempDir()
 func tmp(ref, name string) string { return filepath.Join(tenancyScratch, "sbx-tenancy-"+ref+"-"+name) }
 
 var tenancyCases = map[string]tenancyCase{
+	sbxv1connect.ObserveServiceEventsProcedure: {targetObserve, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		st, err := c.obs.Events(ctx, connect.NewRequest(&sbxv1.EventsRequest{SinceMs: 1, NoFollow: true}))
+		if err != nil {
+			return nil, err
+		}
+		defer st.Close()
+		var ids []string
+		for st.Receive() {
+			ev := st.Msg().GetEvent()
+			switch {
+			case ev.GetSandboxId() != "":
+				ids = append(ids, ev.GetSandboxId())
+			case ev.GetType() == sbxv1.EventType_EVENT_TYPE_IMAGE_PULLED:
+				ids = append(ids, "image:"+ev.GetDetail())
+			}
+		}
+		return ids, st.Err()
+	}},
+	sbxv1connect.ObserveServiceStatsProcedure: {targetObserve, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
+		resp, err := c.obs.Stats(ctx, connect.NewRequest(&sbxv1.StatsRequest{History: true}))
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, e := range resp.Msg.GetSandboxes() {
+			ids = append(ids, e.GetSandboxId())
+		}
+		return ids, nil
+	}},
 	sbxv1connect.SandboxServiceVersionProcedure: {targetNone, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one2(c.sb.Version(ctx, connect.NewRequest(&sbxv1.VersionRequest{})))
 	}},
@@ -748,7 +792,7 @@ func TestTenancyEveryRPC(t *testing.T) {
 			}
 			// The admin token is no tenant (and never the owner ""): it
 			// reaches nothing but the tenant service and Version.
-			if tc.target != targetNone && tc.target != targetSelf && tc.target != targetAdmin {
+			if tc.target != targetNone && tc.target != targetSelf && tc.target != targetAdmin && tc.target != targetObserve {
 				ref := own[tc.target]
 				if ref == "" {
 					ref = "app:1"
@@ -839,6 +883,33 @@ func TestTenancyEveryRPC(t *testing.T) {
 				}
 				if _, err := tc.call(ctx, a, ref); err != nil {
 					t.Errorf("acme on its own %s: got %v, want success", ref, err)
+				}
+			case targetObserve:
+				mine, err := tc.call(ctx, a, "")
+				if err != nil || !slices.Contains(mine, e.boxA) {
+					t.Fatalf("acme: got %v, %v; want its %s among them", mine, err, e.boxA)
+				}
+				all, err := tc.call(ctx, admin, "")
+				if err != nil || !slices.Contains(all, e.boxA) {
+					t.Errorf("admin: got %v, %v; want acme's %s among them (the admin token observes every tenant)", all, err, e.boxA)
+				}
+				ids, err := tc.call(ctx, b, "")
+				if err != nil {
+					t.Fatalf("beta: got %v, want success", err)
+				}
+				for _, id := range append(acmeObjects, "image:app:1") {
+					if slices.Contains(ids, id) {
+						t.Errorf("beta sees acme's %s", id)
+					}
+				}
+				ids, err = tc.call(ctx, scoped, "")
+				if err != nil {
+					t.Fatalf("scoped: got %v, want success", err)
+				}
+				for _, id := range ids {
+					if id != e.child {
+						t.Errorf("the scoped token sees %s, which is not its child", id)
+					}
 				}
 			case targetList:
 				if _, err := tc.call(ctx, a, ""); err != nil {

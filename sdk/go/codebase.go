@@ -62,6 +62,9 @@ type UploadOptions struct {
 	NoGit bool
 	// NoIgnoreFiles disregards .gitignore and .sandboxignore files.
 	NoIgnoreFiles bool
+	// Progress, if set, is called as the upload goes with the bytes sent
+	// so far (tar headers included) and the total size of the files.
+	Progress func(sent, total int64)
 }
 
 // LocalFile is one file an upload walk selected.
@@ -225,11 +228,21 @@ func (c *Client) CreateCodebase(ctx context.Context, dir string, opts UploadOpti
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeCodebaseTar(pw, dir, files)) }()
 	defer pr.Close()
+	var body io.Reader = pr
+	if opts.Progress != nil {
+		var total int64
+		for _, f := range files {
+			if f.Info.Mode().IsRegular() {
+				total += f.Info.Size()
+			}
+		}
+		body = &countingReader{r: pr, report: func(n int64) { opts.Progress(n, total) }}
+	}
 	stream := c.codebases.CreateCodebase(ctx)
 	hdr := &sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Header{Header: &sbxv1.CreateCodebaseHeader{
 		Name: opts.Name, MaxFileBytes: maxFile, Skipped: skipped,
 	}}}
-	if err := sendChunks(stream.Send, hdr, pr, func(b []byte) *sbxv1.CreateCodebaseRequest {
+	if err := sendChunks(stream.Send, hdr, body, func(b []byte) *sbxv1.CreateCodebaseRequest {
 		return &sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Data{Data: b}}
 	}); err != nil {
 		stream.CloseAndReceive() //nolint:errcheck
@@ -240,6 +253,20 @@ func (c *Client) CreateCodebase(ctx context.Context, dir string, opts UploadOpti
 		return nil, wrap("create codebase from "+dir, err)
 	}
 	return resp.Msg, nil
+}
+
+// countingReader reports the bytes read so far after each read.
+type countingReader struct {
+	r      io.Reader
+	n      int64
+	report func(int64)
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	c.report(c.n)
+	return n, err
 }
 
 // GetCodebase describes a codebase by id or name.

@@ -203,6 +203,7 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 		st.OOMKills = readKey(filepath.Join(mem, "memory.events"), "oom_kill")
 		st.CPUUsageNs = readKey(filepath.Join(mem, "cpu.stat"), "usage_usec") * 1000
 		st.Pids = readInt(filepath.Join(mem, "pids.current"))
+		st.PidsLimitHits = readKey(filepath.Join(mem, "pids.events"), "max")
 		return st, nil
 	}
 	st.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
@@ -216,6 +217,10 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 	}
 	if dir, _ := l.controllerDir("pids", id); dir != "" {
 		st.Pids = readInt(filepath.Join(dir, "pids.current"))
+		// As for OOM kills: v1 counts a fork refused at the user cgroup's
+		// limit there only (user code's forks hit that one first).
+		st.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max") +
+			readKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
 	}
 	return st, nil
 }

@@ -49,6 +49,7 @@ from .errors import (
 from .files import Files
 from .images import Images
 from .logs import LogChunk, LogLines, SandboxLogs
+from .observe import EVENT_TYPES, Event, EventStream, SandboxUsage, UsageSample
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .recipe import Recipe
@@ -109,6 +110,11 @@ __all__ = [
     "TenantQuotas",
     "TenantUsage",
     "Tenants",
+    "EVENT_TYPES",
+    "Event",
+    "EventStream",
+    "SandboxUsage",
+    "UsageSample",
     "FileInfo",
     "ImageConfig",
     "ImageInfo",

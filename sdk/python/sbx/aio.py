@@ -35,6 +35,7 @@ from .images import Images
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
 from .sandbox import Sandbox, Seconds
+from .observe import Event, SandboxUsage
 from .tenants import Tenant
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
 from .volumes import Volume, Volumes
@@ -384,6 +385,47 @@ class AsyncClient:
     async def tenant(self) -> Tenant:
         """The token's tenant: its quotas and usage."""
         return await _to_thread(self.sync.tenant)
+
+    async def stats(self, *sandboxes: str, history: bool = False) -> List[SandboxUsage]:
+        """Current usage of sandboxes (see :meth:`Client.stats`)."""
+        return await _to_thread(lambda: self.sync.stats(*sandboxes, history=history))
+
+    async def events(self, **kwargs: Any) -> AsyncIterator[Event]:
+        """Iterate events (the arguments of :meth:`Client.events`)::
+
+            async for ev in client.events(types=["oom"]):
+                print(ev.sandbox_id)
+
+        Leaving the loop closes the stream."""
+        stream = await _to_thread(lambda: self.sync.events(**kwargs))
+        loop = asyncio.get_running_loop()
+        q: "asyncio.Queue[Any]" = asyncio.Queue()
+
+        def put(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the loop is closed
+                pass
+
+        def pump() -> None:
+            try:
+                for ev in stream:
+                    put(ev)
+                put(None)
+            except BaseException as e:  # delivered to the iterating coroutine
+                put(e)
+
+        threading.Thread(target=pump, name="sbx-aio-events", daemon=True).start()
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stream.close()
 
     async def create(self, **kwargs: Any) -> "AsyncSandbox":
         """Create a sandbox (arguments of :meth:`Sandbox.create`)."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
+import datetime as _dt
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._transport import DEFAULT_ADDR, Transport
 from .codebase import Codebases
+from . import observe as _observe
 from .images import Images
+from .observe import EventStream, SandboxUsage
 from .tenants import Tenant, Tenants
 from .volumes import Volumes
 
@@ -87,6 +90,36 @@ class Client:
     def tenant(self) -> Tenant:
         """The token's tenant: its quotas and what it uses against them."""
         return self.tenants.current()
+
+    def events(
+        self,
+        types: Optional[Sequence[str]] = None,
+        sandboxes: Optional[Sequence[str]] = None,
+        labels: Optional[Sequence[str]] = None,
+        since: Union[float, _dt.datetime, _dt.timedelta, None] = None,
+        after_seq: int = 0,
+        follow: bool = True,
+    ) -> EventStream:
+        """Iterate the daemon's events that the token may see, in order::
+
+            with client.events(types=["oom", "destroyed"]) as evs:
+                for ev in evs:
+                    print(ev.type, ev.sandbox_id, ev.reason)
+
+        ``types`` are short names from :data:`sbx.EVENT_TYPES`; ``sandboxes``
+        ids or names; ``labels`` selectors (``"app=web"``). ``since`` (seconds
+        since the epoch, a datetime or a timedelta back from now) or
+        ``after_seq`` first replays the held events (the daemon keeps the
+        newest 4096); ``follow=False`` stops after that replay.
+        """
+        return _observe.events(self._transport, types, sandboxes, labels, since, after_seq, follow)
+
+    def stats(self, *sandboxes: str, history: bool = False) -> List[SandboxUsage]:
+        """Current usage of the sandboxes named (ids or names; every one the
+        token may see when none), from the daemon's sampler (at most one
+        sampling interval old); ``history=True`` adds the last 15 minutes of
+        samples."""
+        return _observe.stats(self._transport, sandboxes, history)
 
     def create(self, **kwargs: Any) -> "Sandbox":
         """Create a sandbox; takes the keyword arguments of :meth:`Sandbox.create`."""
