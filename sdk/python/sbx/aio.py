@@ -398,33 +398,12 @@ class AsyncClient:
 
         Leaving the loop closes the stream."""
         stream = await _to_thread(lambda: self.sync.events(**kwargs))
-        loop = asyncio.get_running_loop()
-        q: "asyncio.Queue[Any]" = asyncio.Queue()
-
-        def put(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, item)
-            except RuntimeError:  # the loop is closed
-                pass
-
-        def pump() -> None:
-            try:
-                for ev in stream:
-                    put(ev)
-                put(None)
-            except BaseException as e:  # delivered to the iterating coroutine
-                put(e)
-
-        threading.Thread(target=pump, name="sbx-aio-events", daemon=True).start()
+        pump = _Pump(stream)  # at most a few events ahead: a slow reader is dropped by the daemon
         try:
-            while True:
-                item = await q.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async for ev in pump:
+                yield ev
         finally:
+            await pump.aclose()
             stream.close()
 
     async def create(self, **kwargs: Any) -> "AsyncSandbox":

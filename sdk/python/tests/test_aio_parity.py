@@ -81,4 +81,4 @@ def test_async_methods_are_coroutines() -> None:
                 continue
             if async_cls in (aio.AsyncLogs, aio.AsyncLogLines) and name == "close":
                 continue
-            assert inspect.iscoroutinefunction(a) or inspect.ismethod(a), f"{async_cls.__name__}.{name} is not a coroutine"
+            assert inspect.iscoroutinefunction(a) or inspect.isasyncgenfunction(a) or inspect.ismethod(a), f"{async_cls.__name__}.{name} is not a coroutine"
