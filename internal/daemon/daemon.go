@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/image"
 	"github.com/sbxdev/sbx/internal/network"
@@ -246,14 +247,28 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("default runtime %q is unhealthy: %s", defaultRuntime, info.Detail)
 	}
 
+	// The stores keep trees in the drivers' stored-id range: asked of the
+	// drivers, which must agree (they share the stores).
+	infos := make([]runtime.Info, 0, len(drivers))
+	for _, d := range drivers {
+		infos = append(infos, d.Info(ctx))
+	}
+	storedIDs, err := runtime.StoredIDsOf(infos...)
+	if err != nil {
+		return err
+	}
+	if storedIDs == (idmap.Range{}) {
+		return fmt.Errorf("no runtime says how it stores trees' uids (runtime.Info.StoredIDs): %w", errdefs.ErrFailedPrecondition)
+	}
+
 	var gcLock sync.RWMutex
 	maxLayer := cfg.MaxLayerBytes
 	fill(&maxLayer, image.DefaultMaxLayerBytes)
 	imgCfg := image.Config{
 		Dir:      filepath.Join(dataDir, "images"),
 		Logger:   log.With("component", "images"),
-		UIDShift: oci.HostUIDBase,
-		IDRange:  oci.IDRange,
+		UIDShift: storedIDs.Base,
+		IDRange:  storedIDs.Size,
 		// Snapshots are capped by the same figure (sandbox.Config below).
 		MaxLayerBytes: maxLayer,
 	}
@@ -275,7 +290,7 @@ func Run(ctx context.Context, cfg Config) error {
 		sbNet = netMgr
 		boxAPI = net.JoinHostPort(netMgr.Gateway().String(), strconv.Itoa(int(boxPort)))
 	}
-	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), log)
+	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), storedIDs.Base, log)
 	if err != nil {
 		return err
 	}
@@ -285,7 +300,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer stores.Close()
 	cbs, err := codebase.Open(ctx, codebase.Config{
-		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
+		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: storedIDs.Base, IDRange: storedIDs.Size,
 		Logger: log.With("component", "codebases"), Storage: stores,
 	})
 	if err != nil {

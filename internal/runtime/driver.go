@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/idmap"
 )
 
 // Driver starts and stops boxes whose PID 1 is sbx-agent. It is the whole
@@ -211,6 +212,36 @@ type Info struct {
 	// Capabilities lists the optional features the driver has and the
 	// properties callers must respect (see Capability).
 	Capabilities []Capability
+	// StoredIDs is the driver's uid mapping of stored trees: every tree a
+	// box of this driver sees (image layers, codebases, volumes, its
+	// writable layer) holds box uid (and gid) u as host id StoredIDs.Base+u,
+	// for u < StoredIDs.Size, whatever range the box itself runs in. The
+	// image, codebase and volume stores take it from the drivers (the
+	// daemon wires it: StoredIDsOf) instead of assuming one driver's; the
+	// drivers of one daemon share those stores, so they must agree. Zero for
+	// a driver that shows boxes host ids unshifted (the fake).
+	StoredIDs idmap.Range
+}
+
+// StoredIDsOf returns the stored-tree mapping (Info.StoredIDs) every
+// driver in infos uses, or an error wrapping errdefs.ErrFailedPrecondition
+// naming the two that disagree: one daemon's stores hold trees for all its
+// drivers. Drivers reporting a zero mapping are skipped; if all do, the
+// result is zero.
+func StoredIDsOf(infos ...Info) (idmap.Range, error) {
+	var got idmap.Range
+	from := ""
+	for _, i := range infos {
+		if i.StoredIDs == (idmap.Range{}) {
+			continue
+		}
+		if from != "" && i.StoredIDs != got {
+			return got, fmt.Errorf("runtimes %q and %q store trees in different uid ranges (%v and %v): one daemon cannot serve both: %w",
+				from, i.Name, got, i.StoredIDs, errdefs.ErrFailedPrecondition)
+		}
+		got, from = i.StoredIDs, i.Name
+	}
+	return got, nil
 }
 
 // ProbeTimeout bounds how long drivers wait for an agent to come up.

@@ -170,7 +170,8 @@ func installAgent(src, dir string) (string, error) {
 func (d *Driver) Name() string { return name }
 
 func (d *Driver) Info(context.Context) runtime.Info {
-	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities}
+	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities,
+		StoredIDs: idmap.Canonical}
 }
 
 // Close unmounts the empty network namespace runsc keeps in its root for

@@ -320,6 +320,7 @@ func (d *Driver) Info(ctx context.Context) runtime.Info {
 		Healthy:      d.healthy,
 		Detail:       d.detail,
 		Capabilities: d.caps,
+		StoredIDs:    idmap.Canonical,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sbxdev/sbx/internal/hostimage"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
@@ -163,11 +164,11 @@ func TestSeccompRules(t *testing.T) {
 func TestHostImage(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir := t.TempDir()
-	root, err := hostimage.Ensure(dir, idMapBase, idMapBase)
+	root, err := hostimage.Ensure(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := hostimage.Ensure(dir, idMapBase, idMapBase); err != nil || again != root {
+	if again, err := hostimage.Ensure(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base)); err != nil || again != root {
 		t.Fatalf("second ensureHostImage = %q, %v; want %q", again, err, root)
 	}
 	for _, secret := range []string{"shadow", "gshadow", "ssh", "sudoers", "environment", "machine-id", "ssl/private"} {
