@@ -32,7 +32,9 @@ import (
 //   - The returned Handle is persisted by the caller (SQLite) verbatim. After a
 //     daemon restart the caller passes it to Recover, which either re-attaches
 //     (the box is running or paused and its agent is reachable) or returns an
-//     error wrapping errdefs.ErrNotFound after cleaning up whatever is left.
+//     error wrapping errdefs.ErrNotFound after cleaning up whatever is left,
+//     or, for a handle of a newer format (see Handle), an error wrapping
+//     ErrHandleVersion, touching nothing.
 //   - Pause freezes every process of the box; Resume thaws it. Both are
 //     idempotent.
 //   - Destroy kills every process, releases every host resource (mounts,
@@ -182,7 +184,14 @@ type Resources struct {
 }
 
 // Handle identifies a box to its driver. Drivers may keep private state in
-// Data (JSON); the caller persists the whole Handle and hands it back.
+// Data; the caller persists the whole Handle and hands it back, possibly to
+// a newer or older build of the driver (a daemon upgrade or rollback).
+// Data is therefore versioned: a JSON object whose "v" field names the
+// driver's format (none: version 0, before handles carried versions). A
+// driver reads every version it ever wrote and refuses newer ones with
+// ErrHandleVersion (DecodeHandle does both): Recover then leaves the box
+// alone, and the manager keeps its record for a daemon that understands
+// it. Destroy still tears the box down, by its id alone if need be.
 type Handle struct {
 	ID     string `json:"id"`
 	Driver string `json:"driver"`

@@ -64,3 +64,42 @@ func TestDriversImportedOnlyByDaemon(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeHandle(t *testing.T) {
+	type data struct {
+		V   int    `json:"v"`
+		Dir string `json:"dir"`
+	}
+	for _, tc := range []struct {
+		name    string
+		raw     string
+		wantV   int
+		want    data
+		wantErr error
+	}{
+		{name: "no data", raw: "", wantV: 0},
+		{name: "unversioned", raw: `{"dir":"/x"}`, wantV: 0, want: data{Dir: "/x"}},
+		{name: "current", raw: `{"v":2,"dir":"/y"}`, wantV: 2, want: data{V: 2, Dir: "/y"}},
+		{name: "older", raw: `{"v":1,"dir":"/z"}`, wantV: 1, want: data{V: 1, Dir: "/z"}},
+		{name: "newer", raw: `{"v":3,"dir":"/w"}`, wantV: 3, wantErr: ErrHandleVersion},
+		{name: "negative", raw: `{"v":-1}`, wantV: -1, wantErr: ErrHandleVersion},
+		{name: "garbage", raw: `{"v":`, wantErr: errdefs.ErrInvalidArgument},
+		{name: "wrong type", raw: `{"v":1,"dir":5}`, wantV: 1, wantErr: errdefs.ErrInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, v, err := DecodeHandle[data](Handle{ID: "b", Driver: "d", Data: []byte(tc.raw)}, 2)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || v != tc.wantV {
+					t.Fatalf("DecodeHandle(%s) = %d, %v; want %d, %v", tc.raw, v, err, tc.wantV, tc.wantErr)
+				}
+				if got != (data{}) {
+					t.Fatalf("DecodeHandle(%s) filled %+v on error", tc.raw, got)
+				}
+				return
+			}
+			if err != nil || v != tc.wantV || got != tc.want {
+				t.Fatalf("DecodeHandle(%s) = %d, %+v, %v; want %d, %+v, nil", tc.raw, v, got, err, tc.wantV, tc.want)
+			}
+		})
+	}
+}

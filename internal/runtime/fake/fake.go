@@ -55,7 +55,12 @@ func New(cfg Config) (*Driver, error) {
 	return &Driver{cfg: cfg}, nil
 }
 
+// handleVersion is the version of boxData Create writes (runtime.DecodeHandle):
+// 0 had no "v", 1 the same fields with it.
+const handleVersion = 1
+
 type boxData struct {
+	Version   int    `json:"v"`
 	Pid       int    `json:"pid"`
 	StartTime string `json:"start_time"` // /proc/pid/stat field 22 ("" off Linux)
 }
@@ -129,7 +134,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, fmt.Errorf("start agent: %w", err)
 	}
-	data = boxData{Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
+	data = boxData{Version: handleVersion, Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
 	_ = cmd.Process.Release() // reaped by pid in Destroy, also from a new Driver
 	raw, _ := json.Marshal(data)
 	if err := os.WriteFile(filepath.Join(dir, "handle.json"), raw, 0o600); err != nil {
@@ -147,13 +152,14 @@ func (d *Driver) load(h runtime.Handle) (string, boxData, error) {
 	if err != nil {
 		return "", boxData{}, err
 	}
-	var data boxData
-	raw := h.Data
-	if len(raw) == 0 {
-		raw, _ = os.ReadFile(filepath.Join(dir, "handle.json"))
+	if len(h.Data) == 0 {
+		h.Data, _ = os.ReadFile(filepath.Join(dir, "handle.json"))
 	}
-	_ = json.Unmarshal(raw, &data)
-	return dir, data, nil
+	data, _, err := runtime.DecodeHandle[boxData](h, handleVersion)
+	if errors.Is(err, runtime.ErrHandleVersion) {
+		return "", boxData{}, err
+	}
+	return dir, data, nil // undecodable: nothing known but the dir
 }
 
 // alive reports whether data still names our agent (not a reused pid).
@@ -217,6 +223,13 @@ func (d *Driver) Resume(_ context.Context, h runtime.Handle) error {
 
 func (d *Driver) Destroy(_ context.Context, h runtime.Handle) error {
 	dir, data, err := d.load(h)
+	if errors.Is(err, runtime.ErrHandleVersion) {
+		// A newer daemon's box: still destroyed, by the fields this
+		// version knows (the contract: Destroy works from the id alone).
+		if dir, err = d.dir(h.ID); err == nil {
+			_ = json.Unmarshal(h.Data, &data)
+		}
+	}
 	if err != nil {
 		return err
 	}

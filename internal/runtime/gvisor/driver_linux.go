@@ -212,6 +212,11 @@ const (
 	agentInBox = "/.sbx/sbx-agent"
 )
 
+// handleVersion is the version of handleData Create writes
+// (runtime.DecodeHandle); the driver has written only 1. Everything else
+// follows from the box id.
+const handleVersion = 1
+
 // handleData is the driver-private part of a Handle: a version, so a newer
 // daemon can tell how an older one made the box.
 type handleData struct {
@@ -315,7 +320,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := d.start(ctx, spec.ID, box); err != nil {
 		return h, err
 	}
-	raw, _ := json.Marshal(handleData{Version: 1})
+	raw, _ := json.Marshal(handleData{Version: handleVersion})
 	return runtime.Handle{ID: spec.ID, Driver: name, Data: raw}, nil
 }
 
@@ -459,6 +464,9 @@ func (d *Driver) state(ctx context.Context, id string) (state, error) {
 func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle, error) {
 	if err := checkID(h.ID); err != nil {
 		return h, err
+	}
+	if _, _, err := runtime.DecodeHandle[handleData](h, handleVersion); errors.Is(err, runtime.ErrHandleVersion) {
+		return h, err // a newer daemon's box: left alone
 	}
 	st, err := d.state(ctx, h.ID)
 	if err == nil && (st.Status == "running" || st.Status == "paused") {

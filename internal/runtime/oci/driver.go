@@ -69,8 +69,14 @@ type Driver struct {
 
 var _ runtime.Driver = (*Driver)(nil)
 
+// handleVersion is the version of boxData Create writes
+// (runtime.DecodeHandle). 0: the same fields without "v" (IDs zero in the
+// oldest); 1: "v" added.
+const handleVersion = 1
+
 // boxData is the driver-private part of a Handle.
 type boxData struct {
+	Version int    `json:"v"`
 	Runtime string `json:"runtime"`
 	Pid     int    `json:"pid"`
 	// StartTime (/proc/pid/stat field 22) guards against pid reuse.
@@ -484,7 +490,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	tPrepared := time.Now()
-	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
+	data := boxData{Version: handleVersion, Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
 	crashpoint.Hit("oci-create-rootfs")
@@ -639,12 +645,19 @@ func logTail(path string) string {
 	return "; log: " + strings.TrimSpace(string(b))
 }
 
-func parseData(h runtime.Handle) boxData {
-	var data boxData
-	if len(h.Data) > 0 {
-		_ = json.Unmarshal(h.Data, &data) // best effort: destroy must work anyway
+// parseData reads a handle's data of any version this driver wrote
+// (version 0 has today's fields); a newer version is an error wrapping
+// runtime.ErrHandleVersion, and undecodable data gives zero data with the
+// error (Destroy goes on by the box id alone either way).
+func parseData(h runtime.Handle) (boxData, error) {
+	data, v, err := runtime.DecodeHandle[boxData](h, handleVersion)
+	if err != nil {
+		return boxData{}, err
 	}
-	return data
+	if v == 0 {
+		data.Version = handleVersion // same fields
+	}
+	return data, nil
 }
 
 func (d *Driver) Pause(ctx context.Context, h runtime.Handle) error {
