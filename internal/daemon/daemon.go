@@ -480,8 +480,12 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 		return nil, nil, fmt.Errorf("image %q: %w (pull or import it first)", ref, err)
 	}
 	c := img.Config
+	layers := make([]runtime.Layer, len(img.Layers))
+	for i, dir := range img.Layers {
+		layers[i] = runtime.Layer{Digest: img.DiffIDs[i], Dir: dir}
+	}
 	return &sandbox.ResolvedImage{
-		Ref: img.Ref, Digest: img.Digest, Layers: img.Layers, Env: c.Env, Workdir: c.WorkingDir,
+		Ref: img.Ref, Digest: img.Digest, Layers: layers, Env: c.Env, Workdir: c.WorkingDir,
 		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, OnHost: c.Labels[sandbox.OnHostLabel] == sandbox.HostImage,
 	}, r.gc.RUnlock, nil
 }

@@ -11,9 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -68,110 +65,6 @@ type Driver interface {
 // no such socket (one started by an older daemon): callers then use Exec.
 type ExecDialer interface {
 	DialExec(ctx context.Context, h Handle) (net.Conn, error)
-}
-
-// Spec is everything a driver needs to create a box.
-type Spec struct {
-	// ID is the sandbox id: unique, [a-z0-9-], at most 32 bytes. Drivers use
-	// it to name host resources.
-	ID string
-	// Image is the rootfs to run; Image.Name "host" is the built-in host image.
-	Image Image
-	// Env is the environment of the agent and, by default, of every command.
-	Env []string
-	// Workdir is the initial working directory ("/" if empty).
-	Workdir string
-	// Command is an optional long-running command the agent starts at boot.
-	Command []string
-	// Hostname of the box (default: ID).
-	Hostname  string
-	Resources Resources
-	// NetNS is the path of a network namespace (owned by the host's user
-	// namespace, so the box cannot reconfigure it) for the box to join; ""
-	// gives the box a namespace of its own with loopback only.
-	NetNS string
-	// DNS lists nameservers written to the box's /etc/resolv.conf (none: the
-	// image's file is left alone).
-	DNS []string
-	// Mounts are host directories bind-mounted into the box (nosuid, nodev),
-	// in order. See ValidateMountPath for the destinations allowed.
-	Mounts []Mount
-}
-
-// Mount bind-mounts a host directory into a box.
-type Mount struct {
-	// Source is an absolute host path.
-	Source string
-	// Destination is an absolute path inside the box.
-	Destination string
-	ReadOnly    bool
-	// Overlay, if set, has the driver make the mount itself: an overlay of
-	// Overlay.Lower under Overlay.Upper (Source is ignored). Drivers that
-	// show boxes stored trees through idmapped layers need the layers, not
-	// an overlay mount, which cannot be idmapped.
-	Overlay *Overlay
-}
-
-// Overlay is a copy-on-write mount a driver assembles: Lower read-only,
-// changes in Upper, Work the overlay's work dir on Upper's filesystem. All
-// are absolute host paths the caller owns and keeps until the box is gone.
-type Overlay struct {
-	Lower, Upper, Work string
-}
-
-// ValidateMounts checks a spec's mounts as every driver must before making
-// anything: each destination passes ValidateMountPath and each host source
-// (an overlay's three dirs) is absolute. Errors wrap
-// errdefs.ErrInvalidArgument.
-func ValidateMounts(ms []Mount) error {
-	for _, m := range ms {
-		if err := ValidateMountPath(m.Destination); err != nil {
-			return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
-		}
-		srcs := []string{m.Source}
-		if m.Overlay != nil {
-			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
-		}
-		for _, src := range srcs {
-			if !filepath.IsAbs(src) {
-				return fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
-			}
-		}
-	}
-	return nil
-}
-
-// ValidateMountPath checks a mount destination: absolute, clean, and not /
-// or inside /proc, /sys, /dev or /.sbx.
-func ValidateMountPath(p string) error {
-	if !path.IsAbs(p) {
-		return fmt.Errorf("mount path %q: must be absolute", p)
-	}
-	if path.Clean(p) != p {
-		return fmt.Errorf("mount path %q: must be clean (%q)", p, path.Clean(p))
-	}
-	if p == "/" {
-		return fmt.Errorf("mount path %q: cannot mount over the root", p)
-	}
-	for _, r := range []string{"/proc", "/sys", "/dev", "/.sbx"} {
-		if p == r || strings.HasPrefix(p, r+"/") {
-			return fmt.Errorf("mount path %q: %s is reserved", p, r)
-		}
-	}
-	return nil
-}
-
-// Image says what the box's root filesystem is made of.
-type Image struct {
-	// Name is the reference the user gave ("host", ...).
-	Name string
-	// Layers are read-only directories, lowest first, stacked under the box's
-	// writable layer. Empty for the built-in "host" image, which the driver
-	// assembles itself.
-	Layers []string
-	// OnHost stacks Layers on top of the built-in host image (its skeleton
-	// and the host's read-only /usr): images snapshotted from host sandboxes.
-	OnHost bool
 }
 
 // Resources are hard limits. Zero means "no limit" for the driver; the

@@ -347,7 +347,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Lock()
 		b.net = att
 		b.mu.Unlock()
-		rs.NetNS, rs.DNS = att.NetNS, att.DNS
+		rs.Network = netAttachment(att)
 	}
 	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
@@ -465,9 +465,12 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 	}
 	env = append(env, "SBX_SANDBOX_ID="+id)
 	r := spec.GetResources()
-	image := runtime.Image{Name: spec.Image}
+	image := runtime.Image{Ref: spec.Image}
 	if img != nil {
-		image.Layers, image.OnHost = img.Layers, img.OnHost
+		image.Digest, image.Layers = img.Digest, img.Layers
+	}
+	if img == nil || img.OnHost {
+		image.Host = &runtime.HostImage{}
 	}
 	command := spec.Command
 	if configuredByAgent(spec) {

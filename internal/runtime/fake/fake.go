@@ -92,9 +92,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
+	if err := spec.Validate(); err != nil {
+		return h, err
+	}
 	for _, l := range spec.Image.Layers {
-		if _, err := os.Stat(l); err != nil {
-			return h, fmt.Errorf("image layer %q: %w", l, errdefs.ErrInvalidArgument)
+		if _, err := os.Stat(l.Dir); err != nil {
+			return h, fmt.Errorf("image layer %q: %w", l.Dir, errdefs.ErrInvalidArgument)
 		}
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {

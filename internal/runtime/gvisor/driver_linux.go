@@ -32,6 +32,7 @@ import (
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocispec"
 )
 
 // Driver runs boxes under runsc. Like the oci driver it keeps no per-box
@@ -230,10 +231,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if spec.NetNS != "" {
-		return h, fmt.Errorf("gvisor: boxes have no network yet (got network namespace %s): %w", spec.NetNS, errdefs.ErrFailedPrecondition)
+	if spec.Network != nil {
+		return h, fmt.Errorf("gvisor: boxes have no network yet (got an attachment to %q): %w", spec.Network.NetNSPath(), errdefs.ErrFailedPrecondition)
 	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+	if err := spec.Validate(); err != nil {
 		return h, err
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
@@ -327,47 +328,37 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 // lowers returns the image's lower dirs, lowest first, and whether the
 // host's /usr is to be bound over the host image's.
 func (d *Driver) lowers(img runtime.Image) ([]string, bool, error) {
-	c := int(idmap.Canonical.Base)
-	if len(img.Layers) == 0 {
-		if img.Name != "host" && img.Name != "" {
-			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
-		}
-		dir, err := hostimage.Ensure(d.imagesDir, c, c)
-		return []string{dir}, true, err
-	}
-	for _, l := range img.Layers {
-		fi, err := os.Stat(l)
-		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
-			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
-		}
-	}
-	if img.OnHost {
-		dir, err := hostimage.Ensure(d.imagesDir, c, c)
-		return append([]string{dir}, img.Layers...), true, err
-	}
-	return img.Layers, false, nil
+	return ocispec.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
-// boxMounts turns the spec's mounts into bind sources: plain host dirs as
-// they are, overlays (codebases) mounted on the host under the box dir
-// first, as the box's root would see them.
-func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error) ([]runtime.Mount, error) {
-	out := make([]runtime.Mount, 0, len(ms))
+// boxMounts turns the spec's mounts into binds runsc's gofer serves:
+// volumes' and files' dirs as they are (runsc's user namespace shows their
+// stored owners), codebases' overlays mounted on the host under the box
+// dir first, as the box's root would see them.
+func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error) ([]ocispec.Bind, error) {
+	out := make([]ocispec.Bind, 0, len(ms))
 	for i, m := range ms {
-		if m.Overlay == nil {
-			out = append(out, m)
-			continue
+		b := ocispec.Bind{Destination: m.Destination, ReadOnly: m.ReadOnly}
+		switch {
+		case m.Volume != nil:
+			b.Source = m.Volume.Dir
+		case m.Files != nil:
+			b.Source = m.Files.Dir
+		case m.Codebase != nil:
+			target := filepath.Join(mntDir(box), strconv.Itoa(i))
+			if err := os.MkdirAll(target, 0o700); err != nil {
+				return nil, fmt.Errorf("create mount point for %s: %w", m.Destination, err)
+			}
+			c := m.Codebase
+			if err := overlay.Mount(target, []string{c.Lower}, c.Upper, c.Work, "", 0); err != nil {
+				return nil, fmt.Errorf("mount codebase %s at %s: %w", c.Name, m.Destination, err)
+			}
+			*undo = append(*undo, func() error { return hostmount.Unmount(target) })
+			b.Source = target
+		default:
+			return nil, fmt.Errorf("mount at %s: no volume, codebase or files: %w", m.Destination, errdefs.ErrInvalidArgument)
 		}
-		target := filepath.Join(mntDir(box), strconv.Itoa(i))
-		if err := os.MkdirAll(target, 0o700); err != nil {
-			return nil, fmt.Errorf("create mount point for %s: %w", m.Destination, err)
-		}
-		if err := overlay.Mount(target, []string{m.Overlay.Lower}, m.Overlay.Upper, m.Overlay.Work, "", 0); err != nil {
-			return nil, fmt.Errorf("mount overlay for %s: %w", m.Destination, err)
-		}
-		*undo = append(*undo, func() error { return hostmount.Unmount(target) })
-		m.Source, m.Overlay = target, nil
-		out = append(out, m)
+		out = append(out, b)
 	}
 	return out, nil
 }

@@ -86,7 +86,7 @@ func TestVolumeMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := testsuite.NewSpec("vol")
-	spec.Mounts = []runtime.Mount{{Source: vol, Destination: "/data"}}
+	spec.Mounts = []runtime.Mount{{Volume: &runtime.VolumeMount{Name: "vol", Dir: vol}, Destination: "/data"}}
 	h := testsuite.Create(t, d, spec)
 	if r := testsuite.MustExec(t, d, h, "sh", "-c", "echo hi > /data/f"); r.ExitCode != 0 {
 		t.Fatalf("write to the volume: %+v", r)

@@ -22,6 +22,7 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocispec"
 	"github.com/sbxdev/sbx/internal/safepath"
 )
 
@@ -51,7 +52,7 @@ type specParams struct {
 	Agent       string
 	RunDir      string
 	TmpDir      string
-	Mounts      []runtime.Mount
+	Mounts      []ocispec.Bind
 	CgroupsPath string
 }
 
@@ -126,14 +127,7 @@ func mounts(p specParams) []specs.Mount {
 		specs.Mount{Destination: agentInBox, Type: "bind", Source: p.Agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		specs.Mount{Destination: runInBox, Type: "bind", Source: p.RunDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
-	for _, m := range p.Mounts {
-		opt := "rw"
-		if m.ReadOnly {
-			opt = "ro"
-		}
-		ms = append(ms, specs.Mount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: []string{"rbind", opt, "nosuid", "nodev"}})
-	}
-	return ms
+	return append(ms, ocispec.BindMounts(p.Mounts, true)...)
 }
 
 func resources(r runtime.Resources) *specs.LinuxResources {
@@ -172,9 +166,9 @@ func prepareRootfs(rootfs string, spec runtime.Spec, root int, log *slog.Logger)
 		"etc/hostname": hostname + "\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	}
-	if len(spec.DNS) > 0 {
+	if dns := spec.Network.Nameservers(); len(dns) > 0 {
 		var rc strings.Builder
-		for _, ns := range spec.DNS {
+		for _, ns := range dns {
 			if net.ParseIP(ns) == nil {
 				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
 			}

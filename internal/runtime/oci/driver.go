@@ -31,6 +31,7 @@ import (
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocispec"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
@@ -360,9 +361,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+	if err := spec.Validate(); err != nil {
 		return h, err
 	}
+	netns := spec.Network.NetNSPath()
 	lowers, hostImage, err := d.lowers(spec.Image)
 	if err != nil {
 		return h, err
@@ -456,12 +458,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		undo.add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
 	}
 	sysfs := ""
-	if spec.NetNS != "" {
+	if netns != "" {
 		sysfs = sysfsDir(box)
 		if err := os.Mkdir(sysfs, 0o555); err != nil {
 			return h, fmt.Errorf("create sysfs dir: %w", err)
 		}
-		if err := mountSysfsIn(spec.NetNS, sysfs); err != nil {
+		if err := mountSysfsIn(netns, sysfs); err != nil {
 			return h, err
 		}
 		undo.add(func() error { return hostmount.Unmount(sysfs) })
@@ -474,7 +476,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: filepath.Join(rootfs, agentInBox),
-		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
+		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: netns, SysfsSource: sysfs,
 		Mounts: mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp, IDs: ids.r, UserNS: userNSFile(box),
 		UserCgroups: len(d.cg.userCgroupControllers()),
 	})
@@ -498,7 +500,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
-	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, userCgroups, &data)
+	ready, err := d.start(ctx, spec.ID, box, netns, userCgroups, &data)
 	if err != nil {
 		return h, err
 	}
@@ -518,28 +520,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 
 // lowers returns the image's lower dirs, lowest first.
 func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err error) {
-	if len(img.Layers) == 0 {
-		if img.Name != "host" && img.Name != "" {
-			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
-		}
-		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
-		return []string{dir}, true, err
-	}
-	for _, l := range img.Layers {
-		fi, err := os.Stat(l)
-		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
-			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
-		}
-	}
-	if img.OnHost {
-		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
-		return append([]string{dir}, img.Layers...), true, err
-	}
-	return img.Layers, false, nil
+	return ocispec.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
-// /etc/hosts, /etc/resolv.conf (when spec.DNS is set) and the working
+// /etc/hosts, /etc/resolv.conf (when the network names DNS servers) and the working
 // directory.
 func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error {
 	hostname := spec.Hostname
@@ -553,9 +538,9 @@ func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error
 		"etc/hostname": hostname + "\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	}
-	if len(spec.DNS) > 0 {
+	if dns := spec.Network.Nameservers(); len(dns) > 0 {
 		var rc strings.Builder
-		for _, ns := range spec.DNS {
+		for _, ns := range dns {
 			if net.ParseIP(ns) == nil {
 				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
 			}

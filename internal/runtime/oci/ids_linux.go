@@ -15,6 +15,7 @@ import (
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocispec"
 )
 
 // Paths of a box's id mapping inside its box dir.
@@ -108,26 +109,35 @@ func (b *boxIDs) lowers(layers []string) ([]string, error) {
 	return out, nil
 }
 
-// mounts makes the box's extra mounts in its range and returns them with
-// host sources the runtime bind-mounts: an idmapped bind of each source
-// (read-only sources on a filesystem that cannot be idmapped are bound as
-// they are: their files show as nobody), and an overlay over idmapped
-// layers for each runtime.Overlay.
-func (b *boxIDs) mounts(ms []runtime.Mount) ([]runtime.Mount, error) {
-	out := make([]runtime.Mount, len(ms))
+// mounts makes the box's extra mounts in its range and returns them as
+// binds the runtime makes: an idmapped bind of each volume's or files
+// dir (read-only sources on a filesystem that cannot be idmapped are bound
+// as they are: their files show as nobody), and an overlay over idmapped
+// layers for each codebase.
+func (b *boxIDs) mounts(ms []runtime.Mount) ([]ocispec.Bind, error) {
+	out := make([]ocispec.Bind, len(ms))
 	for i, m := range ms {
 		dir := bindDir(b.box, i)
-		out[i] = runtime.Mount{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
-		if m.Overlay != nil {
-			if err := b.overlay(dir, m.Overlay); err != nil {
+		out[i] = ocispec.Bind{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
+		if m.Codebase != nil {
+			if err := b.overlay(dir, m.Codebase); err != nil {
 				return nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
 			}
 			out[i].Source = filepath.Join(dir, "merged")
 			continue
 		}
-		err := b.mapDir(m.Source, dir, true)
+		src := ""
+		switch {
+		case m.Volume != nil:
+			src = m.Volume.Dir
+		case m.Files != nil:
+			src = m.Files.Dir
+		default:
+			return nil, fmt.Errorf("mount at %s: no volume, codebase or files: %w", m.Destination, errdefs.ErrInvalidArgument)
+		}
+		err := b.mapDir(src, dir, true)
 		if errors.Is(err, idmap.ErrNotSupported) && m.ReadOnly {
-			out[i].Source = m.Source
+			out[i].Source = src
 			continue
 		}
 		if errors.Is(err, idmap.ErrNotSupported) {
@@ -145,7 +155,7 @@ func (b *boxIDs) mounts(ms []runtime.Mount) ([]runtime.Mount, error) {
 // named by fd (package overlay: no host path in the box's mountinfo).
 // redirect_dir, metacopy and index are off: every change is a whole file
 // in o.Upper, which is what a codebase sync reads.
-func (b *boxIDs) overlay(dir string, o *runtime.Overlay) error {
+func (b *boxIDs) overlay(dir string, o *runtime.CodebaseMount) error {
 	if filepath.Dir(o.Upper) != filepath.Dir(o.Work) {
 		return fmt.Errorf("overlay upper %s and work %s: not in one dir: %w", o.Upper, o.Work, errdefs.ErrInvalidArgument)
 	}

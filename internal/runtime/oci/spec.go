@@ -8,6 +8,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocispec"
 )
 
 // agentInBox is where the agent binary is bind-mounted inside every box.
@@ -74,8 +75,8 @@ type specParams struct {
 	// SwapLimit sets memory+swap to the memory limit; false on v1 hosts
 	// without swap accounting, where the runtime would fail to set it.
 	SwapLimit bool
-	// Mounts are extra bind mounts (volumes).
-	Mounts []runtime.Mount
+	// Mounts are extra bind mounts (volumes, codebases, files).
+	Mounts []ocispec.Bind
 	// FuseDevice, if set, is the box's own /dev/fuse node (makeFuseDevice),
 	// owned by its root and bound at /dev/fuse for the agent's permission
 	// layers.
@@ -190,14 +191,7 @@ func boxMounts(p specParams) []specs.Mount {
 		m = append(m, specs.Mount{Destination: "/dev/fuse", Type: "bind", Source: p.FuseDevice, Options: []string{"bind", "nosuid", "noexec"}})
 	}
 	m = append(m, specs.Mount{Destination: agentInBox, Type: "bind", Source: p.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
-	for _, vm := range p.Mounts {
-		opts := []string{"bind", "nosuid", "nodev", "rw"}
-		if vm.ReadOnly {
-			opts[3] = "ro"
-		}
-		m = append(m, specs.Mount{Destination: vm.Destination, Type: "bind", Source: vm.Source, Options: opts})
-	}
-	return m
+	return append(m, ocispec.BindMounts(p.Mounts, false)...)
 }
 
 func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {

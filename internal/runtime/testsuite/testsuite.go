@@ -99,7 +99,7 @@ func NewSpec(prefix string) runtime.Spec {
 	}
 	return runtime.Spec{
 		ID:      id,
-		Image:   runtime.Image{Name: "host"},
+		Image:   runtime.Image{Ref: "host", Host: &runtime.HostImage{}},
 		Env:     []string{"SBX_TEST=1"},
 		Workdir: "/work",
 		Resources: runtime.Resources{
@@ -412,9 +412,11 @@ func testCleanup(t *testing.T, d runtime.Driver, _ Config) {
 
 func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ Config) {
 	ctx := ctxT(t)
-	bad := []runtime.Spec{NewSpec("badlayer"), NewSpec("badid")}
-	bad[0].Image = runtime.Image{Name: "nope", Layers: []string{"/nonexistent/sbx-layer"}}
+	bad := []runtime.Spec{NewSpec("badlayer"), NewSpec("badid"), NewSpec("nolayers"), NewSpec("badmount")}
+	bad[0].Image = runtime.Image{Ref: "nope", Layers: []runtime.Layer{{Dir: "/nonexistent/sbx-layer"}}}
 	bad[1].ID = "Bad/ID"
+	bad[2].Image = runtime.Image{Ref: "empty"}
+	bad[3].Mounts = []runtime.Mount{{Destination: "/data"}} // no kind
 	for _, spec := range bad {
 		if h, err := d.Create(ctx, spec); err == nil {
 			_ = d.Destroy(ctx, h)
@@ -423,7 +425,7 @@ func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ Config) {
 	}
 	// Nothing was left behind: the id is free and the box works.
 	spec := bad[0]
-	spec.Image = runtime.Image{Name: "host"}
+	spec.Image = NewSpec("").Image
 	Create(t, d, spec)
 	if _, err := d.Stats(ctx, runtime.Handle{ID: bad[1].ID}); err == nil && HasCapability(d, "stats") {
 		t.Errorf("Stats of a never-created box succeeded")
