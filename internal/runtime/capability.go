@@ -48,6 +48,13 @@ const (
 	// (Network.NetNS: public, allow-listed and egress-proxied modes,
 	// ports). Without it a box has loopback only.
 	CapNetwork Capability = "network"
+	// CapProcessLimits: Resources.Pids bounds the box's processes and a
+	// process that exhausts the box's memory or pids is what fails or is
+	// OOM-killed, never the box: the agent keeps serving (attack class 5).
+	// Without it the limits still bound the box as a whole on the host, but
+	// hitting one may end the whole box (gvisor: gVisor's kernel and every
+	// process in it share one host cgroup).
+	CapProcessLimits Capability = "process-limits"
 	// CapDiskInMemory says a box's writable layer (its disk limit) is held
 	// in memory charged to the box's own memory limit (a tmpfs): the manager
 	// keeps the disk below the memory limit, or filling the disk would

@@ -328,3 +328,38 @@ func startTime(pid int) string {
 	}
 	return ""
 }
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// HostPids is the agent's pid (runtime.Prober).
+func (d *Driver) HostPids(_ context.Context, h runtime.Handle) ([]int, error) {
+	_, data, err := d.load(h)
+	if err != nil {
+		return nil, err
+	}
+	if !alive(data) {
+		return nil, nil
+	}
+	return []int{data.Pid}, nil
+}
+
+// Leftovers lists box dirs not in keep and their agents still alive
+// (runtime.Prober).
+func (d *Driver) Leftovers(_ context.Context, keep map[string]bool) ([]runtime.Leftover, error) {
+	ents, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []runtime.Leftover
+	for _, e := range ents {
+		if keep[e.Name()] || !validID.MatchString(e.Name()) {
+			continue
+		}
+		dir, data, _ := d.load(runtime.Handle{ID: e.Name()})
+		out = append(out, runtime.Leftover{ID: e.Name(), What: "dir " + dir})
+		if alive(data) {
+			out = append(out, runtime.Leftover{ID: e.Name(), What: fmt.Sprintf("agent process %d", data.Pid)})
+		}
+	}
+	return out, nil
+}

@@ -21,5 +21,6 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		LegacyHandle: testsuite.Unversioned,
+		NoIsolation:  true,
 	})
 }

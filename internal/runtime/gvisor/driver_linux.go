@@ -76,7 +76,7 @@ func New(cfg Config) (*Driver, error) {
 		log:       log.With("driver", name),
 	}
 	if d.cgParent == "" {
-		d.cgParent = "sbx-gvisor"
+		d.cgParent = defaultCgroupParent
 	}
 	if !validCgroupParent.MatchString(d.cgParent) {
 		return nil, fmt.Errorf("gvisor: cgroup parent %q: %w", d.cgParent, errdefs.ErrInvalidArgument)
@@ -204,13 +204,18 @@ func runDir(box string) string            { return filepath.Join(box, "run") }
 func mntDir(box string) string            { return filepath.Join(box, "mnt") }
 func sockPath(box string) string          { return filepath.Join(runDir(box), "agent.sock") }
 func execSock(box string) string          { return filepath.Join(runDir(box), "exec.sock") }
-func agentLog(box string) string          { return filepath.Join(box, "agent.log") }
-func runscLog(box string) string          { return filepath.Join(box, "runsc.log") }
+
+// The daemon's own links to the agent's sockets, in the box dir, which the
+// box cannot reach (pinSockets).
+func agentLink(box string) string { return filepath.Join(box, "agent.sock") }
+func execLink(box string) string  { return filepath.Join(box, "exec.sock") }
+func agentLog(box string) string  { return filepath.Join(box, "agent.log") }
+func runscLog(box string) string  { return filepath.Join(box, "runsc.log") }
 
 // The agent's sockets as the box sees them (runDir is bound there).
 const (
 	runInBox   = "/.sbx/run"
-	agentInBox = "/.sbx/sbx-agent"
+	agentInBox = ocispec.AgentInBox
 )
 
 // handleVersion is the version of handleData Create writes
@@ -321,6 +326,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := d.start(ctx, spec.ID, box); err != nil {
 		return h, err
 	}
+	if err := pinSockets(box); err != nil {
+		return h, err
+	}
 	raw, _ := json.Marshal(handleData{Version: handleVersion})
 	return runtime.Handle{ID: spec.ID, Driver: name, Data: raw}, nil
 }
@@ -366,7 +374,7 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error)
 // command is runsc with the flags every call for this driver's boxes takes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
 	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
-		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
+		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore", "--oci-seccomp"}
 	return exec.CommandContext(ctx, d.runsc, append(base, args...)...)
 }
 
@@ -461,7 +469,7 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	}
 	st, err := d.state(ctx, h.ID)
 	if err == nil && (st.Status == "running" || st.Status == "paused") {
-		if fi, serr := os.Lstat(sockPath(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
+		if fi, serr := os.Lstat(agentSocket(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
 			return h, nil
 		}
 	}
@@ -551,7 +559,7 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	c, err := dialSocket(ctx, sockPath(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, agentSocket(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
@@ -563,11 +571,53 @@ func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, erro
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	c, err := dialSocket(ctx, execSock(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, execSocket(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent exec socket of box %s: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// pinSockets hard-links the agent's sockets, which runsc's gofer made in the
+// box's run dir, into the box dir, where the daemon dials them from then on.
+// The run dir is the box's: its root can unlink the socket files there (an
+// `mv /.sbx` that falls back to copy-and-delete does), which left a
+// running box nobody could reach; the links are out of its reach, and a
+// socket stays bound to its inode while any link to it is left. Each file
+// is opened O_PATH|O_NOFOLLOW, checked to be a socket and linked by fd
+// (AT_EMPTY_PATH), so a link planted in its place is never followed.
+func pinSockets(box string) error {
+	for _, p := range [][2]string{{sockPath(box), agentLink(box)}, {execSock(box), execLink(box)}} {
+		fd, err := unix.Open(p[0], unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("pin agent socket: %w", &fs.PathError{Op: "open", Path: p[0], Err: err})
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(fd, &st)
+		if err == nil && st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			err = fmt.Errorf("%s is not a socket (mode %#o): %w", p[0], st.Mode, errdefs.ErrFailedPrecondition)
+		}
+		if err == nil {
+			err = unix.Linkat(fd, "", unix.AT_FDCWD, p[1], unix.AT_EMPTY_PATH)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("pin agent socket %s: %w", p[0], err)
+		}
+	}
+	return nil
+}
+
+// agentSocket and execSocket are where the daemon dials the agent: the
+// pinned links, or for a box made before sockets were pinned, the run dir.
+func agentSocket(box string) string { return pinnedOr(agentLink(box), sockPath(box)) }
+func execSocket(box string) string  { return pinnedOr(execLink(box), execSock(box)) }
+
+func pinnedOr(link, run string) string {
+	if _, err := os.Lstat(link); err == nil {
+		return link
+	}
+	return run
 }
 
 // dialSocket connects to the Unix socket at path without following a

@@ -26,15 +26,10 @@ import (
 	"github.com/sbxdev/sbx/internal/safepath"
 )
 
-const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
-
-// boxCapabilities is Docker's default set, as capabilities of gVisor's
-// kernel, not the host's. No CAP_SYS_ADMIN: boxes get no path policies.
-var boxCapabilities = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
-	"CAP_SETFCAP",
-}
+// boxCapabilities is Docker's default set (ocispec.Capabilities), as
+// capabilities of gVisor's kernel, not the host's. No CAP_SYS_ADMIN: boxes
+// get no path policies.
+var boxCapabilities = ocispec.Capabilities
 
 // pidsOverhead is added to a box's pids limit for runsc's own host
 // threads (sentry, gofer, systrap stubs): runsc does not start at all under
@@ -57,18 +52,6 @@ type specParams struct {
 }
 
 func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
-	env := append([]string(nil), spec.Env...)
-	hasPath := false
-	for _, e := range env {
-		hasPath = hasPath || strings.HasPrefix(e, "PATH=")
-	}
-	if !hasPath {
-		env = append(env, defaultPath)
-	}
-	cwd := spec.Workdir
-	if cwd == "" {
-		cwd = "/"
-	}
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
@@ -78,23 +61,13 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
-	caps := append([]string(nil), boxCapabilities...)
 	c := idmap.Canonical
 	return &specs.Spec{
 		Version:  "1.0.2",
 		Hostname: hostname,
 		Root:     &specs.Root{Path: p.Rootfs},
-		Process: &specs.Process{
-			Args: args,
-			Env:  env,
-			Cwd:  cwd,
-			User: specs.User{UID: 0, GID: 0},
-			Capabilities: &specs.LinuxCapabilities{
-				Bounding: caps, Effective: caps, Permitted: caps,
-			},
-			NoNewPrivileges: true,
-		},
-		Mounts: mounts(p),
+		Process:  ocispec.Process(args, spec.Env, spec.Workdir, boxCapabilities),
+		Mounts:   mounts(p),
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
@@ -104,27 +77,25 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 			},
 			CgroupsPath: p.CgroupsPath,
 			Resources:   resources(spec.Resources),
+			// Installed in gVisor's kernel (runsc --oci-seccomp): the box's
+			// syscalls to the sentry are filtered as under oci.
+			Seccomp: ocispec.Seccomp(),
 		},
 	}
 }
 
 func mounts(p specParams) []specs.Mount {
-	ms := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-	}
+	ms := append(ocispec.DevMounts(),
+		specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	if p.HostImage {
-		ms = append(ms, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+		ms = append(ms, ocispec.HostUsr())
 	}
 	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
 	// empty /tmp, in the sandbox's memory and outside the disk limit. This
 	// one lives on the box's disk tmpfs next to the writable layer.
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
-		specs.Mount{Destination: agentInBox, Type: "bind", Source: p.Agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		ocispec.AgentMount(p.Agent),
 		specs.Mount{Destination: runInBox, Type: "bind", Source: p.RunDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
 	return append(ms, ocispec.BindMounts(p.Mounts, true)...)

@@ -112,7 +112,7 @@ func New(cfg Config) (*Driver, error) {
 		log:       log.With("driver", "oci"),
 		caps: []runtime.Capability{runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
 			runtime.CapUpdate, runtime.CapSnapshot, runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage,
-			runtime.CapDiskInMemory},
+			runtime.CapDiskInMemory, runtime.CapProcessLimits},
 	}
 	if cfg.Network {
 		d.caps = append(d.caps, runtime.CapNetwork)

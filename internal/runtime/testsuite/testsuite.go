@@ -33,6 +33,10 @@ type Config struct {
 	// the current version): RecoverLegacy recovers a box from it. Nil: the
 	// driver never wrote an older format.
 	LegacyHandle func(t *testing.T, h runtime.Handle) runtime.Handle
+	// NoIsolation says the driver isolates nothing (the fake, whose
+	// agents are host processes): the isolation checks are skipped. Every
+	// real driver runs them.
+	NoIsolation bool
 }
 
 // Unversioned is a Config.LegacyHandle for drivers whose version 0 had the
@@ -71,6 +75,13 @@ func Run(t *testing.T, c Config) {
 		{"Cleanup", "", testCleanup},
 		{"CreateFailsCleanly", "", testCreateFailsCleanly},
 		{"Update", "update", testUpdate},
+		{"Isolation", "", testIsolation},
+		{"MemoryBound", "", testMemoryBound},
+		{"ForkBomb", runtime.CapProcessLimits, testForkBomb},
+		{"DiskBound", runtime.CapDiskLimit, testDiskBound},
+		{"NothingLeftAfterDestroy", "", testNothingLeftAfterDestroy},
+		{"NothingLeftAfterCrash", "", testNothingLeftAfterCrash},
+		{"CreateCutOffLeavesNothing", "", testCreateCutOff},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
