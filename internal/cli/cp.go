@@ -37,13 +37,13 @@ func newCp(a *app) *cobra.Command {
 			case !srcRemote && !dstRemote:
 				return errors.New("cp: one of SRC and DST must be ID:/path")
 			case dstRemote:
-				sb, err := a.client().Get(cmd.Context(), dstRef)
+				sb, err := a.client().Lookup(cmd.Context(), dstRef)
 				if err != nil {
 					return err
 				}
 				return copyIn(cmd.Context(), sb, srcPath, dstPath)
 			default:
-				sb, err := a.client().Get(cmd.Context(), srcRef)
+				sb, err := a.client().Lookup(cmd.Context(), srcRef)
 				if err != nil {
 					return err
 				}

@@ -30,8 +30,7 @@ func newExec(a *app) *cobra.Command {
 		Short: "Run a command in a sandbox; exits with its exit code",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb := &sbx.Sandbox{ID: args[0]}
-			return a.runExecRef(cmd.Context(), args[0], sb, ef, args[1:])
+			return a.runExecRef(cmd.Context(), args[0], ef, args[1:])
 		},
 	}
 	f := cmd.Flags()
@@ -44,12 +43,12 @@ func newExec(a *app) *cobra.Command {
 	return cmd
 }
 
-func (a *app) runExecRef(ctx context.Context, ref string, _ *sbx.Sandbox, ef execFlags, argv []string) error {
-	sb, err := a.client().Get(ctx, ref)
-	if err != nil {
-		return err
-	}
-	return a.runExec(ctx, sb, ef, argv)
+// runExecRef runs argv in the sandbox with id or name ref. The exec request
+// carries ref as it is and the daemon resolves it (a map lookup): no
+// GetSandbox first, which would measure the box (cgroups, disk, the host's
+// connection table) before the command could start.
+func (a *app) runExecRef(ctx context.Context, ref string, ef execFlags, argv []string) error {
+	return a.runExec(ctx, a.client().Sandbox(ref), ef, argv)
 }
 
 // runExec runs argv in sb wired to this terminal and returns an ExitError

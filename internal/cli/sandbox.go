@@ -261,7 +261,7 @@ func newNetwork(a *app) *cobra.Command {
 			if nf.mode == "" {
 				return fmt.Errorf("--mode is required")
 			}
-			sb, err := a.client().Get(cmd.Context(), args[0])
+			sb, err := a.client().Lookup(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
