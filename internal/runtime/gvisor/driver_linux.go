@@ -26,13 +26,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // Driver runs boxes under runsc. Like the oci driver it keeps no per-box
@@ -183,17 +184,9 @@ func (d *Driver) Close() error {
 	return hostmount.Unmount(filepath.Join(d.runscRoot, "null-netns"))
 }
 
-var (
-	validID           = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
-	validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
-)
+var validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
 
-func checkID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func checkID(id string) error { return ocibox.CheckID(id) }
 
 // Paths of a box.
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
@@ -215,7 +208,7 @@ func runscLog(box string) string  { return filepath.Join(box, "runsc.log") }
 // The agent's sockets as the box sees them (runDir is bound there).
 const (
 	runInBox   = "/.sbx/run"
-	agentInBox = ocispec.AgentInBox
+	agentInBox = ocibox.AgentInBox
 )
 
 // handleVersion is the version of handleData Create writes
@@ -246,46 +239,26 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
-	box := d.boxDir(spec.ID)
-	if len(execSock(box)) >= len(unix.RawSockaddrUnix{}.Path) {
-		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", execSock(box), errdefs.ErrInvalidArgument)
-	}
-	if err := os.Mkdir(box, 0o711); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
-		}
-		return h, fmt.Errorf("create box dir: %w", err)
-	}
-	var undo []func() error
+	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				if uerr := undo[i](); uerr != nil {
-					d.log.Warn("rolling back box", "id", spec.ID, "err", uerr)
-				}
+			if uerr := undo.Run(); uerr != nil {
+				d.log.Warn("rolling back box", "id", spec.ID, "err", uerr)
 			}
 		}
 	}()
-	undo = append(undo, func() error { return d.removeBoxDir(box) })
-
-	root := int(idmap.Canonical.Base)
-	rw := rwDir(box)
-	if err := os.Mkdir(rw, 0o700); err != nil {
-		return h, fmt.Errorf("create rw dir: %w", err)
-	}
-	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	box, err := ocibox.MakeBoxDir(d.boxesDir, spec.ID, &undo, d.removeBoxDir, execSock(d.boxDir(spec.ID)))
+	if err != nil {
 		return h, err
 	}
-	undo = append(undo, func() error { return hostmount.Unmount(rw) })
-	upper, work, tmp := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), tmpDir(box)
-	for _, dir := range []string{upper, work, tmp} {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return h, fmt.Errorf("create overlay dirs: %w", err)
-		}
-		if err := os.Chown(dir, root, root); err != nil {
-			return h, fmt.Errorf("chown overlay dirs: %w", err)
-		}
+
+	root := int(idmap.Canonical.Base)
+	// /tmp lives on the box's disk too (see mounts).
+	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo, filepath.Base(tmpDir(box)))
+	if err != nil {
+		return h, err
 	}
+	tmp := tmpDir(box)
 	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
 		return h, fmt.Errorf("chmod tmp dir: %w", err)
 	}
@@ -296,7 +269,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := overlay.Mount(rootfs, lowers, upper, work, "", 0); err != nil {
 		return h, fmt.Errorf("mount rootfs: %w", err)
 	}
-	undo = append(undo, func() error { return hostmount.Unmount(rootfs) })
+	undo.Add(func() error { return hostmount.Unmount(rootfs) })
 	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
 		return h, err
 	}
@@ -322,7 +295,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.WriteFile(filepath.Join(box, "config.json"), cfgJSON, 0o600); err != nil {
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
-	undo = append(undo, func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
+	undo.Add(func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
 	if err := d.start(ctx, spec.ID, box); err != nil {
 		return h, err
 	}
@@ -336,17 +309,17 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 // lowers returns the image's lower dirs, lowest first, and whether the
 // host's /usr is to be bound over the host image's.
 func (d *Driver) lowers(img runtime.Image) ([]string, bool, error) {
-	return ocispec.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
+	return ocibox.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
 // boxMounts turns the spec's mounts into binds runsc's gofer serves:
 // volumes' and files' dirs as they are (runsc's user namespace shows their
 // stored owners), codebases' overlays mounted on the host under the box
 // dir first, as the box's root would see them.
-func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error) ([]ocispec.Bind, error) {
-	out := make([]ocispec.Bind, 0, len(ms))
+func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *cleanup.Stack) ([]ocibox.Bind, error) {
+	out := make([]ocibox.Bind, 0, len(ms))
 	for i, m := range ms {
-		b := ocispec.Bind{Destination: m.Destination, ReadOnly: m.ReadOnly}
+		b := ocibox.Bind{Destination: m.Destination, ReadOnly: m.ReadOnly}
 		switch {
 		case m.Volume != nil:
 			b.Source = m.Volume.Dir
@@ -361,7 +334,7 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error)
 			if err := overlay.Mount(target, []string{c.Lower}, c.Upper, c.Work, "", 0); err != nil {
 				return nil, fmt.Errorf("mount codebase %s at %s: %w", c.Name, m.Destination, err)
 			}
-			*undo = append(*undo, func() error { return hostmount.Unmount(target) })
+			undo.Add(func() error { return hostmount.Unmount(target) })
 			b.Source = target
 		default:
 			return nil, fmt.Errorf("mount at %s: no volume, codebase or files: %w", m.Destination, errdefs.ErrInvalidArgument)
@@ -427,19 +400,7 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 }
 
 // logTail returns the end of the first non-empty log for error messages.
-func logTail(paths ...string) string {
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil || len(bytes.TrimSpace(b)) == 0 {
-			continue
-		}
-		if len(b) > 2048 {
-			b = b[len(b)-2048:]
-		}
-		return "; log: " + strings.TrimSpace(string(b))
-	}
-	return ""
-}
+func logTail(paths ...string) string { return ocibox.LogTail(paths...) }
 
 // state is what `runsc state` reports.
 type state struct {

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 var _ runtime.Prober = (*Driver)(nil)
@@ -20,7 +20,7 @@ func (d *Driver) HostPids(ctx context.Context, h runtime.Handle) ([]int, error) 
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	return ocispec.CgroupPids(d.cgParent, h.ID), nil
+	return ocibox.CgroupPids(d.cgParent, h.ID), nil
 }
 
 // Leftovers implements runtime.Prober (see Leftovers).
@@ -40,8 +40,8 @@ func Leftovers(cfg Config, keep map[string]bool) ([]runtime.Leftover, error) {
 		parent = defaultCgroupParent
 	}
 	boxes := filepath.Join(state, "boxes")
-	out := ocispec.MountLeftovers(boxes, keep)
-	out = append(out, ocispec.DirLeftovers(boxes, keep)...)
+	out := ocibox.MountLeftovers(boxes, keep)
+	out = append(out, ocibox.DirLeftovers(boxes, keep)...)
 	ents, _ := os.ReadDir(filepath.Join(state, "runsc"))
 	for _, e := range ents {
 		id, _, ok := strings.Cut(e.Name(), "_sandbox:")
@@ -52,7 +52,7 @@ func Leftovers(cfg Config, keep map[string]bool) ([]runtime.Leftover, error) {
 			out = append(out, runtime.Leftover{ID: id, What: "runsc state " + filepath.Join(state, "runsc", e.Name())})
 		}
 	}
-	out = append(out, ocispec.CgroupLeftovers(parent, keep)...)
+	out = append(out, ocibox.CgroupLeftovers(parent, keep)...)
 	cmds, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	prefix := boxes + "/"
 	for _, c := range cmds {

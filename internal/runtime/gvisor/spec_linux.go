@@ -22,14 +22,14 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/safepath"
 )
 
-// boxCapabilities is Docker's default set (ocispec.Capabilities), as
+// boxCapabilities is Docker's default set (ocibox.Capabilities), as
 // capabilities of gVisor's kernel, not the host's. No CAP_SYS_ADMIN: boxes
 // get no path policies.
-var boxCapabilities = ocispec.Capabilities
+var boxCapabilities = ocibox.Capabilities
 
 // pidsOverhead is added to a box's pids limit for runsc's own host
 // threads (sentry, gofer, systrap stubs): runsc does not start at all under
@@ -47,7 +47,7 @@ type specParams struct {
 	Agent       string
 	RunDir      string
 	TmpDir      string
-	Mounts      []ocispec.Bind
+	Mounts      []ocibox.Bind
 	CgroupsPath string
 }
 
@@ -66,7 +66,7 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 		Version:  "1.0.2",
 		Hostname: hostname,
 		Root:     &specs.Root{Path: p.Rootfs},
-		Process:  ocispec.Process(args, spec.Env, spec.Workdir, boxCapabilities),
+		Process:  ocibox.Process(args, spec.Env, spec.Workdir, boxCapabilities),
 		Mounts:   mounts(p),
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
@@ -79,26 +79,26 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 			Resources:   resources(spec.Resources),
 			// Installed in gVisor's kernel (runsc --oci-seccomp): the box's
 			// syscalls to the sentry are filtered as under oci.
-			Seccomp: ocispec.Seccomp(),
+			Seccomp: ocibox.Seccomp(),
 		},
 	}
 }
 
 func mounts(p specParams) []specs.Mount {
-	ms := append(ocispec.DevMounts(),
+	ms := append(ocibox.DevMounts(),
 		specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	if p.HostImage {
-		ms = append(ms, ocispec.HostUsr())
+		ms = append(ms, ocibox.HostUsr())
 	}
 	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
 	// empty /tmp, in the sandbox's memory and outside the disk limit. This
 	// one lives on the box's disk tmpfs next to the writable layer.
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
-		ocispec.AgentMount(p.Agent),
+		ocibox.AgentMount(p.Agent),
 		specs.Mount{Destination: runInBox, Type: "bind", Source: p.RunDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
-	return append(ms, ocispec.BindMounts(p.Mounts, true)...)
+	return append(ms, ocibox.BindMounts(p.Mounts, true)...)
 }
 
 func resources(r runtime.Resources) *specs.LinuxResources {

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
@@ -31,7 +32,7 @@ import (
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
@@ -333,14 +334,7 @@ func (d *Driver) Info(ctx context.Context) runtime.Info {
 
 var validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
 
-var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
-
-func checkID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func checkID(id string) error { return ocibox.CheckID(id) }
 
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
 
@@ -369,25 +363,18 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
-	box := d.boxDir(spec.ID)
-	if len(sockPath(box)) >= len(unix.RawSockaddrUnix{}.Path) {
-		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", sockPath(box), errdefs.ErrInvalidArgument)
-	}
-	if err := os.Mkdir(box, 0o711); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
-		}
-		return h, fmt.Errorf("create box dir: %w", err)
-	}
-	var undo cleanupStack
+	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
-			if cerr := undo.run(); cerr != nil {
+			if cerr := undo.Run(); cerr != nil {
 				d.log.Warn("rolling back box", "id", spec.ID, "err", cerr)
 			}
 		}
 	}()
-	undo.add(func() error { return os.RemoveAll(box) })
+	box, err := ocibox.MakeBoxDir(d.boxesDir, spec.ID, &undo, os.RemoveAll, sockPath(d.boxDir(spec.ID)))
+	if err != nil {
+		return h, err
+	}
 	if err := os.WriteFile(agentLayerFile(box), []byte(filepath.Base(d.agentLayer)+"\n"), 0o600); err != nil {
 		return h, fmt.Errorf("record agent layer: %w", err)
 	}
@@ -397,28 +384,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	defer ids.Close()
 
-	// Writable layer: a tmpfs bounding its size (its pages are charged to the
-	// memory cgroup of whoever writes them, i.e. the box).
+	// Writable layer: a tmpfs bounding its size, its dirs stored in the
+	// canonical range like every tree, shown to the box (and to the
+	// overlay, which works in them as box root) in its own.
 	rw := rwDir(box)
-	if err := os.Mkdir(rw, 0o700); err != nil {
-		return h, fmt.Errorf("create rw dir: %w", err)
-	}
-	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	if _, _, err := ocibox.WritableLayer(rw, spec.Resources.DiskBytes, int(idmap.Canonical.Base), &undo); err != nil {
 		return h, err
-	}
-	undo.add(func() error { return hostmount.Unmount(rw) })
-	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
-	for _, dir := range []string{upper, work} {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return h, fmt.Errorf("create overlay dirs: %w", err)
-		}
-	}
-	// Stored in the canonical range like every tree, shown to the box (and
-	// to the overlay, which works in them as box root) in its own.
-	for _, dir := range []string{upper, work} {
-		if err := os.Chown(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base)); err != nil {
-			return h, fmt.Errorf("chown overlay dirs: %w", err)
-		}
 	}
 	if err := ids.mapDir(rw, rwMapDir(box), false); err != nil {
 		return h, fmt.Errorf("writable layer: %w", err)
@@ -440,7 +411,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			filepath.Join(rwMapDir(box), "upper"), filepath.Join(rwMapDir(box), "work"), "", 0); err != nil {
 			return err
 		}
-		undo.add(func() error { return hostmount.Unmount(rootfs) })
+		undo.Add(func() error { return hostmount.Unmount(rootfs) })
 		return d.prepareRootfs(rootfs, spec, int(ids.r.Base))
 	})
 	if err != nil {
@@ -455,7 +426,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if fuseDev, err = makeFuseDevice(box, ids.r.Base); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
+		undo.Add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
 	}
 	sysfs := ""
 	if netns != "" {
@@ -466,7 +437,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if err := mountSysfsIn(netns, sysfs); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return hostmount.Unmount(sysfs) })
+		undo.Add(func() error { return hostmount.Unmount(sysfs) })
 	}
 
 	hostname := spec.Hostname
@@ -494,7 +465,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	tPrepared := time.Now()
 	data := boxData{Version: handleVersion, Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
-	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
+	undo.Add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
 	crashpoint.Hit("oci-create-rootfs")
 	userCgroups, err := d.cg.makeUserCgroups(spec.ID, spec.Resources, d.swapLimit)
 	if err != nil {
@@ -512,7 +483,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}
 	raw, _ := json.Marshal(data)
-	undo.release()
+	undo.Release()
 	d.log.Debug("box created", "id", spec.ID, "prepare", tPrepared.Sub(t0), "runtime", tStarted.Sub(tPrepared),
 		"agent", time.Since(tStarted))
 	return runtime.Handle{ID: spec.ID, Driver: "oci", Data: raw}, nil
@@ -520,7 +491,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 
 // lowers returns the image's lower dirs, lowest first.
 func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err error) {
-	return ocispec.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
+	return ocibox.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
@@ -619,16 +590,7 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 }
 
 // logTail returns the end of the agent log for error messages.
-func logTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
-	}
-	return "; log: " + strings.TrimSpace(string(b))
-}
+func logTail(path string) string { return ocibox.LogTail(path) }
 
 // parseData reads a handle's data of any version this driver wrote
 // (version 0 has today's fields); a newer version is an error wrapping

@@ -10,12 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // Paths of a box's id mapping inside its box dir.
@@ -34,17 +35,17 @@ type boxIDs struct {
 	box   string
 	r     idmap.Range
 	shift *os.File
-	undo  *cleanupStack
+	undo  *cleanup.Stack
 }
 
 // newBoxIDs allocates the box's range and makes its namespaces; undo
 // releases them.
-func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
+func (d *Driver) newBoxIDs(box string, undo *cleanup.Stack) (*boxIDs, error) {
 	r, err := d.ids.Allocate(box)
 	if err != nil {
 		return nil, fmt.Errorf("allocate id range: %w", err)
 	}
-	undo.add(func() error { return d.ids.Release(r, box) })
+	undo.Add(func() error { return d.ids.Release(r, box) })
 	ns := userNSFile(box)
 	if err := os.WriteFile(ns, nil, 0o600); err != nil {
 		return nil, fmt.Errorf("create user namespace file: %w", err)
@@ -58,7 +59,7 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create box user namespace: %w", err)
 	}
-	undo.add(func() error { return hostmount.Unmount(ns) })
+	undo.Add(func() error { return hostmount.Unmount(ns) })
 	return &boxIDs{box: box, r: r, shift: shift, undo: undo}, nil
 }
 
@@ -93,7 +94,7 @@ func (b *boxIDs) mapDir(src, dst string, recursive bool) error {
 	if err := idmap.Mount(src, dst, b.shift, recursive); err != nil {
 		return err
 	}
-	b.undo.add(func() error { return hostmount.Unmount(dst) })
+	b.undo.Add(func() error { return hostmount.Unmount(dst) })
 	return nil
 }
 
@@ -114,11 +115,11 @@ func (b *boxIDs) lowers(layers []string) ([]string, error) {
 // dir (read-only sources on a filesystem that cannot be idmapped are bound
 // as they are: their files show as nobody), and an overlay over idmapped
 // layers for each codebase.
-func (b *boxIDs) mounts(ms []runtime.Mount) ([]ocispec.Bind, error) {
-	out := make([]ocispec.Bind, len(ms))
+func (b *boxIDs) mounts(ms []runtime.Mount) ([]ocibox.Bind, error) {
+	out := make([]ocibox.Bind, len(ms))
 	for i, m := range ms {
 		dir := bindDir(b.box, i)
-		out[i] = ocispec.Bind{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
+		out[i] = ocibox.Bind{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
 		if m.Codebase != nil {
 			if err := b.overlay(dir, m.Codebase); err != nil {
 				return nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
@@ -176,7 +177,7 @@ func (b *boxIDs) overlay(dir string, o *runtime.CodebaseMount) error {
 	if err != nil {
 		return err
 	}
-	b.undo.add(func() error { return hostmount.Unmount(merged) })
+	b.undo.Add(func() error { return hostmount.Unmount(merged) })
 	return nil
 }
 

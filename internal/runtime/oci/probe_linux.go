@@ -6,7 +6,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 var _ runtime.Prober = (*Driver)(nil)
@@ -17,7 +17,7 @@ func (d *Driver) HostPids(ctx context.Context, h runtime.Handle) ([]int, error) 
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	return ocispec.CgroupPids(d.cg.parent, h.ID), nil
+	return ocibox.CgroupPids(d.cg.parent, h.ID), nil
 }
 
 // Leftovers implements runtime.Prober (see Leftovers).
@@ -47,16 +47,16 @@ func Leftovers(cfg Config, keep map[string]bool) ([]runtime.Leftover, error) {
 
 func leftovers(stateDir, cgParent string, ids *idmap.Allocator, keep map[string]bool) []runtime.Leftover {
 	boxes := filepath.Join(stateDir, "boxes")
-	out := ocispec.MountLeftovers(boxes, keep)
-	out = append(out, ocispec.DirLeftovers(boxes, keep)...)
+	out := ocibox.MountLeftovers(boxes, keep)
+	out = append(out, ocibox.DirLeftovers(boxes, keep)...)
 	states, _ := filepath.Glob(filepath.Join(stateDir, "runtime", "*"))
 	for _, s := range states {
-		for _, l := range ocispec.DirLeftovers(s, keep) {
+		for _, l := range ocibox.DirLeftovers(s, keep) {
 			l.What = "runtime state " + l.What
 			out = append(out, l)
 		}
 	}
-	out = append(out, ocispec.CgroupLeftovers(cgParent, keep)...)
+	out = append(out, ocibox.CgroupLeftovers(cgParent, keep)...)
 	if held, err := ids.Held(boxes); err == nil {
 		for owner, r := range held {
 			if rel, err := filepath.Rel(boxes, owner); err == nil && !keep[rel] {

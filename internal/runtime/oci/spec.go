@@ -7,19 +7,19 @@ import (
 
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // agentInBox is where the agent binary is bind-mounted inside every box.
-const agentInBox = ocispec.AgentInBox
+const agentInBox = ocibox.AgentInBox
 
-// boxCapabilities is Docker's default capability set (ocispec.Capabilities)
+// boxCapabilities is Docker's default capability set (ocibox.Capabilities)
 // plus CAP_SYS_ADMIN, which only the agent ever holds: it mounts the FUSE
 // permission layers of path policies with it, then drops it from every set
 // of every thread before it starts any process (see
 // internal/agent/guards_linux.go), so user code never has it. They are
 // capabilities in the box's user namespace.
-var boxCapabilities = append(append([]string(nil), ocispec.Capabilities...), "CAP_SYS_ADMIN")
+var boxCapabilities = append(append([]string(nil), ocibox.Capabilities...), "CAP_SYS_ADMIN")
 
 // maskedPaths are hidden in every box (an empty read-only tmpfs over a
 // directory, /dev/null over a file; missing ones are skipped). Besides
@@ -67,7 +67,7 @@ type specParams struct {
 	// without swap accounting, where the runtime would fail to set it.
 	SwapLimit bool
 	// Mounts are extra bind mounts (volumes, codebases, files).
-	Mounts []ocispec.Bind
+	Mounts []ocibox.Bind
 	// FuseDevice, if set, is the box's own /dev/fuse node (makeFuseDevice),
 	// owned by its root and bound at /dev/fuse for the agent's permission
 	// layers.
@@ -93,7 +93,7 @@ func buildSpec(p specParams) *specs.Spec {
 	if p.AgentSeccomp {
 		args = append(args, "--seccomp")
 	} else {
-		filter = ocispec.Seccomp()
+		filter = ocibox.Seccomp()
 	}
 	if p.NoFile > 0 {
 		args = append(args, "--nofile", strconv.FormatUint(p.NoFile, 10))
@@ -114,7 +114,7 @@ func buildSpec(p specParams) *specs.Spec {
 		// instead (--nofile NoFile: lowering one's own limits needs no
 		// privilege), before it starts any process. OOMScoreAdj stays
 		// unset: lowering it needs CAP_SYS_RESOURCE.
-		Process: ocispec.Process(args, p.Env, p.Workdir, boxCapabilities),
+		Process: ocibox.Process(args, p.Env, p.Workdir, boxCapabilities),
 		Mounts:  boxMounts(p),
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
@@ -139,7 +139,7 @@ func buildSpec(p specParams) *specs.Spec {
 }
 
 func boxMounts(p specParams) []specs.Mount {
-	m := append(ocispec.DevMounts(),
+	m := append(ocibox.DevMounts(),
 		specs.Mount{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}})
 	if p.SysfsSource != "" {
 		m = append(m, specs.Mount{Destination: "/sys", Type: "bind", Source: p.SysfsSource, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
@@ -147,13 +147,13 @@ func boxMounts(p specParams) []specs.Mount {
 		m = append(m, specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	}
 	if p.HostImage {
-		m = append(m, ocispec.HostUsr())
+		m = append(m, ocibox.HostUsr())
 	}
 	if p.FuseDevice != "" {
 		m = append(m, specs.Mount{Destination: "/dev/fuse", Type: "bind", Source: p.FuseDevice, Options: []string{"bind", "nosuid", "noexec"}})
 	}
-	m = append(m, ocispec.AgentMount(p.AgentPath))
-	return append(m, ocispec.BindMounts(p.Mounts, false)...)
+	m = append(m, ocibox.AgentMount(p.AgentPath))
+	return append(m, ocibox.BindMounts(p.Mounts, false)...)
 }
 
 func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {

@@ -12,7 +12,7 @@ import (
 	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
-	"github.com/sbxdev/sbx/internal/runtime/ocispec"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
 
@@ -25,7 +25,7 @@ func TestBuildSpec(t *testing.T) {
 	if diff := cmp.Diff([]string{agentInBox, "--listen-fd", "3", "--ready-fd", "4", "--exec-fd", "5", "--", "sleep", "1"}, s.Process.Args); diff != "" {
 		t.Errorf("args (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"A=1", ocispec.DefaultPath}, s.Process.Env); diff != "" {
+	if diff := cmp.Diff([]string{"A=1", ocibox.DefaultPath}, s.Process.Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
 	}
 	if s.Process.OOMScoreAdj != nil {

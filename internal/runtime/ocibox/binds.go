@@ -1,10 +1,13 @@
-// Package ocispec builds the parts of an OCI runtime spec (config.json)
-// that sbx's drivers over OCI runtimes share: the oci driver (runc, crun)
-// and the gvisor driver (runsc) show a box the same standard mounts, bind
-// its trees the same way and drop the same capabilities. What differs
-// between them (namespaces, id mappings, cgroups, the agent's endpoint)
-// stays in each driver. Only drivers import it.
-package ocispec
+// Package ocibox is what sbx's drivers over OCI runtimes share: the oci
+// driver (runc, crun) and the gvisor driver (runsc) make a box dir the same
+// way (box.go), realise an image as overlay lower dirs (rootfs.go), show a
+// box the same standard mounts, capabilities and seccomp profile in its
+// config.json (spec.go, binds.go, seccomp.go) and keep its processes in a
+// cgroup /<parent>/<id> in every hierarchy, which the leak probes read
+// (cgroups_linux.go). What differs between them (namespaces, id mappings,
+// how the runtime is run, the agent's endpoint) stays in each driver. Only
+// drivers import it.
+package ocibox
 
 import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"

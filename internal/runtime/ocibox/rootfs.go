@@ -1,4 +1,4 @@
-package ocispec
+package ocibox
 
 import (
 	"fmt"
