@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"syscall"
 	"time"
 
@@ -26,14 +25,19 @@ type execFlags struct {
 func newExec(a *app) *cobra.Command {
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:   "exec [flags] ID|NAME -- CMD...",
+		Use:   "exec [flags] ID|NAME CMD [ARG...]",
 		Short: "Run a command in a sandbox; exits with its exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Long: "Run a command in a sandbox; exits with its exit code. sbx's own flags go before ID|NAME:\n" +
+			"everything after it is the command and its arguments (sbx exec box python3 -c 'print(1)').\n" +
+			"A -- after ID|NAME is allowed and dropped.",
+		Args:              commandArgs(1),
+		ValidArgsFunction: a.completeSandboxes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runExecRef(cmd.Context(), args[0], ef, args[1:])
+			return a.runExecRef(cmd.Context(), args[0], ef, dropDashes(args[1:]))
 		},
 	}
 	f := cmd.Flags()
+	f.SetInterspersed(false)
 	f.BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
 	f.BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
 	f.StringArrayVarP(&ef.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
@@ -41,6 +45,27 @@ func newExec(a *app) *cobra.Command {
 	f.StringVarP(&ef.user, "user", "u", "", "run as this user (name, uid or uid:gid)")
 	f.DurationVar(&ef.timeout, "timeout", 0, "kill the command after this long, e.g. 30s")
 	return cmd
+}
+
+// commandArgs accepts n leading arguments followed by a command (at least one
+// word, after an optional --).
+func commandArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n || len(dropDashes(args[n:])) == 0 {
+			return fmt.Errorf("no command given; usage: %s", cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// dropDashes drops the -- that may stand before a command: with flags
+// parsed up to the first argument only (SetInterspersed(false)), a -- after
+// that argument reaches the command's arguments.
+func dropDashes(argv []string) []string {
+	if len(argv) > 0 && argv[0] == "--" {
+		return argv[1:]
+	}
+	return argv
 }
 
 // runExecRef runs argv in the sandbox with id or name ref. The exec request
@@ -81,7 +106,10 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
 	}
 	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: command killed: out of memory (the sandbox's memory limit; raise it with --memory)")
+		fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
+	}
+	if st.PidsLimitHit {
+		fmt.Fprintln(a.stderr, "sbx: the sandbox's pids limit refused a fork while the command ran; raise it with `sbx update --pids`")
 	}
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}
@@ -118,7 +146,5 @@ func (a *app) execTTY(ctx context.Context, sb *sbx.Sandbox, opts sbx.ExecOptions
 	}()
 	return p.Wait()
 }
-
-func sortStrings(s []string) { sort.Strings(s) }
 
 func clientVersion() string { return server.Version }
