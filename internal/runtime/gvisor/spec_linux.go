@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/ocibox"
@@ -129,23 +127,9 @@ func prepareRootfs(rootfs string, spec runtime.Spec, root int, log *slog.Logger)
 		return fmt.Errorf("open rootfs: %w", err)
 	}
 	defer r.Close()
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = spec.ID
-	}
-	files := map[string]string{
-		"etc/hostname": hostname + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if dns := spec.Network.Nameservers(); len(dns) > 0 {
-		var rc strings.Builder
-		for _, ns := range dns {
-			if net.ParseIP(ns) == nil {
-				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
-			}
-			rc.WriteString("nameserver " + ns + "\n")
-		}
-		files["etc/resolv.conf"] = rc.String()
+	files, err := ocibox.EtcFiles(spec)
+	if err != nil {
+		return err
 	}
 	if err := mkdirAll(r, "etc", root); err != nil {
 		log.Debug("not writing into the image's /etc", "err", err)
@@ -207,26 +191,12 @@ func writeFile(r *safepath.Root, rel, content string, uid int) error {
 	return r.Lchown(rel, uid, uid)
 }
 
-// cgroupRoots are the hierarchies a cgroup dir may be in: every v1
-// controller, the unified one, or a pure v2 root.
-func cgroupRoots() []string {
-	roots := []string{"/sys/fs/cgroup"}
-	if ents, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
-		for _, e := range ents {
-			if e.IsDir() {
-				roots = append(roots, filepath.Join("/sys/fs/cgroup", e.Name()))
-			}
-		}
-	}
-	return roots
-}
-
 // removeCgroups removes the cgroup dirs of box id under parent in every
 // hierarchy: runsc leaves them when it is killed mid-way. Missing ones are
 // fine.
 func removeCgroups(parent, id string) error {
 	var errs []error
-	for _, root := range cgroupRoots() {
+	for _, root := range ocibox.CgroupRoots() {
 		dir := filepath.Join(root, parent, id)
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
@@ -238,7 +208,7 @@ func removeCgroups(parent, id string) error {
 // removeCgroupParent removes the driver's parent cgroup dirs that no box
 // uses any more (a busy one stays).
 func removeCgroupParent(parent string) {
-	for _, root := range cgroupRoots() {
+	for _, root := range ocibox.CgroupRoots() {
 		_ = unix.Rmdir(filepath.Join(root, parent))
 	}
 }
@@ -248,7 +218,7 @@ func removeCgroupParent(parent string) {
 func killCgroup(ctx context.Context, parent, id string) error {
 	for {
 		var pids []int
-		for _, root := range cgroupRoots() {
+		for _, root := range ocibox.CgroupRoots() {
 			b, err := os.ReadFile(filepath.Join(root, parent, id, "cgroup.procs"))
 			if err != nil {
 				continue

@@ -498,26 +498,12 @@ func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err
 // /etc/hosts, /etc/resolv.conf (when the network names DNS servers) and the working
 // directory.
 func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error {
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = spec.ID
+	files, err := ocibox.EtcFiles(spec)
+	if err != nil {
+		return err
 	}
 	if err := mkdirInRoot(rootfs, "/etc", root, root); err != nil {
 		return err
-	}
-	files := map[string]string{
-		"etc/hostname": hostname + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if dns := spec.Network.Nameservers(); len(dns) > 0 {
-		var rc strings.Builder
-		for _, ns := range dns {
-			if net.ParseIP(ns) == nil {
-				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
-			}
-			rc.WriteString("nameserver " + ns + "\n")
-		}
-		files["etc/resolv.conf"] = rc.String()
 	}
 	for name, content := range files {
 		err := writeFileInRoot(rootfs, name, []byte(content), root, root)

@@ -2,7 +2,9 @@ package ocibox
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"strings"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
@@ -34,4 +36,30 @@ func Lowers(imagesDir string, img runtime.Image, root int) (lowers []string, hos
 		return nil, false, err
 	}
 	return append([]string{dir}, lowers...), true, nil
+}
+
+// EtcFiles are the per-box files a driver writes into the box's /etc
+// (paths relative to the root): hostname and hosts naming the box
+// (spec.Hostname, default its id), and resolv.conf when the network names
+// DNS servers. Bad servers are errdefs.ErrInvalidArgument.
+func EtcFiles(spec runtime.Spec) (map[string]string, error) {
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	files := map[string]string{
+		"etc/hostname": hostname + "\n",
+		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+	if dns := spec.Network.Nameservers(); len(dns) > 0 {
+		var rc strings.Builder
+		for _, ns := range dns {
+			if net.ParseIP(ns) == nil {
+				return nil, fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
+			}
+			rc.WriteString("nameserver " + ns + "\n")
+		}
+		files["etc/resolv.conf"] = rc.String()
+	}
+	return files, nil
 }
