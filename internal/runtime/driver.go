@@ -44,7 +44,12 @@ import (
 //   - Dial connects to the agent of a running box.
 //
 // All methods are safe for concurrent use on different ids. Calls for the
-// same id are serialised by the caller.
+// same id are serialised by the caller, except the read-only ones: Stats,
+// Dial, ExecDialer.DialExec and the Prober's may run at any time, also
+// during a Pause or Destroy of that box, so they change nothing and fail
+// cleanly (an error, never a hang past ctx or a half-made resource) when
+// the box is gone or going. Keep no per-box state in memory: everything
+// follows from the id and the handle.
 type Driver interface {
 	Name() string
 	// Info reports capabilities and health. Cheap; may be called often.
