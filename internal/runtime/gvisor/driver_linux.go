@@ -430,7 +430,16 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	}
 	st, err := d.state(ctx, h.ID)
 	if err == nil && (st.Status == "running" || st.Status == "paused") {
-		if fi, serr := os.Lstat(agentSocket(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
+		box := d.boxDir(h.ID)
+		if _, lerr := os.Lstat(agentLink(box)); errors.Is(lerr, fs.ErrNotExist) {
+			// A box made before sockets were pinned: pin them now, so
+			// from here on the box cannot cut the daemon off by
+			// unlinking them (the files are checked to be sockets).
+			if perr := pinSockets(box); perr != nil {
+				d.log.Warn("pinning the agent sockets of a recovered box", "id", h.ID, "err", perr)
+			}
+		}
+		if fi, serr := os.Lstat(agentSocket(box)); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
 			return h, nil
 		}
 	}

@@ -156,3 +156,29 @@ func TestAgentSocketLinkNotFollowed(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// TestRecoverPinsOlderBoxSockets: a box made before the driver pinned the
+// agent's sockets (no links in its box dir) gets them pinned when a new
+// driver recovers it, so box root unlinking the files in /.sbx/run no
+// longer cuts the daemon off from its agent.
+func TestRecoverPinsOlderBoxSockets(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir, cg := stateRoot(t)
+	d := newDriver(t, dir, cg)
+	h := testsuite.Create(t, d, testsuite.NewSpec("oldpin"))
+	box := filepath.Join(dir, "boxes", h.ID)
+	for _, l := range []string{"agent.sock", "exec.sock"} { // as an older driver left it
+		if err := os.Remove(filepath.Join(box, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	d2 := newDriver(t, dir, cg)
+	if _, err := d2.Recover(ctx, h); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	testsuite.MustExec(t, d2, h, "sh", "-c", "rm -f /.sbx/run/agent.sock /.sbx/run/exec.sock")
+	if err := testsuite.Hello(ctx, d2, h); err != nil {
+		t.Errorf("Hello after box root unlinked the sockets of a recovered box: %v", err)
+	}
+}
