@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	sbxdaemon "github.com/sbxdev/sbx/internal/daemon"
 	"github.com/sbxdev/sbx/internal/testutil"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -284,20 +285,14 @@ func (d *daemon) leaks(live ...string) []string {
 		}
 		f.Close()
 	}
-	boxes, _ := filepath.Glob(filepath.Join(d.dataDir, "oci", "boxes", "*"))
-	gvBoxes, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "boxes", "*"))
-	gvState, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "runsc", "*sb-*"))
-	for _, b := range append(append(boxes, gvBoxes...), gvState...) {
-		if !keep[filepath.Base(b)] {
-			out = append(out, "dir "+b)
-		}
+	// Each driver says what is left of its boxes (runtime.Prober, through
+	// the daemon, which knows where the drivers keep them).
+	left, err := sbxdaemon.Leftovers(d.dataDir, keep)
+	if err != nil {
+		out = append(out, "probing drivers: "+err.Error())
 	}
-	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/sbx*/sb-*")
-	cg2, _ := filepath.Glob("/sys/fs/cgroup/sbx*/sb-*")
-	for _, c := range append(cgs, cg2...) {
-		if d.owns(filepath.Base(c)) && !keep[filepath.Base(c)] {
-			out = append(out, "cgroup "+c)
-		}
+	for _, l := range left {
+		out = append(out, l.String())
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	for _, p := range procs {
@@ -308,18 +303,6 @@ func (d *daemon) leaks(live ...string) []string {
 		for _, kv := range strings.Split(string(b), "\x00") {
 			if id, ok := strings.CutPrefix(kv, "SBX_SANDBOX_ID="); ok && d.owns(id) && !keep[id] {
 				out = append(out, "process "+filepath.Dir(p)+" of "+id)
-			}
-		}
-		// gvisor boxes' processes live in gVisor's kernel; on the host there
-		// are runsc's sandbox and gofer, named by their bundle.
-		if cmd, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline")); err == nil {
-			c := string(cmd)
-			if i := strings.Index(c, filepath.Join(d.dataDir, "gvisor", "boxes")+"/"); i >= 0 && strings.HasPrefix(c, "runsc") {
-				id := strings.SplitN(c[i+len(filepath.Join(d.dataDir, "gvisor", "boxes"))+1:], "/", 2)[0]
-				id = strings.SplitN(id, "\x00", 2)[0]
-				if !keep[id] {
-					out = append(out, "runsc process "+filepath.Dir(p)+" of "+id)
-				}
 			}
 		}
 	}

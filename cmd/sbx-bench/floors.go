@@ -138,10 +138,14 @@ func exitedZero(what string, st agentconn.ExecStream) error {
 
 // execResults are the exec measurements, taken in turns.
 type execResults struct {
-	api   result // the SDK's Exec: the exec upgrade
-	rpc   result // the Exec RPC over gRPC
-	agent result // straight through the agent's sockets
-	local result // fork+exec of /bin/true here
+	api result // the SDK's Exec: the exec upgrade
+	// byName and getFirst run `sbx exec NAME -- true` as the CLI does now
+	// (the exec names the sandbox) and as it did before (GetSandbox,
+	// measuring the box, then the exec).
+	byName, getFirst result
+	rpc              result // the Exec RPC over gRPC
+	agent            result // straight through the agent's sockets
+	local            result // fork+exec of /bin/true here
 }
 
 // benchExec measures `exec true` through the API (the SDK's path, the exec
@@ -158,6 +162,28 @@ func benchExec(ctx context.Context, c *sbx.Client, dataDir string, sb *sbx.Sandb
 		}
 		return err
 	}
+	ref := sb.Name
+	if ref == "" {
+		ref = sb.ID
+	}
+	byName := func() error {
+		res, err := c.Sandbox(ref).Run(ctx, "true")
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return err
+	}
+	getFirst := func() error {
+		got, err := c.Get(ctx, ref)
+		if err != nil {
+			return err
+		}
+		res, err := got.Run(ctx, "true")
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return err
+	}
 	viaRPC := func() error {
 		st, err := c.API().Exec(ctx, connect.NewRequest(&sbxv1.ExecRequest{Sandbox: sb.ID, Argv: []string{"true"}}))
 		if err != nil {
@@ -166,13 +192,15 @@ func benchExec(ctx context.Context, c *sbx.Client, dataDir string, sb *sbx.Sandb
 		defer st.Close() //nolint:errcheck
 		return exitedZero("exec rpc", st)
 	}
-	for _, f := range []func() error{viaAPI, viaRPC, viaAgent} { // warm the connections
+	for _, f := range []func() error{viaAPI, byName, getFirst, viaRPC, viaAgent} { // warm the connections
 		if err := f(); err != nil {
 			return r, err
 		}
 	}
 	rs, err := measureTogether(n,
 		task{"sbx exec true (API round trip)", viaAPI},
+		task{"  by name, as `sbx exec NAME` now", byName},
+		task{"  by name, GetSandbox first (before)", getFirst},
 		task{"  the same over the gRPC Exec RPC", viaRPC},
 		task{"exec true, agent socket (no daemon)", viaAgent},
 		task{"fork+exec /bin/true", func() error { return exec.Command("/bin/true").Run() }},
@@ -180,5 +208,5 @@ func benchExec(ctx context.Context, c *sbx.Client, dataDir string, sb *sbx.Sandb
 	if err != nil {
 		return r, err
 	}
-	return execResults{api: rs[0], rpc: rs[1], agent: rs[2], local: rs[3]}, nil
+	return execResults{api: rs[0], byName: rs[1], getFirst: rs[2], rpc: rs[3], agent: rs[4], local: rs[5]}, nil
 }

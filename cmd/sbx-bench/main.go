@@ -251,12 +251,16 @@ func printExec(r execResults) {
 	fmt.Printf("exec true p50                     = %s  (target ≤ 2 ms; %.1fx a local fork+exec, %s, measured with it)\n", ms(r.api.p(0.5)), ratio(r.api, r.local), ms(r.local.p(0.5)))
 	fmt.Printf("  the agent alone (no daemon)         = %s  (p50; the API hop adds %s)\n", ms(r.agent.p(0.5)), ms(r.api.p(0.5)-r.agent.p(0.5)))
 	fmt.Printf("  over the gRPC Exec RPC              = %s  (p50; %.2fx the exec upgrade)\n", ms(r.rpc.p(0.5)), ratio(r.rpc, r.api))
+	if len(r.byName.ds) > 0 {
+		fmt.Printf("  sbx exec NAME                       = %s  (p50; GetSandbox first, as before: %s, %.2fx)\n",
+			ms(r.byName.p(0.5)), ms(r.getFirst.p(0.5)), ratio(r.getFirst, r.byName))
+	}
 }
 
 // runExec runs only the exec measurements.
 func runExec(n int, agentPath, runtimeBin string) error {
 	return withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, tmp string) error {
-		sb, err := c.Create(ctx, sbx.CreateOptions{})
+		sb, err := c.Create(ctx, sbx.CreateOptions{Name: "bench-exec"})
 		if err != nil {
 			return err
 		}
@@ -265,7 +269,7 @@ func runExec(n int, agentPath, runtimeBin string) error {
 		if err != nil {
 			return err
 		}
-		printResults(r.local, r.api, r.rpc, r.agent)
+		printResults(r.local, r.api, r.byName, r.getFirst, r.rpc, r.agent)
 		printExec(r)
 		return nil
 	})

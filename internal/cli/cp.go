@@ -41,7 +41,7 @@ func newCp(a *app) *cobra.Command {
 			case !srcRemote && !dstRemote:
 				return errors.New("cp: one of SRC and DST must be ID:/path")
 			case dstRemote:
-				sb, err := a.client().Get(cmd.Context(), dstRef)
+				sb, err := a.client().Lookup(cmd.Context(), dstRef)
 				if err != nil {
 					return err
 				}
@@ -49,7 +49,7 @@ func newCp(a *app) *cobra.Command {
 				defer p.done()
 				return copyIn(cmd.Context(), sb, srcPath, dstPath, p)
 			default:
-				sb, err := a.client().Get(cmd.Context(), srcRef)
+				sb, err := a.client().Lookup(cmd.Context(), srcRef)
 				if err != nil {
 					return err
 				}

@@ -68,12 +68,12 @@ func dropDashes(argv []string) []string {
 	return argv
 }
 
+// runExecRef runs argv in the sandbox with id or name ref. The exec request
+// carries ref as it is and the daemon resolves it (a map lookup): no
+// GetSandbox first, which would measure the box (cgroups, disk, the host's
+// connection table) before the command could start.
 func (a *app) runExecRef(ctx context.Context, ref string, ef execFlags, argv []string) error {
-	sb, err := a.client().Get(ctx, ref)
-	if err != nil {
-		return err
-	}
-	return a.runExec(ctx, sb, ef, argv)
+	return a.runExec(ctx, a.client().Sandbox(ref), ef, argv)
 }
 
 // runExec runs argv in sb wired to this terminal and returns an ExitError

@@ -33,7 +33,7 @@ When the daemon has a token, requests to these URLs need it too
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			sb, err := a.client().Get(ctx, args[0])
+			sb, err := a.client().Lookup(ctx, args[0])
 			if err != nil {
 				return err
 			}

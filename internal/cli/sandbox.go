@@ -248,7 +248,7 @@ func newNetwork(a *app) *cobra.Command {
 			if err := nf.check("mode"); err != nil {
 				return err
 			}
-			sb, err := a.client().Get(cmd.Context(), args[0])
+			sb, err := a.client().Lookup(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

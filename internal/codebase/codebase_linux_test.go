@@ -417,11 +417,11 @@ func TestCleanupRemovesMountsOfGoneSandboxes(t *testing.T) {
 // would (without the driver's idmapped layers) and returns it.
 func overlayOf(tb testing.TB, mnt runtime.Mount) string {
 	tb.Helper()
-	if mnt.Overlay == nil {
-		tb.Fatalf("codebase mount %+v: no overlay", mnt)
+	if mnt.Codebase == nil {
+		tb.Fatalf("codebase mount %+v: no codebase", mnt)
 	}
 	dir := tb.TempDir()
-	o := mnt.Overlay
+	o := mnt.Codebase
 	if err := overlay.Mount(dir, []string{o.Lower}, o.Upper, o.Work, "redirect_dir=off,metacopy=off,index=off", 0); err != nil {
 		tb.Fatalf("mount codebase overlay: %v", err)
 	}

@@ -55,7 +55,8 @@ func (m *Manager) Mount(ctx context.Context, sandboxID string, cm *sbxv1.Codebas
 		return runtime.Mount{}, fmt.Errorf("mount codebase %s at %s: %w", cm.GetCodebase(), path, err)
 	}
 	m.log.Info("codebase mounted", "codebase", rec.ID, "revision", rec.Revision, "sandbox", sandboxID, "path", path)
-	return runtime.Mount{Destination: path, Overlay: ov}, nil
+	ov.Name = cm.GetCodebase()
+	return runtime.Mount{Destination: path, Codebase: ov}, nil
 }
 
 // Unmount undoes every codebase mount of a sandbox (its unsynced changes

@@ -19,7 +19,7 @@ import (
 // (an overlay mount itself cannot be idmapped). upper and work are owned by
 // sandbox root in the canonical range (rootUID), as the tree is. On failure
 // nothing is left.
-func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.Overlay, err error) {
+func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.CodebaseMount, err error) {
 	for _, p := range []string{lower, dir} {
 		if strings.ContainsAny(p, ",:") {
 			return nil, fmt.Errorf("path %q contains ',' or ':' (unusable in overlay options)", p)
@@ -76,7 +76,7 @@ func mountLayer(lower, dir string, size int64, rootUID int) (ov *runtime.Overlay
 		}
 	}
 	ok = true
-	return &runtime.Overlay{Lower: lower, Upper: upper, Work: work}, nil
+	return &runtime.CodebaseMount{Lower: lower, Upper: upper, Work: work}, nil
 }
 
 // unmountLayer undoes mountLayer (also half-made ones) and removes dir.

@@ -14,9 +14,11 @@ import (
 
 var errNeedsLinux = errors.New("codebase mounts need Linux")
 
-func mountLayer(string, string, int64, int) (*runtime.Overlay, error) { return nil, errNeedsLinux }
-func unmountLayer(string) error                                       { return errNeedsLinux }
-func removeUnmounted(string) error                                    { return errNeedsLinux }
+func mountLayer(string, string, int64, int) (*runtime.CodebaseMount, error) {
+	return nil, errNeedsLinux
+}
+func unmountLayer(string) error    { return errNeedsLinux }
+func removeUnmounted(string) error { return errNeedsLinux }
 
 func (m *Manager) Sync(context.Context, string, string, bool, bool) (*sbxv1.SyncCodebaseResponse, error) {
 	return nil, errNeedsLinux

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/codebase"
 	"github.com/sbxdev/sbx/internal/codeexec"
+	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/image"
@@ -206,29 +207,17 @@ func Run(ctx context.Context, cfg Config) error {
 		defer netMgr.Close()
 	}
 
-	drv, err := oci.New(oci.Config{
-		StateDir:    filepath.Join(dataDir, "oci"),
-		RuntimePath: cfg.OCIRuntime,
-		AgentPath:   agentPath,
-		Network:     cfg.Network,
-		// Per data dir, so that daemons sharing a host (tests, several
-		// tenants) never clean up each other's boxes.
-		CgroupParent:   instanceName("sbx", dataDir),
-		BoxLimits:      cfg.BoxLimits,
-		BoxesCPUShares: cfg.BoxesCPUShares,
-		Logger:         log.With("runtime", "oci"),
-	})
+	ociCfg := ociPlace(dataDir)
+	ociCfg.RuntimePath, ociCfg.AgentPath, ociCfg.Network = cfg.OCIRuntime, agentPath, cfg.Network
+	ociCfg.BoxLimits, ociCfg.BoxesCPUShares, ociCfg.Logger = cfg.BoxLimits, cfg.BoxesCPUShares, log.With("runtime", "oci")
+	drv, err := oci.New(ociCfg)
 	if err != nil {
 		return fmt.Errorf("oci runtime: %w", err)
 	}
 	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
-	gv, err := gvisor.New(gvisor.Config{
-		StateDir:     filepath.Join(dataDir, "gvisor"),
-		RunscPath:    findRunsc(cfg.RunscPath),
-		AgentPath:    agentPath,
-		CgroupParent: instanceName("sbxgv", dataDir),
-		Logger:       log.With("runtime", "gvisor"),
-	})
+	gvCfg := gvisorPlace(dataDir)
+	gvCfg.RunscPath, gvCfg.AgentPath, gvCfg.Logger = findRunsc(cfg.RunscPath), agentPath, log.With("runtime", "gvisor")
+	gv, err := gvisor.New(gvCfg)
 	if err != nil {
 		return fmt.Errorf("gvisor runtime: %w", err)
 	}
@@ -250,14 +239,28 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("default runtime %q is unhealthy: %s", defaultRuntime, info.Detail)
 	}
 
+	// The stores keep trees in the drivers' stored-id range: asked of the
+	// drivers, which must agree (they share the stores).
+	infos := make([]runtime.Info, 0, len(drivers))
+	for _, d := range drivers {
+		infos = append(infos, d.Info(ctx))
+	}
+	storedIDs, err := runtime.StoredIDsOf(infos...)
+	if err != nil {
+		return err
+	}
+	if storedIDs == (idmap.Range{}) {
+		return fmt.Errorf("no runtime says how it stores trees' uids (runtime.Info.StoredIDs): %w", errdefs.ErrFailedPrecondition)
+	}
+
 	var gcLock sync.RWMutex
 	maxLayer := cfg.MaxLayerBytes
 	fill(&maxLayer, image.DefaultMaxLayerBytes)
 	imgCfg := image.Config{
 		Dir:      filepath.Join(dataDir, "images"),
 		Logger:   log.With("component", "images"),
-		UIDShift: oci.HostUIDBase,
-		IDRange:  oci.IDRange,
+		UIDShift: storedIDs.Base,
+		IDRange:  storedIDs.Size,
 		// Snapshots are capped by the same figure (sandbox.Config below).
 		MaxLayerBytes: maxLayer,
 	}
@@ -279,7 +282,7 @@ func Run(ctx context.Context, cfg Config) error {
 		sbNet = netMgr
 		boxAPI = net.JoinHostPort(netMgr.Gateway().String(), strconv.Itoa(int(boxPort)))
 	}
-	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), log)
+	vols, err := volume.Open(ctx, filepath.Join(dataDir, "volumes"), storedIDs.Base, log)
 	if err != nil {
 		return err
 	}
@@ -289,7 +292,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer stores.Close()
 	cbs, err := codebase.Open(ctx, codebase.Config{
-		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: oci.HostUIDBase, IDRange: oci.IDRange,
+		Dir: filepath.Join(dataDir, "codebases"), Store: st, UIDShift: storedIDs.Base, IDRange: storedIDs.Size,
 		Logger: log.With("component", "codebases"), Storage: stores,
 	})
 	if err != nil {
@@ -480,10 +483,43 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 		return nil, nil, fmt.Errorf("%w (pull or import it first)", err)
 	}
 	c := img.Config
+	layers := make([]runtime.Layer, len(img.Layers))
+	for i, dir := range img.Layers {
+		layers[i] = runtime.Layer{Digest: img.DiffIDs[i], Dir: dir}
+	}
 	return &sandbox.ResolvedImage{
-		Ref: img.Ref, Digest: img.Digest, Layers: img.Layers, Env: c.Env, Workdir: c.WorkingDir,
+		Ref: img.Ref, Digest: img.Digest, Layers: layers, Env: c.Env, Workdir: c.WorkingDir,
 		User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, OnHost: c.Labels[sandbox.OnHostLabel] == sandbox.HostImage,
 	}, r.gc.RUnlock, nil
+}
+
+// ociPlace and gvisorPlace say where the drivers of the daemon over dataDir
+// keep their boxes: state dirs under it, and cgroup parents per data dir,
+// so that daemons sharing a host (tests, several tenants) never clean up
+// each other's boxes.
+func ociPlace(dataDir string) oci.Config {
+	return oci.Config{StateDir: filepath.Join(dataDir, "oci"), CgroupParent: instanceName("sbx", dataDir)}
+}
+
+func gvisorPlace(dataDir string) gvisor.Config {
+	return gvisor.Config{StateDir: filepath.Join(dataDir, "gvisor"), CgroupParent: instanceName("sbxgv", dataDir)}
+}
+
+// Leftovers lists what is left on the host, per runtime, of the boxes of
+// the daemon over dataDir (absolute) whose ids are not in keep, as each
+// driver's probe finds it (runtime.Prober): the integration tests' leak
+// checker asks here rather than knowing the drivers' layouts. It only
+// reads, and works whether or not that daemon runs.
+func Leftovers(dataDir string, keep map[string]bool) ([]runtime.Leftover, error) {
+	o, err := oci.Leftovers(ociPlace(dataDir), keep)
+	if err != nil {
+		return nil, fmt.Errorf("oci leftovers: %w", err)
+	}
+	g, err := gvisor.Leftovers(gvisorPlace(dataDir), keep)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor leftovers: %w", err)
+	}
+	return append(o, g...), nil
 }
 
 // instanceName names a host-wide resource of the daemon owning dataDir:

@@ -75,7 +75,10 @@ type Image struct {
 	Digest string
 	// Layers are the absolute dirs of the unpacked layers, lowest first.
 	Layers []string
-	Config ImageConfig
+	// DiffIDs are the layers' uncompressed digests ("sha256:<hex>"), in
+	// the same order.
+	DiffIDs []string
+	Config  ImageConfig
 	// Size is the uncompressed size of all layers.
 	Size    int64
 	Created time.Time
@@ -375,6 +378,7 @@ func (s *Store) imageOf(r *record, ref string) *Image {
 	img.Config.Labels = maps.Clone(r.Config.Labels)
 	for _, l := range r.Layers {
 		img.Layers = append(img.Layers, s.layerDir(l.DiffID))
+		img.DiffIDs = append(img.DiffIDs, l.DiffID)
 	}
 	return img
 }

@@ -36,18 +36,25 @@ const (
 	// CapPathPolicies: the box has a /dev/fuse of its own, so the agent can
 	// mount path-policy guards.
 	CapPathPolicies Capability = "path-policies"
-	// CapVolumes: Spec.Mounts of plain host directories (named volumes).
+	// CapVolumes: Mount.Volume (named volumes).
 	CapVolumes Capability = "volumes"
-	// CapCodebases: Spec.Mounts with an Overlay (codebase mounts, whose
-	// changes the host reads back from the overlay's upper dir).
+	// CapCodebases: Mount.Codebase (codebase mounts, whose changes the
+	// host reads back from the overlay's upper dir).
 	CapCodebases Capability = "codebases"
-	// CapHostImage: Image.Name "host" and Image.OnHost (the built-in host
-	// image: the host's read-only /usr).
+	// CapHostImage: Image.Host (the built-in host image, alone or under
+	// layers snapshotted from a host-image box: the host's read-only /usr).
 	CapHostImage Capability = "host-image"
-	// CapNetwork: the box joins the network namespace in Spec.NetNS (public,
-	// allow-listed and egress-proxied modes, ports). Without it a box has
-	// loopback only.
+	// CapNetwork: the box joins the network namespace in Spec.Network
+	// (Network.NetNS: public, allow-listed and egress-proxied modes,
+	// ports). Without it a box has loopback only.
 	CapNetwork Capability = "network"
+	// CapProcessLimits: Resources.Pids bounds the box's processes and a
+	// process that exhausts the box's memory or pids is what fails or is
+	// OOM-killed, never the box: the agent keeps serving (attack class 5).
+	// Without it the limits still bound the box as a whole on the host, but
+	// hitting one may end the whole box (gvisor: gVisor's kernel and every
+	// process in it share one host cgroup).
+	CapProcessLimits Capability = "process-limits"
 	// CapDiskInMemory says a box's writable layer (its disk limit) is held
 	// in memory charged to the box's own memory limit (a tmpfs): the manager
 	// keeps the disk below the memory limit, or filling the disk would

@@ -11,12 +11,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/idmap"
 )
 
 // Driver starts and stops boxes whose PID 1 is sbx-agent. It is the whole
@@ -31,7 +29,9 @@ import (
 //   - The returned Handle is persisted by the caller (SQLite) verbatim. After a
 //     daemon restart the caller passes it to Recover, which either re-attaches
 //     (the box is running or paused and its agent is reachable) or returns an
-//     error wrapping errdefs.ErrNotFound after cleaning up whatever is left.
+//     error wrapping errdefs.ErrNotFound after cleaning up whatever is left,
+//     or, for a handle of a newer format (see Handle), an error wrapping
+//     ErrHandleVersion, touching nothing.
 //   - Pause freezes every process of the box; Resume thaws it. Both are
 //     idempotent.
 //   - Destroy kills every process, releases every host resource (mounts,
@@ -44,7 +44,12 @@ import (
 //   - Dial connects to the agent of a running box.
 //
 // All methods are safe for concurrent use on different ids. Calls for the
-// same id are serialised by the caller.
+// same id are serialised by the caller, except the read-only ones: Stats,
+// Dial, ExecDialer.DialExec and the Prober's may run at any time, also
+// during a Pause or Destroy of that box, so they change nothing and fail
+// cleanly (an error, never a hang past ctx or a half-made resource) when
+// the box is gone or going. Keep no per-box state in memory: everything
+// follows from the id and the handle.
 type Driver interface {
 	Name() string
 	// Info reports capabilities and health. Cheap; may be called often.
@@ -67,110 +72,6 @@ type ExecDialer interface {
 	DialExec(ctx context.Context, h Handle) (net.Conn, error)
 }
 
-// Spec is everything a driver needs to create a box.
-type Spec struct {
-	// ID is the sandbox id: unique, [a-z0-9-], at most 32 bytes. Drivers use
-	// it to name host resources.
-	ID string
-	// Image is the rootfs to run; Image.Name "host" is the built-in host image.
-	Image Image
-	// Env is the environment of the agent and, by default, of every command.
-	Env []string
-	// Workdir is the initial working directory ("/" if empty).
-	Workdir string
-	// Command is an optional long-running command the agent starts at boot.
-	Command []string
-	// Hostname of the box (default: ID).
-	Hostname  string
-	Resources Resources
-	// NetNS is the path of a network namespace (owned by the host's user
-	// namespace, so the box cannot reconfigure it) for the box to join; ""
-	// gives the box a namespace of its own with loopback only.
-	NetNS string
-	// DNS lists nameservers written to the box's /etc/resolv.conf (none: the
-	// image's file is left alone).
-	DNS []string
-	// Mounts are host directories bind-mounted into the box (nosuid, nodev),
-	// in order. See ValidateMountPath for the destinations allowed.
-	Mounts []Mount
-}
-
-// Mount bind-mounts a host directory into a box.
-type Mount struct {
-	// Source is an absolute host path.
-	Source string
-	// Destination is an absolute path inside the box.
-	Destination string
-	ReadOnly    bool
-	// Overlay, if set, has the driver make the mount itself: an overlay of
-	// Overlay.Lower under Overlay.Upper (Source is ignored). Drivers that
-	// show boxes stored trees through idmapped layers need the layers, not
-	// an overlay mount, which cannot be idmapped.
-	Overlay *Overlay
-}
-
-// Overlay is a copy-on-write mount a driver assembles: Lower read-only,
-// changes in Upper, Work the overlay's work dir on Upper's filesystem. All
-// are absolute host paths the caller owns and keeps until the box is gone.
-type Overlay struct {
-	Lower, Upper, Work string
-}
-
-// ValidateMounts checks a spec's mounts as every driver must before making
-// anything: each destination passes ValidateMountPath and each host source
-// (an overlay's three dirs) is absolute. Errors wrap
-// errdefs.ErrInvalidArgument.
-func ValidateMounts(ms []Mount) error {
-	for _, m := range ms {
-		if err := ValidateMountPath(m.Destination); err != nil {
-			return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
-		}
-		srcs := []string{m.Source}
-		if m.Overlay != nil {
-			srcs = []string{m.Overlay.Lower, m.Overlay.Upper, m.Overlay.Work}
-		}
-		for _, src := range srcs {
-			if !filepath.IsAbs(src) {
-				return fmt.Errorf("mount source %q at %s: must be absolute: %w", src, m.Destination, errdefs.ErrInvalidArgument)
-			}
-		}
-	}
-	return nil
-}
-
-// ValidateMountPath checks a mount destination: absolute, clean, and not /
-// or inside /proc, /sys, /dev or /.sbx.
-func ValidateMountPath(p string) error {
-	if !path.IsAbs(p) {
-		return fmt.Errorf("mount path %q: must be absolute", p)
-	}
-	if path.Clean(p) != p {
-		return fmt.Errorf("mount path %q: must be clean (%q)", p, path.Clean(p))
-	}
-	if p == "/" {
-		return fmt.Errorf("mount path %q: cannot mount over the root", p)
-	}
-	for _, r := range []string{"/proc", "/sys", "/dev", "/.sbx"} {
-		if p == r || strings.HasPrefix(p, r+"/") {
-			return fmt.Errorf("mount path %q: %s is reserved", p, r)
-		}
-	}
-	return nil
-}
-
-// Image says what the box's root filesystem is made of.
-type Image struct {
-	// Name is the reference the user gave ("host", ...).
-	Name string
-	// Layers are read-only directories, lowest first, stacked under the box's
-	// writable layer. Empty for the built-in "host" image, which the driver
-	// assembles itself.
-	Layers []string
-	// OnHost stacks Layers on top of the built-in host image (its skeleton
-	// and the host's read-only /usr): images snapshotted from host sandboxes.
-	OnHost bool
-}
-
 // Resources are hard limits. Zero means "no limit" for the driver; the
 // sandbox manager fills in defaults before calling Create.
 type Resources struct {
@@ -181,7 +82,14 @@ type Resources struct {
 }
 
 // Handle identifies a box to its driver. Drivers may keep private state in
-// Data (JSON); the caller persists the whole Handle and hands it back.
+// Data; the caller persists the whole Handle and hands it back, possibly to
+// a newer or older build of the driver (a daemon upgrade or rollback).
+// Data is therefore versioned: a JSON object whose "v" field names the
+// driver's format (none: version 0, before handles carried versions). A
+// driver reads every version it ever wrote and refuses newer ones with
+// ErrHandleVersion (DecodeHandle does both): Recover then leaves the box
+// alone, and the manager keeps its record for a daemon that understands
+// it. Destroy still tears the box down, by its id alone if need be.
 type Handle struct {
 	ID     string `json:"id"`
 	Driver string `json:"driver"`
@@ -213,6 +121,36 @@ type Info struct {
 	// Capabilities lists the optional features the driver has and the
 	// properties callers must respect (see Capability).
 	Capabilities []Capability
+	// StoredIDs is the driver's uid mapping of stored trees: every tree a
+	// box of this driver sees (image layers, codebases, volumes, its
+	// writable layer) holds box uid (and gid) u as host id StoredIDs.Base+u,
+	// for u < StoredIDs.Size, whatever range the box itself runs in. The
+	// image, codebase and volume stores take it from the drivers (the
+	// daemon wires it: StoredIDsOf) instead of assuming one driver's; the
+	// drivers of one daemon share those stores, so they must agree. Zero for
+	// a driver that shows boxes host ids unshifted (the fake).
+	StoredIDs idmap.Range
+}
+
+// StoredIDsOf returns the stored-tree mapping (Info.StoredIDs) every
+// driver in infos uses, or an error wrapping errdefs.ErrFailedPrecondition
+// naming the two that disagree: one daemon's stores hold trees for all its
+// drivers. Drivers reporting a zero mapping are skipped; if all do, the
+// result is zero.
+func StoredIDsOf(infos ...Info) (idmap.Range, error) {
+	var got idmap.Range
+	from := ""
+	for _, i := range infos {
+		if i.StoredIDs == (idmap.Range{}) {
+			continue
+		}
+		if from != "" && i.StoredIDs != got {
+			return got, fmt.Errorf("runtimes %q and %q store trees in different uid ranges (%v and %v): one daemon cannot serve both: %w",
+				from, i.Name, got, i.StoredIDs, errdefs.ErrFailedPrecondition)
+		}
+		got, from = i.StoredIDs, i.Name
+	}
+	return got, nil
 }
 
 // ProbeTimeout bounds how long drivers wait for an agent to come up.

@@ -35,7 +35,7 @@ func (m *Manager) requireCapabilities(info runtime.Info, spec *sbxv1.CreateSandb
 	}
 	for _, n := range []need{
 		{runtime.CapHostImage, spec.GetImage() == HostImage, "the host image"},
-		{runtime.CapHostImage, img != nil && img.OnHost, fmt.Sprintf("image %q (a snapshot of a host-image sandbox)", spec.GetImage())},
+		{runtime.CapHostImage, img != nil && img.OnHost && spec.GetImage() != HostImage, fmt.Sprintf("image %q (a snapshot of a host-image sandbox)", spec.GetImage())},
 		{runtime.CapPathPolicies, len(spec.GetPathPolicies()) > 0, "path policies"},
 		{runtime.CapVolumes, len(spec.GetVolumes()) > 0, "volumes"},
 		{runtime.CapCodebases, len(spec.GetCodebases()) > 0, "codebases"},

@@ -29,7 +29,7 @@ func (f *fakeCodebases) Mount(_ context.Context, id string, cm *sbxv1.CodebaseMo
 		return runtime.Mount{}, f.mountErr
 	}
 	f.mounted[id] = append(f.mounted[id], cm.GetPath())
-	return runtime.Mount{Source: "/nonexistent"}, nil
+	return runtime.Mount{Destination: cm.GetPath(), Codebase: &runtime.CodebaseMount{Name: cm.GetCodebase(), Lower: "/nonexistent", Upper: "/nonexistent/u", Work: "/nonexistent/w"}}, nil
 }
 
 func (f *fakeCodebases) Unmount(_ context.Context, id string) error {

@@ -12,6 +12,7 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // Images resolves image references to unpacked layers. The daemon adapts
@@ -27,15 +28,15 @@ type Images interface {
 type ResolvedImage struct {
 	Ref    string
 	Digest string
-	// Layers are read-only directories, lowest first.
-	Layers     []string
+	// Layers are the image's unpacked layers, lowest first.
+	Layers     []runtime.Layer
 	Env        []string
 	Workdir    string
 	User       string
 	Entrypoint []string
 	Cmd        []string
 	// OnHost: the layers stack on the built-in host image (a snapshot of a
-	// host sandbox).
+	// host sandbox), or, with no layers, it is the host image.
 	OnHost bool
 }
 
@@ -51,7 +52,7 @@ const HostImage = "host"
 func (m *Manager) resolveImage(ctx context.Context, spec *sbxv1.CreateSandboxRequest) (*ResolvedImage, func(), error) {
 	if spec.Image == "" || spec.Image == HostImage {
 		spec.Image = HostImage
-		return &ResolvedImage{Ref: HostImage}, func() {}, nil
+		return &ResolvedImage{Ref: HostImage, OnHost: true}, func() {}, nil
 	}
 	if m.cfg.Images == nil {
 		return nil, nil, fmt.Errorf("image %q: this daemon has no image store: %w", spec.Image, errdefs.ErrNotFound)

@@ -360,7 +360,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Lock()
 		b.net = att
 		b.mu.Unlock()
-		rs.NetNS, rs.DNS = att.NetNS, att.DNS
+		rs.Network = netAttachment(att)
 	}
 	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
@@ -480,9 +480,12 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 	}
 	env = append(env, "SBX_SANDBOX_ID="+id)
 	r := spec.GetResources()
-	image := runtime.Image{Name: spec.Image}
+	image := runtime.Image{Ref: spec.Image}
 	if img != nil {
-		image.Layers, image.OnHost = img.Layers, img.OnHost
+		image.Digest, image.Layers = img.Digest, img.Layers
+	}
+	if img == nil || img.OnHost {
+		image.Host = &runtime.HostImage{}
 	}
 	command := spec.Command
 	if configuredByAgent(spec) {
@@ -617,10 +620,28 @@ func (m *Manager) setState(ctx context.Context, b *box, st sbxv1.SandboxState, d
 
 // Get returns a sandbox with live stats.
 func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
+	return m.Describe(ctx, ref, true)
+}
+
+// Describe returns a sandbox by id or name, with its live stats if stats
+// is set. Without them it is a map lookup: no driver call (cgroup reads,
+// disk use; a runsc fork under gvisor) and no network counters (a read of
+// the host's whole connection table), which is what a caller resolving a
+// name before an exec wants.
+func (m *Manager) Describe(ctx context.Context, ref string, stats bool) (*sbxv1.Sandbox, error) {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
+	if !stats {
+		return m.toProto(b, nil), nil
+	}
+	return m.toProto(b, m.liveStats(ctx, b)), nil
+}
+
+// liveStats measures a running or stopped box (nil otherwise, or when the
+// driver cannot tell).
+func (m *Manager) liveStats(ctx context.Context, b *box) *sbxv1.SandboxStats {
 	var stats *sbxv1.SandboxStats
 	if st := b.state(); st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING || st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
 		b.mu.Lock()
@@ -640,7 +661,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*sbxv1.Sandbox, error) {
 			}
 		}
 	}
-	return m.toProto(b, stats), nil
+	return stats
 }
 
 // IDs returns the ids of every sandbox, of every tenant (for the daemon's

@@ -120,6 +120,12 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 
 // detachNetwork releases a sandbox's network, logging failures (Cleanup at
 // the next start retries).
+// netAttachment is the driver's view of a network attachment: the
+// namespace to join and the nameservers.
+func netAttachment(att network.Attachment) *runtime.Network {
+	return &runtime.Network{NetNS: &runtime.NetNS{Path: att.NetNS}, DNS: att.DNS}
+}
+
 func (m *Manager) detachNetwork(ctx context.Context, id string) {
 	if m.cfg.Network == nil {
 		return

@@ -142,7 +142,7 @@ func (p *warmPool) shrinkLocked(now time.Time) []*warmBox {
 func (m *Manager) poolSpec(id string) runtime.Spec {
 	return runtime.Spec{
 		ID:        id,
-		Image:     runtime.Image{Name: "host"},
+		Image:     runtime.Image{Ref: HostImage, Host: &runtime.HostImage{}},
 		Env:       []string{"SBX_SANDBOX_ID=" + id},
 		Workdir:   "/",
 		Hostname:  id,
@@ -238,7 +238,7 @@ func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, 
 			m.detachNetwork(context.Background(), id)
 			return nil, err
 		}
-		spec.NetNS, spec.DNS = att.NetNS, att.DNS
+		spec.Network = netAttachment(att)
 	}
 	h, err := drv.Create(ctx, spec)
 	if err != nil {

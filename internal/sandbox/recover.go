@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -55,7 +56,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for rec := range work {
-				if !m.recoverOne(ctx, rec) {
+				if m.recoverOne(ctx, rec) == dropped {
 					continue
 				}
 				var h runtime.Handle
@@ -96,14 +97,29 @@ func (m *Manager) Recover(ctx context.Context) error {
 	return nil
 }
 
-// recoverOne returns whether the sandbox lives on.
-func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
+// recovery is what recoverOne did with a sandbox.
+type recovery int
+
+const (
+	// dropped: the sandbox is gone (record deleted, box destroyed), or
+	// only its record is kept (its runtime is missing).
+	dropped recovery = iota
+	// attached: the sandbox lives on in this daemon.
+	attached
+	// leftForNewer: a newer daemon made the box (its handle has a version
+	// this one does not know, runtime.ErrHandleVersion): record, box and
+	// network are left as they are for a daemon that understands them.
+	leftForNewer
+)
+
+// recoverOne re-attaches one recorded sandbox.
+func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) recovery {
 	log := m.log.With("sandbox", rec.ID)
 	spec := &sbxv1.CreateSandboxRequest{}
 	if err := protojson.Unmarshal(rec.Spec, spec); err != nil {
 		log.Error("unreadable sandbox spec; removing the record", "err", err)
 		_ = m.cfg.Store.Delete(ctx, rec.ID)
-		return false
+		return dropped
 	}
 	var h runtime.Handle
 	if len(rec.Handle) > 0 {
@@ -117,9 +133,9 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	drv, ok := m.cfg.Drivers[spec.Runtime]
 	if !ok {
 		log.Error("sandbox uses a runtime this daemon no longer has; keeping the record", "runtime", spec.Runtime)
-		return false
+		return dropped
 	}
-	drop := func(why string) bool {
+	drop := func(why string) recovery {
 		if err := drv.Destroy(ctx, h); err != nil {
 			log.Error("destroying leftover sandbox", "err", err)
 		}
@@ -128,7 +144,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 		_ = m.cfg.Store.Delete(ctx, rec.ID)
 		m.forget(rec.ID, why)
 		log.Info("sandbox removed during recovery", "reason", why)
-		return false
+		return dropped
 	}
 	switch stateOf(rec.State) {
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING, sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
@@ -149,6 +165,10 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	if !dead {
 		var err error
 		if nh, err = drv.Recover(ctx, h); err != nil {
+			if errors.Is(err, runtime.ErrHandleVersion) {
+				log.Error("sandbox made by a newer sbx daemon; leaving it and its record for one that understands it", "err", err)
+				return leftForNewer
+			}
 			if errdefs.IsNotFound(err) {
 				return drop("found dead after daemon restart")
 			}
@@ -180,7 +200,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			return drop("name clash during recovery: " + err.Error())
 		}
 		m.agentExited(b, "agent died while the daemon was down", exit, false)
-		return true
+		return attached
 	}
 	if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -210,7 +230,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 	}
 	log.Info("sandbox re-attached", "state", rec.State)
 	m.watch(b, "agent died")
-	return true
+	return attached
 }
 
 // initExited reports whether the init of box h is gone already, for

@@ -184,7 +184,7 @@ func (m *Manager) addDomainSecrets(rs *runtime.Spec, spec *sbxv1.CreateSandboxRe
 			rs.Env = append(rs.Env, v+"="+caBundlePath)
 		}
 	}
-	rs.Mounts = append(rs.Mounts, runtime.Mount{Source: dir, Destination: path.Clean(caBundleDir), ReadOnly: true})
+	rs.Mounts = append(rs.Mounts, runtime.Mount{Files: &runtime.FilesMount{Dir: dir}, Destination: path.Clean(caBundleDir), ReadOnly: true})
 	return nil
 }
 

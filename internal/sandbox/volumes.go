@@ -51,7 +51,10 @@ func (m *Manager) resolveVolumes(ctx context.Context, spec *sbxv1.CreateSandboxR
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, runtime.Mount{Source: src, Destination: vm.GetPath(), ReadOnly: vm.GetReadOnly()})
+		out = append(out, runtime.Mount{
+			Volume:      &runtime.VolumeMount{Name: vm.GetVolume(), Dir: src},
+			Destination: vm.GetPath(), ReadOnly: vm.GetReadOnly(),
+		})
 	}
 	return out, nil
 }

@@ -161,7 +161,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sbxv1.C
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sbxv1.GetSandboxRequest]) (*connect.Response[sbxv1.GetSandboxResponse], error) {
-	sb, err := s.mgr.Get(ctx, req.Msg.GetSandbox())
+	sb, err := s.mgr.Describe(ctx, req.Msg.GetSandbox(), !req.Msg.GetNoStats())
 	if err != nil {
 		return nil, toConnect(err)
 	}

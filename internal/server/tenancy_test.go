@@ -151,7 +151,7 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), log)
+	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), 100000, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	if err != nil {
 		return nil, fmt.Errorf("image store of tenant %s: %w", t, err)
 	}
-	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), ts.log.With("tenant", t))
+	vols, err := volume.Open(ctx, filepath.Join(dir, "volumes"), cfg.UIDShift, ts.log.With("tenant", t))
 	if err != nil {
 		images.Close()
 		return nil, fmt.Errorf("volumes of tenant %s: %w", t, err)

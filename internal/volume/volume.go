@@ -28,10 +28,6 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
-// RootOwner is the host uid/gid owning a new volume's root directory: box
-// uid 0 in the boxes' user namespace (oci.HostUIDBase).
-const RootOwner = 100000
-
 // Size bounds and default.
 const (
 	MinSize     = 8 << 20
@@ -50,7 +46,9 @@ type meta struct {
 // Manager manages the volumes of one data dir. Safe for concurrent use.
 type Manager struct {
 	dir string
-	log *slog.Logger
+	// rootOwner owns new volumes' root dirs (see Open).
+	rootOwner uint32
+	log       *slog.Logger
 
 	mu    sync.Mutex
 	users func(name string) []string
@@ -58,14 +56,16 @@ type Manager struct {
 
 // Open returns a Manager over dir (created if missing), mounting every
 // volume not mounted yet and removing leftovers of interrupted creates.
-func Open(ctx context.Context, dir string, log *slog.Logger) (*Manager, error) {
+// rootOwner is the host uid/gid that owns a new volume's root directory:
+// box uid 0 as the runtime drivers store it (runtime.Info.StoredIDs.Base).
+func Open(ctx context.Context, dir string, rootOwner uint32, log *slog.Logger) (*Manager, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create volumes dir: %w", err)
 	}
-	m := &Manager{dir: dir, log: log}
+	m := &Manager{dir: dir, rootOwner: rootOwner, log: log}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read volumes dir: %w", err)
@@ -159,7 +159,7 @@ func (m *Manager) Create(ctx context.Context, name string, size int64) (*sbxv1.V
 	if err != nil {
 		return nil, fmt.Errorf("size volume image: %w", err)
 	}
-	owner := fmt.Sprintf("root_owner=%d:%d", RootOwner, RootOwner)
+	owner := fmt.Sprintf("root_owner=%d:%d", m.rootOwner, m.rootOwner)
 	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", owner, m.image(name)).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
 	}

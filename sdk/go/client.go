@@ -328,8 +328,22 @@ func (c *Client) CreateFromRequest(ctx context.Context, req *sbxv1.CreateSandbox
 func (c *Client) Sandbox(ref string) *Sandbox { return &Sandbox{c: c, ID: ref} }
 
 // Get finds a sandbox by id or name.
+//
+// Info carries live stats, which the daemon measures for the call; to act
+// on a sandbox by name (Exec, files...) use Sandbox(ref), which makes no
+// call, or Lookup, which checks it exists without measuring it.
 func (c *Client) Get(ctx context.Context, ref string) (*Sandbox, error) {
 	resp, err := c.api.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref}))
+	if err != nil {
+		return nil, wrap("get sandbox "+ref, err)
+	}
+	return c.sandbox(resp.Msg.GetSandbox()), nil
+}
+
+// Lookup is Get without live stats (Info.Stats is nil): a map lookup on
+// the daemon, for callers that only resolve a name or check it exists.
+func (c *Client) Lookup(ctx context.Context, ref string) (*Sandbox, error) {
+	resp, err := c.api.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: ref, NoStats: true}))
 	if err != nil {
 		return nil, wrap("get sandbox "+ref, err)
 	}

@@ -55,7 +55,12 @@ func New(cfg Config) (*Driver, error) {
 	return &Driver{cfg: cfg}, nil
 }
 
+// handleVersion is the version of boxData Create writes (runtime.DecodeHandle):
+// 0 had no "v", 1 the same fields with it.
+const handleVersion = 1
+
 type boxData struct {
+	Version   int    `json:"v"`
 	Pid       int    `json:"pid"`
 	StartTime string `json:"start_time"` // /proc/pid/stat field 22 ("" off Linux)
 }
@@ -87,9 +92,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
+	if err := spec.Validate(); err != nil {
+		return h, err
+	}
 	for _, l := range spec.Image.Layers {
-		if _, err := os.Stat(l); err != nil {
-			return h, fmt.Errorf("image layer %q: %w", l, errdefs.ErrInvalidArgument)
+		if _, err := os.Stat(l.Dir); err != nil {
+			return h, fmt.Errorf("image layer %q: %w", l.Dir, errdefs.ErrInvalidArgument)
 		}
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -129,7 +137,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, fmt.Errorf("start agent: %w", err)
 	}
-	data = boxData{Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
+	data = boxData{Version: handleVersion, Pid: cmd.Process.Pid, StartTime: startTime(cmd.Process.Pid)}
 	_ = cmd.Process.Release() // reaped by pid in Destroy, also from a new Driver
 	raw, _ := json.Marshal(data)
 	if err := os.WriteFile(filepath.Join(dir, "handle.json"), raw, 0o600); err != nil {
@@ -147,13 +155,14 @@ func (d *Driver) load(h runtime.Handle) (string, boxData, error) {
 	if err != nil {
 		return "", boxData{}, err
 	}
-	var data boxData
-	raw := h.Data
-	if len(raw) == 0 {
-		raw, _ = os.ReadFile(filepath.Join(dir, "handle.json"))
+	if len(h.Data) == 0 {
+		h.Data, _ = os.ReadFile(filepath.Join(dir, "handle.json"))
 	}
-	_ = json.Unmarshal(raw, &data)
-	return dir, data, nil
+	data, _, err := runtime.DecodeHandle[boxData](h, handleVersion)
+	if errors.Is(err, runtime.ErrHandleVersion) {
+		return "", boxData{}, err
+	}
+	return dir, data, nil // undecodable: nothing known but the dir
 }
 
 // alive reports whether data still names our agent (not a reused pid).
@@ -217,6 +226,13 @@ func (d *Driver) Resume(_ context.Context, h runtime.Handle) error {
 
 func (d *Driver) Destroy(_ context.Context, h runtime.Handle) error {
 	dir, data, err := d.load(h)
+	if errors.Is(err, runtime.ErrHandleVersion) {
+		// A newer daemon's box: still destroyed, by the fields this
+		// version knows (the contract: Destroy works from the id alone).
+		if dir, err = d.dir(h.ID); err == nil {
+			_ = json.Unmarshal(h.Data, &data)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -311,4 +327,39 @@ func startTime(pid int) string {
 		}
 	}
 	return ""
+}
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// HostPids is the agent's pid (runtime.Prober).
+func (d *Driver) HostPids(_ context.Context, h runtime.Handle) ([]int, error) {
+	_, data, err := d.load(h)
+	if err != nil {
+		return nil, err
+	}
+	if !alive(data) {
+		return nil, nil
+	}
+	return []int{data.Pid}, nil
+}
+
+// Leftovers lists box dirs not in keep and their agents still alive
+// (runtime.Prober).
+func (d *Driver) Leftovers(_ context.Context, keep map[string]bool) ([]runtime.Leftover, error) {
+	ents, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []runtime.Leftover
+	for _, e := range ents {
+		if keep[e.Name()] || !validID.MatchString(e.Name()) {
+			continue
+		}
+		dir, data, _ := d.load(runtime.Handle{ID: e.Name()})
+		out = append(out, runtime.Leftover{ID: e.Name(), What: "dir " + dir})
+		if alive(data) {
+			out = append(out, runtime.Leftover{ID: e.Name(), What: fmt.Sprintf("agent process %d", data.Pid)})
+		}
+	}
+	return out, nil
 }

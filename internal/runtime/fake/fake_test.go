@@ -12,11 +12,15 @@ import (
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
 	agent := testutil.AgentBinary(t)
-	testsuite.Run(t, func(t *testing.T) runtime.Driver {
-		d, err := fake.New(fake.Config{StateDir: dir, AgentPath: agent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
+	testsuite.Run(t, testsuite.Config{
+		NewDriver: func(t *testing.T) runtime.Driver {
+			d, err := fake.New(fake.Config{StateDir: dir, AgentPath: agent})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+		LegacyHandle: testsuite.Unversioned,
+		NoIsolation:  true,
 	})
 }

@@ -26,12 +26,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // Driver runs boxes under runsc. Like the oci driver it keeps no per-box
@@ -75,7 +77,7 @@ func New(cfg Config) (*Driver, error) {
 		log:       log.With("driver", name),
 	}
 	if d.cgParent == "" {
-		d.cgParent = "sbx-gvisor"
+		d.cgParent = defaultCgroupParent
 	}
 	if !validCgroupParent.MatchString(d.cgParent) {
 		return nil, fmt.Errorf("gvisor: cgroup parent %q: %w", d.cgParent, errdefs.ErrInvalidArgument)
@@ -170,7 +172,8 @@ func installAgent(src, dir string) (string, error) {
 func (d *Driver) Name() string { return name }
 
 func (d *Driver) Info(context.Context) runtime.Info {
-	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities}
+	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities,
+		StoredIDs: idmap.Canonical}
 }
 
 // Close unmounts the empty network namespace runsc keeps in its root for
@@ -181,17 +184,9 @@ func (d *Driver) Close() error {
 	return hostmount.Unmount(filepath.Join(d.runscRoot, "null-netns"))
 }
 
-var (
-	validID           = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
-	validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
-)
+var validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
 
-func checkID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func checkID(id string) error { return ocibox.CheckID(id) }
 
 // Paths of a box.
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
@@ -202,14 +197,24 @@ func runDir(box string) string            { return filepath.Join(box, "run") }
 func mntDir(box string) string            { return filepath.Join(box, "mnt") }
 func sockPath(box string) string          { return filepath.Join(runDir(box), "agent.sock") }
 func execSock(box string) string          { return filepath.Join(runDir(box), "exec.sock") }
-func agentLog(box string) string          { return filepath.Join(box, "agent.log") }
-func runscLog(box string) string          { return filepath.Join(box, "runsc.log") }
+
+// The daemon's own links to the agent's sockets, in the box dir, which the
+// box cannot reach (pinSockets).
+func agentLink(box string) string { return filepath.Join(box, "agent.sock") }
+func execLink(box string) string  { return filepath.Join(box, "exec.sock") }
+func agentLog(box string) string  { return filepath.Join(box, "agent.log") }
+func runscLog(box string) string  { return filepath.Join(box, "runsc.log") }
 
 // The agent's sockets as the box sees them (runDir is bound there).
 const (
 	runInBox   = "/.sbx/run"
-	agentInBox = "/.sbx/sbx-agent"
+	agentInBox = ocibox.AgentInBox
 )
+
+// handleVersion is the version of handleData Create writes
+// (runtime.DecodeHandle); the driver has written only 1. Everything else
+// follows from the box id.
+const handleVersion = 1
 
 // handleData is the driver-private part of a Handle: a version, so a newer
 // daemon can tell how an older one made the box.
@@ -224,56 +229,36 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if spec.NetNS != "" {
-		return h, fmt.Errorf("gvisor: boxes have no network yet (got network namespace %s): %w", spec.NetNS, errdefs.ErrFailedPrecondition)
+	if spec.Network != nil {
+		return h, fmt.Errorf("gvisor: boxes have no network yet (got an attachment to %q): %w", spec.Network.NetNSPath(), errdefs.ErrFailedPrecondition)
 	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+	if err := spec.Validate(); err != nil {
 		return h, err
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
 	if err != nil {
 		return h, err
 	}
-	box := d.boxDir(spec.ID)
-	if len(execSock(box)) >= len(unix.RawSockaddrUnix{}.Path) {
-		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", execSock(box), errdefs.ErrInvalidArgument)
-	}
-	if err := os.Mkdir(box, 0o711); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
-		}
-		return h, fmt.Errorf("create box dir: %w", err)
-	}
-	var undo []func() error
+	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				if uerr := undo[i](); uerr != nil {
-					d.log.Warn("rolling back box", "id", spec.ID, "err", uerr)
-				}
+			if uerr := undo.Run(); uerr != nil {
+				d.log.Warn("rolling back box", "id", spec.ID, "err", uerr)
 			}
 		}
 	}()
-	undo = append(undo, func() error { return d.removeBoxDir(box) })
-
-	root := int(idmap.Canonical.Base)
-	rw := rwDir(box)
-	if err := os.Mkdir(rw, 0o700); err != nil {
-		return h, fmt.Errorf("create rw dir: %w", err)
-	}
-	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	box, err := ocibox.MakeBoxDir(d.boxesDir, spec.ID, &undo, d.removeBoxDir, execSock(d.boxDir(spec.ID)))
+	if err != nil {
 		return h, err
 	}
-	undo = append(undo, func() error { return hostmount.Unmount(rw) })
-	upper, work, tmp := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), tmpDir(box)
-	for _, dir := range []string{upper, work, tmp} {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return h, fmt.Errorf("create overlay dirs: %w", err)
-		}
-		if err := os.Chown(dir, root, root); err != nil {
-			return h, fmt.Errorf("chown overlay dirs: %w", err)
-		}
+
+	root := int(idmap.Canonical.Base)
+	// /tmp lives on the box's disk too (see mounts).
+	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo, filepath.Base(tmpDir(box)))
+	if err != nil {
+		return h, err
 	}
+	tmp := tmpDir(box)
 	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
 		return h, fmt.Errorf("chmod tmp dir: %w", err)
 	}
@@ -284,7 +269,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := overlay.Mount(rootfs, lowers, upper, work, "", 0); err != nil {
 		return h, fmt.Errorf("mount rootfs: %w", err)
 	}
-	undo = append(undo, func() error { return hostmount.Unmount(rootfs) })
+	undo.Add(func() error { return hostmount.Unmount(rootfs) })
 	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
 		return h, err
 	}
@@ -310,58 +295,51 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.WriteFile(filepath.Join(box, "config.json"), cfgJSON, 0o600); err != nil {
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
-	undo = append(undo, func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
+	undo.Add(func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
 	if err := d.start(ctx, spec.ID, box); err != nil {
 		return h, err
 	}
-	raw, _ := json.Marshal(handleData{Version: 1})
+	if err := pinSockets(box); err != nil {
+		return h, err
+	}
+	raw, _ := json.Marshal(handleData{Version: handleVersion})
 	return runtime.Handle{ID: spec.ID, Driver: name, Data: raw}, nil
 }
 
 // lowers returns the image's lower dirs, lowest first, and whether the
 // host's /usr is to be bound over the host image's.
 func (d *Driver) lowers(img runtime.Image) ([]string, bool, error) {
-	c := int(idmap.Canonical.Base)
-	if len(img.Layers) == 0 {
-		if img.Name != "host" && img.Name != "" {
-			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
-		}
-		dir, err := hostimage.Ensure(d.imagesDir, c, c)
-		return []string{dir}, true, err
-	}
-	for _, l := range img.Layers {
-		fi, err := os.Stat(l)
-		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
-			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
-		}
-	}
-	if img.OnHost {
-		dir, err := hostimage.Ensure(d.imagesDir, c, c)
-		return append([]string{dir}, img.Layers...), true, err
-	}
-	return img.Layers, false, nil
+	return ocibox.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
-// boxMounts turns the spec's mounts into bind sources: plain host dirs as
-// they are, overlays (codebases) mounted on the host under the box dir
-// first, as the box's root would see them.
-func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error) ([]runtime.Mount, error) {
-	out := make([]runtime.Mount, 0, len(ms))
+// boxMounts turns the spec's mounts into binds runsc's gofer serves:
+// volumes' and files' dirs as they are (runsc's user namespace shows their
+// stored owners), codebases' overlays mounted on the host under the box
+// dir first, as the box's root would see them.
+func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *cleanup.Stack) ([]ocibox.Bind, error) {
+	out := make([]ocibox.Bind, 0, len(ms))
 	for i, m := range ms {
-		if m.Overlay == nil {
-			out = append(out, m)
-			continue
+		b := ocibox.Bind{Destination: m.Destination, ReadOnly: m.ReadOnly}
+		switch {
+		case m.Volume != nil:
+			b.Source = m.Volume.Dir
+		case m.Files != nil:
+			b.Source = m.Files.Dir
+		case m.Codebase != nil:
+			target := filepath.Join(mntDir(box), strconv.Itoa(i))
+			if err := os.MkdirAll(target, 0o700); err != nil {
+				return nil, fmt.Errorf("create mount point for %s: %w", m.Destination, err)
+			}
+			c := m.Codebase
+			if err := overlay.Mount(target, []string{c.Lower}, c.Upper, c.Work, "", 0); err != nil {
+				return nil, fmt.Errorf("mount codebase %s at %s: %w", c.Name, m.Destination, err)
+			}
+			undo.Add(func() error { return hostmount.Unmount(target) })
+			b.Source = target
+		default:
+			return nil, fmt.Errorf("mount at %s: no volume, codebase or files: %w", m.Destination, errdefs.ErrInvalidArgument)
 		}
-		target := filepath.Join(mntDir(box), strconv.Itoa(i))
-		if err := os.MkdirAll(target, 0o700); err != nil {
-			return nil, fmt.Errorf("create mount point for %s: %w", m.Destination, err)
-		}
-		if err := overlay.Mount(target, []string{m.Overlay.Lower}, m.Overlay.Upper, m.Overlay.Work, "", 0); err != nil {
-			return nil, fmt.Errorf("mount overlay for %s: %w", m.Destination, err)
-		}
-		*undo = append(*undo, func() error { return hostmount.Unmount(target) })
-		m.Source, m.Overlay = target, nil
-		out = append(out, m)
+		out = append(out, b)
 	}
 	return out, nil
 }
@@ -369,7 +347,7 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *[]func() error)
 // command is runsc with the flags every call for this driver's boxes takes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
 	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
-		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
+		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore", "--oci-seccomp"}
 	return exec.CommandContext(ctx, d.runsc, append(base, args...)...)
 }
 
@@ -422,19 +400,7 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 }
 
 // logTail returns the end of the first non-empty log for error messages.
-func logTail(paths ...string) string {
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil || len(bytes.TrimSpace(b)) == 0 {
-			continue
-		}
-		if len(b) > 2048 {
-			b = b[len(b)-2048:]
-		}
-		return "; log: " + strings.TrimSpace(string(b))
-	}
-	return ""
-}
+func logTail(paths ...string) string { return ocibox.LogTail(paths...) }
 
 // state is what `runsc state` reports.
 type state struct {
@@ -459,9 +425,21 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	if err := checkID(h.ID); err != nil {
 		return h, err
 	}
+	if _, _, err := runtime.DecodeHandle[handleData](h, handleVersion); errors.Is(err, runtime.ErrHandleVersion) {
+		return h, err // a newer daemon's box: left alone
+	}
 	st, err := d.state(ctx, h.ID)
 	if err == nil && (st.Status == "running" || st.Status == "paused") {
-		if fi, serr := os.Lstat(sockPath(d.boxDir(h.ID))); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
+		box := d.boxDir(h.ID)
+		if _, lerr := os.Lstat(agentLink(box)); errors.Is(lerr, fs.ErrNotExist) {
+			// A box made before sockets were pinned: pin them now, so
+			// from here on the box cannot cut the daemon off by
+			// unlinking them (the files are checked to be sockets).
+			if perr := pinSockets(box); perr != nil {
+				d.log.Warn("pinning the agent sockets of a recovered box", "id", h.ID, "err", perr)
+			}
+		}
+		if fi, serr := os.Lstat(agentSocket(box)); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
 			return h, nil
 		}
 	}
@@ -551,7 +529,7 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	c, err := dialSocket(ctx, sockPath(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, agentSocket(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
@@ -563,11 +541,53 @@ func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, erro
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	c, err := dialSocket(ctx, execSock(d.boxDir(h.ID)))
+	c, err := dialSocket(ctx, execSocket(d.boxDir(h.ID)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent exec socket of box %s: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// pinSockets hard-links the agent's sockets, which runsc's gofer made in the
+// box's run dir, into the box dir, where the daemon dials them from then on.
+// The run dir is the box's: its root can unlink the socket files there (an
+// `mv /.sbx` that falls back to copy-and-delete does), which left a
+// running box nobody could reach; the links are out of its reach, and a
+// socket stays bound to its inode while any link to it is left. Each file
+// is opened O_PATH|O_NOFOLLOW, checked to be a socket and linked by fd
+// (AT_EMPTY_PATH), so a link planted in its place is never followed.
+func pinSockets(box string) error {
+	for _, p := range [][2]string{{sockPath(box), agentLink(box)}, {execSock(box), execLink(box)}} {
+		fd, err := unix.Open(p[0], unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("pin agent socket: %w", &fs.PathError{Op: "open", Path: p[0], Err: err})
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(fd, &st)
+		if err == nil && st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			err = fmt.Errorf("%s is not a socket (mode %#o): %w", p[0], st.Mode, errdefs.ErrFailedPrecondition)
+		}
+		if err == nil {
+			err = unix.Linkat(fd, "", unix.AT_FDCWD, p[1], unix.AT_EMPTY_PATH)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("pin agent socket %s: %w", p[0], err)
+		}
+	}
+	return nil
+}
+
+// agentSocket and execSocket are where the daemon dials the agent: the
+// pinned links, or for a box made before sockets were pinned, the run dir.
+func agentSocket(box string) string { return pinnedOr(agentLink(box), sockPath(box)) }
+func execSocket(box string) string  { return pinnedOr(execLink(box), execSock(box)) }
+
+func pinnedOr(link, run string) string {
+	if _, err := os.Lstat(link); err == nil {
+		return link
+	}
+	return run
 }
 
 // dialSocket connects to the Unix socket at path without following a

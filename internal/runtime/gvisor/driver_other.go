@@ -40,3 +40,6 @@ func (*Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 }
 func (*Driver) Dial(context.Context, runtime.Handle) (net.Conn, error) { return nil, errUnsupported }
 func (*Driver) Cleanup(context.Context, map[string]bool) error         { return errUnsupported }
+
+// Leftovers lists nothing off Linux.
+func Leftovers(Config, map[string]bool) ([]runtime.Leftover, error) { return nil, errUnsupported }

@@ -55,9 +55,17 @@ type Config struct {
 // name is the driver's runtime name.
 const name = "gvisor"
 
+// defaultCgroupParent is Config.CgroupParent's default.
+const defaultCgroupParent = "sbx-gvisor"
+
 // capabilities are what every gvisor box offers. Not (yet): network,
 // snapshot, update, path-policies (the agent's FUSE guards need a /dev/fuse
-// the driver does not give).
+// the driver does not give), process-limits (gVisor's kernel and every
+// process in the box share one host cgroup: a process that exhausts the
+// box's memory gets the whole sandbox OOM-killed, and the box's processes
+// are tasks of gVisor's kernel, not host processes, so the host's pids
+// limit bounds runsc's threads, not a fork bomb inside, which grows until
+// the memory limit ends the sandbox).
 var capabilities = []runtime.Capability{
 	runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
 	runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage, runtime.CapDiskInMemory,

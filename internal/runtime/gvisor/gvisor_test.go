@@ -80,7 +80,7 @@ func TestConformance(t *testing.T) {
 	testutil.RequiresRoot(t)
 	runscPath(t)
 	dir, cg := stateRoot(t)
-	testsuite.Run(t, func(t *testing.T) runtime.Driver { return newDriver(t, dir, cg) })
+	testsuite.Run(t, testsuite.Config{NewDriver: func(t *testing.T) runtime.Driver { return newDriver(t, dir, cg) }})
 	checkNoLeftovers(t, dir, cg)
 }
 

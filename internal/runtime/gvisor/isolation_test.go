@@ -4,11 +4,9 @@ package gvisor_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,40 +18,24 @@ import (
 	"github.com/sbxdev/sbx/internal/testutil"
 )
 
-// TestIsolation: a box runs on gVisor's kernel, sees none of the host's
-// files or processes, and its disk is bounded by its limit on the host.
+// TestIsolation: a box runs on gVisor's kernel and its files are its
+// root's. What every driver must hold (no host files, processes or
+// services, capabilities, seccomp, confined host processes, the disk
+// bound, an immutable agent) the conformance suite checks.
 func TestIsolation(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir, cg := stateRoot(t)
 	d := newDriver(t, dir, cg)
-	secret := filepath.Join(t.TempDir(), "host-secret")
-	if err := os.WriteFile(secret, []byte("s3cret"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	spec := testsuite.NewSpec("iso")
-	spec.Resources.DiskBytes = 16 << 20
-	h := testsuite.Create(t, d, spec)
+	h := testsuite.Create(t, d, testsuite.NewSpec("iso"))
 	for _, tc := range []struct {
 		name string
 		argv []string
 		ok   func(r testsuite.ExecResult) bool
 		want string
 	}{
-		{"gvisor kernel", []string{"dmesg"}, func(r testsuite.ExecResult) bool { return strings.Contains(r.Stdout, "gVisor") }, "dmesg mentions gVisor"},
-		{"no host file", []string{"cat", secret}, func(r testsuite.ExecResult) bool { return r.ExitCode != 0 && !strings.Contains(r.Stdout, "s3cret") }, "cat fails"},
-		{"no host process", []string{"sh", "-c", "test -e /proc/" + strconv.Itoa(os.Getpid()) + "/cmdline && cat /proc/" + strconv.Itoa(os.Getpid()) + "/cmdline"},
-			func(r testsuite.ExecResult) bool { return !strings.Contains(r.Stdout, ".test") }, "the test binary's pid not visible"},
-		{"agent is init", []string{"cat", "/proc/1/cmdline"}, func(r testsuite.ExecResult) bool { return strings.HasPrefix(r.Stdout, "/.sbx/sbx-agent") }, "pid 1 is the agent"},
-		{"agent immutable", []string{"sh", "-c", "echo x > /.sbx/sbx-agent"}, func(r testsuite.ExecResult) bool { return r.ExitCode != 0 }, "writing the agent fails"},
+		// dmesg would say so too, but the seccomp profile refuses syslog.
+		{"gvisor kernel", []string{"cat", "/proc/version"}, func(r testsuite.ExecResult) bool { return strings.Contains(r.Stdout, "gvisor") }, "/proc/version names gvisor"},
 		{"root owns root", []string{"stat", "-c", "%u:%g", "/etc/hostname"}, func(r testsuite.ExecResult) bool { return r.Stdout == "0:0\n" }, "0:0"},
-		{"disk bound in /tmp", []string{"dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=64"},
-			func(r testsuite.ExecResult) bool {
-				return r.ExitCode != 0 && strings.Contains(r.Stderr, "No space left")
-			}, "ENOSPC"},
-		{"disk bound in /root", []string{"sh", "-c", "rm -f /tmp/fill; dd if=/dev/zero of=/root/fill bs=1M count=64"},
-			func(r testsuite.ExecResult) bool {
-				return r.ExitCode != 0 && strings.Contains(r.Stderr, "No space left")
-			}, "ENOSPC"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testsuite.MustExec(t, d, h, tc.argv...)
@@ -61,13 +43,6 @@ func TestIsolation(t *testing.T) {
 				t.Errorf("%q: got %+v, want %s", tc.argv, r, tc.want)
 			}
 		})
-	}
-	st, err := d.Stats(context.Background(), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.DiskUsedBytes > spec.Resources.DiskBytes {
-		t.Errorf("disk used on the host = %d, want ≤ the %d limit", st.DiskUsedBytes, spec.Resources.DiskBytes)
 	}
 }
 
@@ -86,7 +61,7 @@ func TestVolumeMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := testsuite.NewSpec("vol")
-	spec.Mounts = []runtime.Mount{{Source: vol, Destination: "/data"}}
+	spec.Mounts = []runtime.Mount{{Volume: &runtime.VolumeMount{Name: "vol", Dir: vol}, Destination: "/data"}}
 	h := testsuite.Create(t, d, spec)
 	if r := testsuite.MustExec(t, d, h, "sh", "-c", "echo hi > /data/f"); r.ExitCode != 0 {
 		t.Fatalf("write to the volume: %+v", r)
@@ -102,28 +77,6 @@ func TestVolumeMount(t *testing.T) {
 	if st := fi.Sys().(*syscall.Stat_t); st.Uid != uint32(c) {
 		t.Errorf("file the box's root wrote is host uid %d, want %d (the canonical root)", st.Uid, c)
 	}
-}
-
-// TestCreateTimeoutLeavesNothing: a create cut off by its context at any
-// point leaves no box dir, mount, runsc state or cgroup behind.
-func TestCreateTimeoutLeavesNothing(t *testing.T) {
-	testutil.RequiresRoot(t)
-	dir, cg := stateRoot(t)
-	d := newDriver(t, dir, cg)
-	for _, after := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond, 120 * time.Millisecond} {
-		ctx, cancel := context.WithTimeout(context.Background(), after)
-		h, err := d.Create(ctx, testsuite.NewSpec("cut"))
-		cancel()
-		if err == nil {
-			// Fast enough: the box exists and must go the ordinary way.
-			if err := d.Destroy(context.Background(), h); err != nil {
-				t.Fatalf("Destroy: %v", err)
-			}
-		} else if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "killed") && !strings.Contains(err.Error(), "deadline") {
-			t.Logf("create cut after %v: %v", after, err)
-		}
-	}
-	checkNoLeftovers(t, dir, cg)
 }
 
 // TestDestroyWithoutRunscState: a box whose runsc state file is gone (runsc
@@ -155,7 +108,8 @@ func TestDestroyWithoutRunscState(t *testing.T) {
 
 // TestAgentSocketLinkNotFollowed: box root replaces the agent's socket
 // file (which runsc's gofer makes on the host) with a symlink to a host
-// socket; the daemon's dial must not reach that host socket.
+// socket; the daemon's dial must not reach that host socket, and still
+// reaches the agent (through the links pinSockets made).
 func TestAgentSocketLinkNotFollowed(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir, cg := stateRoot(t)
@@ -188,17 +142,43 @@ func TestAgentSocketLinkNotFollowed(t *testing.T) {
 		t.Fatalf("the box's link is not on the host (%v, %v): the test proves nothing", fi, err)
 	}
 	ctx := context.Background()
-	if c, err := d.Dial(ctx, h); err == nil {
-		c.Close()
-		t.Errorf("Dial through the box's link succeeded, want it refused")
+	if err := testsuite.Hello(ctx, d, h); err != nil {
+		t.Errorf("Hello after the box replaced its sockets: %v, want the agent reached", err)
 	}
-	if c, err := d.DialExec(ctx, h); err == nil {
+	if c, err := d.DialExec(ctx, h); err != nil {
+		t.Errorf("DialExec after the box replaced its sockets: %v, want the agent reached", err)
+	} else {
 		c.Close()
-		t.Errorf("DialExec through the box's link succeeded, want it refused")
 	}
 	select {
 	case <-reached:
 		t.Errorf("the host socket the box linked to was connected to")
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestRecoverPinsOlderBoxSockets: a box made before the driver pinned the
+// agent's sockets (no links in its box dir) gets them pinned when a new
+// driver recovers it, so box root unlinking the files in /.sbx/run no
+// longer cuts the daemon off from its agent.
+func TestRecoverPinsOlderBoxSockets(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir, cg := stateRoot(t)
+	d := newDriver(t, dir, cg)
+	h := testsuite.Create(t, d, testsuite.NewSpec("oldpin"))
+	box := filepath.Join(dir, "boxes", h.ID)
+	for _, l := range []string{"agent.sock", "exec.sock"} { // as an older driver left it
+		if err := os.Remove(filepath.Join(box, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	d2 := newDriver(t, dir, cg)
+	if _, err := d2.Recover(ctx, h); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	testsuite.MustExec(t, d2, h, "sh", "-c", "rm -f /.sbx/run/agent.sock /.sbx/run/exec.sock")
+	if err := testsuite.Hello(ctx, d2, h); err != nil {
+		t.Errorf("Hello after box root unlinked the sockets of a recovered box: %v", err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,21 +18,16 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/safepath"
 )
 
-const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
-
-// boxCapabilities is Docker's default set, as capabilities of gVisor's
-// kernel, not the host's. No CAP_SYS_ADMIN: boxes get no path policies.
-var boxCapabilities = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
-	"CAP_SETFCAP",
-}
+// boxCapabilities is Docker's default set (ocibox.Capabilities), as
+// capabilities of gVisor's kernel, not the host's. No CAP_SYS_ADMIN: boxes
+// get no path policies.
+var boxCapabilities = ocibox.Capabilities
 
 // pidsOverhead is added to a box's pids limit for runsc's own host
 // threads (sentry, gofer, systrap stubs): runsc does not start at all under
@@ -51,23 +45,11 @@ type specParams struct {
 	Agent       string
 	RunDir      string
 	TmpDir      string
-	Mounts      []runtime.Mount
+	Mounts      []ocibox.Bind
 	CgroupsPath string
 }
 
 func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
-	env := append([]string(nil), spec.Env...)
-	hasPath := false
-	for _, e := range env {
-		hasPath = hasPath || strings.HasPrefix(e, "PATH=")
-	}
-	if !hasPath {
-		env = append(env, defaultPath)
-	}
-	cwd := spec.Workdir
-	if cwd == "" {
-		cwd = "/"
-	}
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
@@ -77,23 +59,13 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
-	caps := append([]string(nil), boxCapabilities...)
 	c := idmap.Canonical
 	return &specs.Spec{
 		Version:  "1.0.2",
 		Hostname: hostname,
 		Root:     &specs.Root{Path: p.Rootfs},
-		Process: &specs.Process{
-			Args: args,
-			Env:  env,
-			Cwd:  cwd,
-			User: specs.User{UID: 0, GID: 0},
-			Capabilities: &specs.LinuxCapabilities{
-				Bounding: caps, Effective: caps, Permitted: caps,
-			},
-			NoNewPrivileges: true,
-		},
-		Mounts: mounts(p),
+		Process:  ocibox.Process(args, spec.Env, spec.Workdir, boxCapabilities),
+		Mounts:   mounts(p),
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
@@ -103,37 +75,28 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 			},
 			CgroupsPath: p.CgroupsPath,
 			Resources:   resources(spec.Resources),
+			// Installed in gVisor's kernel (runsc --oci-seccomp): the box's
+			// syscalls to the sentry are filtered as under oci.
+			Seccomp: ocibox.Seccomp(),
 		},
 	}
 }
 
 func mounts(p specParams) []specs.Mount {
-	ms := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-	}
+	ms := append(ocibox.DevMounts(),
+		specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	if p.HostImage {
-		ms = append(ms, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+		ms = append(ms, ocibox.HostUsr())
 	}
 	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
 	// empty /tmp, in the sandbox's memory and outside the disk limit. This
 	// one lives on the box's disk tmpfs next to the writable layer.
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
-		specs.Mount{Destination: agentInBox, Type: "bind", Source: p.Agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		ocibox.AgentMount(p.Agent),
 		specs.Mount{Destination: runInBox, Type: "bind", Source: p.RunDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	)
-	for _, m := range p.Mounts {
-		opt := "rw"
-		if m.ReadOnly {
-			opt = "ro"
-		}
-		ms = append(ms, specs.Mount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: []string{"rbind", opt, "nosuid", "nodev"}})
-	}
-	return ms
+	return append(ms, ocibox.BindMounts(p.Mounts, true)...)
 }
 
 func resources(r runtime.Resources) *specs.LinuxResources {
@@ -164,23 +127,9 @@ func prepareRootfs(rootfs string, spec runtime.Spec, root int, log *slog.Logger)
 		return fmt.Errorf("open rootfs: %w", err)
 	}
 	defer r.Close()
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = spec.ID
-	}
-	files := map[string]string{
-		"etc/hostname": hostname + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if len(spec.DNS) > 0 {
-		var rc strings.Builder
-		for _, ns := range spec.DNS {
-			if net.ParseIP(ns) == nil {
-				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
-			}
-			rc.WriteString("nameserver " + ns + "\n")
-		}
-		files["etc/resolv.conf"] = rc.String()
+	files, err := ocibox.EtcFiles(spec)
+	if err != nil {
+		return err
 	}
 	if err := mkdirAll(r, "etc", root); err != nil {
 		log.Debug("not writing into the image's /etc", "err", err)
@@ -242,26 +191,12 @@ func writeFile(r *safepath.Root, rel, content string, uid int) error {
 	return r.Lchown(rel, uid, uid)
 }
 
-// cgroupRoots are the hierarchies a cgroup dir may be in: every v1
-// controller, the unified one, or a pure v2 root.
-func cgroupRoots() []string {
-	roots := []string{"/sys/fs/cgroup"}
-	if ents, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
-		for _, e := range ents {
-			if e.IsDir() {
-				roots = append(roots, filepath.Join("/sys/fs/cgroup", e.Name()))
-			}
-		}
-	}
-	return roots
-}
-
 // removeCgroups removes the cgroup dirs of box id under parent in every
 // hierarchy: runsc leaves them when it is killed mid-way. Missing ones are
 // fine.
 func removeCgroups(parent, id string) error {
 	var errs []error
-	for _, root := range cgroupRoots() {
+	for _, root := range ocibox.CgroupRoots() {
 		dir := filepath.Join(root, parent, id)
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
@@ -273,7 +208,7 @@ func removeCgroups(parent, id string) error {
 // removeCgroupParent removes the driver's parent cgroup dirs that no box
 // uses any more (a busy one stays).
 func removeCgroupParent(parent string) {
-	for _, root := range cgroupRoots() {
+	for _, root := range ocibox.CgroupRoots() {
 		_ = unix.Rmdir(filepath.Join(root, parent))
 	}
 }
@@ -283,7 +218,7 @@ func removeCgroupParent(parent string) {
 func killCgroup(ctx context.Context, parent, id string) error {
 	for {
 		var pids []int
-		for _, root := range cgroupRoots() {
+		for _, root := range ocibox.CgroupRoots() {
 			b, err := os.ReadFile(filepath.Join(root, parent, id, "cgroup.procs"))
 			if err != nil {
 				continue

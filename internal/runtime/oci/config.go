@@ -95,15 +95,6 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// The canonical range (idmap.Canonical): trees boxes see (image layers,
-// writable layers, codebases, volumes) are stored with box uid u as host
-// uid idMapBase+u; each box sees them in its own range through idmapped
-// mounts.
-const (
-	idMapBase = 100000
-	idMapSize = 65536
-)
-
 // DefaultBoxesCPUShares is Config.BoxesCPUShares's default: all boxes
 // together weigh as an eighth of one busy host process, so that the
 // daemon and the agents' control path (whose requests the daemon serves)

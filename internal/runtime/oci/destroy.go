@@ -37,7 +37,7 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	if err := checkID(h.ID); err != nil {
 		return err
 	}
-	data := parseData(h)
+	data, _ := parseData(h) // unreadable or newer: torn down by the id alone
 	return d.destroy(ctx, h.ID, &data)
 }
 
@@ -123,7 +123,10 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 	if err := checkID(h.ID); err != nil {
 		return h, err
 	}
-	data := parseData(h)
+	data, err := parseData(h)
+	if errors.Is(err, runtime.ErrHandleVersion) {
+		return h, err // a newer daemon's box: left alone
+	}
 	// Fast path, no runtime process (a restart re-attaches every box, and
 	// `runc state` costs a fork/exec of the runtime each): the init recorded
 	// at create is still there (start time checked, so not a reused pid)

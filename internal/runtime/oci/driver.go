@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostimage"
@@ -31,6 +32,7 @@ import (
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
@@ -69,8 +71,14 @@ type Driver struct {
 
 var _ runtime.Driver = (*Driver)(nil)
 
+// handleVersion is the version of boxData Create writes
+// (runtime.DecodeHandle). 0: the same fields without "v" (IDs zero in the
+// oldest); 1: "v" added.
+const handleVersion = 1
+
 // boxData is the driver-private part of a Handle.
 type boxData struct {
+	Version int    `json:"v"`
 	Runtime string `json:"runtime"`
 	Pid     int    `json:"pid"`
 	// StartTime (/proc/pid/stat field 22) guards against pid reuse.
@@ -105,7 +113,7 @@ func New(cfg Config) (*Driver, error) {
 		log:       log.With("driver", "oci"),
 		caps: []runtime.Capability{runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
 			runtime.CapUpdate, runtime.CapSnapshot, runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage,
-			runtime.CapDiskInMemory},
+			runtime.CapDiskInMemory, runtime.CapProcessLimits},
 	}
 	if cfg.Network {
 		d.caps = append(d.caps, runtime.CapNetwork)
@@ -320,19 +328,13 @@ func (d *Driver) Info(ctx context.Context) runtime.Info {
 		Healthy:      d.healthy,
 		Detail:       d.detail,
 		Capabilities: d.caps,
+		StoredIDs:    idmap.Canonical,
 	}
 }
 
 var validCgroupParent = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
 
-var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
-
-func checkID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("box id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func checkID(id string) error { return ocibox.CheckID(id) }
 
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
 
@@ -353,32 +355,26 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+	if err := spec.Validate(); err != nil {
 		return h, err
 	}
+	netns := spec.Network.NetNSPath()
 	lowers, hostImage, err := d.lowers(spec.Image)
 	if err != nil {
 		return h, err
 	}
-	box := d.boxDir(spec.ID)
-	if len(sockPath(box)) >= len(unix.RawSockaddrUnix{}.Path) {
-		return h, fmt.Errorf("socket path %s too long; use a shorter state dir: %w", sockPath(box), errdefs.ErrInvalidArgument)
-	}
-	if err := os.Mkdir(box, 0o711); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return h, fmt.Errorf("box %s: %w", spec.ID, errdefs.ErrAlreadyExists)
-		}
-		return h, fmt.Errorf("create box dir: %w", err)
-	}
-	var undo cleanupStack
+	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
-			if cerr := undo.run(); cerr != nil {
+			if cerr := undo.Run(); cerr != nil {
 				d.log.Warn("rolling back box", "id", spec.ID, "err", cerr)
 			}
 		}
 	}()
-	undo.add(func() error { return os.RemoveAll(box) })
+	box, err := ocibox.MakeBoxDir(d.boxesDir, spec.ID, &undo, os.RemoveAll, sockPath(d.boxDir(spec.ID)))
+	if err != nil {
+		return h, err
+	}
 	if err := os.WriteFile(agentLayerFile(box), []byte(filepath.Base(d.agentLayer)+"\n"), 0o600); err != nil {
 		return h, fmt.Errorf("record agent layer: %w", err)
 	}
@@ -388,28 +384,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	defer ids.Close()
 
-	// Writable layer: a tmpfs bounding its size (its pages are charged to the
-	// memory cgroup of whoever writes them, i.e. the box).
+	// Writable layer: a tmpfs bounding its size, its dirs stored in the
+	// canonical range like every tree, shown to the box (and to the
+	// overlay, which works in them as box root) in its own.
 	rw := rwDir(box)
-	if err := os.Mkdir(rw, 0o700); err != nil {
-		return h, fmt.Errorf("create rw dir: %w", err)
-	}
-	if err := hostmount.Tmpfs(rw, spec.Resources.DiskBytes); err != nil {
+	if _, _, err := ocibox.WritableLayer(rw, spec.Resources.DiskBytes, int(idmap.Canonical.Base), &undo); err != nil {
 		return h, err
-	}
-	undo.add(func() error { return hostmount.Unmount(rw) })
-	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
-	for _, dir := range []string{upper, work} {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return h, fmt.Errorf("create overlay dirs: %w", err)
-		}
-	}
-	// Stored in the canonical range like every tree, shown to the box (and
-	// to the overlay, which works in them as box root) in its own.
-	for _, dir := range []string{upper, work} {
-		if err := os.Chown(dir, int(idmap.Canonical.Base), int(idmap.Canonical.Base)); err != nil {
-			return h, fmt.Errorf("chown overlay dirs: %w", err)
-		}
 	}
 	if err := ids.mapDir(rw, rwMapDir(box), false); err != nil {
 		return h, fmt.Errorf("writable layer: %w", err)
@@ -431,7 +411,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			filepath.Join(rwMapDir(box), "upper"), filepath.Join(rwMapDir(box), "work"), "", 0); err != nil {
 			return err
 		}
-		undo.add(func() error { return hostmount.Unmount(rootfs) })
+		undo.Add(func() error { return hostmount.Unmount(rootfs) })
 		return d.prepareRootfs(rootfs, spec, int(ids.r.Base))
 	})
 	if err != nil {
@@ -446,18 +426,18 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		if fuseDev, err = makeFuseDevice(box, ids.r.Base); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
+		undo.Add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
 	}
 	sysfs := ""
-	if spec.NetNS != "" {
+	if netns != "" {
 		sysfs = sysfsDir(box)
 		if err := os.Mkdir(sysfs, 0o555); err != nil {
 			return h, fmt.Errorf("create sysfs dir: %w", err)
 		}
-		if err := mountSysfsIn(spec.NetNS, sysfs); err != nil {
+		if err := mountSysfsIn(netns, sysfs); err != nil {
 			return h, err
 		}
-		undo.add(func() error { return hostmount.Unmount(sysfs) })
+		undo.Add(func() error { return hostmount.Unmount(sysfs) })
 	}
 
 	hostname := spec.Hostname
@@ -467,7 +447,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	ociSpec := buildSpec(specParams{
 		ID: spec.ID, CgroupParent: d.cg.parent, Hostname: hostname, Command: spec.Command, Env: spec.Env, Workdir: spec.Workdir,
 		Resources: spec.Resources, HostImage: hostImage, AgentPath: filepath.Join(rootfs, agentInBox),
-		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: spec.NetNS, SysfsSource: sysfs,
+		NoFile: d.boxNoFile(spec.Resources.Pids), SwapLimit: d.swapLimit, NetNS: netns, SysfsSource: sysfs,
 		Mounts: mounts, FuseDevice: fuseDev, AgentSeccomp: d.agentSeccomp, IDs: ids.r, UserNS: userNSFile(box),
 		UserCgroups: len(d.cg.userCgroupControllers()),
 	})
@@ -483,15 +463,15 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	tPrepared := time.Now()
-	data := boxData{Runtime: d.rt.path, Dir: box, IDs: ids.r}
+	data := boxData{Version: handleVersion, Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
-	undo.add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
+	undo.Add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
 	crashpoint.Hit("oci-create-rootfs")
 	userCgroups, err := d.cg.makeUserCgroups(spec.ID, spec.Resources, d.swapLimit)
 	if err != nil {
 		return h, err
 	}
-	ready, err := d.start(ctx, spec.ID, box, spec.NetNS, userCgroups, &data)
+	ready, err := d.start(ctx, spec.ID, box, netns, userCgroups, &data)
 	if err != nil {
 		return h, err
 	}
@@ -503,7 +483,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}
 	raw, _ := json.Marshal(data)
-	undo.release()
+	undo.Release()
 	d.log.Debug("box created", "id", spec.ID, "prepare", tPrepared.Sub(t0), "runtime", tStarted.Sub(tPrepared),
 		"agent", time.Since(tStarted))
 	return runtime.Handle{ID: spec.ID, Driver: "oci", Data: raw}, nil
@@ -511,50 +491,19 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 
 // lowers returns the image's lower dirs, lowest first.
 func (d *Driver) lowers(img runtime.Image) (lowers []string, hostImage bool, err error) {
-	if len(img.Layers) == 0 {
-		if img.Name != "host" && img.Name != "" {
-			return nil, false, fmt.Errorf("image %q has no layers: %w", img.Name, errdefs.ErrInvalidArgument)
-		}
-		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
-		return []string{dir}, true, err
-	}
-	for _, l := range img.Layers {
-		fi, err := os.Stat(l)
-		if err != nil || !fi.IsDir() || !filepath.IsAbs(l) {
-			return nil, false, fmt.Errorf("image layer %q: not an absolute directory: %w", l, errdefs.ErrInvalidArgument)
-		}
-	}
-	if img.OnHost {
-		dir, err := hostimage.Ensure(d.imagesDir, int(idmap.Canonical.Base), int(idmap.Canonical.Base))
-		return append([]string{dir}, img.Layers...), true, err
-	}
-	return img.Layers, false, nil
+	return ocibox.Lowers(d.imagesDir, img, int(idmap.Canonical.Base))
 }
 
 // prepareRootfs writes per-box files into the writable layer: /etc/hostname,
-// /etc/hosts, /etc/resolv.conf (when spec.DNS is set) and the working
+// /etc/hosts, /etc/resolv.conf (when the network names DNS servers) and the working
 // directory.
 func (d *Driver) prepareRootfs(rootfs string, spec runtime.Spec, root int) error {
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = spec.ID
+	files, err := ocibox.EtcFiles(spec)
+	if err != nil {
+		return err
 	}
 	if err := mkdirInRoot(rootfs, "/etc", root, root); err != nil {
 		return err
-	}
-	files := map[string]string{
-		"etc/hostname": hostname + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if len(spec.DNS) > 0 {
-		var rc strings.Builder
-		for _, ns := range spec.DNS {
-			if net.ParseIP(ns) == nil {
-				return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
-			}
-			rc.WriteString("nameserver " + ns + "\n")
-		}
-		files["etc/resolv.conf"] = rc.String()
 	}
 	for name, content := range files {
 		err := writeFileInRoot(rootfs, name, []byte(content), root, root)
@@ -627,23 +576,21 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 }
 
 // logTail returns the end of the agent log for error messages.
-func logTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
-	}
-	return "; log: " + strings.TrimSpace(string(b))
-}
+func logTail(path string) string { return ocibox.LogTail(path) }
 
-func parseData(h runtime.Handle) boxData {
-	var data boxData
-	if len(h.Data) > 0 {
-		_ = json.Unmarshal(h.Data, &data) // best effort: destroy must work anyway
+// parseData reads a handle's data of any version this driver wrote
+// (version 0 has today's fields); a newer version is an error wrapping
+// runtime.ErrHandleVersion, and undecodable data gives zero data with the
+// error (Destroy goes on by the box id alone either way).
+func parseData(h runtime.Handle) (boxData, error) {
+	data, v, err := runtime.DecodeHandle[boxData](h, handleVersion)
+	if err != nil {
+		return boxData{}, err
 	}
-	return data
+	if v == 0 {
+		data.Version = handleVersion // same fields
+	}
+	return data, nil
 }
 
 func (d *Driver) Pause(ctx context.Context, h runtime.Handle) error {

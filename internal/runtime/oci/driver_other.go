@@ -44,3 +44,6 @@ func (d *Driver) Update(context.Context, runtime.Handle, runtime.Resources) erro
 
 // Close is a no-op off Linux.
 func (d *Driver) Close() error { return nil }
+
+// Leftovers lists nothing off Linux.
+func Leftovers(Config, map[string]bool) ([]runtime.Leftover, error) { return nil, errUnsupported }

@@ -149,7 +149,7 @@ func TestImageLayers(t *testing.T) {
 		}
 	}
 	spec := testsuite.NewSpec("layers")
-	spec.Image = runtime.Image{Name: "test", Layers: []string{l1, l2}}
+	spec.Image = runtime.Image{Ref: "test", Layers: []runtime.Layer{{Dir: l1}, {Dir: l2}}}
 	h := testsuite.Create(t, d, spec)
 	if ents, _ := os.ReadDir(hostEtc); len(ents) > 0 {
 		t.Errorf("Create wrote through the layer's /etc symlink into the host: %v", names(ents))

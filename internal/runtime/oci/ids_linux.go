@@ -10,11 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // Paths of a box's id mapping inside its box dir.
@@ -33,17 +35,17 @@ type boxIDs struct {
 	box   string
 	r     idmap.Range
 	shift *os.File
-	undo  *cleanupStack
+	undo  *cleanup.Stack
 }
 
 // newBoxIDs allocates the box's range and makes its namespaces; undo
 // releases them.
-func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
+func (d *Driver) newBoxIDs(box string, undo *cleanup.Stack) (*boxIDs, error) {
 	r, err := d.ids.Allocate(box)
 	if err != nil {
 		return nil, fmt.Errorf("allocate id range: %w", err)
 	}
-	undo.add(func() error { return d.ids.Release(r, box) })
+	undo.Add(func() error { return d.ids.Release(r, box) })
 	ns := userNSFile(box)
 	if err := os.WriteFile(ns, nil, 0o600); err != nil {
 		return nil, fmt.Errorf("create user namespace file: %w", err)
@@ -57,7 +59,7 @@ func (d *Driver) newBoxIDs(box string, undo *cleanupStack) (*boxIDs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create box user namespace: %w", err)
 	}
-	undo.add(func() error { return hostmount.Unmount(ns) })
+	undo.Add(func() error { return hostmount.Unmount(ns) })
 	return &boxIDs{box: box, r: r, shift: shift, undo: undo}, nil
 }
 
@@ -92,7 +94,7 @@ func (b *boxIDs) mapDir(src, dst string, recursive bool) error {
 	if err := idmap.Mount(src, dst, b.shift, recursive); err != nil {
 		return err
 	}
-	b.undo.add(func() error { return hostmount.Unmount(dst) })
+	b.undo.Add(func() error { return hostmount.Unmount(dst) })
 	return nil
 }
 
@@ -108,26 +110,35 @@ func (b *boxIDs) lowers(layers []string) ([]string, error) {
 	return out, nil
 }
 
-// mounts makes the box's extra mounts in its range and returns them with
-// host sources the runtime bind-mounts: an idmapped bind of each source
-// (read-only sources on a filesystem that cannot be idmapped are bound as
-// they are: their files show as nobody), and an overlay over idmapped
-// layers for each runtime.Overlay.
-func (b *boxIDs) mounts(ms []runtime.Mount) ([]runtime.Mount, error) {
-	out := make([]runtime.Mount, len(ms))
+// mounts makes the box's extra mounts in its range and returns them as
+// binds the runtime makes: an idmapped bind of each volume's or files
+// dir (read-only sources on a filesystem that cannot be idmapped are bound
+// as they are: their files show as nobody), and an overlay over idmapped
+// layers for each codebase.
+func (b *boxIDs) mounts(ms []runtime.Mount) ([]ocibox.Bind, error) {
+	out := make([]ocibox.Bind, len(ms))
 	for i, m := range ms {
 		dir := bindDir(b.box, i)
-		out[i] = runtime.Mount{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
-		if m.Overlay != nil {
-			if err := b.overlay(dir, m.Overlay); err != nil {
+		out[i] = ocibox.Bind{Source: dir, Destination: m.Destination, ReadOnly: m.ReadOnly}
+		if m.Codebase != nil {
+			if err := b.overlay(dir, m.Codebase); err != nil {
 				return nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
 			}
 			out[i].Source = filepath.Join(dir, "merged")
 			continue
 		}
-		err := b.mapDir(m.Source, dir, true)
+		src := ""
+		switch {
+		case m.Volume != nil:
+			src = m.Volume.Dir
+		case m.Files != nil:
+			src = m.Files.Dir
+		default:
+			return nil, fmt.Errorf("mount at %s: no volume, codebase or files: %w", m.Destination, errdefs.ErrInvalidArgument)
+		}
+		err := b.mapDir(src, dir, true)
 		if errors.Is(err, idmap.ErrNotSupported) && m.ReadOnly {
-			out[i].Source = m.Source
+			out[i].Source = src
 			continue
 		}
 		if errors.Is(err, idmap.ErrNotSupported) {
@@ -145,7 +156,7 @@ func (b *boxIDs) mounts(ms []runtime.Mount) ([]runtime.Mount, error) {
 // named by fd (package overlay: no host path in the box's mountinfo).
 // redirect_dir, metacopy and index are off: every change is a whole file
 // in o.Upper, which is what a codebase sync reads.
-func (b *boxIDs) overlay(dir string, o *runtime.Overlay) error {
+func (b *boxIDs) overlay(dir string, o *runtime.CodebaseMount) error {
 	if filepath.Dir(o.Upper) != filepath.Dir(o.Work) {
 		return fmt.Errorf("overlay upper %s and work %s: not in one dir: %w", o.Upper, o.Work, errdefs.ErrInvalidArgument)
 	}
@@ -166,7 +177,7 @@ func (b *boxIDs) overlay(dir string, o *runtime.Overlay) error {
 	if err != nil {
 		return err
 	}
-	b.undo.add(func() error { return hostmount.Unmount(merged) })
+	b.undo.Add(func() error { return hostmount.Unmount(merged) })
 	return nil
 }
 

@@ -52,30 +52,6 @@ func TestIsolation(t *testing.T) {
 		return testsuite.MustExec(t, d, h, "/bin/sh", "-c", script)
 	}
 
-	t.Run("NoHostFiles", func(t *testing.T) {
-		// The box's /work (its workdir), /root and /home exist but are its own, empty.
-		if res := sh("ls -A /work /root /home"); res.Stdout != "/home:\n\n/root:\n\n/work:\n" {
-			t.Errorf("ls -A /work /root /home: got %q, want three empty dirs", res.Stdout)
-		}
-		for _, p := range []string{"/farm", "/old_root", "/etc/ssh", "/etc/shadow", "/etc/machine-id", "/etc/sudoers", "/etc/environment", "/etc/ssl/private"} {
-			if res := sh("ls -d " + p); res.ExitCode == 0 {
-				t.Errorf("host path %s is visible in the box: %q", p, res.Stdout)
-			}
-		}
-		if res := sh("grep -c : /etc/passwd"); res.Stdout != "2\n" {
-			t.Errorf("/etc/passwd has %q entries, want the 2 generated ones", res.Stdout)
-		}
-	})
-	t.Run("NoHostProcesses", func(t *testing.T) {
-		res := sh(`for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr '\0' ' ' < $p/cmdline)"; done`)
-		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
-		if len(lines) > 4 {
-			t.Errorf("box sees %d processes, want only its own:\n%s", len(lines), res.Stdout)
-		}
-		if !strings.HasPrefix(res.Stdout, "1 /.sbx/sbx-agent") {
-			t.Errorf("pid 1 in the box: got %q, want the agent", lines[0])
-		}
-	})
 	t.Run("ProcSysReadOnly", func(t *testing.T) {
 		for _, f := range []string{"/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/sys/vm/drop_caches"} {
 			if res := sh("echo 1 > " + f); res.ExitCode == 0 {
@@ -123,21 +99,10 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("box init's host uid = %d, want the box's own unprivileged uid (from 2^28)", uid)
 		}
 	})
+	// Docker's capabilities, seccomp, no_new_privs and confined host
+	// processes are checked for every driver by the conformance suite
+	// (testsuite: Isolation); these are the oci driver's own details.
 	t.Run("CapabilitiesSeccomp", func(t *testing.T) {
-		status := sh("cat /proc/self/status").Stdout
-		// CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE SYS_CHROOT AUDIT_WRITE SETFCAP
-		const want = "00000000a00405fb"
-		for _, k := range []string{"CapEff", "CapPrm", "CapBnd"} {
-			if got := statusField(t, status, k); got != want {
-				t.Errorf("%s = %s, want %s", k, got, want)
-			}
-		}
-		if got := statusField(t, status, "Seccomp"); got != "2" {
-			t.Errorf("Seccomp = %s, want 2 (filter)", got)
-		}
-		if got := statusField(t, status, "NoNewPrivs"); got != "1" {
-			t.Errorf("NoNewPrivs = %s, want 1", got)
-		}
 		// The agent itself is filtered too: it installs the filter first
 		// thing (--seccomp), the runtime none.
 		initStatus, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", initPid(t, h)))
@@ -163,29 +128,12 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("unshare -U succeeded in the box: %q", res.Stdout)
 		}
 	})
-	t.Run("LoopbackOnly", func(t *testing.T) {
-		res := sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
-		if res.Stdout != "lo\n" {
-			t.Errorf("network interfaces: got %q, want only lo", res.Stdout)
-		}
-	})
 	t.Run("Python", func(t *testing.T) {
 		if res := testsuite.MustExec(t, d, h, "/usr/bin/python3", "-c", "import ssl, json; print(6*7)"); res.Stdout != "42\n" {
 			t.Errorf("python3: got %q %q", res.Stdout, res.Stderr)
 		}
 	})
-	t.Run("AgentReadOnly", func(t *testing.T) {
-		before, _ := os.ReadFile(testutil.AgentBinary(t))
-		for _, script := range []string{"echo x > /.sbx/sbx-agent", "cp /bin/true /.sbx/sbx-agent", "rm -f /.sbx/sbx-agent", "mv /.sbx /sbx2"} {
-			if res := sh(script); res.ExitCode == 0 {
-				t.Errorf("%q succeeded", script)
-			}
-		}
-		after, _ := os.ReadFile(testutil.AgentBinary(t))
-		if string(before) != string(after) {
-			t.Errorf("agent binary on the host changed")
-		}
-	})
+
 }
 
 func TestLimits(t *testing.T) {
@@ -194,6 +142,8 @@ func TestLimits(t *testing.T) {
 	d := newDriver(t, dir)
 	ctx := context.Background()
 
+	// The suite's MemoryBound holds every driver to the bound; this checks
+	// the oci driver's limit events too.
 	t.Run("MemoryHogKilled", func(t *testing.T) {
 		spec := testsuite.NewSpec("hog")
 		spec.Resources.MemoryBytes = 64 << 20
@@ -258,18 +208,6 @@ func TestLimits(t *testing.T) {
 				t.Fatalf("box does not answer after the fork bomb: %+v %v", res, err)
 			}
 			time.Sleep(200 * time.Millisecond)
-		}
-	})
-	t.Run("DiskBound", func(t *testing.T) {
-		spec := testsuite.NewSpec("disk")
-		spec.Resources.DiskBytes = 32 << 20
-		h := testsuite.Create(t, d, spec)
-		res := testsuite.MustExec(t, d, h, "dd", "if=/dev/zero", "of=/tmp/fill", "bs=1M", "count=100")
-		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
-			t.Errorf("dd of 100 MiB into a 32 MiB layer: exit %d stderr %q, want ENOSPC", res.ExitCode, res.Stderr)
-		}
-		if st, err := d.Stats(ctx, h); err != nil || st.DiskUsedBytes < 16<<20 || st.DiskUsedBytes > 33<<20 {
-			t.Errorf("Stats.DiskUsedBytes = %d (%v), want about 32 MiB", st.DiskUsedBytes, err)
 		}
 	})
 	t.Run("ImpossibleMemory", func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/testsuite"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
@@ -24,7 +25,7 @@ func BenchmarkCreateReadyNetNS(b *testing.B) {
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		spec := testsuite.NewSpec("bench")
-		spec.NetNS = "/run/netns/" + name
+		spec.Network = &runtime.Network{NetNS: &runtime.NetNS{Path: "/run/netns/" + name}}
 		h, err := d.Create(ctx, spec)
 		if err != nil {
 			b.Fatal(err)

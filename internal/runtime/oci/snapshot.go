@@ -21,6 +21,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/boxcopy"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/safepath"
 )
@@ -348,8 +349,8 @@ func dataFragments(f *os.File, size int64) (frags []fragment, data int64, err er
 // boxID maps a host uid or gid back to the box's view: the mapped range
 // shifts down, anything else shows up as nobody (as it does in the box).
 func boxID(id uint32) int {
-	if id >= idMapBase && id < idMapBase+idMapSize {
-		return int(id - idMapBase)
+	if idmap.Canonical.Contains(id) {
+		return int(id - idmap.Canonical.Base)
 	}
 	return 65534
 }

@@ -2,32 +2,24 @@ package oci
 
 import (
 	"strconv"
-	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // agentInBox is where the agent binary is bind-mounted inside every box.
-const agentInBox = "/.sbx/sbx-agent"
+const agentInBox = ocibox.AgentInBox
 
-// /usr/local/go/bin last: where Go is installed by its official archives
-// (the host image shows the host's /usr, so its Go works in sandboxes).
-const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
-
-// boxCapabilities is Docker's default capability set (no NET_RAW,
-// SYS_PTRACE or MKNOD) plus CAP_SYS_ADMIN, which only the agent ever holds:
-// it mounts the FUSE permission layers of path policies with it, then drops
-// it from every set of every thread before it starts any process (see
+// boxCapabilities is Docker's default capability set (ocibox.Capabilities)
+// plus CAP_SYS_ADMIN, which only the agent ever holds: it mounts the FUSE
+// permission layers of path policies with it, then drops it from every set
+// of every thread before it starts any process (see
 // internal/agent/guards_linux.go), so user code never has it. They are
 // capabilities in the box's user namespace.
-var boxCapabilities = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
-	"CAP_SETFCAP", "CAP_SYS_ADMIN",
-}
+var boxCapabilities = append(append([]string(nil), ocibox.Capabilities...), "CAP_SYS_ADMIN")
 
 // maskedPaths are hidden in every box (an empty read-only tmpfs over a
 // directory, /dev/null over a file; missing ones are skipped). Besides
@@ -74,8 +66,8 @@ type specParams struct {
 	// SwapLimit sets memory+swap to the memory limit; false on v1 hosts
 	// without swap accounting, where the runtime would fail to set it.
 	SwapLimit bool
-	// Mounts are extra bind mounts (volumes).
-	Mounts []runtime.Mount
+	// Mounts are extra bind mounts (volumes, codebases, files).
+	Mounts []ocibox.Bind
 	// FuseDevice, if set, is the box's own /dev/fuse node (makeFuseDevice),
 	// owned by its root and bound at /dev/fuse for the agent's permission
 	// layers.
@@ -96,26 +88,12 @@ type specParams struct {
 
 // buildSpec returns the hardened OCI runtime spec of a box.
 func buildSpec(p specParams) *specs.Spec {
-	env := append([]string(nil), p.Env...)
-	hasPath := false
-	for _, e := range env {
-		if strings.HasPrefix(e, "PATH=") {
-			hasPath = true
-		}
-	}
-	if !hasPath {
-		env = append(env, defaultPath)
-	}
-	cwd := p.Workdir
-	if cwd == "" {
-		cwd = "/"
-	}
 	args := append([]string{agentInBox}, runtime.AgentFDArgs...)
 	var filter *specs.LinuxSeccomp
 	if p.AgentSeccomp {
 		args = append(args, "--seccomp")
 	} else {
-		filter = defaultSeccomp()
+		filter = ocibox.Seccomp()
 	}
 	if p.NoFile > 0 {
 		args = append(args, "--nofile", strconv.FormatUint(p.NoFile, 10))
@@ -126,28 +104,18 @@ func buildSpec(p specParams) *specs.Spec {
 	if len(p.Command) > 0 {
 		args = append(append(args, "--"), p.Command...)
 	}
-	caps := append([]string(nil), boxCapabilities...)
 	s := &specs.Spec{
 		Version:  "1.0.2",
 		Hostname: p.Hostname,
 		Root:     &specs.Root{Path: "rootfs"},
-		Process: &specs.Process{
-			Args: args,
-			Env:  env,
-			Cwd:  cwd,
-			User: specs.User{UID: 0, GID: 0},
-			Capabilities: &specs.LinuxCapabilities{
-				Bounding: caps, Effective: caps, Permitted: caps,
-			},
-			// No Rlimits: the runtime sets them with prlimit(2) from the
-			// host, which a box whose user namespace host root does not own
-			// refuses without CAP_SYS_RESOURCE. The agent sets its own
-			// RLIMIT_NOFILE instead (--nofile NoFile: lowering one's own
-			// limits needs no privilege), before it starts any process.
-			NoNewPrivileges: true,
-			// OOMScoreAdj stays unset: lowering it needs CAP_SYS_RESOURCE.
-		},
-		Mounts: boxMounts(p),
+		// No Rlimits: the runtime sets them with prlimit(2) from the host,
+		// which a box whose user namespace host root does not own refuses
+		// without CAP_SYS_RESOURCE. The agent sets its own RLIMIT_NOFILE
+		// instead (--nofile NoFile: lowering one's own limits needs no
+		// privilege), before it starts any process. OOMScoreAdj stays
+		// unset: lowering it needs CAP_SYS_RESOURCE.
+		Process: ocibox.Process(args, p.Env, p.Workdir, boxCapabilities),
+		Mounts:  boxMounts(p),
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.Base, Size: p.IDs.Size}},
@@ -171,33 +139,21 @@ func buildSpec(p specParams) *specs.Spec {
 }
 
 func boxMounts(p specParams) []specs.Mount {
-	m := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-	}
+	m := append(ocibox.DevMounts(),
+		specs.Mount{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}})
 	if p.SysfsSource != "" {
 		m = append(m, specs.Mount{Destination: "/sys", Type: "bind", Source: p.SysfsSource, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
 	} else {
 		m = append(m, specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}})
 	}
 	if p.HostImage {
-		m = append(m, specs.Mount{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+		m = append(m, ocibox.HostUsr())
 	}
 	if p.FuseDevice != "" {
 		m = append(m, specs.Mount{Destination: "/dev/fuse", Type: "bind", Source: p.FuseDevice, Options: []string{"bind", "nosuid", "noexec"}})
 	}
-	m = append(m, specs.Mount{Destination: agentInBox, Type: "bind", Source: p.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
-	for _, vm := range p.Mounts {
-		opts := []string{"bind", "nosuid", "nodev", "rw"}
-		if vm.ReadOnly {
-			opts[3] = "ro"
-		}
-		m = append(m, specs.Mount{Destination: vm.Destination, Type: "bind", Source: vm.Source, Options: opts})
-	}
-	return m
+	m = append(m, ocibox.AgentMount(p.AgentPath))
+	return append(m, ocibox.BindMounts(p.Mounts, false)...)
 }
 
 func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
@@ -48,10 +49,10 @@ func (d *Driver) Update(ctx context.Context, h runtime.Handle, r runtime.Resourc
 }
 
 func (d *Driver) update(id string, r runtime.Resources) (err error) {
-	var undo cleanupStack
+	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
-			if uerr := undo.run(); uerr != nil {
+			if uerr := undo.Run(); uerr != nil {
 				err = errors.Join(err, fmt.Errorf("rolling back: %w", uerr))
 			}
 		}
@@ -94,7 +95,7 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 		if err := disk.resize(r.DiskBytes); err != nil {
 			return fmt.Errorf("disk limit: %w", err)
 		}
-		undo.add(func() error { return disk.resize(disk.size) })
+		undo.Add(func() error { return disk.resize(disk.size) })
 	}
 	if r.Pids > 0 {
 		dir, _ := d.cg.controllerDir("pids", id)
@@ -134,7 +135,7 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 
 // setMemory sets the memory limit and, where the host accounts swap,
 // memory+swap to the same value (no escaping the limit through swap).
-func (d *Driver) setMemory(id string, limit int64, undo *cleanupStack) error {
+func (d *Driver) setMemory(id string, limit int64, undo *cleanup.Stack) error {
 	dir, v2 := d.cg.controllerDir("memory", id)
 	val := strconv.FormatInt(limit, 10)
 	if v2 {
@@ -173,7 +174,7 @@ func (d *Driver) setMemory(id string, limit int64, undo *cleanupStack) error {
 
 // setCgroupFile writes val into a cgroup file and, on success, pushes the
 // restoration of the file's previous content onto undo.
-func setCgroupFile(path, val string, undo *cleanupStack) error {
+func setCgroupFile(path, val string, undo *cleanup.Stack) error {
 	old, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -182,7 +183,7 @@ func setCgroupFile(path, val string, undo *cleanupStack) error {
 		return err
 	}
 	prev := strings.TrimSpace(string(old))
-	undo.add(func() error { return writeCgroupFile(path, prev) })
+	undo.Add(func() error { return writeCgroupFile(path, prev) })
 	return nil
 }
 

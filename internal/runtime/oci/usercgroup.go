@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -98,7 +99,7 @@ func (l cgroupLayout) makeUserCgroups(id string, r runtime.Resources, swapLimit 
 // setUserLimits writes the user cgroup's limits for r's non-zero fields in
 // controller ctrl (a no-op for a controller without a user cgroup), pushing
 // their undoing onto undo if it is not nil.
-func (l cgroupLayout) setUserLimits(ctrl, id string, r runtime.Resources, swapLimit bool, undo *cleanupStack) error {
+func (l cgroupLayout) setUserLimits(ctrl, id string, r runtime.Resources, swapLimit bool, undo *cleanup.Stack) error {
 	box, v2 := l.controllerDir(ctrl, id)
 	if v2 {
 		return nil

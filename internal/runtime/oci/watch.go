@@ -37,7 +37,10 @@ func (d *Driver) Watch(ctx context.Context, h runtime.Handle) (<-chan runtime.Ex
 	if err := checkID(h.ID); err != nil {
 		return nil, err
 	}
-	data := parseData(h)
+	data, err := parseData(h)
+	if err != nil {
+		return nil, fmt.Errorf("watch box %s: %w", h.ID, err)
+	}
 	if data.Pid <= 0 || data.StartTime == 0 {
 		return nil, fmt.Errorf("watch box %s: its handle records no init: %w", h.ID, errors.ErrUnsupported)
 	}

@@ -6,6 +6,7 @@ package testsuite
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,16 +22,45 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
-// Run runs the conformance suite. newDriver must return a new driver value
-// over the same host state every time it is called (as a daemon restart
-// would); the suite calls it once per subtest and again to simulate a
-// restart. Subtests run one after another and destroy what they create;
-// subtests needing a capability the driver lacks are skipped.
-func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
+// Config is what a driver's test hands the suite.
+type Config struct {
+	// NewDriver must return a new driver value over the same host state
+	// every time it is called (as a daemon restart would); the suite calls
+	// it once per subtest and again to simulate a restart.
+	NewDriver func(t *testing.T) runtime.Driver
+	// LegacyHandle, if set, rewrites a handle this driver returned into the
+	// format an older daemon persisted for the same box (its Data before
+	// the current version): RecoverLegacy recovers a box from it. Nil: the
+	// driver never wrote an older format.
+	LegacyHandle func(t *testing.T, h runtime.Handle) runtime.Handle
+	// NoIsolation says the driver isolates nothing (the fake, whose
+	// agents are host processes): the isolation checks are skipped. Every
+	// real driver runs them.
+	NoIsolation bool
+}
+
+// Unversioned is a Config.LegacyHandle for drivers whose version 0 had the
+// same fields as today's, only no "v": it drops the version.
+func Unversioned(t *testing.T, h runtime.Handle) runtime.Handle {
+	t.Helper()
+	var data map[string]json.RawMessage
+	if err := json.Unmarshal(h.Data, &data); err != nil {
+		t.Fatalf("handle data %q is not a JSON object: %v", h.Data, err)
+	}
+	delete(data, "v")
+	out := h
+	out.Data, _ = json.Marshal(data)
+	return out
+}
+
+// Run runs the conformance suite. Subtests run one after another and
+// destroy what they create; subtests needing a capability the driver lacks
+// are skipped.
+func Run(t *testing.T, c Config) {
 	tests := []struct {
 		name string
 		cap  runtime.Capability
-		fn   func(t *testing.T, d runtime.Driver, newDriver func(t *testing.T) runtime.Driver)
+		fn   func(t *testing.T, d runtime.Driver, c Config)
 	}{
 		{"CreateHello", "", testCreateHello},
 		{"Exec", "", testExec},
@@ -40,17 +70,26 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		{"RecoverLive", "recover", testRecoverLive},
 		{"RecoverPaused", "recover", testRecoverPaused},
 		{"RecoverDestroyed", "", testRecoverDestroyed},
+		{"RecoverLegacy", "recover", testRecoverLegacy},
+		{"RecoverNewerHandle", "recover", testRecoverNewerHandle},
 		{"Cleanup", "", testCleanup},
 		{"CreateFailsCleanly", "", testCreateFailsCleanly},
 		{"Update", "update", testUpdate},
+		{"Isolation", "", testIsolation},
+		{"MemoryBound", "", testMemoryBound},
+		{"ForkBomb", runtime.CapProcessLimits, testForkBomb},
+		{"DiskBound", runtime.CapDiskLimit, testDiskBound},
+		{"NothingLeftAfterDestroy", "", testNothingLeftAfterDestroy},
+		{"NothingLeftAfterCrash", "", testNothingLeftAfterCrash},
+		{"CreateCutOffLeavesNothing", "", testCreateCutOff},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDriver(t)
+			d := c.NewDriver(t)
 			if tc.cap != "" && !HasCapability(d, tc.cap) {
 				t.Skipf("driver %s lacks capability %q", d.Name(), tc.cap)
 			}
-			tc.fn(t, d, newDriver)
+			tc.fn(t, d, c)
 		})
 	}
 }
@@ -71,7 +110,7 @@ func NewSpec(prefix string) runtime.Spec {
 	}
 	return runtime.Spec{
 		ID:      id,
-		Image:   runtime.Image{Name: "host"},
+		Image:   runtime.Image{Ref: "host", Host: &runtime.HostImage{}},
 		Env:     []string{"SBX_TEST=1"},
 		Workdir: "/work",
 		Resources: runtime.Resources{
@@ -173,7 +212,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func testCreateHello(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testCreateHello(t *testing.T, d runtime.Driver, _ Config) {
 	h := Create(t, d, NewSpec("hello"))
 	if h.ID == "" || h.Driver != d.Name() {
 		t.Errorf("handle = %+v, want id set and driver %q", h, d.Name())
@@ -189,7 +228,7 @@ func testCreateHello(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.
 	}
 }
 
-func testExec(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testExec(t *testing.T, d runtime.Driver, _ Config) {
 	h := Create(t, d, NewSpec("exec"))
 	res := MustExec(t, d, h, "echo", "hello", "sbx")
 	if res.Stdout != "hello sbx\n" || res.ExitCode != 0 {
@@ -201,7 +240,7 @@ func testExec(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver)
 	}
 }
 
-func testPauseResume(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testPauseResume(t *testing.T, d runtime.Driver, _ Config) {
 	ctx := ctxT(t)
 	h := Create(t, d, NewSpec("pause"))
 	for i := 0; i < 2; i++ { // idempotent
@@ -224,7 +263,7 @@ func testPauseResume(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.
 	}
 }
 
-func testStats(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testStats(t *testing.T, d runtime.Driver, _ Config) {
 	h := Create(t, d, NewSpec("stats"))
 	MustExec(t, d, h, "sh", "-c", "echo data > /tmp/f")
 	st, err := d.Stats(ctxT(t), h)
@@ -239,7 +278,7 @@ func testStats(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver
 	}
 }
 
-func testDestroyIdempotent(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testDestroyIdempotent(t *testing.T, d runtime.Driver, _ Config) {
 	ctx := ctxT(t)
 	h := Create(t, d, NewSpec("destroy"))
 	for i := 0; i < 2; i++ {
@@ -257,10 +296,10 @@ func testDestroyIdempotent(t *testing.T, d runtime.Driver, _ func(*testing.T) ru
 	}
 }
 
-func testRecoverLive(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+func testRecoverLive(t *testing.T, d runtime.Driver, c Config) {
 	ctx := ctxT(t)
 	h := Create(t, d, NewSpec("recover"))
-	d2 := newDriver(t) // the daemon restarted
+	d2 := c.NewDriver(t) // the daemon restarted
 	h2, err := d2.Recover(ctx, h)
 	if err != nil {
 		t.Fatalf("Recover: %v", err)
@@ -276,7 +315,7 @@ func testRecoverLive(t *testing.T, d runtime.Driver, newDriver func(*testing.T) 
 	}
 }
 
-func testRecoverPaused(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+func testRecoverPaused(t *testing.T, d runtime.Driver, c Config) {
 	if !HasCapability(d, "pause") {
 		t.Skip("driver cannot pause")
 	}
@@ -285,7 +324,7 @@ func testRecoverPaused(t *testing.T, d runtime.Driver, newDriver func(*testing.T
 	if err := d.Pause(ctx, h); err != nil {
 		t.Fatalf("Pause: %v", err)
 	}
-	d2 := newDriver(t) // the daemon restarted while the box was frozen
+	d2 := c.NewDriver(t) // the daemon restarted while the box was frozen
 	h2, err := d2.Recover(ctx, h)
 	if err != nil {
 		t.Fatalf("Recover of a paused box: %v", err)
@@ -301,19 +340,71 @@ func testRecoverPaused(t *testing.T, d runtime.Driver, newDriver func(*testing.T
 	}
 }
 
-func testRecoverDestroyed(t *testing.T, d runtime.Driver, newDriver func(*testing.T) runtime.Driver) {
+func testRecoverDestroyed(t *testing.T, d runtime.Driver, c Config) {
 	ctx := ctxT(t)
 	h := Create(t, d, NewSpec("gone"))
 	if err := d.Destroy(ctx, h); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
-	_, err := newDriver(t).Recover(ctx, h)
+	_, err := c.NewDriver(t).Recover(ctx, h)
 	if !errdefs.IsNotFound(err) {
 		t.Errorf("Recover of a destroyed box: got %v, want an error wrapping ErrNotFound", err)
 	}
 }
 
-func testCleanup(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+// testRecoverLegacy: a box whose handle an older daemon wrote (the
+// driver's previous handle format, Config.LegacyHandle) is recovered by
+// this one, works, and is destroyed through it.
+func testRecoverLegacy(t *testing.T, d runtime.Driver, c Config) {
+	if c.LegacyHandle == nil {
+		t.Skip("the driver has no older handle format")
+	}
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("legacy"))
+	old := c.LegacyHandle(t, h)
+	d2 := c.NewDriver(t) // a newer daemon started over an older one's boxes
+	h2, err := d2.Recover(ctx, old)
+	if err != nil {
+		t.Fatalf("Recover(%s): %v", old.Data, err)
+	}
+	if res := MustExec(t, d2, h2, "echo", "from before"); res.Stdout != "from before\n" {
+		t.Errorf("echo after recovering a legacy handle: got %+v", res)
+	}
+	if err := d2.Destroy(ctx, old); err != nil {
+		t.Fatalf("Destroy through the legacy handle: %v", err)
+	}
+	if err := Hello(ctx, d2, h); err == nil {
+		t.Errorf("box %s answers after Destroy through its legacy handle", h.ID)
+	}
+}
+
+// testRecoverNewerHandle: a handle with a version above the driver's (a
+// newer daemon made the box, then an older one started) is refused with
+// runtime.ErrHandleVersion, and the box is left alone for the daemon that
+// understands it.
+func testRecoverNewerHandle(t *testing.T, d runtime.Driver, c Config) {
+	ctx := ctxT(t)
+	h := Create(t, d, NewSpec("newer"))
+	var data map[string]any
+	if err := json.Unmarshal(h.Data, &data); err != nil {
+		t.Fatalf("handle data %q is not a JSON object: %v", h.Data, err)
+	}
+	if _, ok := data["v"]; !ok {
+		t.Fatalf("handle data %s has no version (\"v\")", h.Data)
+	}
+	data["v"] = 1 << 20
+	newer := h
+	newer.Data, _ = json.Marshal(data)
+	_, err := c.NewDriver(t).Recover(ctx, newer)
+	if !errors.Is(err, runtime.ErrHandleVersion) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Recover of a handle from a newer daemon: got %v, want ErrHandleVersion (FailedPrecondition)", err)
+	}
+	if err := Hello(ctx, d, h); err != nil {
+		t.Errorf("box %s after a refused Recover: Hello: %v, want it left running", h.ID, err)
+	}
+}
+
+func testCleanup(t *testing.T, d runtime.Driver, _ Config) {
 	ctx := ctxT(t)
 	kept := Create(t, d, NewSpec("keep"))
 	doomed := Create(t, d, NewSpec("doomed"))
@@ -330,11 +421,13 @@ func testCleanup(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driv
 	}
 }
 
-func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ Config) {
 	ctx := ctxT(t)
-	bad := []runtime.Spec{NewSpec("badlayer"), NewSpec("badid")}
-	bad[0].Image = runtime.Image{Name: "nope", Layers: []string{"/nonexistent/sbx-layer"}}
+	bad := []runtime.Spec{NewSpec("badlayer"), NewSpec("badid"), NewSpec("nolayers"), NewSpec("badmount")}
+	bad[0].Image = runtime.Image{Ref: "nope", Layers: []runtime.Layer{{Dir: "/nonexistent/sbx-layer"}}}
 	bad[1].ID = "Bad/ID"
+	bad[2].Image = runtime.Image{Ref: "empty"}
+	bad[3].Mounts = []runtime.Mount{{Destination: "/data"}} // no kind
 	for _, spec := range bad {
 		if h, err := d.Create(ctx, spec); err == nil {
 			_ = d.Destroy(ctx, h)
@@ -343,7 +436,7 @@ func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ func(*testing.T) r
 	}
 	// Nothing was left behind: the id is free and the box works.
 	spec := bad[0]
-	spec.Image = runtime.Image{Name: "host"}
+	spec.Image = NewSpec("").Image
 	Create(t, d, spec)
 	if _, err := d.Stats(ctx, runtime.Handle{ID: bad[1].ID}); err == nil && HasCapability(d, "stats") {
 		t.Errorf("Stats of a never-created box succeeded")
@@ -353,7 +446,7 @@ func testCreateFailsCleanly(t *testing.T, d runtime.Driver, _ func(*testing.T) r
 // testUpdate changes the limits of a running and of a paused box. Drivers
 // with "disk-limit" must also bound the writable layer at the new size and
 // refuse to shrink it below what is in use.
-func testUpdate(t *testing.T, d runtime.Driver, _ func(*testing.T) runtime.Driver) {
+func testUpdate(t *testing.T, d runtime.Driver, _ Config) {
 	u, ok := d.(runtime.Updater)
 	if !ok {
 		t.Fatalf("driver %s advertises \"update\" but does not implement runtime.Updater", d.Name())

@@ -258,13 +258,17 @@ class Sandbox:
 
     @classmethod
     def from_id(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
-        """Find a sandbox by id (or name).
+        """Find a sandbox by id (or name). Cheap: the daemon does not measure
+        the sandbox for it (:attr:`info` has no stats; :attr:`stats` and
+        :meth:`refresh` fetch them).
 
         Raises:
             NotFoundError: no such sandbox.
         """
         c = _client(client)
-        resp = c._transport.unary(_SERVICE, "GetSandbox", {"sandbox": sandbox_id}, op=f"get sandbox {sandbox_id}")
+        resp = c._transport.unary(
+            _SERVICE, "GetSandbox", {"sandbox": sandbox_id, "noStats": True}, op=f"get sandbox {sandbox_id}"
+        )
         return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
 
     @classmethod

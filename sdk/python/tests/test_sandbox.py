@@ -36,6 +36,9 @@ def test_create_get_and_properties(make_sandbox) -> None:
     by_name = sbx.Sandbox.from_name(name, client=sb.client)
     assert by_id == sb and by_name == sb
     assert by_name.id == sb.id
+    # Finding a sandbox does not measure it (GetSandbox noStats): no stats
+    # until asked for.
+    assert by_name.info.stats is None
 
     st = sb.stats
     assert st.pids >= 1

@@ -1284,7 +1284,13 @@ func (x *SandboxStats) GetNetConnections() int64 {
 type GetSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Id or name.
-	Sandbox       string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Sandbox string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Leave out the live stats (the runtime's memory, CPU and disk figures,
+	// the network's counters, which read the host's connection table): for
+	// callers that only resolve a sandbox before acting on it, as the SDKs'
+	// get does before an exec. Exec, files and the other calls take a name
+	// themselves and need no GetSandbox first.
+	NoStats       bool `protobuf:"varint,2,opt,name=no_stats,json=noStats,proto3" json:"no_stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1324,6 +1330,13 @@ func (x *GetSandboxRequest) GetSandbox() string {
 		return x.Sandbox
 	}
 	return ""
+}
+
+func (x *GetSandboxRequest) GetNoStats() bool {
+	if x != nil {
+		return x.NoStats
+	}
+	return false
 }
 
 type GetSandboxResponse struct {
@@ -2218,9 +2231,10 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x0enet_rx_packets\x18\b \x01(\x03R\fnetRxPackets\x12$\n" +
 	"\x0enet_tx_packets\x18\t \x01(\x03R\fnetTxPackets\x12'\n" +
 	"\x0fnet_connections\x18\n" +
-	" \x01(\x03R\x0enetConnections\"-\n" +
+	" \x01(\x03R\x0enetConnections\"H\n" +
 	"\x11GetSandboxRequest\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\"?\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x19\n" +
+	"\bno_stats\x18\x02 \x01(\bR\anoStats\"?\n" +
 	"\x12GetSandboxResponse\x12)\n" +
 	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"4\n" +
 	"\x14ListSandboxesRequest\x12\x1c\n" +

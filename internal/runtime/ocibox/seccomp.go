@@ -1,4 +1,4 @@
-package oci
+package ocibox
 
 import (
 	goruntime "runtime"
@@ -8,9 +8,13 @@ import (
 	"github.com/sbxdev/sbx/internal/seccomp"
 )
 
-// defaultSeccomp is the box's default seccomp profile (seccomp.Default, which
-// says what it denies and why) as the runtime spec's seccomp section.
-func defaultSeccomp() *specs.LinuxSeccomp {
+// Seccomp is the box's default seccomp profile (seccomp.Default, which
+// says what it denies and why) as the runtime spec's seccomp section. The
+// oci driver gives it to the runtime only where the agent cannot install
+// it itself; runsc installs it in gVisor's kernel (--oci-seccomp), so it
+// filters the box's syscalls to the sentry, not the sentry's to the host
+// (runsc has its own host filter for those).
+func Seccomp() *specs.LinuxSeccomp {
 	return specSeccomp(seccomp.Default())
 }
 
