@@ -106,6 +106,11 @@ type Config struct {
 	// ProxyDomain turns on routing to sandbox ports by host name
 	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
 	ProxyDomain string
+	// NoE2B turns off the E2B-compatible API (internal/e2b).
+	NoE2B bool
+	// E2BImage is the sbx image of E2B's stock templates ("" = the
+	// default image).
+	E2BImage string
 	// PublicURL is the daemon's URL as clients see it, used in port URLs
 	// ("" = taken from each request).
 	PublicURL string
@@ -375,10 +380,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	front := server.NewFront(handler, mgr, server.FrontConfig{
+	fcfg := server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
-	})
+	}
+	if !cfg.NoE2B {
+		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, log)
+		if err != nil {
+			return err
+		}
+		defer e2bAPI.Close()
+		fcfg.E2B = e2bAPI
+	}
+	front := server.NewFront(handler, mgr, fcfg)
 	defer front.Close()
 	if boxAPI != "" {
 		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, cfg, log)

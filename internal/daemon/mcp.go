@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/sbxdev/sbx/internal/e2b"
 	"github.com/sbxdev/sbx/internal/mcp"
 )
 
@@ -18,9 +19,31 @@ import (
 // and tenancy as any client. Over TLS the client trusts exactly the
 // daemon's own certificate.
 func mcpEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (http.Handler, error) {
+	base, tlsConf, err := selfClient(addr, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mcp endpoint: %w", err)
+	}
+	return mcp.Handler(mcp.HTTPConfig{BaseURL: base, TLS: tlsConf, Logger: log.With("component", "mcp"),
+		TokenRequired: cfg.AuthToken != "" || cfg.Tenants != nil}), nil
+}
+
+// e2bEndpoint returns the E2B-compatible API: like the MCP endpoint, a
+// client of this daemon's own API that acts with each request's token.
+func e2bEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (*e2b.Handler, error) {
+	base, tlsConf, err := selfClient(addr, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("e2b api: %w", err)
+	}
+	return e2b.New(e2b.Config{BaseURL: base, TLS: tlsConf, DefaultImage: cfg.E2BImage, Logger: log.With("component", "e2b")}), nil
+}
+
+// selfClient returns how the daemon's own handlers reach its API on addr:
+// the base URL (loopback when it listens on every address) and, over TLS,
+// a client configuration that trusts exactly the daemon's own certificate.
+func selfClient(addr net.Addr, cfg Config) (string, *tls.Config, error) {
 	tcp, ok := addr.(*net.TCPAddr)
 	if !ok {
-		return nil, fmt.Errorf("mcp endpoint: listener address %v is not TCP", addr)
+		return "", nil, fmt.Errorf("listener address %v is not TCP", addr)
 	}
 	ip := tcp.IP
 	if ip == nil || ip.IsUnspecified() {
@@ -30,26 +53,23 @@ func mcpEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (http.Handler, err
 		}
 	}
 	hostPort := net.JoinHostPort(ip.String(), fmt.Sprint(tcp.Port))
-	hc := mcp.HTTPConfig{BaseURL: "http://" + hostPort, Logger: log.With("component", "mcp"),
-		TokenRequired: cfg.AuthToken != "" || cfg.Tenants != nil}
-	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("mcp endpoint: loading the daemon's certificate: %w", err)
-		}
-		leaf := cert.Certificate[0]
-		hc.BaseURL = "https://" + hostPort
-		hc.TLS = &tls.Config{
-			// The name in the certificate need not be the loopback
-			// address: pin the certificate itself instead.
-			InsecureSkipVerify: true,
-			VerifyConnection: func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, leaf) {
-					return errors.New("mcp endpoint: the daemon's listener presented another certificate")
-				}
-				return nil
-			},
-		}
+	if cfg.TLSCert == "" {
+		return "http://" + hostPort, nil, nil
 	}
-	return mcp.Handler(hc), nil
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return "", nil, fmt.Errorf("loading the daemon's certificate: %w", err)
+	}
+	leaf := cert.Certificate[0]
+	return "https://" + hostPort, &tls.Config{
+		// The name in the certificate need not be the loopback
+		// address: pin the certificate itself instead.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, leaf) {
+				return errors.New("the daemon's listener presented another certificate")
+			}
+			return nil
+		},
+	}, nil
 }

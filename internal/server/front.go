@@ -58,6 +58,8 @@ type FrontConfig struct {
 	// limits; share the API server's (nil: a Streams of the front's own,
 	// with the default limits).
 	Streams *Streams
+	// E2B, when set, serves the E2B-compatible API (e2b.go).
+	E2B E2BAPI
 	// Observer, if set, is in every request's context (observe.go).
 	Observer *Observer
 	Logger   *slog.Logger
@@ -155,6 +157,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.api.ServeHTTP(w, r)
 			return
 		}
+		if f.cfg.E2B != nil && f.cfg.E2B.IsAPIPath(r.URL.Path) {
+			f.serveE2BAPI(w, r)
+			return
+		}
 		r, ok := f.authAPI(w, r)
 		if !ok {
 			return
@@ -177,6 +183,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, base)))
 	case routeHTTP:
+		if f.cfg.E2B != nil && rt.by != "path" && f.cfg.E2B.Serves(rt.port) {
+			f.serveE2BSandbox(w, r, rt)
+			return
+		}
 		r, ok := f.authProxy(w, r)
 		if !ok {
 			return
