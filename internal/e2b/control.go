@@ -352,6 +352,7 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c *clients, id st
 		return
 	}
 	h.procs.forget(id)
+	h.defaults.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 

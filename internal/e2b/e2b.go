@@ -81,8 +81,9 @@ type Handler struct {
 	mu      sync.Mutex
 	clients map[[sha256.Size]byte]*clients
 
-	envd  http.Handler // the Connect services and /files
-	procs *procTable
+	envd     http.Handler // the Connect services and /files
+	procs    *procTable
+	defaults defaultContexts
 }
 
 // clients are the daemon API clients of one token.

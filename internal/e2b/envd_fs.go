@@ -31,7 +31,9 @@ type call struct {
 
 type callKey struct{}
 
-func withCall(ctx context.Context, c call) context.Context { return context.WithValue(ctx, callKey{}, c) }
+func withCall(ctx context.Context, c call) context.Context {
+	return context.WithValue(ctx, callKey{}, c)
+}
 
 func callOf(ctx context.Context) call {
 	c, _ := ctx.Value(callKey{}).(call)

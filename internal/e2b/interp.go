@@ -1,11 +1,13 @@
 package e2b
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -119,6 +121,51 @@ func (h *Handler) ownContext(r *http.Request, cl call, id string) error {
 	return connect.NewError(connect.CodeNotFound, fmt.Errorf("context %s not found in sandbox %s", id, cl.sandbox))
 }
 
+// defaultContexts are the contexts E2B's runCode without a context runs
+// in: one per sandbox, caller and language, made on first use. They live
+// in the daemon's memory only; after a restart a new one is made.
+type defaultContexts struct {
+	mu  sync.Mutex
+	ids map[string]string // procKey + language -> context id
+}
+
+func (d *defaultContexts) get(ctx context.Context, cl call, lang string) (string, error) {
+	key := procKey(cl) + "\x00" + lang
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if id, ok := d.ids[key]; ok {
+		return id, nil
+	}
+	resp, err := cl.c.code.CreateContext(ctx, connect.NewRequest(&sbxv1.CreateContextRequest{Sandbox: cl.sandbox, Language: lang}))
+	if err != nil {
+		return "", fmt.Errorf("creating the default %s context: %w", lang, err)
+	}
+	if d.ids == nil {
+		d.ids = map[string]string{}
+	}
+	d.ids[key] = resp.Msg.GetContext().GetId()
+	return d.ids[key], nil
+}
+
+func (d *defaultContexts) drop(cl call, lang, id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if key := procKey(cl) + "\x00" + lang; d.ids[key] == id {
+		delete(d.ids, key)
+	}
+}
+
+// forget drops the default contexts of sandbox id (it was killed).
+func (d *defaultContexts) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := range d.ids {
+		if strings.HasPrefix(k, id+"\x00") {
+			delete(d.ids, k)
+		}
+	}
+}
+
 // executeTimeout bounds one /execute (the SDK's own default is 5 minutes).
 const executeTimeout = 10 * time.Minute
 
@@ -137,6 +184,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, cl call) {
 		return
 	}
 	req := &sbxv1.RunCodeRequest{Sandbox: cl.sandbox, Code: body.Code, Env: body.EnvVars, TimeoutMs: executeTimeout.Milliseconds()}
+	usedDefault := false
 	if body.ContextID != "" {
 		if err := h.ownContext(r, cl, body.ContextID); err != nil {
 			writeAPIError(w, err)
@@ -144,20 +192,39 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, cl call) {
 		}
 		req.Context = body.ContextID
 	} else {
-		req.Language = lang
+		// E2B runs code without a context in the sandbox's default
+		// context of its language: state carries over between runs.
+		id, err := h.defaults.get(r.Context(), cl, lang)
+		if err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		req.Context, usedDefault = id, true
 	}
 	st, err := cl.c.code.RunCode(r.Context(), connect.NewRequest(req))
+	more := err == nil && st.Receive()
+	if err == nil && !more && st.Err() != nil {
+		err = st.Err()
+		st.Close()
+	}
+	if err != nil && usedDefault && connect.CodeOf(err) == connect.CodeNotFound {
+		// The default context went away (closed, or the daemon
+		// restarted and dropped it): start a fresh one, once.
+		h.defaults.drop(cl, lang, req.Context)
+		if req.Context, err = h.defaults.get(r.Context(), cl, lang); err == nil {
+			st, err = cl.c.code.RunCode(r.Context(), connect.NewRequest(req))
+			more = err == nil && st.Receive()
+			if err == nil && !more && st.Err() != nil {
+				err = st.Err()
+				st.Close()
+			}
+		}
+	}
 	if err != nil {
 		writeAPIError(w, fmt.Errorf("running code: %w", err))
 		return
 	}
 	defer st.Close()
-	// The first event (or the end) decides between an error and the stream.
-	more := st.Receive()
-	if !more && st.Err() != nil {
-		writeAPIError(w, fmt.Errorf("running code: %w", st.Err()))
-		return
-	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
