@@ -287,9 +287,14 @@ func (d *daemon) leaks(live ...string) []string {
 	boxes, _ := filepath.Glob(filepath.Join(d.dataDir, "oci", "boxes", "*"))
 	gvBoxes, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "boxes", "*"))
 	gvState, _ := filepath.Glob(filepath.Join(d.dataDir, "gvisor", "runsc", "*sb-*"))
-	for _, b := range append(append(boxes, gvBoxes...), gvState...) {
+	for _, b := range append(boxes, gvBoxes...) {
 		if !keep[filepath.Base(b)] {
 			out = append(out, "dir "+b)
+		}
+	}
+	for _, f := range gvState { // runsc-<id>.sock, <id>_sandbox:<id>.state, ...
+		if !mentionsAny(filepath.Base(f), keep) {
+			out = append(out, "runsc state "+f)
 		}
 	}
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/sbx*/sb-*")
@@ -299,6 +304,7 @@ func (d *daemon) leaks(live ...string) []string {
 			out = append(out, "cgroup "+c)
 		}
 	}
+	out = append(out, d.zombies()...)
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -320,6 +326,27 @@ func (d *daemon) leaks(live ...string) []string {
 				if !keep[id] {
 					out = append(out, "runsc process "+filepath.Dir(p)+" of "+id)
 				}
+			}
+		}
+	}
+	return out
+}
+
+// zombies lists the running daemon's children that exited and were never
+// reaped: box processes it adopted as a subreaper (runc's init, runsc's
+// sandbox and gofer) must be reaped when their box goes.
+func (d *daemon) zombies() []string {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return nil
+	}
+	var out []string
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", d.cmd.Process.Pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, pid := range strings.Fields(string(b)) {
+			st, err := os.ReadFile("/proc/" + pid + "/stat")
+			if i := strings.LastIndexByte(string(st), ')'); err == nil && i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				out = append(out, "zombie "+pid+" of the daemon: "+string(st[:i+1]))
 			}
 		}
 	}
