@@ -57,7 +57,9 @@ func TestSweep(t *testing.T) {
 		{gone("free"), old, none, true},
 		{gone("by-euid"), old, func(r Range) (string, string) { return fmt.Sprintf("0\t%d\t0\t0", r.Base+5), "0\t0\t0\t0" }, false},
 		{gone("by-fsuid"), old, func(r Range) (string, string) { return fmt.Sprintf("0\t0\t0\t%d", r.Base+r.Size-1), "0\t0\t0\t0" }, false},
-		{gone("by-gid"), old, func(r Range) (string, string) { return "0\t0\t0\t0", fmt.Sprintf("%d\t%d\t%d\t%d", r.Base, r.Base, r.Base, r.Base) }, false},
+		{gone("by-gid"), old, func(r Range) (string, string) {
+			return "0\t0\t0\t0", fmt.Sprintf("%d\t%d\t%d\t%d", r.Base, r.Base, r.Base, r.Base)
+		}, false},
 		{gone("young"), time.Now(), none, false},
 		{there, old, none, false},
 		// An id just past the range is someone else's.
