@@ -109,4 +109,18 @@ time.sleep(120)'`)
 		stillServes(t, ctx, d, neighbour, "neighbour after the "+up.name)
 		mustRun(t, ctx, sb, "rm -rf /tmp/fill /tmp/filldir; true")
 	}
+	// User code kills the helper (it is user code's peer): the next write
+	// starts another and succeeds.
+	if err := sb.WriteFile(ctx, "/tmp/warm", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRun(t, ctx, sb, `n=0; for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sbx-agent sbx-file-writer " ] && kill -9 ${p#/proc/} && n=$((n+1)); done; echo $n`); got != "1\n" {
+		t.Fatalf("file writers killed by user code: %q, want 1 (it runs in the box, beside user code)", got)
+	}
+	if err := sb.WriteFile(ctx, "/tmp/after-kill", []byte("again"), 0o644); err != nil {
+		t.Fatalf("write after user code killed the file writer: %v", err)
+	}
+	if got := mustRun(t, ctx, sb, "cat /tmp/after-kill"); got != "again" {
+		t.Errorf("after the file writer was killed, the write reads %q, want \"again\"", got)
+	}
 }

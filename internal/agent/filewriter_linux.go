@@ -34,8 +34,10 @@ const fileWriterIdle = 10 * time.Second
 // The agent still resolves and opens every file itself (boxfs, no symlink
 // followed); the helper only copies: per write it is sent, over a
 // SOCK_SEQPACKET socket, the open file, the read end of a pipe the agent
-// feeds and the write end of a pipe for its 16-byte answer (bytes written,
-// errno). The helper is user code's peer (same uid, killable, traceable), so
+// feeds and the write end of a pipe for its answer: one byte once it took
+// the request (a helper killed with a request queued is found out there,
+// before any data is sent, and the write goes to a new one), then 16 bytes
+// (bytes written, errno). The helper is user code's peer (same uid, killable, traceable), so
 // the agent trusts nothing from it but that answer, takes no fd from it and
 // checks the count against what it sent. It is started on the first write,
 // forked by the spawner, and told to exit (its socket closed) after
@@ -67,18 +69,28 @@ func (w *fileWriter) sink(ctx context.Context, dst *os.File) (fileSink, error) {
 	if w == nil {
 		return &directSink{f: dst}, nil
 	}
-	ctl, err := w.acquire()
-	if err != nil {
-		return nil, err
+	// A helper that died while idle (user code killed it) is found out by
+	// the hand-over failing: then once more with a new one.
+	for attempt := 0; ; attempt++ {
+		ctl, err := w.acquire()
+		if err != nil {
+			return nil, err
+		}
+		s, err := newHelperSink(ctx, ctl, dst)
+		if err != nil {
+			w.release(ctl, true)
+			if attempt == 0 && errors.Is(err, errHelperGone) {
+				continue
+			}
+			return nil, err
+		}
+		s.done = func(broken bool) { w.release(ctl, broken) }
+		return s, nil
 	}
-	s, err := newHelperSink(ctx, ctl, dst)
-	if err != nil {
-		w.release(ctl, true)
-		return nil, err
-	}
-	s.done = func(broken bool) { w.release(ctl, broken) }
-	return s, nil
 }
+
+// errHelperGone marks a hand-over to a helper that is no longer there.
+var errHelperGone = errors.New("the file writer is gone")
 
 // acquire returns the helper's socket, starting the helper if none runs,
 // and counts a write under way.
@@ -150,6 +162,8 @@ type helperSink struct {
 	sent  int64
 	stop  func() bool
 	done  func(broken bool)
+	// dead is set once a write found the helper gone: abort then drops it.
+	dead bool
 }
 
 func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) {
@@ -183,6 +197,9 @@ func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) 
 	}
 	if err != nil {
 		s.close()
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) {
+			err = fmt.Errorf("%w (%w)", errHelperGone, err)
+		}
 		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
 	}
 	s.stop = context.AfterFunc(ctx, func() {
@@ -190,6 +207,18 @@ func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) 
 		_ = s.data.SetWriteDeadline(past)
 		_ = s.reply.SetReadDeadline(past)
 	})
+	// The helper says it took the request before any data goes: one that
+	// died before (killed a moment ago, the request still queued to its
+	// socket) closes the answer pipe unread, and the caller retries with
+	// a new helper instead of failing a write no data was lost to.
+	var ack [1]byte
+	if _, err := io.ReadFull(s.reply, ack[:]); err != nil {
+		s.close()
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errHelperGone
+		}
+		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
+	}
 	return s, nil
 }
 
@@ -197,6 +226,7 @@ func (s *helperSink) Write(p []byte) (int, error) {
 	k, err := s.data.Write(p)
 	s.sent += int64(k)
 	if err != nil {
+		s.dead = errors.Is(err, syscall.EPIPE)
 		return k, fmt.Errorf("file writer: %w", s.why(err))
 	}
 	return k, nil
@@ -238,7 +268,7 @@ func (s *helperSink) finish() (int64, error) {
 
 func (s *helperSink) abort() {
 	s.close()
-	s.done(false)
+	s.done(s.dead)
 }
 
 func (s *helperSink) close() {
@@ -325,6 +355,9 @@ func copyForAgent(dst, src, reply int) {
 	defer out.Close()
 	defer in.Close()
 	defer ans.Close()
+	if _, err := ans.Write([]byte{'+'}); err != nil { // taken (see newHelperSink)
+		return
+	}
 	n, err := io.Copy(out, in)
 	var errno syscall.Errno
 	if err != nil && !errors.As(err, &errno) {
