@@ -62,8 +62,12 @@ func TestSweep(t *testing.T) {
 		}, false},
 		{gone("young"), time.Now(), none, false},
 		{there, old, none, false},
-		// An id just past the range is someone else's.
-		{gone("neighbour-id"), old, func(r Range) (string, string) { return fmt.Sprintf("%d\t0\t0\t0", r.Base+r.Size), "0\t0\t0\t0" }, true},
+		// Ids just outside the pool are no slot's. (An id just past a
+		// range would be the next slot's, which may be one of these.)
+		{gone("outside-ids"), old, func(Range) (string, string) {
+			end := sweepPool.First + sweepPool.Size*sweepPool.Slots
+			return fmt.Sprintf("%d\t%d\t0\t0", sweepPool.First-1, end), fmt.Sprintf("%d\t0\t0\t0", end)
+		}, true},
 	}
 	ranges := map[string]Range{}
 	for i, s := range slots {
