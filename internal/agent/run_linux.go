@@ -97,6 +97,7 @@ func Run(ctx context.Context, opts Options) error {
 		if srv.spawner, err = newSpawner(opts.UserCgroupFDs); err != nil {
 			return err
 		}
+		srv.writer = &fileWriter{start: srv.startFileWriter}
 	}
 	if len(opts.Entrypoint) > 0 {
 		if err := srv.startEntrypoint(opts.Entrypoint); err != nil {

@@ -109,6 +109,10 @@ type Server struct {
 
 	// files resolves every path a file request names (boxfs_linux.go).
 	files *boxFS
+	// writer writes the data of files written through the file API from
+	// the user cgroups (filewriter_linux.go); nil writes from the agent
+	// (no user cgroups). Set once, with spawner.
+	writer *fileWriter
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)
