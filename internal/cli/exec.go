@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,6 +19,8 @@ import (
 
 type execFlags struct {
 	interactive, tty bool
+	detach           bool   // start in the background (ps.go)
+	tag              string // with detach
 	env              []string
 	workdir, user    string
 	timeout          time.Duration
@@ -27,8 +30,11 @@ func newExec(a *app) *cobra.Command {
 	var ef execFlags
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID|NAME -- CMD...",
-		Short: "Run a command in a sandbox; exits with its exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Short: "Run a command in a sandbox; exits with its exit code (-d: in the background)",
+		Long: "Run a command in a sandbox wired to this terminal and exit with its exit code. The command is killed if this\n" +
+			"client goes away (Ctrl-C, a dropped connection), so nothing runs on unseen. With -d it runs in the background\n" +
+			"instead: its pid is printed, it survives this client and a daemon restart, and ps, attach, kill and proc manage it.",
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb := &sbx.Sandbox{ID: args[0]}
 			return a.runExecRef(cmd.Context(), args[0], sb, ef, args[1:])
@@ -41,6 +47,8 @@ func newExec(a *app) *cobra.Command {
 	f.StringVarP(&ef.workdir, "workdir", "w", "", "working directory")
 	f.StringVarP(&ef.user, "user", "u", "", "run as this user (name, uid or uid:gid)")
 	f.DurationVar(&ef.timeout, "timeout", 0, "kill the command after this long, e.g. 30s")
+	f.BoolVarP(&ef.detach, "detach", "d", false, "run in the background and print its pid (see ps, attach, kill); with -i its stdin stays open for attach")
+	f.StringVar(&ef.tag, "tag", "", "with -d: a label to find the process by")
 	return cmd
 }
 
@@ -55,6 +63,12 @@ func (a *app) runExecRef(ctx context.Context, ref string, _ *sbx.Sandbox, ef exe
 // runExec runs argv in sb wired to this terminal and returns an ExitError
 // carrying the command's exit code.
 func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv []string) error {
+	if ef.detach {
+		return a.runDetached(ctx, sb, ef, argv)
+	}
+	if ef.tag != "" {
+		return errors.New("--tag needs -d (it labels a background process)")
+	}
 	env, err := parseEnv(ef.env)
 	if err != nil {
 		return err

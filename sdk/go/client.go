@@ -45,6 +45,7 @@ type Client struct {
 	codebases sbxv1connect.CodebaseServiceClient
 	ports     sbxv1connect.PortServiceClient
 	tenants   sbxv1connect.TenantServiceClient
+	procs     sbxv1connect.ProcessServiceClient // processes.go
 	baseURL   string
 	token     string
 	tls       *tls.Config // for https:// base URLs
@@ -173,6 +174,7 @@ func NewClient(addr string, opts ...Option) *Client {
 
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
 		tenants:   sbxv1connect.NewTenantServiceClient(hc, base, connect.WithGRPC()),
+		procs:     sbxv1connect.NewProcessServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
 	}
 	c.files = c.api
