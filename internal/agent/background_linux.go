@@ -42,10 +42,27 @@ const (
 	stdinWriteTimeout = 5 * time.Second
 )
 
-// backgroundOutput is the ring of each stream of one background process,
-// in bytes: the ring is the agent's memory, charged to the sandbox, so it
-// is smaller than the entrypoint's (a variable for tests).
-var backgroundOutput = 256 << 10
+// The output rings of background processes are the agent's memory, which
+// lives in the agent's reserve beside user code (at most 32 MiB, a quarter
+// of a small box's memory), so all of them together hold at most
+// backgroundBudget bytes: each stream of each of n kept processes keeps
+// backgroundOutput bytes, or budget/2n if less, but at least
+// minBackgroundOutput (so at most 1088 × 2 × 2 KiB at the agent's bounds).
+// Pieces are bounded too (ringChunks), since a process writing a byte at a
+// time makes a piece per byte. (Variables for tests.)
+var (
+	backgroundOutput    = 256 << 10
+	backgroundBudget    = 4 << 20
+	minBackgroundOutput = 2 << 10
+)
+
+// ringLimits returns the per-stream byte bound and the piece bound of each
+// ring when n background processes are kept.
+func ringLimits(n int) (limit, chunks int) {
+	limit = min(backgroundOutput, max(minBackgroundOutput, backgroundBudget/(2*max(n, 1))))
+	// A piece costs about 80 bytes besides its data.
+	return limit, max(32, limit/64)
+}
 
 // bgProc is one background process.
 type bgProc struct {
@@ -130,7 +147,17 @@ func (s *Server) startBackground(id, tag string, ex *sbxv1.ExecRequest, limit in
 	if ex.GetShell() != "" {
 		argv = []string{"/bin/sh", "-c", ex.GetShell()}
 	}
-	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: backgroundOutput}}
+	// Every ring shrinks to make room for the new one's share of the budget.
+	limit, chunks := ringLimits(len(t.bg) + 1)
+	for _, o := range t.bg {
+		o.mu.Lock()
+		if o.log.limit > limit {
+			o.log.setLimit(limit, chunks)
+			o.cond.Broadcast()
+		}
+		o.mu.Unlock()
+	}
+	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: limit, maxChunks: chunks}}
 	if p.stderr != nil {
 		e.readers++
 	}

@@ -259,3 +259,51 @@ func TestBackgroundTimeout(t *testing.T) {
 		t.Fatalf("got %v, want timed out by signal 9", ex)
 	}
 }
+
+func TestRingLimits(t *testing.T) {
+	for _, tc := range []struct {
+		n, limit, chunks int
+	}{
+		{0, 256 << 10, 4096},
+		{1, 256 << 10, 4096},
+		{8, 256 << 10, 4096},
+		{64, 32 << 10, 512},
+		{1088, 2 << 10, 32},
+	} {
+		limit, chunks := ringLimits(tc.n)
+		if limit != tc.limit || chunks != tc.chunks {
+			t.Errorf("ringLimits(%d): got %d, %d; want %d, %d", tc.n, limit, chunks, tc.limit, tc.chunks)
+		}
+	}
+}
+
+// Starting more background processes shrinks the rings of those kept, so
+// that all rings together stay within the budget.
+func TestBackgroundRingsShareBudget(t *testing.T) {
+	oldOut, oldBudget := backgroundOutput, backgroundBudget
+	backgroundOutput, backgroundBudget = 32<<10, 64<<10
+	t.Cleanup(func() { backgroundOutput, backgroundBudget = oldOut, oldBudget })
+	a := newTestAgent(t)
+	a.startBG(t, "proc-chatty", &sbxv1.ExecRequest{Shell: "head -c 40000 /dev/zero; exec sleep 60"})
+	t.Cleanup(func() { a.srv.removeBackground("proc-chatty") })
+	buffered := func() uint64 {
+		d, err := a.srv.lookupBackground("test", "proc-chatty")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.srv.backgroundInfo(d).GetBufferedBytes()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for buffered() != 32<<10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ring holds %d bytes, want %d", buffered(), 32<<10)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, id := range []string{"proc-q1", "proc-q2", "proc-q3"} {
+		a.startBG(t, id, &sbxv1.ExecRequest{Argv: []string{"true"}})
+	}
+	if got, want := buffered(), uint64(64<<10/(2*4)); got != want {
+		t.Fatalf("after 3 more processes the ring holds %d bytes, want %d", got, want)
+	}
+}
