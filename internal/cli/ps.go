@@ -51,10 +51,21 @@ func (a *app) runDetached(ctx context.Context, sb *sbx.Sandbox, ef execFlags, ar
 func newPs(a *app) *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
-		Use:   "ps ID|NAME",
-		Short: "List a sandbox's background processes (exec -d), running and recently exited",
-		Args:  cobra.ExactArgs(1),
+		Use:   "ps [ID|NAME]",
+		Short: "List a sandbox's background processes (exec -d), running and recently exited; without ID, the sandboxes",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				// `sbx ps` lists sandboxes, as it did when it was ls's alias.
+				ls := newLs(a)
+				ls.SetContext(cmd.Context())
+				if quiet {
+					if err := ls.Flags().Set("quiet", "true"); err != nil {
+						return err
+					}
+				}
+				return ls.RunE(ls, nil)
+			}
 			list, err := a.client().Sandbox(args[0]).Processes(cmd.Context())
 			if err != nil {
 				return err
@@ -236,8 +247,12 @@ func newKill(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kill [-s SIGNAL] ID|NAME PROCESS...",
 		Short: "Send a signal (default KILL) to background processes' groups (by pid, id or tag)",
-		Args:  cobra.MinimumNArgs(2),
+		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				// kill used to be rm's alias: say so rather than guess.
+				return errors.New("kill signals a sandbox's background processes: sbx kill [-s SIGNAL] ID PROCESS... (to destroy a sandbox: sbx rm ID)")
+			}
 			n, err := parseSignal(sig)
 			if err != nil {
 				return err

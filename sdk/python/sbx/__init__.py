@@ -51,6 +51,7 @@ from .images import Images
 from .logs import LogChunk, LogLines, SandboxLogs
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
+from .processes import BackgroundProcess, Processes
 from .recipe import Recipe
 from .sandbox import Sandbox
 from .session import Session, SessionResult
@@ -79,6 +80,8 @@ __all__ = [
     "Client",
     "Sandbox",
     "Process",
+    "BackgroundProcess",
+    "Processes",
     "OutputStream",
     "CommandResult",
     "ExitStatus",
