@@ -251,3 +251,80 @@ func TestForegroundExecKilledWithItsClient(t *testing.T) {
 		}
 	}
 }
+
+// agentRSS is the sandbox agent's (PID 1's) resident memory in KiB.
+func agentRSS(t *testing.T, ctx context.Context, sb *sbx.Sandbox) int {
+	t.Helper()
+	f := strings.Fields(mustRun(t, ctx, sb, "grep ^VmRSS: /proc/1/status"))
+	if len(f) < 2 {
+		t.Fatalf("no VmRSS for PID 1: %q", f)
+	}
+	kb, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kb
+}
+
+// TestBackgroundOutputFloodBoundsAgentMemory (attack class 5): box code
+// in the most background processes allowed fills every output ring
+// nobody reads. The rings live in the agent's memory, in its reserve
+// beside user code (at most 32 MiB), so all of them together stay within
+// a shared budget and the agent's GC has a soft limit: PID 1 grows by less
+// than 20 MiB (measured: 13.7 MiB; 56.7 MiB with rings of 2 × 256 KiB each
+// and no budget, 71 MiB without the soft limit either), the box still
+// execs and the daemon lists them.
+func TestBackgroundOutputFloodBoundsAgentMemory(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 3*time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	warm, err := sb.StartBackground(ctx, sbx.BackgroundOptions{Shell: "echo warm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := warm.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := agentRSS(t, ctx, sb)
+	const n = 64 // --exec-max-background's default
+	for i := range n {
+		if _, err := sb.StartBackground(ctx, sbx.BackgroundOptions{
+			Shell: "head -c 1048576 /dev/zero; head -c 1048576 /dev/zero >&2; exec sleep 600",
+		}); err != nil {
+			t.Fatalf("process %d: %v", i, err)
+		}
+	}
+	// Every ring has dropped output of both streams: each is full.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		list, err := sb.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := 0
+		for _, p := range list {
+			if p.DroppedStdout > 0 && p.DroppedStderr > 0 {
+				full++
+			}
+		}
+		if full == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rings full after 60s", full, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	after := agentRSS(t, ctx, sb)
+	t.Logf("agent RSS %d KiB before, %d KiB with %d full rings", before, after, n)
+	if grew := after - before; grew > 20<<10 {
+		t.Fatalf("the agent grew by %d KiB with %d full rings, want under %d KiB", grew, n, 20<<10)
+	}
+}

@@ -51,6 +51,9 @@ const (
 // Pieces are bounded too (ringChunks), since a process writing a byte at a
 // time makes a piece per byte. (Variables for tests.)
 var (
+	// backgroundReadSize is each pump's buffer (two a process): smaller
+	// than the entrypoint's, as there may be a thousand.
+	backgroundReadSize  = 16 << 10
 	backgroundOutput    = 256 << 10
 	backgroundBudget    = 4 << 20
 	minBackgroundOutput = 2 << 10
@@ -157,7 +160,7 @@ func (s *Server) startBackground(id, tag string, ex *sbxv1.ExecRequest, limit in
 		}
 		o.mu.Unlock()
 	}
-	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: limit, maxChunks: chunks}}
+	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: limit, maxChunks: chunks}, readSize: backgroundReadSize}
 	if p.stderr != nil {
 		e.readers++
 	}

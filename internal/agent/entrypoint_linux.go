@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -32,6 +33,8 @@ type entryProc struct {
 	// timedOut is set before a timeout kills the process (background
 	// processes); the exit records it.
 	timedOut atomic.Bool
+	// readSize is each pump's read buffer; 0: chunkSize.
+	readSize int
 
 	// mu guards the fields below; cond (on mu) is broadcast on every change.
 	mu      sync.Mutex
@@ -98,7 +101,7 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 // pump moves f's output into the ring until EOF, error or the drain
 // deadline.
 func (e *entryProc) pump(s *Server, f *os.File, stderr bool) {
-	buf := make([]byte, chunkSize)
+	buf := make([]byte, cmp.Or(e.readSize, chunkSize))
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {

@@ -55,7 +55,9 @@ func (r *logRing) add(stderr bool, data []byte, at time.Time) {
 	i := streamIndex(stderr)
 	if n := len(r.chunks); n > 0 {
 		c := &r.chunks[n-1]
-		if c.stderr == stderr && len(c.data) < coalesceLimit && at.Sub(c.at) < logCoalesce {
+		// A piece grows up to coalesceLimit, or the ring's limit if less
+		// (appending may leave it twice that in capacity).
+		if c.stderr == stderr && len(c.data) < min(coalesceLimit, r.limit) && at.Sub(c.at) < logCoalesce {
 			c.data = append(c.data, data...)
 			r.size[i] += len(data)
 			r.written[i] += uint64(len(data))
