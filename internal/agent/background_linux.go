@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -70,8 +71,10 @@ func ringLimits(n int) (limit, chunks int) {
 // bgProc is one background process.
 type bgProc struct {
 	*entryProc
-	id  string
-	tag string
+	id      string
+	tag     string
+	env     map[string]string // the request's, as given
+	workdir string            // the request's, as given
 
 	// inMu serializes input (so that two clients' stdin never interleaves
 	// within a call) and guards stdinOpen.
@@ -165,7 +168,7 @@ func (s *Server) startBackground(id, tag string, ex *sbxv1.ExecRequest, limit in
 		e.readers++
 	}
 	e.cond = sync.NewCond(&e.mu)
-	d := &bgProc{entryProc: e, id: id, tag: tag}
+	d := &bgProc{entryProc: e, id: id, tag: tag, env: maps.Clone(ex.GetEnv()), workdir: ex.GetWorkdir()}
 	p.initialStdin(ex)
 	d.stdinOpen = p.stdin != nil && (ex.GetStdinOpen() || ex.GetTty())
 	if t.bg == nil {
@@ -253,7 +256,7 @@ func (s *Server) backgroundInfo(d *bgProc) *agentv1.DetachedProcess {
 		Id: d.id, Pid: int32(d.p.pid), Command: d.argv, StartedMs: d.p.started.UnixMilli(),
 		BufferedBytes: uint64(d.log.size[0] + d.log.size[1]),
 		Background:    true, Tag: d.tag, Tty: d.p.tty, StdinOpen: stdinOpen && d.exit == nil,
-		DroppedStdout: dropped[0], DroppedStderr: dropped[1],
+		DroppedStdout: dropped[0], DroppedStderr: dropped[1], Env: d.env, Workdir: d.workdir,
 	}
 	if d.exit != nil {
 		dp.Exited, dp.ExitCode, dp.Signal = true, d.exit.GetExitCode(), d.exit.GetSignal()

@@ -69,9 +69,11 @@ var closeEv = &sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: tr
 // every waiter gets the exit status.
 func TestBackgroundReplayInputWait(t *testing.T) {
 	a := newTestAgent(t)
-	info := a.startBG(t, "proc-1", &sbxv1.ExecRequest{Shell: "echo hello; echo oops >&2; cat; echo done", StdinOpen: true})
-	if info.GetPid() <= 0 || !info.GetBackground() || !info.GetStdinOpen() || info.GetTag() != "t-proc-1" {
-		t.Fatalf("started: got %v, want pid, background, stdin_open and tag", info)
+	info := a.startBG(t, "proc-1", &sbxv1.ExecRequest{Shell: "echo $GREETING; echo oops >&2; cat; echo done", StdinOpen: true,
+		Env: map[string]string{"GREETING": "hello"}, Workdir: "/"})
+	if info.GetPid() <= 0 || !info.GetBackground() || !info.GetStdinOpen() || info.GetTag() != "t-proc-1" ||
+		info.GetEnv()["GREETING"] != "hello" || info.GetWorkdir() != "/" {
+		t.Fatalf("started: got %v, want pid, background, stdin_open, tag, env and workdir", info)
 	}
 	if err := a.input("proc-1", stdinEv("from stdin\n"), closeEv); err != nil {
 		t.Fatalf("input: %v", err)

@@ -133,6 +133,7 @@ func processInfo(sandbox string, d *agentv1.DetachedProcess) *sbxv1.ProcessInfo 
 		Id: d.GetId(), Pid: d.GetPid(), Sandbox: sandbox, Command: d.GetCommand(), Tag: d.GetTag(),
 		Tty: d.GetTty(), StdinOpen: d.GetStdinOpen(), StartedMs: d.GetStartedMs(), Running: !d.GetExited(),
 		ExitedMs: d.GetExitedMs(), DroppedStdoutBytes: d.GetDroppedStdout(), DroppedStderrBytes: d.GetDroppedStderr(),
+		Env: d.GetEnv(), Workdir: d.GetWorkdir(),
 	}
 	if d.GetExited() {
 		pi.Exited = d.GetExit()

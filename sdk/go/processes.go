@@ -56,6 +56,9 @@ type BackgroundProcess struct {
 	Exit *ExitStatus
 	// Output its ring no longer holds, per stream.
 	DroppedStdout, DroppedStderr uint64
+	// Env and Workdir are the start request's, as given.
+	Env     map[string]string
+	Workdir string
 }
 
 func (c *Client) processes() sbxv1connect.ProcessServiceClient { return c.procs }
@@ -65,6 +68,7 @@ func (c *Client) backgroundProcess(pi *sbxv1.ProcessInfo) *BackgroundProcess {
 		c: c, Sandbox: pi.GetSandbox(), ID: pi.GetId(), PID: int(pi.GetPid()), Tag: pi.GetTag(), Command: pi.GetCommand(),
 		TTY: pi.GetTty(), StdinOpen: pi.GetStdinOpen(), Started: time.UnixMilli(pi.GetStartedMs()), Running: pi.GetRunning(),
 		DroppedStdout: pi.GetDroppedStdoutBytes(), DroppedStderr: pi.GetDroppedStderrBytes(),
+		Env: pi.GetEnv(), Workdir: pi.GetWorkdir(),
 	}
 	if ex := pi.GetExited(); ex != nil {
 		p.Exit = exitStatusOf(ex)

@@ -63,6 +63,8 @@ class BackgroundProcess:
         command: its argv (``["/bin/sh", "-c", line]`` for a shell line).
         pty: whether it runs under a pseudo-terminal.
         stdin_open: whether :meth:`send_stdin` works.
+        env, workdir: its start request's extra environment and working
+            directory, as given.
         running: whether it still ran when last seen.
         exit_status: an :class:`~sbx.ExitStatus` once it has exited.
         dropped_stdout, dropped_stderr: bytes of output the sandbox no
@@ -96,6 +98,8 @@ class BackgroundProcess:
         self.exit_status: Optional[ExitStatus] = ExitStatus.from_json(ex) if ex is not None else None
         self.dropped_stdout: int = int(info.get("droppedStdoutBytes") or 0)
         self.dropped_stderr: int = int(info.get("droppedStderrBytes") or 0)
+        self.env: Dict[str, str] = dict(info.get("env") or {})
+        self.workdir: str = str(info.get("workdir") or "")
 
     def _call(self, method: str, req: Dict[str, Any], op: str, timeout: Optional[float] = None) -> Dict[str, Any]:
         req = {"sandbox": self._sandbox.id, "process": self.id, **req}

@@ -44,12 +44,13 @@ def test_stdin_after_start_and_line_iteration(shared_sandbox: sbx.Sandbox) -> No
 
 
 def test_connect_from_another_client_by_pid_and_tag(client: sbx.Client, shared_sandbox: sbx.Sandbox) -> None:
-    p = shared_sandbox.processes.start("echo hi; exec sleep 600", tag="py-sleeper")
+    p = shared_sandbox.processes.start("echo hi; exec sleep 600", tag="py-sleeper", env={"K": "v"}, workdir="/tmp")
     _wait_output(p, "hi\n")
     other = sbx.Client(client.addr, timeout=120).get(shared_sandbox.id)  # a second client
     by_pid = other.processes.connect(p.pid)
     by_tag = other.processes.connect("py-sleeper")
     assert by_pid.id == p.id == by_tag.id
+    assert by_tag.env == {"K": "v"} and by_tag.workdir == "/tmp" and by_tag.tag == "py-sleeper"
     assert any(q.id == p.id and q.running for q in other.processes.list())
     assert by_tag.output() == ("hi\n", "")
     by_pid.signal("TERM")

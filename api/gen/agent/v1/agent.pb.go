@@ -768,8 +768,11 @@ type DetachedProcess struct {
 	DroppedStderr uint64 `protobuf:"varint,15,opt,name=dropped_stderr,json=droppedStderr,proto3" json:"dropped_stderr,omitempty"`
 	// Set once exited and all output read (background processes): the full
 	// exit status, with timed_out.
-	Exit          *v1.ExecExited `protobuf:"bytes,16,opt,name=exit,proto3" json:"exit,omitempty"`
-	ExitedMs      int64          `protobuf:"varint,17,opt,name=exited_ms,json=exitedMs,proto3" json:"exited_ms,omitempty"`
+	Exit     *v1.ExecExited `protobuf:"bytes,16,opt,name=exit,proto3" json:"exit,omitempty"`
+	ExitedMs int64          `protobuf:"varint,17,opt,name=exited_ms,json=exitedMs,proto3" json:"exited_ms,omitempty"`
+	// The start request's extra environment and working directory, as given.
+	Env           map[string]string `protobuf:"bytes,18,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir       string            `protobuf:"bytes,19,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -921,6 +924,20 @@ func (x *DetachedProcess) GetExitedMs() int64 {
 		return x.ExitedMs
 	}
 	return 0
+}
+
+func (x *DetachedProcess) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
 }
 
 type RemoveDetachedRequest struct {
@@ -1540,7 +1557,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x0edropped_stderr\x18\x03 \x01(\x04R\rdroppedStderr\"\x15\n" +
 	"\x13ListDetachedRequest\"O\n" +
 	"\x14ListDetachedResponse\x127\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x19.agent.v1.DetachedProcessR\tprocesses\"\xf2\x03\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x19.agent.v1.DetachedProcessR\tprocesses\"\xfa\x04\n" +
 	"\x0fDetachedProcess\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
@@ -1563,7 +1580,12 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x0edropped_stdout\x18\x0e \x01(\x04R\rdroppedStdout\x12%\n" +
 	"\x0edropped_stderr\x18\x0f \x01(\x04R\rdroppedStderr\x12&\n" +
 	"\x04exit\x18\x10 \x01(\v2\x12.sbx.v1.ExecExitedR\x04exit\x12\x1b\n" +
-	"\texited_ms\x18\x11 \x01(\x03R\bexitedMs\"'\n" +
+	"\texited_ms\x18\x11 \x01(\x03R\bexitedMs\x124\n" +
+	"\x03env\x18\x12 \x03(\v2\".agent.v1.DetachedProcess.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"'\n" +
 	"\x15RemoveDetachedRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
 	"\x16RemoveDetachedResponse\"z\n" +
@@ -1631,7 +1653,7 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_v1_agent_proto_goTypes = []any{
 	(*StartProcessRequest)(nil),    // 0: agent.v1.StartProcessRequest
 	(*StartProcessResponse)(nil),   // 1: agent.v1.StartProcessResponse
@@ -1657,98 +1679,100 @@ var file_agent_v1_agent_proto_goTypes = []any{
 	(*HelloResponse)(nil),          // 21: agent.v1.HelloResponse
 	(*ConfigureRequest)(nil),       // 22: agent.v1.ConfigureRequest
 	(*ConfigureResponse)(nil),      // 23: agent.v1.ConfigureResponse
-	(*v1.ExecRequest)(nil),         // 24: sbx.v1.ExecRequest
-	(*v1.LogsRequest)(nil),         // 25: sbx.v1.LogsRequest
-	(*v1.ExecInput)(nil),           // 26: sbx.v1.ExecInput
-	(*v1.ExecOutput)(nil),          // 27: sbx.v1.ExecOutput
-	(*v1.ExecExited)(nil),          // 28: sbx.v1.ExecExited
-	(*v1.PathPolicy)(nil),          // 29: sbx.v1.PathPolicy
-	(*v1.ReadFileRequest)(nil),     // 30: sbx.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),    // 31: sbx.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),      // 32: sbx.v1.ListDirRequest
-	(*v1.StatRequest)(nil),         // 33: sbx.v1.StatRequest
-	(*v1.MakeDirRequest)(nil),      // 34: sbx.v1.MakeDirRequest
-	(*v1.RemoveRequest)(nil),       // 35: sbx.v1.RemoveRequest
-	(*v1.RenameRequest)(nil),       // 36: sbx.v1.RenameRequest
-	(*v1.UploadTarRequest)(nil),    // 37: sbx.v1.UploadTarRequest
-	(*v1.DownloadTarRequest)(nil),  // 38: sbx.v1.DownloadTarRequest
-	(*v1.WaitRequest)(nil),         // 39: sbx.v1.WaitRequest
-	(*v1.FileChunk)(nil),           // 40: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),   // 41: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),     // 42: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),        // 43: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),     // 44: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),      // 45: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),      // 46: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),   // 47: sbx.v1.UploadTarResponse
-	(*v1.LogsEvent)(nil),           // 48: sbx.v1.LogsEvent
-	(*v1.WaitResponse)(nil),        // 49: sbx.v1.WaitResponse
+	nil,                            // 24: agent.v1.DetachedProcess.EnvEntry
+	(*v1.ExecRequest)(nil),         // 25: sbx.v1.ExecRequest
+	(*v1.LogsRequest)(nil),         // 26: sbx.v1.LogsRequest
+	(*v1.ExecInput)(nil),           // 27: sbx.v1.ExecInput
+	(*v1.ExecOutput)(nil),          // 28: sbx.v1.ExecOutput
+	(*v1.ExecExited)(nil),          // 29: sbx.v1.ExecExited
+	(*v1.PathPolicy)(nil),          // 30: sbx.v1.PathPolicy
+	(*v1.ReadFileRequest)(nil),     // 31: sbx.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),    // 32: sbx.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),      // 33: sbx.v1.ListDirRequest
+	(*v1.StatRequest)(nil),         // 34: sbx.v1.StatRequest
+	(*v1.MakeDirRequest)(nil),      // 35: sbx.v1.MakeDirRequest
+	(*v1.RemoveRequest)(nil),       // 36: sbx.v1.RemoveRequest
+	(*v1.RenameRequest)(nil),       // 37: sbx.v1.RenameRequest
+	(*v1.UploadTarRequest)(nil),    // 38: sbx.v1.UploadTarRequest
+	(*v1.DownloadTarRequest)(nil),  // 39: sbx.v1.DownloadTarRequest
+	(*v1.WaitRequest)(nil),         // 40: sbx.v1.WaitRequest
+	(*v1.FileChunk)(nil),           // 41: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),   // 42: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),     // 43: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),        // 44: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),     // 45: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),      // 46: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),      // 47: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),   // 48: sbx.v1.UploadTarResponse
+	(*v1.LogsEvent)(nil),           // 49: sbx.v1.LogsEvent
+	(*v1.WaitResponse)(nil),        // 50: sbx.v1.WaitResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
-	24, // 0: agent.v1.StartProcessRequest.exec:type_name -> sbx.v1.ExecRequest
+	25, // 0: agent.v1.StartProcessRequest.exec:type_name -> sbx.v1.ExecRequest
 	13, // 1: agent.v1.StartProcessResponse.process:type_name -> agent.v1.DetachedProcess
-	25, // 2: agent.v1.ProcessLogsRequest.logs:type_name -> sbx.v1.LogsRequest
-	26, // 3: agent.v1.ProcessInputRequest.inputs:type_name -> sbx.v1.ExecInput
+	26, // 2: agent.v1.ProcessLogsRequest.logs:type_name -> sbx.v1.LogsRequest
+	27, // 3: agent.v1.ProcessInputRequest.inputs:type_name -> sbx.v1.ExecInput
 	13, // 4: agent.v1.WaitProcessResponse.process:type_name -> agent.v1.DetachedProcess
 	8,  // 5: agent.v1.AttachInput.start:type_name -> agent.v1.AttachStart
-	26, // 6: agent.v1.AttachInput.input:type_name -> sbx.v1.ExecInput
-	24, // 7: agent.v1.AttachStart.exec:type_name -> sbx.v1.ExecRequest
+	27, // 6: agent.v1.AttachInput.input:type_name -> sbx.v1.ExecInput
+	25, // 7: agent.v1.AttachStart.exec:type_name -> sbx.v1.ExecRequest
 	10, // 8: agent.v1.AttachOutput.attached:type_name -> agent.v1.AttachAttached
-	27, // 9: agent.v1.AttachOutput.output:type_name -> sbx.v1.ExecOutput
+	28, // 9: agent.v1.AttachOutput.output:type_name -> sbx.v1.ExecOutput
 	13, // 10: agent.v1.ListDetachedResponse.processes:type_name -> agent.v1.DetachedProcess
-	28, // 11: agent.v1.DetachedProcess.exit:type_name -> sbx.v1.ExecExited
-	17, // 12: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
-	19, // 13: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
-	29, // 14: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
-	20, // 15: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
-	22, // 16: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
-	26, // 17: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
-	30, // 18: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	31, // 19: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	32, // 20: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
-	33, // 21: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
-	34, // 22: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	35, // 23: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
-	36, // 24: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
-	37, // 25: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	38, // 26: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	16, // 27: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
-	7,  // 28: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
-	11, // 29: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
-	14, // 30: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
-	25, // 31: agent.v1.AgentService.Logs:input_type -> sbx.v1.LogsRequest
-	39, // 32: agent.v1.AgentService.Wait:input_type -> sbx.v1.WaitRequest
-	0,  // 33: agent.v1.AgentService.StartProcess:input_type -> agent.v1.StartProcessRequest
-	2,  // 34: agent.v1.AgentService.ProcessLogs:input_type -> agent.v1.ProcessLogsRequest
-	3,  // 35: agent.v1.AgentService.ProcessInput:input_type -> agent.v1.ProcessInputRequest
-	5,  // 36: agent.v1.AgentService.WaitProcess:input_type -> agent.v1.WaitProcessRequest
-	21, // 37: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	23, // 38: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
-	27, // 39: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	40, // 40: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	41, // 41: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	42, // 42: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	43, // 43: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	44, // 44: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	45, // 45: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	46, // 46: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	47, // 47: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	40, // 48: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	18, // 49: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
-	9,  // 50: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
-	12, // 51: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
-	15, // 52: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
-	48, // 53: agent.v1.AgentService.Logs:output_type -> sbx.v1.LogsEvent
-	49, // 54: agent.v1.AgentService.Wait:output_type -> sbx.v1.WaitResponse
-	1,  // 55: agent.v1.AgentService.StartProcess:output_type -> agent.v1.StartProcessResponse
-	48, // 56: agent.v1.AgentService.ProcessLogs:output_type -> sbx.v1.LogsEvent
-	4,  // 57: agent.v1.AgentService.ProcessInput:output_type -> agent.v1.ProcessInputResponse
-	6,  // 58: agent.v1.AgentService.WaitProcess:output_type -> agent.v1.WaitProcessResponse
-	37, // [37:59] is the sub-list for method output_type
-	15, // [15:37] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	29, // 11: agent.v1.DetachedProcess.exit:type_name -> sbx.v1.ExecExited
+	24, // 12: agent.v1.DetachedProcess.env:type_name -> agent.v1.DetachedProcess.EnvEntry
+	17, // 13: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
+	19, // 14: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
+	30, // 15: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	20, // 16: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
+	22, // 17: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
+	27, // 18: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
+	31, // 19: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	32, // 20: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	33, // 21: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
+	34, // 22: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
+	35, // 23: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	36, // 24: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
+	37, // 25: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
+	38, // 26: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	39, // 27: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	16, // 28: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
+	7,  // 29: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
+	11, // 30: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
+	14, // 31: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
+	26, // 32: agent.v1.AgentService.Logs:input_type -> sbx.v1.LogsRequest
+	40, // 33: agent.v1.AgentService.Wait:input_type -> sbx.v1.WaitRequest
+	0,  // 34: agent.v1.AgentService.StartProcess:input_type -> agent.v1.StartProcessRequest
+	2,  // 35: agent.v1.AgentService.ProcessLogs:input_type -> agent.v1.ProcessLogsRequest
+	3,  // 36: agent.v1.AgentService.ProcessInput:input_type -> agent.v1.ProcessInputRequest
+	5,  // 37: agent.v1.AgentService.WaitProcess:input_type -> agent.v1.WaitProcessRequest
+	21, // 38: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	23, // 39: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	28, // 40: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	41, // 41: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	42, // 42: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	43, // 43: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	44, // 44: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	45, // 45: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	46, // 46: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	47, // 47: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	48, // 48: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	41, // 49: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	18, // 50: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
+	9,  // 51: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
+	12, // 52: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
+	15, // 53: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
+	49, // 54: agent.v1.AgentService.Logs:output_type -> sbx.v1.LogsEvent
+	50, // 55: agent.v1.AgentService.Wait:output_type -> sbx.v1.WaitResponse
+	1,  // 56: agent.v1.AgentService.StartProcess:output_type -> agent.v1.StartProcessResponse
+	49, // 57: agent.v1.AgentService.ProcessLogs:output_type -> sbx.v1.LogsEvent
+	4,  // 58: agent.v1.AgentService.ProcessInput:output_type -> agent.v1.ProcessInputResponse
+	6,  // 59: agent.v1.AgentService.WaitProcess:output_type -> agent.v1.WaitProcessResponse
+	38, // [38:60] is the sub-list for method output_type
+	16, // [16:38] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -1779,7 +1803,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

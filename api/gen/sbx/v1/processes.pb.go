@@ -43,8 +43,12 @@ type ProcessInfo struct {
 	// Output the ring no longer holds (the oldest bytes), per stream.
 	DroppedStdoutBytes uint64 `protobuf:"varint,12,opt,name=dropped_stdout_bytes,json=droppedStdoutBytes,proto3" json:"dropped_stdout_bytes,omitempty"`
 	DroppedStderrBytes uint64 `protobuf:"varint,13,opt,name=dropped_stderr_bytes,json=droppedStderrBytes,proto3" json:"dropped_stderr_bytes,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The start request's extra environment and working directory, as given
+	// (visible to every client of the sandbox: keep secrets out of env).
+	Env           map[string]string `protobuf:"bytes,14,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir       string            `protobuf:"bytes,15,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProcessInfo) Reset() {
@@ -166,6 +170,20 @@ func (x *ProcessInfo) GetDroppedStderrBytes() uint64 {
 		return x.DroppedStderrBytes
 	}
 	return 0
+}
+
+func (x *ProcessInfo) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ProcessInfo) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
 }
 
 type StartProcessRequest struct {
@@ -1077,7 +1095,7 @@ var File_sbx_v1_processes_proto protoreflect.FileDescriptor
 
 const file_sbx_v1_processes_proto_rawDesc = "" +
 	"\n" +
-	"\x16sbx/v1/processes.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\"\x8c\x03\n" +
+	"\x16sbx/v1/processes.proto\x12\x06sbx.v1\x1a\x14sbx/v1/process.proto\"\x8e\x04\n" +
 	"\vProcessInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
@@ -1094,7 +1112,12 @@ const file_sbx_v1_processes_proto_rawDesc = "" +
 	" \x01(\v2\x12.sbx.v1.ExecExitedR\x06exited\x12\x1b\n" +
 	"\texited_ms\x18\v \x01(\x03R\bexitedMs\x120\n" +
 	"\x14dropped_stdout_bytes\x18\f \x01(\x04R\x12droppedStdoutBytes\x120\n" +
-	"\x14dropped_stderr_bytes\x18\r \x01(\x04R\x12droppedStderrBytes\"P\n" +
+	"\x14dropped_stderr_bytes\x18\r \x01(\x04R\x12droppedStderrBytes\x12.\n" +
+	"\x03env\x18\x0e \x03(\v2\x1c.sbx.v1.ProcessInfo.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x0f \x01(\tR\aworkdir\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x13StartProcessRequest\x12'\n" +
 	"\x04exec\x18\x01 \x01(\v2\x13.sbx.v1.ExecRequestR\x04exec\x12\x10\n" +
 	"\x03tag\x18\x02 \x01(\tR\x03tag\"E\n" +
@@ -1168,7 +1191,7 @@ func file_sbx_v1_processes_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_processes_proto_rawDescData
 }
 
-var file_sbx_v1_processes_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_sbx_v1_processes_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_sbx_v1_processes_proto_goTypes = []any{
 	(*ProcessInfo)(nil),              // 0: sbx.v1.ProcessInfo
 	(*StartProcessRequest)(nil),      // 1: sbx.v1.StartProcessRequest
@@ -1187,45 +1210,47 @@ var file_sbx_v1_processes_proto_goTypes = []any{
 	(*WaitProcessResponse)(nil),      // 14: sbx.v1.WaitProcessResponse
 	(*RemoveProcessRequest)(nil),     // 15: sbx.v1.RemoveProcessRequest
 	(*RemoveProcessResponse)(nil),    // 16: sbx.v1.RemoveProcessResponse
-	(*ExecExited)(nil),               // 17: sbx.v1.ExecExited
-	(*ExecRequest)(nil),              // 18: sbx.v1.ExecRequest
-	(*ExecKeepalive)(nil),            // 19: sbx.v1.ExecKeepalive
-	(*LogsDropped)(nil),              // 20: sbx.v1.LogsDropped
-	(*TerminalSize)(nil),             // 21: sbx.v1.TerminalSize
+	nil,                              // 17: sbx.v1.ProcessInfo.EnvEntry
+	(*ExecExited)(nil),               // 18: sbx.v1.ExecExited
+	(*ExecRequest)(nil),              // 19: sbx.v1.ExecRequest
+	(*ExecKeepalive)(nil),            // 20: sbx.v1.ExecKeepalive
+	(*LogsDropped)(nil),              // 21: sbx.v1.LogsDropped
+	(*TerminalSize)(nil),             // 22: sbx.v1.TerminalSize
 }
 var file_sbx_v1_processes_proto_depIdxs = []int32{
-	17, // 0: sbx.v1.ProcessInfo.exited:type_name -> sbx.v1.ExecExited
-	18, // 1: sbx.v1.StartProcessRequest.exec:type_name -> sbx.v1.ExecRequest
-	0,  // 2: sbx.v1.StartProcessResponse.process:type_name -> sbx.v1.ProcessInfo
-	0,  // 3: sbx.v1.ListProcessesResponse.processes:type_name -> sbx.v1.ProcessInfo
-	0,  // 4: sbx.v1.GetProcessResponse.process:type_name -> sbx.v1.ProcessInfo
-	0,  // 5: sbx.v1.ProcessEvent.process:type_name -> sbx.v1.ProcessInfo
-	19, // 6: sbx.v1.ProcessEvent.keepalive:type_name -> sbx.v1.ExecKeepalive
-	17, // 7: sbx.v1.ProcessEvent.exited:type_name -> sbx.v1.ExecExited
-	20, // 8: sbx.v1.ProcessEvent.dropped:type_name -> sbx.v1.LogsDropped
-	21, // 9: sbx.v1.SendProcessInputRequest.resize:type_name -> sbx.v1.TerminalSize
-	0,  // 10: sbx.v1.WaitProcessResponse.process:type_name -> sbx.v1.ProcessInfo
-	1,  // 11: sbx.v1.ProcessService.StartProcess:input_type -> sbx.v1.StartProcessRequest
-	3,  // 12: sbx.v1.ProcessService.ListProcesses:input_type -> sbx.v1.ListProcessesRequest
-	5,  // 13: sbx.v1.ProcessService.GetProcess:input_type -> sbx.v1.GetProcessRequest
-	7,  // 14: sbx.v1.ProcessService.ConnectProcess:input_type -> sbx.v1.ConnectProcessRequest
-	9,  // 15: sbx.v1.ProcessService.SendProcessInput:input_type -> sbx.v1.SendProcessInputRequest
-	11, // 16: sbx.v1.ProcessService.SignalProcess:input_type -> sbx.v1.SignalProcessRequest
-	13, // 17: sbx.v1.ProcessService.WaitProcess:input_type -> sbx.v1.WaitProcessRequest
-	15, // 18: sbx.v1.ProcessService.RemoveProcess:input_type -> sbx.v1.RemoveProcessRequest
-	2,  // 19: sbx.v1.ProcessService.StartProcess:output_type -> sbx.v1.StartProcessResponse
-	4,  // 20: sbx.v1.ProcessService.ListProcesses:output_type -> sbx.v1.ListProcessesResponse
-	6,  // 21: sbx.v1.ProcessService.GetProcess:output_type -> sbx.v1.GetProcessResponse
-	8,  // 22: sbx.v1.ProcessService.ConnectProcess:output_type -> sbx.v1.ProcessEvent
-	10, // 23: sbx.v1.ProcessService.SendProcessInput:output_type -> sbx.v1.SendProcessInputResponse
-	12, // 24: sbx.v1.ProcessService.SignalProcess:output_type -> sbx.v1.SignalProcessResponse
-	14, // 25: sbx.v1.ProcessService.WaitProcess:output_type -> sbx.v1.WaitProcessResponse
-	16, // 26: sbx.v1.ProcessService.RemoveProcess:output_type -> sbx.v1.RemoveProcessResponse
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	18, // 0: sbx.v1.ProcessInfo.exited:type_name -> sbx.v1.ExecExited
+	17, // 1: sbx.v1.ProcessInfo.env:type_name -> sbx.v1.ProcessInfo.EnvEntry
+	19, // 2: sbx.v1.StartProcessRequest.exec:type_name -> sbx.v1.ExecRequest
+	0,  // 3: sbx.v1.StartProcessResponse.process:type_name -> sbx.v1.ProcessInfo
+	0,  // 4: sbx.v1.ListProcessesResponse.processes:type_name -> sbx.v1.ProcessInfo
+	0,  // 5: sbx.v1.GetProcessResponse.process:type_name -> sbx.v1.ProcessInfo
+	0,  // 6: sbx.v1.ProcessEvent.process:type_name -> sbx.v1.ProcessInfo
+	20, // 7: sbx.v1.ProcessEvent.keepalive:type_name -> sbx.v1.ExecKeepalive
+	18, // 8: sbx.v1.ProcessEvent.exited:type_name -> sbx.v1.ExecExited
+	21, // 9: sbx.v1.ProcessEvent.dropped:type_name -> sbx.v1.LogsDropped
+	22, // 10: sbx.v1.SendProcessInputRequest.resize:type_name -> sbx.v1.TerminalSize
+	0,  // 11: sbx.v1.WaitProcessResponse.process:type_name -> sbx.v1.ProcessInfo
+	1,  // 12: sbx.v1.ProcessService.StartProcess:input_type -> sbx.v1.StartProcessRequest
+	3,  // 13: sbx.v1.ProcessService.ListProcesses:input_type -> sbx.v1.ListProcessesRequest
+	5,  // 14: sbx.v1.ProcessService.GetProcess:input_type -> sbx.v1.GetProcessRequest
+	7,  // 15: sbx.v1.ProcessService.ConnectProcess:input_type -> sbx.v1.ConnectProcessRequest
+	9,  // 16: sbx.v1.ProcessService.SendProcessInput:input_type -> sbx.v1.SendProcessInputRequest
+	11, // 17: sbx.v1.ProcessService.SignalProcess:input_type -> sbx.v1.SignalProcessRequest
+	13, // 18: sbx.v1.ProcessService.WaitProcess:input_type -> sbx.v1.WaitProcessRequest
+	15, // 19: sbx.v1.ProcessService.RemoveProcess:input_type -> sbx.v1.RemoveProcessRequest
+	2,  // 20: sbx.v1.ProcessService.StartProcess:output_type -> sbx.v1.StartProcessResponse
+	4,  // 21: sbx.v1.ProcessService.ListProcesses:output_type -> sbx.v1.ListProcessesResponse
+	6,  // 22: sbx.v1.ProcessService.GetProcess:output_type -> sbx.v1.GetProcessResponse
+	8,  // 23: sbx.v1.ProcessService.ConnectProcess:output_type -> sbx.v1.ProcessEvent
+	10, // 24: sbx.v1.ProcessService.SendProcessInput:output_type -> sbx.v1.SendProcessInputResponse
+	12, // 25: sbx.v1.ProcessService.SignalProcess:output_type -> sbx.v1.SignalProcessResponse
+	14, // 26: sbx.v1.ProcessService.WaitProcess:output_type -> sbx.v1.WaitProcessResponse
+	16, // 27: sbx.v1.ProcessService.RemoveProcess:output_type -> sbx.v1.RemoveProcessResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_processes_proto_init() }
@@ -1249,7 +1274,7 @@ func file_sbx_v1_processes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_processes_proto_rawDesc), len(file_sbx_v1_processes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
