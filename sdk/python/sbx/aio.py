@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import os
-from typing import IO, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from .client import Client
 from .errors import NotFoundError
@@ -30,6 +30,9 @@ from .files import Data, Files
 from .images import Images
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
+
+if TYPE_CHECKING:
+    from . import aio_processes
 from .sandbox import Sandbox, Seconds
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
 from .tenants import Tenant
@@ -498,10 +501,23 @@ class AsyncSandbox:
         """Change the network policy of the running sandbox."""
         await _to_thread(self.sync.update_network, network)
 
-    async def exec(self, *args: str, **kwargs: Any) -> AsyncProcess:
+    async def exec(self, *args: str, **kwargs: Any) -> "Union[AsyncProcess, aio_processes.AsyncBackgroundProcess]":
         """Start a command (arguments of :meth:`Sandbox.exec`); iterate
-        ``async for line in proc.stdout``."""
-        return AsyncProcess(await _to_thread(self.sync.exec, *args, **kwargs))
+        ``async for line in proc.stdout``. With ``background=True`` an
+        :class:`~sbx.aio_processes.AsyncBackgroundProcess`."""
+        from . import aio_processes
+
+        p = await _to_thread(self.sync.exec, *args, **kwargs)
+        if isinstance(p, Process):
+            return AsyncProcess(p)
+        return aio_processes.AsyncBackgroundProcess(p)
+
+    @property
+    def processes(self) -> "aio_processes.AsyncProcesses":
+        """The sandbox's background processes (an :class:`~sbx.aio_processes.AsyncProcesses`)."""
+        from . import aio_processes
+
+        return aio_processes.AsyncProcesses(self.sync)
 
     async def run(
         self,

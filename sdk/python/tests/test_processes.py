@@ -98,3 +98,22 @@ def test_bad_requests(shared_sandbox: sbx.Sandbox) -> None:
             p.signal("NOPE")
     finally:
         p.remove()
+
+
+def test_async_background_process(client: sbx.Client, shared_sandbox: sbx.Sandbox) -> None:
+    import asyncio
+
+    from sbx.aio import AsyncSandbox
+
+    async def main() -> None:
+        sb = AsyncSandbox(shared_sandbox)
+        p = await sb.exec("sh", "-c", "echo ready; read l; echo \"got $l\"", background=True, stdin=True)
+        lines = p.stdout.__aiter__()
+        assert await lines.__anext__() == "ready\n"
+        await p.send_stdin("x\n")
+        assert await lines.__anext__() == "got x\n"
+        assert await p.wait() == 0
+        assert [q.pid for q in await sb.processes.list() if q.id == p.id] == [p.pid]
+        await p.remove()
+
+    asyncio.run(main())
