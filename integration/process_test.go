@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -328,3 +329,66 @@ func TestBackgroundOutputFloodBoundsAgentMemory(t *testing.T) {
 		t.Fatalf("the agent grew by %d KiB with %d full rings, want under %d KiB", grew, n, 20<<10)
 	}
 }
+
+// TestProcessCallsCountAsRunningCommands (attack class 4): every process
+// call holds a goroutine and an agent stream in the daemon (a stdin write
+// up to 5 s), so they count against --exec-max-streams like execs: with
+// the two allowed held by followers, a stdin write and a list are refused
+// with ResourceExhausted naming the flag, and served again once a
+// follower lets go.
+func TestProcessCallsCountAsRunningCommands(t *testing.T) {
+	d := startDaemon(t, "--exec-max-streams", "2")
+	ctx := ctxT(t, 2*time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	p, err := sb.StartBackground(ctx, sbx.BackgroundOptions{Shell: "echo x; exec sleep 600", StdinOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two followers take both slots: each holds its slot once it has been
+	// sent the replayed "x" (they stream until cancelled).
+	cancels := make([]context.CancelFunc, 2)
+	for i := range cancels {
+		fctx, cancel := context.WithCancel(ctx)
+		cancels[i] = cancel
+		defer cancel()
+		held := make(chan struct{})
+		var once sync.Once
+		go func() {
+			_, err := p.Connect(fctx, sbx.ConnectOptions{Follow: true, Stdout: writerFunc(func(b []byte) (int, error) {
+				once.Do(func() { close(held) })
+				return len(b), nil
+			})})
+			if fctx.Err() == nil {
+				t.Errorf("follower %d ended early: %v", i, err)
+				once.Do(func() { close(held) })
+			}
+		}()
+		<-held
+	}
+	if err := p.SendStdin(ctx, []byte("x")); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "--exec-max-streams") {
+		t.Fatalf("stdin with both slots held: got %v, want ResourceExhausted naming --exec-max-streams", err)
+	}
+	if _, err := sb.Processes(ctx); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("list with both slots held: got %v, want ResourceExhausted", err)
+	}
+	cancels[0]()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := sb.Processes(ctx); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("after a follower let go: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancels[1]()
+}
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }

@@ -94,14 +94,18 @@ func agentProcessError(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-// agent returns sandbox ref's id and agent for a short call.
+// agent returns sandbox ref's id and agent for one call, counted against
+// the sandbox's running commands like every process call: a call holds a
+// goroutine and an agent stream (a stdin write up to 5 s), so a client
+// flooding them must meet the same bound as one flooding execs.
 func (p *ProcessServer) agent(ctx context.Context, ref string) (string, *agentconn.Conn, func(), error) {
+	conn, release, err := p.s.streams.exec(ctx, ref)
+	if err != nil {
+		return "", nil, nil, err
+	}
 	id, err := p.s.mgr.RunningID(ctx, ref)
 	if err != nil {
-		return "", nil, nil, toConnect(err)
-	}
-	conn, release, err := p.s.mgr.Agent(ctx, id)
-	if err != nil {
+		release()
 		return "", nil, nil, toConnect(err)
 	}
 	return id, conn, release, nil
@@ -262,15 +266,11 @@ func (p *ProcessServer) GetProcess(ctx context.Context, req *connect.Request[sbx
 // ConnectProcess relays the process's output ring. A client following it
 // is counted against the sandbox's running commands (--exec-max-streams).
 func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request[sbxv1.ConnectProcessRequest], out *connect.ServerStream[sbxv1.ProcessEvent]) error {
-	conn, release, err := p.s.streams.exec(ctx, req.Msg.GetSandbox())
+	sb, conn, release, err := p.agent(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return err
 	}
 	defer release()
-	sb, err := p.s.mgr.RunningID(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return toConnect(err)
-	}
 	rctx, cancel := context.WithTimeout(ctx, processCallTimeout)
 	pi, err := resolve(rctx, conn, sb, req.Msg.GetProcess())
 	cancel()
@@ -372,15 +372,11 @@ func (p *ProcessServer) SignalProcess(ctx context.Context, req *connect.Request[
 // WaitProcess waits for the process's exit. A waiter is counted against
 // the sandbox's running commands, like a follower.
 func (p *ProcessServer) WaitProcess(ctx context.Context, req *connect.Request[sbxv1.WaitProcessRequest]) (*connect.Response[sbxv1.WaitProcessResponse], error) {
-	conn, release, err := p.s.streams.exec(ctx, req.Msg.GetSandbox())
+	sb, conn, release, err := p.agent(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	sb, err := p.s.mgr.RunningID(ctx, req.Msg.GetSandbox())
-	if err != nil {
-		return nil, toConnect(err)
-	}
 	rctx, cancel := context.WithTimeout(ctx, processCallTimeout)
 	pi, err := resolve(rctx, conn, sb, req.Msg.GetProcess())
 	cancel()

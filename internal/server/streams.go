@@ -21,7 +21,8 @@ import (
 type StreamLimits struct {
 	// ExecsPerSandbox bounds running commands relayed for one sandbox (the
 	// Exec and ExecInteractive RPCs, the exec upgrade, and the Logs and
-	// Wait calls on the sandbox's own command together).
+	// Wait calls on the sandbox's own command, and the ProcessService calls
+	// together).
 	ExecsPerSandbox int
 	// FilesPerSandbox bounds file calls in flight on one sandbox (reads,
 	// writes, tars, listings and the other file operations together).
