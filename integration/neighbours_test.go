@@ -225,7 +225,7 @@ func TestOOMKillReported(t *testing.T) {
 		t.Errorf("kill -9: exit %d, oom_killed %v; want 137 and false", res.Code, res.OOMKilled)
 	}
 	_, errOut, code := d.cli("", "exec", sb.ID, "--", "python3", "-c", "b = bytearray(256 << 20)")
-	if code != 137 || !strings.Contains(errOut, "out of memory") {
+	if code != 137 || !strings.Contains(errOut, "killed by the memory limit (OOM)") {
 		t.Errorf("sbx exec of a memory hog: exit %d, stderr %q", code, errOut)
 	}
 	execWorks(t, sb, "after OOM kills")

@@ -177,7 +177,7 @@ func TestPathPermissions(t *testing.T) {
 	id := strings.TrimSpace(out)
 	d.remember(id)
 	out, _, _ = d.cli("", "inspect", id)
-	for _, want := range []string{`"preset": "read-only"`, `"pattern": "*.key"`, `"PATTERN_TYPE_DIRECTORY"`, `"priority": 5`} {
+	for _, want := range []string{`"preset": "read-only"`, `"pattern": "*.key"`, `"type": "directory"`, `"priority": 5`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("inspect does not show %s:\n%s", want, out)
 		}

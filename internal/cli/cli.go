@@ -65,7 +65,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newRm(a), newStop(a), newStart(a), newCp(a), newVersion(a), newPull(a), newImages(a),
 		newSnapshot(a), newBuild(a), newNetwork(a),
 		newRunCode(a), newContext(a), newSession(a), newVolume(a), newCodebase(a),
-		newPort(a), newPortForward(a), newTenant(a), newLogs(a), newWait(a),
+		newPort(a), newPortForward(a), newTenant(a), newLogs(a), newWait(a), newUpdate(a),
 		newPs(a), newAttach(a), newKill(a), newProc(a),
 	)
 	return root

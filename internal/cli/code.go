@@ -108,7 +108,7 @@ func (a *app) runCode(ctx context.Context, f runCodeFlags, file string) error {
 	}
 	for _, fd := range res.Findings {
 		fmt.Fprintf(a.stderr, "sbx: policy: line %d: %s [%s]: %s\n", fd.GetLine(), fd.GetRule(),
-			strings.ToLower(strings.TrimPrefix(fd.GetSeverity().String(), "SEVERITY_")), fd.GetMessage())
+			protoEnumText(fd.GetSeverity()), fd.GetMessage())
 	}
 	if len(res.Installed) > 0 {
 		fmt.Fprintf(a.stderr, "sbx: installed %s\n", strings.Join(res.Installed, ", "))
@@ -181,9 +181,10 @@ func newContext(a *app) *cobra.Command {
 	cmd := &cobra.Command{Use: "context", Short: "Manage stateful code contexts (kernels)"}
 	var cwd string
 	create := &cobra.Command{
-		Use:   "create SANDBOX LANG",
-		Short: "Start a context; prints its id",
-		Args:  cobra.ExactArgs(2),
+		Use:               "create SANDBOX LANG",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Start a context; prints its id",
+		Args:              cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cc, err := (&sbx.Sandbox{ID: args[0]}).WithClient(a.client()).CreateContext(cmd.Context(), args[1], sbx.ContextOptions{Cwd: cwd})
 			if err != nil {
@@ -194,21 +195,27 @@ func newContext(a *app) *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&cwd, "cwd", "", "initial working directory")
+	var lf listFlags
 	ls := &cobra.Command{
-		Use:   "ls [SANDBOX]",
-		Short: "List contexts",
-		Args:  cobra.MaximumNArgs(1),
+		Use:               "ls [SANDBOX]",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "List contexts",
+		Args:              cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			list, err := a.client().Contexts(cmd.Context(), strings.Join(args, ""))
 			if err != nil {
 				return err
 			}
-			for _, cc := range list {
-				fmt.Fprintf(a.stdout, "%s\t%s\t%s\n", cc.ID, cc.Sandbox, cc.Language)
-			}
-			return nil
+			return printList(a, lf, list,
+				func(cc *sbx.CodeContext) string { return cc.ID },
+				func(cc *sbx.CodeContext) any { return protoJSON(cc.Info) },
+				"ID\tSANDBOX\tLANGUAGE\tCREATED\tRUNS",
+				func(cc *sbx.CodeContext) []any {
+					return []any{cc.ID, cc.Sandbox, cc.Language, ago(cc.Info.GetCreatedMs()), cc.Info.GetRuns()}
+				})
 		},
 	}
+	lf.add(ls, "print ids only")
 	rm := &cobra.Command{
 		Use:   "rm CONTEXT...",
 		Short: "Close contexts",

@@ -5,10 +5,8 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -95,7 +93,8 @@ func newCodebaseCreate(a *app) *cobra.Command {
 }
 
 func newCodebaseLs(a *app) *cobra.Command {
-	return &cobra.Command{
+	var lf listFlags
+	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List codebases",
@@ -105,15 +104,18 @@ func newCodebaseLs(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tREVISION\tFILES\tSIZE\tCREATED\tSANDBOXES")
-			for _, cb := range cbs {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cb.GetId(), cb.GetName(), cb.GetRevision(), cb.GetFileCount(),
-					sandbox.FormatBytes(cb.GetSizeBytes()), ago(cb.GetCreatedAtMs()), strings.Join(cb.GetSandboxes(), ","))
-			}
-			return tw.Flush()
+			return printList(a, lf, cbs,
+				func(cb *sbxv1.Codebase) string { return cb.GetId() },
+				func(cb *sbxv1.Codebase) any { return protoJSON(cb) },
+				"ID\tNAME\tREVISION\tFILES\tSIZE\tCREATED\tSANDBOXES",
+				func(cb *sbxv1.Codebase) []any {
+					return []any{cb.GetId(), cb.GetName(), cb.GetRevision(), cb.GetFileCount(),
+						sandbox.FormatBytes(cb.GetSizeBytes()), ago(cb.GetCreatedAtMs()), strings.Join(cb.GetSandboxes(), ",")}
+				})
 		},
 	}
+	lf.add(cmd, "print ids only")
+	return cmd
 }
 
 func newCodebaseInspect(a *app) *cobra.Command {
@@ -126,12 +128,7 @@ func newCodebaseInspect(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := protojson.MarshalOptions{EmitUnpopulated: true, Multiline: true}.Marshal(cb)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, string(b))
-			return nil
+			return writeJSON(a.stdout, protoJSON(cb))
 		},
 	}
 }
@@ -183,9 +180,10 @@ func newCodebaseRm(a *app) *cobra.Command {
 func newCodebaseSync(a *app) *cobra.Command {
 	var opts sbx.SyncOptions
 	cmd := &cobra.Command{
-		Use:   "sync SANDBOX",
-		Short: "Write a sandbox's changes under a codebase mount back into the codebase",
-		Args:  cobra.ExactArgs(1),
+		Use:               "sync SANDBOX",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Write a sandbox's changes under a codebase mount back into the codebase",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := a.client().SyncCodebase(cmd.Context(), args[0], opts)
 			if err != nil {

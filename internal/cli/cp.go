@@ -24,10 +24,14 @@ func newCp(a *app) *cobra.Command {
 		Use:   "cp SRC DST",
 		Short: "Copy files between the host and a sandbox (ID:/path on either side)",
 		Long: "Copy a file or directory. One side is ID:/path (or NAME:/path).\n" +
+			"As with docker cp: a directory copied onto an existing directory DST lands in DST/<its name>;\n" +
+			"onto a path that does not exist it becomes DST; SRC ending in /. copies the directory's\n" +
+			"contents into DST. A file copied onto an existing directory lands inside it.\n" +
 			"A directory is copied recursively; symlinks are copied as links and never followed. Copying out,\n" +
 			"symlinks pointing outside the destination (absolute, or climbing out with ..) are skipped\n" +
 			"with a warning listing them.",
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: a.completeCp,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcRef, srcPath, srcRemote := splitRemote(args[0])
 			dstRef, dstPath, dstRemote := splitRemote(args[1])
@@ -84,11 +88,28 @@ func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 		_, err = sb.Upload(ctx, dst, f, uint32(fi.Mode().Perm()))
 		return err
 	}
+	if info, err := sb.Stat(ctx, dst); err == nil && info.GetType() == sbxv1.FileType_FILE_TYPE_DIR {
+		dst = cpInto(dst, src, path.Join)
+	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTar(pw, src)) }()
 	_, err = sb.UploadTar(ctx, dst, pr)
 	pr.CloseWithError(err)
 	return err
+}
+
+// cpInto is where a directory src copied onto the existing directory dst
+// goes (docker cp): dst/<src's name>, or dst itself when src ends in "/."
+// (its contents) or names a root.
+func cpInto(dst, src string, join func(...string) string) string {
+	if src == "." || strings.HasSuffix(src, "/.") {
+		return dst
+	}
+	base := path.Base(filepath.ToSlash(src))
+	if base == "/" || base == "." || base == ".." {
+		return dst
+	}
+	return join(dst, base)
 }
 
 // writeTar writes the tree at dir (without following symlinks) as a tar.
@@ -171,6 +192,9 @@ func copyOut(ctx context.Context, sb *sbx.Sandbox, src, dst string) error {
 			return err
 		}
 		return os.Rename(tmp.Name(), dst)
+	}
+	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+		dst = cpInto(dst, src, filepath.Join)
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err

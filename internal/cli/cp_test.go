@@ -125,3 +125,18 @@ func TestExtractTarFileOverLink(t *testing.T) {
 		t.Errorf("l: got %v, %v, want a regular file", fi, err)
 	}
 }
+
+func TestCpInto(t *testing.T) {
+	for _, c := range []struct{ dst, src, want string }{
+		{"out", "/root/proj", "out/proj"},
+		{"out", "/root/proj/", "out/proj"},
+		{"out", "/root/proj/.", "out"},
+		{"out", ".", "out"},
+		{"out", "/", "out"},
+		{"/box/dir", "./local/src", "/box/dir/src"},
+	} {
+		if got := cpInto(c.dst, c.src, filepath.Join); got != c.want {
+			t.Errorf("cpInto(%q, %q): got %q, want %q", c.dst, c.src, got, c.want)
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"syscall"
 	"time"
 
@@ -29,18 +28,22 @@ type execFlags struct {
 func newExec(a *app) *cobra.Command {
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:   "exec [flags] ID|NAME -- CMD...",
+		Use:   "exec [flags] ID|NAME CMD [ARG...]",
 		Short: "Run a command in a sandbox; exits with its exit code (-d: in the background)",
-		Long: "Run a command in a sandbox wired to this terminal and exit with its exit code. The command is killed if this\n" +
-			"client goes away (Ctrl-C, a dropped connection), so nothing runs on unseen. With -d it runs in the background\n" +
-			"instead: its pid is printed, it survives this client and a daemon restart, and ps, attach, kill and proc manage it.",
-		Args: cobra.MinimumNArgs(2),
+		Long: "Run a command in a sandbox; exits with its exit code. sbx's own flags go before ID|NAME:\n" +
+			"everything after it is the command and its arguments (sbx exec box python3 -c 'print(1)').\n" +
+			"A -- after ID|NAME is allowed and dropped.\n" +
+			"The command is killed if this client goes away (Ctrl-C, a dropped connection), so nothing runs on unseen.\n" +
+			"With -d it runs in the background instead: its pid is printed, it survives this client and a daemon\n" +
+			"restart, and ps, attach, kill and proc manage it.",
+		Args:              commandArgs(1),
+		ValidArgsFunction: a.completeSandboxes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb := &sbx.Sandbox{ID: args[0]}
-			return a.runExecRef(cmd.Context(), args[0], sb, ef, args[1:])
+			return a.runExecRef(cmd.Context(), args[0], ef, dropDashes(args[1:]))
 		},
 	}
 	f := cmd.Flags()
+	f.SetInterspersed(false)
 	f.BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
 	f.BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
 	f.StringArrayVarP(&ef.env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
@@ -52,7 +55,28 @@ func newExec(a *app) *cobra.Command {
 	return cmd
 }
 
-func (a *app) runExecRef(ctx context.Context, ref string, _ *sbx.Sandbox, ef execFlags, argv []string) error {
+// commandArgs accepts n leading arguments followed by a command (at least one
+// word, after an optional --).
+func commandArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n || len(dropDashes(args[n:])) == 0 {
+			return fmt.Errorf("no command given; usage: %s", cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// dropDashes drops the -- that may stand before a command: with flags
+// parsed up to the first argument only (SetInterspersed(false)), a -- after
+// that argument reaches the command's arguments.
+func dropDashes(argv []string) []string {
+	if len(argv) > 0 && argv[0] == "--" {
+		return argv[1:]
+	}
+	return argv
+}
+
+func (a *app) runExecRef(ctx context.Context, ref string, ef execFlags, argv []string) error {
 	sb, err := a.client().Get(ctx, ref)
 	if err != nil {
 		return err
@@ -96,7 +120,10 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
 	}
 	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: command killed: out of memory (the sandbox's memory limit; raise it with --memory)")
+		fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
+	}
+	if st.PidsLimitHit {
+		fmt.Fprintln(a.stderr, "sbx: the sandbox's pids limit refused a fork while the command ran; raise it with `sbx update --pids`")
 	}
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}
@@ -133,7 +160,5 @@ func (a *app) execTTY(ctx context.Context, sb *sbx.Sandbox, opts sbx.ExecOptions
 	}()
 	return p.Wait()
 }
-
-func sortStrings(s []string) { sort.Strings(s) }
 
 func clientVersion() string { return server.Version }

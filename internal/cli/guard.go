@@ -20,7 +20,7 @@ type guardFlags struct {
 
 func (g *guardFlags) add(f *pflag.FlagSet) {
 	f.StringArrayVar(&g.guards, "guard", nil, "guard a directory with permission rules: PATH[:PRESET] (presets: "+strings.Join(permrules.PresetNames(), ", ")+"); repeatable")
-	f.StringArrayVar(&g.rules, "rule", nil, "permission rule of a guard: PATH:PERMISSION:PATTERN[:TYPE[,nocase][:PRIORITY]], PERMISSION none|view|read|write, TYPE glob|directory|file (default glob), nocase matches regardless of case; a rule on a --codebase path extends that codebase's guard; repeatable")
+	f.StringArrayVar(&g.rules, "rule", nil, "permission rule of a guard: PATH:PERMISSION:PATTERN[:TYPE[,nocase][:PRIORITY]], PERMISSION none|view|read|write, TYPE glob|directory|file (default glob), nocase matches regardless of case; a rule on a --codebase path extends that codebase's guard (from view-only when it has no preset); repeatable")
 }
 
 // policies converts the flags; a --rule whose PATH has no --guard guards it

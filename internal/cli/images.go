@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,6 +73,7 @@ func newImages(a *app) *cobra.Command {
 		Use:   "images",
 		Short: "Manage images (ls, import, export, tag, rm, prune)",
 	}
+	var lf listFlags
 	ls := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -84,19 +84,25 @@ func newImages(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "REF\tDIGEST\tLAYERS\tSIZE")
-			for _, i := range imgs {
-				d := strings.TrimPrefix(i.GetDigest(), "sha256:")
-				if len(d) > 12 {
-					d = d[:12]
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", i.GetRef(), d, i.GetLayers(), sandbox.FormatBytes(i.GetSizeBytes()))
+			err = printList(a, lf, imgs,
+				func(i *sbxv1.ImageInfo) string { return i.GetRef() },
+				func(i *sbxv1.ImageInfo) any { return protoJSON(i) },
+				"REF\tDIGEST\tLAYERS\tSIZE",
+				func(i *sbxv1.ImageInfo) []any {
+					d := strings.TrimPrefix(i.GetDigest(), "sha256:")
+					if len(d) > 12 {
+						d = d[:12]
+					}
+					return []any{i.GetRef(), d, i.GetLayers(), sandbox.FormatBytes(i.GetSizeBytes())}
+				})
+			if err != nil || lf.json || lf.quiet {
+				return err
 			}
-			fmt.Fprintf(tw, "\t\t\t\nlayers on disk: %s\n", sandbox.FormatBytes(total))
-			return tw.Flush()
+			fmt.Fprintf(a.stdout, "\nlayers on disk: %s\n", sandbox.FormatBytes(total))
+			return nil
 		},
 	}
+	lf.add(ls, "print references only")
 	var impOpts sbx.ImportOptions
 	imp := &cobra.Command{
 		Use:   "import FILE|-",

@@ -16,8 +16,9 @@ func newLogs(a *app) *cobra.Command {
 		tail   int64
 	)
 	cmd := &cobra.Command{
-		Use:   "logs [-f] [--since DUR|TIME] [--tail N] ID|NAME",
-		Short: "Print the output of a sandbox's own command (create's command, or its image's ENTRYPOINT/CMD)",
+		Use:               "logs [-f] [--since DUR|TIME] [--tail N] ID|NAME",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Print the output of a sandbox's own command (create's command, or its image's ENTRYPOINT/CMD)",
 		Long: "Print the output of a sandbox's own command: its stdout here on stdout, its stderr on stderr.\n" +
 			"The sandbox keeps the newest 1 MiB of each stream; older output is dropped, and how much is said on stderr.",
 		Args: cobra.ExactArgs(1),
@@ -68,9 +69,10 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 
 func newWait(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "wait ID|NAME",
-		Short: "Wait for a sandbox's own command to exit and print its exit code",
-		Args:  cobra.ExactArgs(1),
+		Use:               "wait ID|NAME",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Wait for a sandbox's own command to exit and print its exit code",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := a.client().Sandbox(args[0]).Wait(cmd.Context())
 			if err != nil {
@@ -81,7 +83,7 @@ func newWait(a *app) *cobra.Command {
 				fmt.Fprintf(a.stderr, "sbx: killed by signal %d\n", st.Signal)
 			}
 			if st.OOMKilled {
-				fmt.Fprintln(a.stderr, "sbx: killed: out of memory (the sandbox's memory limit)")
+				fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
 			}
 			return nil
 		},

@@ -19,10 +19,12 @@ import (
 )
 
 func newPort(a *app) *cobra.Command {
-	var verbose, asJSON bool
+	var verbose bool
+	var lf listFlags
 	cmd := &cobra.Command{
-		Use:   "port SANDBOX [PORT]",
-		Short: "Print the URL of a sandbox port (or list the ports listening in it)",
+		Use:               "port SANDBOX [PORT]",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Print the URL of a sandbox port (or list the ports listening in it)",
 		Long: `Print the URL at which the daemon proxies a port of a sandbox (HTTP and
 WebSocket; with -v also the host-name URL, the routing headers and the raw TCP
 endpoint). Without PORT, list the TCP ports listening inside the sandbox.
@@ -49,11 +51,16 @@ When the daemon has a token, requests to these URLs need it too
 			} else if ports, err = sb.Ports(ctx); err != nil {
 				return err
 			}
-			if asJSON {
-				if len(args) == 2 {
-					return writeJSON(a, ports[0])
+			switch {
+			case lf.json && len(args) == 2:
+				return writeJSON(a.stdout, ports[0])
+			case lf.json:
+				return writeJSON(a.stdout, ports)
+			case lf.quiet:
+				for _, p := range ports {
+					fmt.Fprintln(a.stdout, p.Port)
 				}
-				return writeJSON(a, ports)
+				return nil
 			}
 			for _, p := range ports {
 				switch {
@@ -85,14 +92,15 @@ When the daemon has a token, requests to these URLs need it too
 		},
 	}
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "print every form of the address")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	lf.add(cmd, "print port numbers only")
 	return cmd
 }
 
 func newPortForward(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "port-forward SANDBOX [LOCAL_ADDR:]LOCAL_PORT:REMOTE_PORT",
-		Short: "Forward a local TCP port to a port inside a sandbox",
+		Use:               "port-forward SANDBOX [LOCAL_ADDR:]LOCAL_PORT:REMOTE_PORT",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Forward a local TCP port to a port inside a sandbox",
 		Long: `Listen on LOCAL_ADDR:LOCAL_PORT (default address 127.0.0.1; port 0 picks a free
 one) and tunnel each connection through the daemon to REMOTE_PORT on the
 sandbox's loopback, like kubectl port-forward. Runs until interrupted.`,

@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -49,19 +47,22 @@ func (a *app) runDetached(ctx context.Context, sb *sbx.Sandbox, ef execFlags, ar
 }
 
 func newPs(a *app) *cobra.Command {
-	var quiet bool
+	var lf listFlags
 	cmd := &cobra.Command{
-		Use:   "ps [ID|NAME]",
-		Short: "List a sandbox's background processes (exec -d), running and recently exited; without ID, the sandboxes",
-		Args:  cobra.MaximumNArgs(1),
+		Use:               "ps [ID|NAME]",
+		Short:             "List a sandbox's background processes (exec -d), running and recently exited; without ID, the sandboxes",
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: a.completeSandboxes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				// `sbx ps` lists sandboxes, as it did when it was ls's alias.
 				ls := newLs(a)
 				ls.SetContext(cmd.Context())
-				if quiet {
-					if err := ls.Flags().Set("quiet", "true"); err != nil {
-						return err
+				for flag, on := range map[string]bool{"json": lf.json, "quiet": lf.quiet} {
+					if on {
+						if err := ls.Flags().Set(flag, "true"); err != nil {
+							return err
+						}
 					}
 				}
 				return ls.RunE(ls, nil)
@@ -70,22 +71,16 @@ func newPs(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if quiet {
-				for _, p := range list {
-					fmt.Fprintln(a.stdout, p.PID)
-				}
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PID\tID\tTAG\tSTATUS\tSTARTED\tCOMMAND")
-			for _, p := range list {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.PID, p.ID, p.Tag, processStatus(p),
-					p.Started.Local().Format(time.DateTime), strings.Join(p.Command, " "))
-			}
-			return tw.Flush()
+			return printList(a, lf, list,
+				func(p *sbx.BackgroundProcess) string { return strconv.Itoa(p.PID) },
+				func(p *sbx.BackgroundProcess) any { return protoJSON(p.Info) },
+				"PID\tID\tTAG\tSTATUS\tSTARTED\tCOMMAND",
+				func(p *sbx.BackgroundProcess) []any {
+					return []any{p.PID, p.ID, p.Tag, processStatus(p), ago(p.Started.UnixMilli()), strings.Join(p.Command, " ")}
+				})
 		},
 	}
-	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the pids")
+	lf.add(cmd, "print pids only (without ID: sandbox ids)")
 	return cmd
 }
 

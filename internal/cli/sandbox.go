@@ -2,17 +2,13 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"google.golang.org/protobuf/encoding/protojson"
 
-	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
@@ -23,6 +19,7 @@ type createFlags struct {
 	pids                                    int64
 	timeout, idleTimeout                    time.Duration
 	stopWhenIdle, scopedToken, noEntrypoint bool
+	autoResume                              bool
 	runtime, user                           string
 	net                                     netFlags
 	volumes                                 []string
@@ -42,6 +39,16 @@ func (n *netFlags) add(f *pflag.FlagSet, modeFlag string) {
 	f.StringArrayVar(&n.allowCIDRs, "allow-cidr", nil, "reachable CIDR (mode allow), or a hole in the blocked ranges (public); never opens the host's own addresses; repeatable")
 	f.StringArrayVar(&n.allowDomains, "allow-domain", nil, `reachable domain, "*.example.com" wildcards allowed (mode allow); repeatable`)
 	f.StringArrayVar(&n.deny, "deny-cidr", nil, "CIDR blocked in every mode; repeatable")
+}
+
+// check names a mode that is none of the three (the daemon would see only
+// an unknown number).
+func (n *netFlags) check(flag string) error {
+	switch strings.ToLower(n.mode) {
+	case "", "none", "public", "allow":
+		return nil
+	}
+	return fmt.Errorf("--%s %q: want none, public or allow", flag, n.mode)
 }
 
 func (n *netFlags) policy() *sbx.NetworkPolicy {
@@ -67,6 +74,7 @@ func (c *createFlags) add(cmd *cobra.Command) {
 	f.DurationVar(&c.timeout, "timeout", 0, "lifetime, e.g. 10m (default: the daemon's)")
 	f.DurationVar(&c.idleTimeout, "idle-timeout", 0, "destroy after this long without activity")
 	f.BoolVar(&c.stopWhenIdle, "stop-when-idle", false, "stop instead of destroy at the idle timeout")
+	f.BoolVar(&c.autoResume, "auto-resume", false, "start the sandbox again when it is used (exec, files) while stopped")
 	f.BoolVar(&c.scopedToken, "scoped-token", false, "give the sandbox an API token (env SBX_TOKEN, SBX_ADDR) that can create and manage only its own child sandboxes")
 	f.StringVar(&c.runtime, "runtime", "", "runtime driver (default: the daemon's)")
 	f.StringVarP(&c.user, "user", "u", "", "default user of commands (default: the image's, else root)")
@@ -78,6 +86,9 @@ func (c *createFlags) add(cmd *cobra.Command) {
 }
 
 func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
+	if err := c.net.check("network"); err != nil {
+		return sbx.CreateOptions{}, err
+	}
 	mem, err := parseSize(c.memory)
 	if err != nil {
 		return sbx.CreateOptions{}, fmt.Errorf("--memory: %w", err)
@@ -118,7 +129,7 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 		Image: c.image, Name: c.name, Labels: labels, Env: env, Secrets: secrets, Command: command,
 		Workdir: c.workdir, MemoryBytes: mem, CPUs: c.cpus, Pids: c.pids, DiskBytes: disk,
 		Timeout: c.timeout, IdleTimeout: c.idleTimeout, StopWhenIdle: c.stopWhenIdle, Runtime: c.runtime, User: c.user,
-		ScopedToken: c.scopedToken, NoEntrypoint: c.noEntrypoint,
+		ScopedToken: c.scopedToken, NoEntrypoint: c.noEntrypoint, AutoResume: c.autoResume,
 		Network: c.net.policy(), Volumes: vols, DomainSecrets: domainSecrets, PathPolicies: guards, Codebases: cbs,
 	}, nil
 }
@@ -126,13 +137,13 @@ func (c *createFlags) options(command []string) (sbx.CreateOptions, error) {
 func newCreate(a *app) *cobra.Command {
 	var cf createFlags
 	cmd := &cobra.Command{
-		Use:   "create [flags] [-- CMD...]",
+		Use:   "create [flags] [--] [CMD [ARG...]]",
 		Short: "Create a sandbox and print its id",
 		Long: "Create a sandbox and print its id. CMD (after the image's ENTRYPOINT), or with none the image's\n" +
 			"ENTRYPOINT and CMD, runs in the background for the sandbox's life: read it with sbx logs and sbx wait.\n" +
 			"A command that cannot start fails the create.",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := cf.options(args)
+			opts, err := cf.options(dropDashes(args))
 			if err != nil {
 				return err
 			}
@@ -144,7 +155,9 @@ func newCreate(a *app) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().SetInterspersed(false)
 	cf.add(cmd)
+	a.completeCreateFlags(cmd)
 	return cmd
 }
 
@@ -152,9 +165,11 @@ func newRun(a *app) *cobra.Command {
 	var cf createFlags
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:   "run [flags] -- CMD...",
+		Use:   "run [flags] [--] CMD [ARG...]",
 		Short: "Create a sandbox, run a command in it, destroy it",
-		Args:  cobra.MinimumNArgs(1),
+		Long: "Create a sandbox, run a command in it, destroy it. sbx's own flags go before CMD: everything\n" +
+			"from CMD on is the command and its arguments (sbx run python3 -c 'print(1)').",
+		Args: commandArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := cf.options(nil)
 			if err != nil {
@@ -174,10 +189,12 @@ func newRun(a *app) *cobra.Command {
 					fmt.Fprintln(a.stderr, "sbx: destroying", sb.ID+":", err)
 				}
 			}()
-			return a.runExec(cmd.Context(), sb, ef, args)
+			return a.runExec(cmd.Context(), sb, ef, dropDashes(args))
 		},
 	}
+	cmd.Flags().SetInterspersed(false)
 	cf.add(cmd)
+	a.completeCreateFlags(cmd)
 	cmd.Flags().BoolVarP(&ef.interactive, "interactive", "i", false, "stream stdin to the command")
 	cmd.Flags().BoolVarP(&ef.tty, "tty", "t", false, "allocate a pseudo-terminal")
 	cmd.Flags().DurationVar(&ef.timeout, "exec-timeout", 0, "kill the command after this long")
@@ -185,7 +202,7 @@ func newRun(a *app) *cobra.Command {
 }
 
 func newLs(a *app) *cobra.Command {
-	var quiet, asJSON bool
+	var lf listFlags
 	var labels []string
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -197,53 +214,19 @@ func newLs(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				infos := make([]json.RawMessage, 0, len(list))
-				for _, sb := range list {
-					b, _ := protojson.Marshal(sb.Info)
-					infos = append(infos, b)
-				}
-				return writeJSON(a, infos)
-			}
-			if quiet {
-				for _, sb := range list {
-					fmt.Fprintln(a.stdout, sb.ID)
-				}
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tCREATED\tLABELS")
-			for _, sb := range list {
-				i := sb.Info
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", i.GetId(), i.GetName(), i.GetImage(), stateText(i.GetState()),
-					ago(i.GetCreatedAtMs()), labelText(i.GetLabels()))
-			}
-			return tw.Flush()
+			return printList(a, lf, list,
+				func(sb *sbx.Sandbox) string { return sb.ID },
+				func(sb *sbx.Sandbox) any { return protoJSON(sb.Info) },
+				"ID\tNAME\tIMAGE\tSTATE\tCREATED\tLABELS",
+				func(sb *sbx.Sandbox) []any {
+					i := sb.Info
+					return []any{i.GetId(), i.GetName(), i.GetImage(), protoEnumText(i.GetState()), ago(i.GetCreatedAtMs()), labelText(i.GetLabels())}
+				})
 		},
 	}
-	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print ids only")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	lf.add(cmd, "print ids only")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label selector k=v, k!=v, k or !k (repeatable)")
 	return cmd
-}
-
-func writeJSON(a *app, v any) error {
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func stateText(s sbxv1.SandboxState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "SANDBOX_STATE_"))
-}
-
-func labelText(m map[string]string) string {
-	var parts []string
-	for k, v := range m {
-		parts = append(parts, k+"="+v)
-	}
-	sortStrings(parts)
-	return strings.Join(parts, ",")
 }
 
 func ago(ms int64) string {
@@ -254,12 +237,16 @@ func ago(ms int64) string {
 func newNetwork(a *app) *cobra.Command {
 	var nf netFlags
 	cmd := &cobra.Command{
-		Use:   "network ID|NAME --mode none|public|allow [--allow-cidr C] [--allow-domain D] [--deny-cidr C]",
-		Short: "Replace a running sandbox's network policy",
-		Args:  cobra.ExactArgs(1),
+		Use:               "network ID|NAME --mode none|public|allow [--allow-cidr C] [--allow-domain D] [--deny-cidr C]",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Replace a running sandbox's network policy",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if nf.mode == "" {
 				return fmt.Errorf("--mode is required")
+			}
+			if err := nf.check("mode"); err != nil {
+				return err
 			}
 			sb, err := a.client().Get(cmd.Context(), args[0])
 			if err != nil {
@@ -268,7 +255,7 @@ func newNetwork(a *app) *cobra.Command {
 			if err := sb.UpdateNetwork(cmd.Context(), *nf.policy()); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\t%s\t%s\n", sb.ID, strings.ToLower(strings.TrimPrefix(sb.Info.GetNetwork().GetMode().String(), "NETWORK_MODE_")), sb.Info.GetIpAddress())
+			fmt.Fprintf(a.stdout, "%s\t%s\t%s\n", sb.ID, protoEnumText(sb.Info.GetNetwork().GetMode()), sb.Info.GetIpAddress())
 			return nil
 		},
 	}
@@ -278,27 +265,24 @@ func newNetwork(a *app) *cobra.Command {
 
 func newInspect(a *app) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "inspect ID|NAME...",
-		Short: "Show sandboxes as JSON (with live stats)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:               "inspect ID|NAME...",
+		ValidArgsFunction: a.completeSandboxes(-1),
+		Short:             "Show sandboxes as JSON (with live stats)",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
-			var out []json.RawMessage
+			var out []any
 			for _, ref := range args {
 				sb, err := c.Get(cmd.Context(), ref)
 				if err != nil {
 					return err
 				}
-				b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(sb.Info)
-				if err != nil {
-					return err
-				}
-				out = append(out, b)
+				out = append(out, protoJSON(sb.Info))
 			}
 			if len(out) == 1 {
-				return writeJSON(a, out[0])
+				return writeJSON(a.stdout, out[0])
 			}
-			return writeJSON(a, out)
+			return writeJSON(a.stdout, out)
 		},
 	}
 	cmd.Flags().Bool("json", true, "print JSON (the only format)")
@@ -338,10 +322,11 @@ func (a *app) forEach(ctx context.Context, refs []string, op func(*sbx.Sandbox) 
 func newRm(a *app) *cobra.Command {
 	var sync bool
 	cmd := &cobra.Command{
-		Use:     "rm ID|NAME...",
-		Aliases: []string{"destroy"}, // not kill: that signals processes (ps.go)
-		Short:   "Destroy sandboxes",
-		Args:    cobra.MinimumNArgs(1),
+		Use:               "rm ID|NAME...",
+		ValidArgsFunction: a.completeSandboxes(-1),
+		Aliases:           []string{"destroy"}, // not kill: that signals processes (ps.go)
+		Short:             "Destroy sandboxes",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error {
 				if sync {
@@ -357,9 +342,10 @@ func newRm(a *app) *cobra.Command {
 
 func newStop(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "stop ID|NAME...",
-		Short: "Freeze sandboxes (processes and files are kept)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:               "stop ID|NAME...",
+		ValidArgsFunction: a.completeSandboxes(-1),
+		Short:             "Freeze sandboxes (processes and files are kept)",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Stop(cmd.Context()) })
 		},
@@ -368,10 +354,11 @@ func newStop(a *app) *cobra.Command {
 
 func newStart(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:     "start ID|NAME...",
-		Aliases: []string{"resume"},
-		Short:   "Resume stopped sandboxes",
-		Args:    cobra.MinimumNArgs(1),
+		Use:               "start ID|NAME...",
+		ValidArgsFunction: a.completeSandboxes(-1),
+		Aliases:           []string{"resume"},
+		Short:             "Resume stopped sandboxes",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.forEach(cmd.Context(), args, func(sb *sbx.Sandbox) error { return sb.Start(cmd.Context()) })
 		},

@@ -15,9 +15,10 @@ func newSession(a *app) *cobra.Command {
 	var shell, workdir string
 	var env []string
 	create := &cobra.Command{
-		Use:   "create SANDBOX",
-		Short: "Start a shell session; prints its id",
-		Args:  cobra.ExactArgs(1),
+		Use:               "create SANDBOX",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Start a shell session; prints its id",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			e, err := parseEnv(env)
 			if err != nil {
@@ -36,11 +37,11 @@ func newSession(a *app) *cobra.Command {
 	create.Flags().StringArrayVarP(&env, "env", "e", nil, "environment KEY=VALUE (repeatable)")
 	var timeout time.Duration
 	exec := &cobra.Command{
-		Use:   "exec SESSION COMMAND...",
+		Use:   "exec [flags] SESSION COMMAND...",
 		Short: "Run a command line in a session; exits with its exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Args:  commandArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res, err := a.client().Session(args[0]).Exec(cmd.Context(), strings.Join(args[1:], " "),
+			res, err := a.client().Session(args[0]).Exec(cmd.Context(), strings.Join(dropDashes(args[1:]), " "),
 				sbx.SessionExecOptions{Timeout: timeout, Stdout: a.stdout, Stderr: a.stderr})
 			if err != nil {
 				return err
@@ -57,22 +58,29 @@ func newSession(a *app) *cobra.Command {
 			return nil
 		},
 	}
+	exec.Flags().SetInterspersed(false)
 	exec.Flags().DurationVar(&timeout, "timeout", 0, "interrupt the command after this long, e.g. 30s (the session survives)")
+	var lf listFlags
 	ls := &cobra.Command{
-		Use:   "ls [SANDBOX]",
-		Short: "List sessions",
-		Args:  cobra.MaximumNArgs(1),
+		Use:               "ls [SANDBOX]",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "List sessions",
+		Args:              cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			list, err := a.client().Sessions(cmd.Context(), strings.Join(args, ""))
 			if err != nil {
 				return err
 			}
-			for _, ss := range list {
-				fmt.Fprintf(a.stdout, "%s\t%s\t%s\n", ss.ID, ss.Sandbox, ss.Shell)
-			}
-			return nil
+			return printList(a, lf, list,
+				func(ss *sbx.Session) string { return ss.ID },
+				func(ss *sbx.Session) any { return protoJSON(ss.Info) },
+				"ID\tSANDBOX\tSHELL\tCREATED\tEXECS",
+				func(ss *sbx.Session) []any {
+					return []any{ss.ID, ss.Sandbox, ss.Shell, ago(ss.Info.GetCreatedMs()), ss.Info.GetExecs()}
+				})
 		},
 	}
+	lf.add(ls, "print ids only")
 	rm := &cobra.Command{
 		Use:   "rm SESSION...",
 		Short: "Close sessions, killing everything they started",

@@ -9,9 +9,10 @@ import (
 func newSnapshot(a *app) *cobra.Command {
 	var tag string
 	cmd := &cobra.Command{
-		Use:   "snapshot ID|NAME -t REF",
-		Short: "Make an image of a sandbox's filesystem (its image plus its changes)",
-		Args:  cobra.ExactArgs(1),
+		Use:               "snapshot ID|NAME -t REF",
+		ValidArgsFunction: a.completeSandboxes(1),
+		Short:             "Make an image of a sandbox's filesystem (its image plus its changes)",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if tag == "" {
 				return fmt.Errorf("snapshot: give the new image a name with -t")

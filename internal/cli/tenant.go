@@ -38,7 +38,8 @@ func newTenant(a *app) *cobra.Command {
 		Args:  cobra.MaximumNArgs(1),
 		RunE:  show,
 	})
-	cmd.AddCommand(&cobra.Command{
+	var lf listFlags
+	ls := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List every tenant with its usage and quotas (the daemon's admin token only)",
@@ -48,21 +49,24 @@ func newTenant(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSANDBOXES\tMEMORY\tCPU\tDISK\tSTORAGE\tTOKENS")
-			for _, t := range ts {
-				u, q := t.GetUsage(), t.GetQuotas()
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", t.GetName(),
-					usedOf(fmt.Sprint(u.GetSandboxes()), int64(q.GetMaxSandboxes()), fmt.Sprint(q.GetMaxSandboxes())),
-					usedOf(sandbox.FormatBytes(u.GetMemoryBytes()), q.GetMemoryBytes(), sandbox.FormatBytes(q.GetMemoryBytes())),
-					usedOf(millis(u.GetCpuMillis()), q.GetCpuMillis(), millis(q.GetCpuMillis())),
-					usedOf(sandbox.FormatBytes(u.GetDiskBytes()), q.GetDiskBytes(), sandbox.FormatBytes(q.GetDiskBytes())),
-					usedOf(sandbox.FormatBytes(u.GetStorageBytes()), q.GetStorageBytes(), sandbox.FormatBytes(q.GetStorageBytes())),
-					t.GetTokens())
-			}
-			return tw.Flush()
+			return printList(a, lf, ts,
+				func(t *sbxv1.Tenant) string { return t.GetName() },
+				func(t *sbxv1.Tenant) any { return protoJSON(t) },
+				"NAME\tSANDBOXES\tMEMORY\tCPU\tDISK\tSTORAGE\tTOKENS",
+				func(t *sbxv1.Tenant) []any {
+					u, q := t.GetUsage(), t.GetQuotas()
+					return []any{t.GetName(),
+						usedOf(fmt.Sprint(u.GetSandboxes()), int64(q.GetMaxSandboxes()), fmt.Sprint(q.GetMaxSandboxes())),
+						usedOf(sandbox.FormatBytes(u.GetMemoryBytes()), q.GetMemoryBytes(), sandbox.FormatBytes(q.GetMemoryBytes())),
+						usedOf(millis(u.GetCpuMillis()), q.GetCpuMillis(), millis(q.GetCpuMillis())),
+						usedOf(sandbox.FormatBytes(u.GetDiskBytes()), q.GetDiskBytes(), sandbox.FormatBytes(q.GetDiskBytes())),
+						usedOf(sandbox.FormatBytes(u.GetStorageBytes()), q.GetStorageBytes(), sandbox.FormatBytes(q.GetStorageBytes())),
+						t.GetTokens()}
+				})
 		},
-	})
+	}
+	lf.add(ls, "print names only")
+	cmd.AddCommand(ls)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "hash-token [TOKEN]",
 		Short: "Print a token's hash for the tenants file (without TOKEN: make a new token and print both)",

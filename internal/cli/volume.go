@@ -3,10 +3,10 @@ package cli
 import (
 	"fmt"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/sandbox"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -55,6 +55,7 @@ func newVolume(a *app) *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&size, "size", "1G", "size quota, e.g. 1G")
+	var lf listFlags
 	ls := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -65,15 +66,17 @@ func newVolume(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tCREATED\tSANDBOXES")
-			for _, v := range vs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", v.GetName(), sandbox.FormatBytes(v.GetSizeBytes()),
-					sandbox.FormatBytes(v.GetUsedBytes()), ago(v.GetCreatedAtMs()), strings.Join(v.GetSandboxes(), ","))
-			}
-			return tw.Flush()
+			return printList(a, lf, vs,
+				func(v *sbxv1.Volume) string { return v.GetName() },
+				func(v *sbxv1.Volume) any { return protoJSON(v) },
+				"NAME\tSIZE\tUSED\tCREATED\tSANDBOXES",
+				func(v *sbxv1.Volume) []any {
+					return []any{v.GetName(), sandbox.FormatBytes(v.GetSizeBytes()), sandbox.FormatBytes(v.GetUsedBytes()),
+						ago(v.GetCreatedAtMs()), strings.Join(v.GetSandboxes(), ",")}
+				})
 		},
 	}
+	lf.add(ls, "print names only")
 	rm := &cobra.Command{
 		Use:   "rm NAME...",
 		Short: "Remove volumes and their data",

@@ -462,7 +462,7 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 	img, err := store.Get(ctx, ref)
 	if err != nil {
 		r.gc.RUnlock()
-		return nil, nil, fmt.Errorf("image %q: %w (pull or import it first)", ref, err)
+		return nil, nil, fmt.Errorf("%w (pull or import it first)", err)
 	}
 	c := img.Config
 	return &sandbox.ResolvedImage{

@@ -3,7 +3,10 @@
 // imports nothing from sbx and anything may import it.
 package errdefs
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 var (
 	ErrNotFound           = errors.New("not found")
@@ -22,3 +25,19 @@ func IsNotFound(err error) bool           { return errors.Is(err, ErrNotFound) }
 func IsAlreadyExists(err error) bool      { return errors.Is(err, ErrAlreadyExists) }
 func IsInvalidArgument(err error) bool    { return errors.Is(err, ErrInvalidArgument) }
 func IsFailedPrecondition(err error) bool { return errors.Is(err, ErrFailedPrecondition) }
+
+// CollapseRepeats drops a ": "-separated segment of msg that repeats the one
+// before it: layers that each name what they were doing ("image "x": image
+// "x": not found", "stat /p: stat /p: no such file") read once. The server
+// edge applies it to every error it returns.
+func CollapseRepeats(msg string) string {
+	segs := strings.Split(msg, ": ")
+	out := segs[:1]
+	for _, s := range segs[1:] {
+		if s == out[len(out)-1] {
+			continue
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ": ")
+}

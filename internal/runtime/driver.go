@@ -216,6 +216,23 @@ type Info struct {
 // ProbeTimeout bounds how long drivers wait for an agent to come up.
 const ProbeTimeout = 10 * time.Second
 
+// LimitEvents are a box's running counts of its limits biting, for telling
+// a command's end apart (see LimitEventer).
+type LimitEvents struct {
+	// OOMKills counts processes the memory limit killed.
+	OOMKills int64
+	// PidsLimitHits counts forks the pids limit refused.
+	PidsLimitHits int64
+}
+
+// LimitEventer is implemented by drivers that can read a box's LimitEvents
+// cheaply (a few cgroup files), so the daemon can read them as each exec
+// starts and ends and say whether its limits bit during the exec. Counts
+// only grow; a driver that cannot count one kind leaves it zero.
+type LimitEventer interface {
+	LimitEvents(ctx context.Context, h Handle) (LimitEvents, error)
+}
+
 // Updater is implemented by drivers that can change a running box's limits
 // (used to hand warm, pre-started boxes to sandboxes that asked for other
 // limits). Update applies every field of r; it fails, changing nothing it can

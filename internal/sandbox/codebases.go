@@ -143,7 +143,7 @@ func (m *Manager) DestroySynced(ctx context.Context, ref string) error {
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
-	if m.cfg.Codebases != nil && len(b.spec.GetCodebases()) > 0 {
+	if m.cfg.Codebases != nil && len(b.spec().GetCodebases()) > 0 {
 		thaw, err := m.freezeLocked(ctx, b)
 		if err != nil {
 			return err

@@ -111,8 +111,8 @@ type box struct {
 	tenant, parent, tokenHash string
 	// token is the scoped token itself, kept only while the box is created.
 	token string
-	// spec is the validated request with defaults applied; immutable.
-	spec *sbxv1.CreateSandboxRequest
+	// specp holds the validated request with defaults applied (see spec).
+	specp atomic.Pointer[sbxv1.CreateSandboxRequest]
 
 	lastActive atomic.Int64 // unix ms
 	dirty      atomic.Bool  // lastActive not yet persisted
@@ -145,6 +145,11 @@ func (b *box) notRunning(st sbxv1.SandboxState) error {
 	}
 	return fmt.Errorf("sandbox %s is %s: %w", b.id, stateName(st), errdefs.ErrFailedPrecondition)
 }
+
+// spec returns the box's validated request with defaults applied. What it
+// points to is never changed: UpdateSandbox stores a changed copy (under
+// b.opMu and, for limits, m.mu), so a reader sees one whole version.
+func (b *box) spec() *sbxv1.CreateSandboxRequest { return b.specp.Load() }
 
 func (b *box) state() sbxv1.SandboxState {
 	b.mu.Lock()
@@ -493,10 +498,10 @@ func runtimeSpec(id string, spec *sbxv1.CreateSandboxRequest, img *ResolvedImage
 func (m *Manager) reserve(b *box, admit *tenant.Principal) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	key := nameKey(b.tenant, b.spec.Name)
-	if b.spec.Name != "" {
+	key := nameKey(b.tenant, b.spec().Name)
+	if b.spec().Name != "" {
 		if other, taken := m.names[key]; taken {
-			return fmt.Errorf("name %q is already used by sandbox %s: %w", b.spec.Name, other, errdefs.ErrAlreadyExists)
+			return fmt.Errorf("name %q is already used by sandbox %s: %w", b.spec().Name, other, errdefs.ErrAlreadyExists)
 		}
 	}
 	if admit != nil {
@@ -517,7 +522,7 @@ func (m *Manager) reserve(b *box, admit *tenant.Principal) error {
 			return err
 		}
 	}
-	if b.spec.Name != "" {
+	if b.spec().Name != "" {
 		m.names[key] = b.id
 	}
 	if b.tokenHash != "" {
@@ -533,7 +538,7 @@ func (m *Manager) forget(id, reason string) {
 	defer m.mu.Unlock()
 	b, ok := m.boxes[id]
 	if ok {
-		if key := nameKey(b.tenant, b.spec.Name); b.spec.Name != "" && m.names[key] == id {
+		if key := nameKey(b.tenant, b.spec().Name); b.spec().Name != "" && m.names[key] == id {
 			delete(m.names, key)
 		}
 		if b.tokenHash != "" && m.scoped[b.tokenHash] == id {
@@ -648,7 +653,7 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 	var out []*sbxv1.Sandbox
 	p := tenant.FromContext(ctx)
 	for _, b := range boxes {
-		if visible(p, b.tenant, b.parent) && Matches(sel, b.spec.Labels) {
+		if visible(p, b.tenant, b.parent) && Matches(sel, b.spec().Labels) {
 			out = append(out, m.toProto(b, nil))
 		}
 	}
@@ -676,6 +681,11 @@ func (m *Manager) Stop(ctx context.Context, ref string) (*sbxv1.Sandbox, error) 
 func (m *Manager) stopBox(ctx context.Context, b *box, detail string) error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	return m.stopLocked(ctx, b, detail)
+}
+
+// stopLocked freezes b; b.opMu must be held.
+func (m *Manager) stopLocked(ctx context.Context, b *box, detail string) error {
 	switch st := b.state(); st {
 	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 		return nil
@@ -701,26 +711,57 @@ func (m *Manager) Start(ctx context.Context, ref string) (*sbxv1.Sandbox, error)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := m.resume(ctx, b, "start"); err != nil {
+		return nil, err
+	}
+	return m.toProto(b, nil), nil
+}
+
+// running returns nil if b is running, after starting it if it is stopped
+// and has auto_resume, else an error saying why b cannot be used.
+func (m *Manager) running(ctx context.Context, b *box) error {
+	st := b.state()
+	if st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED && b.spec().AutoResume {
+		var err error
+		if st, err = m.resume(ctx, b, "auto-resume"); err != nil {
+			return err
+		}
+	}
+	switch st {
+	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+		return nil
+	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
+		return fmt.Errorf("sandbox %s is stopped; start it first (or give it auto_resume): %w", b.id, errdefs.ErrFailedPrecondition)
+	default:
+		return b.notRunning(st)
+	}
+}
+
+// resume starts b if it is stopped (why says who asked, for the log) and
+// returns its state afterwards: running, or an error for a box that is
+// neither running nor stopped.
+func (m *Manager) resume(ctx context.Context, b *box, why string) (sbxv1.SandboxState, error) {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	switch st := b.state(); st {
 	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
-		return m.toProto(b, nil), nil
+		return st, nil
 	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
 	default:
-		return nil, b.notRunning(st)
+		return st, b.notRunning(st)
 	}
 	b.mu.Lock()
 	h := b.handle
 	b.mu.Unlock()
 	if err := b.driver.Resume(ctx, h); err != nil {
-		return nil, fmt.Errorf("start sandbox %s: %w", b.id, err)
+		return sbxv1.SandboxState_SANDBOX_STATE_STOPPED, fmt.Errorf("start sandbox %s: %w", b.id, err)
 	}
 	b.lastActive.Store(nowMs())
 	if err := m.setState(ctx, b, sbxv1.SandboxState_SANDBOX_STATE_RUNNING, ""); err != nil {
-		return nil, err
+		return sbxv1.SandboxState_SANDBOX_STATE_STOPPED, err
 	}
-	return m.toProto(b, nil), nil
+	m.log.Info("sandbox started", "sandbox", b.id, "by", why)
+	return sbxv1.SandboxState_SANDBOX_STATE_RUNNING, nil
 }
 
 // Destroy destroys a sandbox: once it returns, the sandbox is gone from
@@ -793,37 +834,45 @@ func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) err
 
 // Agent returns a client of a running sandbox's agent for one operation.
 // The caller must call release when the operation ends; while it runs the
-// sandbox counts as active and does not idle out.
+// sandbox counts as active and does not idle out. A stopped sandbox made
+// with auto_resume is started first; other stopped ones are refused.
 func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, release func(), err error) {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}
+	// Busy first: an idle stop that has not begun yet then leaves b be.
+	b.busy.Add(1)
+	if err := m.running(ctx, b); err != nil {
+		b.busy.Add(-1)
+		return nil, nil, err
+	}
 	b.mu.Lock()
 	st, conn := stateOf(b.rec.State), b.conn
 	b.mu.Unlock()
-	switch {
-	case st == sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
-		return nil, nil, fmt.Errorf("sandbox %s is stopped; start it first: %w", b.id, errdefs.ErrFailedPrecondition)
-	case st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil:
+	if st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING || conn == nil {
+		b.busy.Add(-1)
 		return nil, nil, b.notRunning(st)
 	}
-	b.busy.Add(1)
 	m.touch(b)
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
 }
 
-// OOMKilled reports whether a command of sandbox ref that just ended by
-// SIGKILL (its own death, or a shell's exit code 137 for a child's) was
-// killed by the sandbox's memory limit: the sandbox's count of OOM kills
-// rose since it was last looked at. Only called for such ends, so an
-// ordinary exec costs nothing for it; two commands killed at once may both
-// be told so.
+// OOMKilled reports whether the sandbox's own command (its entrypoint),
+// or an exec of a driver without LimitEvents, that just ended by SIGKILL
+// (its own death, or a shell's exit code 137 for a child's) was killed by
+// the sandbox's memory limit: the sandbox's count of OOM kills rose since
+// it was last looked at. Execs of other drivers use LimitWatch, which
+// counts over the exec's own life.
 func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return false
 	}
+	return m.oomKilled(ctx, b)
+}
+
+func (m *Manager) oomKilled(ctx context.Context, b *box) bool {
 	b.mu.Lock()
 	h := b.handle
 	b.mu.Unlock()
@@ -843,7 +892,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 	b.mu.Lock()
 	rec, att := *b.rec, b.net
 	b.mu.Unlock()
-	s := b.spec
+	s := b.spec()
 	out := &sbxv1.Sandbox{
 		Id: b.id, Name: s.Name, Labels: s.Labels, Image: s.Image, Runtime: s.Runtime,
 		State: stateOf(rec.State), Env: s.Env, Command: s.Command, Workdir: s.Workdir,
@@ -852,6 +901,7 @@ func (m *Manager) toProto(b *box, stats *sbxv1.SandboxStats) *sbxv1.Sandbox {
 		LastActiveAtMs: b.lastActive.Load(), StateDetail: rec.StateDetail, Stats: stats, ImageDigest: rec.ImageDigest,
 		Network: policyProto(att.Policy), IpAddress: ipString(att.IP),
 		Volumes: s.Volumes, Codebases: s.Codebases, Parent: b.parent, ScopedToken: b.tokenHash != "",
+		AutoResume: s.AutoResume,
 	}
 	out.SecretNames = slices.Sorted(maps.Keys(s.Secrets))
 	out.DomainSecrets = domainSecretsProto(s)

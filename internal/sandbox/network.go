@@ -107,7 +107,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	if st := b.state(); st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
 		return nil, b.notRunning(st)
 	}
-	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec, pol))
+	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec(), pol))
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", b.id, err)
 	}

@@ -432,7 +432,8 @@ func (m *Manager) closePool() {
 func (m *Manager) newBox(ctx context.Context, id string, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*box, *store.Record, error) {
 	now := nowMs()
 	p := tenant.FromContext(ctx)
-	b := &box{id: id, driver: drv, spec: spec, tenant: p.Tenant, parent: p.Scope}
+	b := &box{id: id, driver: drv, tenant: p.Tenant, parent: p.Scope}
+	b.specp.Store(spec)
 	b.lastActive.Store(now)
 	specJSON, err := protojsonMarshal(spec)
 	if err != nil {

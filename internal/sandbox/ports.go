@@ -32,20 +32,17 @@ func (m *Manager) ResolveID(ctx context.Context, ref string) (string, error) {
 // RunningID returns the id of the sandbox with id or name ref if it is
 // running: unknown is NotFound, stopped (or not running yet or any more)
 // FailedPrecondition. The port proxy checks it before every request, as a
-// pooled connection to a stopped (frozen) sandbox would hang.
+// pooled connection to a stopped (frozen) sandbox would hang. A stopped
+// sandbox with auto_resume is started instead (see Manager.Agent).
 func (m *Manager) RunningID(ctx context.Context, ref string) (string, error) {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
 		return "", err
 	}
-	switch st := b.state(); st {
-	case sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
-		return b.id, nil
-	case sbxv1.SandboxState_SANDBOX_STATE_STOPPED:
-		return "", fmt.Errorf("sandbox %s is stopped; start it first: %w", b.id, errdefs.ErrFailedPrecondition)
-	default:
-		return "", b.notRunning(st)
+	if err := m.running(ctx, b); err != nil {
+		return "", err
 	}
+	return b.id, nil
 }
 
 // checkPort validates a port number.

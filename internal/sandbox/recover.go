@@ -166,8 +166,9 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) bool {
 			att = network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
 		}
 	}
-	b := &box{id: rec.ID, driver: drv, spec: spec, rec: rec, handle: nh, net: att,
+	b := &box{id: rec.ID, driver: drv, rec: rec, handle: nh, net: att,
 		tenant: rec.Tenant, parent: rec.Parent, tokenHash: rec.ScopedTokenHash}
+	b.specp.Store(spec)
 	b.lastActive.Store(max(rec.LastActiveAtMs, rec.CreatedAtMs))
 	if st, err := drv.Stats(ctx, nh); err == nil {
 		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
@@ -299,8 +300,8 @@ func (m *Manager) enforceTimeouts() {
 		switch {
 		case exp > 0 && now >= exp:
 			expired = append(expired, b)
-		case st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING && b.spec.IdleTimeoutMs > 0 &&
-			b.busy.Load() == 0 && now-b.lastActive.Load() >= b.spec.IdleTimeoutMs:
+		case st == sbxv1.SandboxState_SANDBOX_STATE_RUNNING && b.spec().IdleTimeoutMs > 0 &&
+			b.busy.Load() == 0 && now-b.lastActive.Load() >= b.spec().IdleTimeoutMs:
 			idle = append(idle, b)
 		}
 	}
@@ -308,7 +309,7 @@ func (m *Manager) enforceTimeouts() {
 	ctx := context.Background()
 	for _, b := range expired {
 		go func() {
-			if err := m.destroyBox(ctx, b, "lifetime timeout reached"); err != nil {
+			if err := m.destroyExpired(ctx, b); err != nil {
 				m.log.Error("destroying expired sandbox", "sandbox", b.id, "err", err)
 			}
 		}()
@@ -317,17 +318,40 @@ func (m *Manager) enforceTimeouts() {
 		// Mark active so the next tick does not fire again while this runs.
 		b.lastActive.Store(now)
 		go func() {
-			var err error
-			if b.spec.IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
-				err = m.stopBox(ctx, b, "idle timeout reached")
-			} else {
-				err = m.destroyBox(ctx, b, "idle timeout reached")
-			}
-			if err != nil && !errdefs.IsFailedPrecondition(err) {
+			if err := m.idleOut(ctx, b); err != nil && !errdefs.IsFailedPrecondition(err) {
 				m.log.Error("idle action", "sandbox", b.id, "err", err)
 			}
 		}()
 	}
+}
+
+// idleOut applies b's idle action unless an operation began since the
+// reaper's look (Agent counts it busy before it starts a stopped box).
+func (m *Manager) idleOut(ctx context.Context, b *box) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if b.busy.Load() > 0 {
+		return nil
+	}
+	if b.spec().IdleAction == sbxv1.IdleAction_IDLE_ACTION_STOP {
+		return m.stopLocked(ctx, b, "idle timeout reached")
+	}
+	return m.destroyLocked(ctx, b, "idle timeout reached")
+}
+
+// destroyExpired destroys b if its deadline has passed, looking again under
+// its opMu: an UpdateSandbox that moved the deadline after the reaper's
+// look (it holds opMu) wins.
+func (m *Manager) destroyExpired(ctx context.Context, b *box) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	b.mu.Lock()
+	exp := b.rec.ExpiresAtMs
+	b.mu.Unlock()
+	if exp == 0 || nowMs() < exp {
+		return nil
+	}
+	return m.destroyLocked(ctx, b, "lifetime timeout reached")
 }
 
 func (m *Manager) flushActivity(ctx context.Context) {

@@ -72,8 +72,8 @@ func (m *Manager) diffLocked(ctx context.Context, b *box, w io.Writer) error {
 // layer cap.
 func (m *Manager) diffLimits(b *box) runtime.DiffLimits {
 	lim := runtime.DiffLimits{
-		DataBytes: b.spec.GetResources().GetDiskBytes(),
-		DataWhat:  fmt.Sprintf("sandbox %s's disk limit (%s)", b.id, FormatBytes(b.spec.GetResources().GetDiskBytes())),
+		DataBytes: b.spec().GetResources().GetDiskBytes(),
+		DataWhat:  fmt.Sprintf("sandbox %s's disk limit (%s)", b.id, FormatBytes(b.spec().GetResources().GetDiskBytes())),
 	}
 	if c := m.cfg.MaxLayerBytes; c > 0 {
 		lim.ApparentBytes = c
@@ -104,15 +104,15 @@ func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error)
 	b.mu.Lock()
 	base := b.rec.ImageDigest
 	b.mu.Unlock()
-	cfg := SnapshotConfig{Workdir: b.spec.Workdir, User: b.spec.User}
-	if b.spec.Image == HostImage {
+	cfg := SnapshotConfig{Workdir: b.spec().Workdir, User: b.spec().User}
+	if b.spec().Image == HostImage {
 		// The new image is the changes alone, marked to stack on the host image
 		// (whose /usr is the host's, read-only, and so never in a layer).
 		base = ""
 		cfg.Labels = map[string]string{OnHostLabel: HostImage}
 	}
-	for _, k := range slices.Sorted(maps.Keys(b.spec.Env)) {
-		cfg.Env = append(cfg.Env, k+"="+b.spec.Env[k])
+	for _, k := range slices.Sorted(maps.Keys(b.spec().Env)) {
+		cfg.Env = append(cfg.Env, k+"="+b.spec().Env[k])
 	}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -126,10 +126,10 @@ func (m *Manager) Snapshot(ctx context.Context, ref, tag string) (string, error)
 	// A diff cut short by the commit's end says only that: the commit's
 	// error is the one worth reporting then.
 	if derr := <-done; derr != nil && (err == nil || !errors.Is(derr, errCommitEnded)) {
-		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, derr)
+		return "", fmt.Errorf("snapshot sandbox %s: %w", b.id, derr)
 	}
 	if err != nil {
-		return "", fmt.Errorf("snapshot of sandbox %s: %w", b.id, err)
+		return "", fmt.Errorf("snapshot sandbox %s: %w", b.id, err)
 	}
 	m.log.Info("sandbox snapshotted", "sandbox", b.id, "image", digest, "tag", tag)
 	return digest, nil

@@ -28,7 +28,7 @@ func visible(p tenant.Principal, t, parent string) bool {
 
 // usageOf is what box b counts against its tenant's quotas.
 func usageOf(b *box) tenant.Usage {
-	r := b.spec.GetResources()
+	r := b.spec().GetResources()
 	return tenant.Usage{Sandboxes: 1, MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), DiskBytes: r.GetDiskBytes()}
 }
 

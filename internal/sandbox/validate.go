@@ -133,13 +133,8 @@ func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
 			return invalid("name %q: looks like a sandbox id; pick another", req.GetName())
 		}
 	}
-	for k, v := range req.GetLabels() {
-		if !labelKeyRe.MatchString(k) {
-			return invalid("label key %q: must match [a-zA-Z0-9][a-zA-Z0-9_./-]{0,62}", k)
-		}
-		if len(v) > 256 || strings.ContainsFunc(v, isControl) {
-			return invalid("label %q: value must be at most 256 printable characters", k)
-		}
+	if err := checkLabels(req.GetLabels()); err != nil {
+		return err
 	}
 	for what, m := range map[string]map[string]string{"env": req.GetEnv(), "secret": req.GetSecrets()} {
 		for k, v := range m {
@@ -164,17 +159,7 @@ func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
 	if wd := req.GetWorkdir(); wd != "" && (!path.IsAbs(wd) || strings.ContainsRune(wd, 0)) {
 		return invalid("workdir %q: must be an absolute path", wd)
 	}
-	r := req.GetResources()
-	if err := checkRange("memory", r.GetMemoryBytes(), lim.MinMemoryBytes, lim.MaxMemoryBytes, FormatBytes); err != nil {
-		return err
-	}
-	if err := checkRange("cpu", r.GetCpuMillis(), lim.MinCPUMillis, lim.MaxCPUMillis, formatCPU); err != nil {
-		return err
-	}
-	if err := checkRange("pids", r.GetPids(), lim.MinPids, lim.MaxPids, func(v int64) string { return fmt.Sprint(v) }); err != nil {
-		return err
-	}
-	if err := checkRange("disk", r.GetDiskBytes(), lim.MinDiskBytes, lim.MaxDiskBytes, FormatBytes); err != nil {
+	if err := checkLimits(req.GetResources(), lim); err != nil {
 		return err
 	}
 	if t := req.GetTimeoutMs(); t < 0 || (lim.MaxTimeoutMs > 0 && t > lim.MaxTimeoutMs) {
@@ -190,6 +175,34 @@ func validateCreate(req *sbxv1.CreateSandboxRequest, lim Limits) error {
 		return err
 	}
 	return validateDomainSecrets(req)
+}
+
+// checkLabels checks label keys and values.
+func checkLabels(labels map[string]string) error {
+	for k, v := range labels {
+		if !labelKeyRe.MatchString(k) {
+			return invalid("label key %q: must match [a-zA-Z0-9][a-zA-Z0-9_./-]{0,62}", k)
+		}
+		if len(v) > 256 || strings.ContainsFunc(v, isControl) {
+			return invalid("label %q: value must be at most 256 printable characters", k)
+		}
+	}
+	return nil
+}
+
+// checkLimits checks the limits r asks for (0: default, or unchanged for
+// an update) against the host's bounds.
+func checkLimits(r *sbxv1.Resources, lim Limits) error {
+	if err := checkRange("memory", r.GetMemoryBytes(), lim.MinMemoryBytes, lim.MaxMemoryBytes, FormatBytes); err != nil {
+		return err
+	}
+	if err := checkRange("cpu", r.GetCpuMillis(), lim.MinCPUMillis, lim.MaxCPUMillis, formatCPU); err != nil {
+		return err
+	}
+	if err := checkRange("pids", r.GetPids(), lim.MinPids, lim.MaxPids, func(v int64) string { return fmt.Sprint(v) }); err != nil {
+		return err
+	}
+	return checkRange("disk", r.GetDiskBytes(), lim.MinDiskBytes, lim.MaxDiskBytes, FormatBytes)
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }

@@ -66,7 +66,7 @@ func (m *Manager) VolumeUsers(tenant, name string) []string {
 		if b.tenant != tenant {
 			continue
 		}
-		for _, vm := range b.spec.GetVolumes() {
+		for _, vm := range b.spec().GetVolumes() {
 			if vm.GetVolume() == name {
 				ids = append(ids, id)
 				break

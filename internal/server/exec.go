@@ -119,13 +119,15 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 	}
 }
 
-// markOOM wraps send so that an exited event of a command killed by
-// SIGKILL (or a shell reporting a child so killed: exit code 137) says
-// whether the sandbox's memory limit did it.
+// markOOM reads the sandbox's limit counters now, before the command
+// starts, and wraps send so that its exited event says whether the
+// sandbox's memory limit killed it (oom_killed) and whether its pids limit
+// refused a fork meanwhile (pids_limit_hit); see sandbox.LimitWatch.
 func markOOM(ctx context.Context, mgr *sandbox.Manager, sandbox string, send func(*sbxv1.ExecOutput) error) func(*sbxv1.ExecOutput) error {
+	w := mgr.WatchLimits(ctx, sandbox)
 	return func(m *sbxv1.ExecOutput) error {
-		if ex := m.GetExited(); ex != nil && (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && !ex.GetTimedOut() && mgr.OOMKilled(ctx, sandbox) {
-			ex.OomKilled = true
+		if ex := m.GetExited(); ex != nil {
+			w.Mark(ctx, ex)
 		}
 		return send(m)
 	}

@@ -134,8 +134,15 @@ func toConnect(err error) error {
 	case errors.Is(err, context.Canceled):
 		code = connect.CodeCanceled
 	}
-	return connect.NewError(code, err)
+	return connect.NewError(code, collapsed{err})
 }
+
+// collapsed is an error whose message reads each layer's prefix once
+// (errdefs.CollapseRepeats); errors.Is and As still reach the original.
+type collapsed struct{ err error }
+
+func (c collapsed) Error() string { return errdefs.CollapseRepeats(c.err.Error()) }
+func (c collapsed) Unwrap() error { return c.err }
 
 func (s *Server) Version(ctx context.Context, _ *connect.Request[sbxv1.VersionRequest]) (*connect.Response[sbxv1.VersionResponse], error) {
 	return connect.NewResponse(&sbxv1.VersionResponse{Version: Version, Commit: Commit, Runtimes: s.mgr.Runtimes(ctx)}), nil

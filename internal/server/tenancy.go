@@ -44,6 +44,7 @@ var rpcAccess = map[string]access{
 	sbxv1connect.SandboxServiceStartSandboxProcedure:      accessScoped,
 	sbxv1connect.SandboxServiceDestroySandboxProcedure:    accessScoped,
 	sbxv1connect.SandboxServiceUpdateNetworkProcedure:     accessScoped,
+	sbxv1connect.SandboxServiceUpdateSandboxProcedure:     accessScoped,
 	sbxv1connect.SandboxServiceExecProcedure:              accessScoped,
 	sbxv1connect.SandboxServiceExecInteractiveProcedure:   accessScoped,
 	sbxv1connect.SandboxServiceReadFileProcedure:          accessScoped,

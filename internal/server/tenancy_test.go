@@ -498,6 +498,9 @@ var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.SandboxServiceUpdateNetworkProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one2(c.sb.UpdateNetwork(ctx, connect.NewRequest(&sbxv1.UpdateNetworkRequest{Sandbox: ref, Network: &sbxv1.NetworkPolicy{}})))
 	}},
+	sbxv1connect.SandboxServiceUpdateSandboxProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.sb.UpdateSandbox(ctx, connect.NewRequest(&sbxv1.UpdateSandboxRequest{Sandbox: ref, SetLabels: map[string]string{"touched": "yes"}})))
+	}},
 	sbxv1connect.SandboxServiceSnapshotSandboxProcedure: {targetTenantSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
 		return one2(c.sb.SnapshotSandbox(ctx, connect.NewRequest(&sbxv1.SnapshotSandboxRequest{Sandbox: ref, Tag: "x:1"})))
 	}},

@@ -270,6 +270,24 @@ func (s *Store) Update(ctx context.Context, r *Record) error {
 	return nil
 }
 
+// UpdateSpec records an updated sandbox (UpdateSandbox): its spec, labels
+// and deadline as in r.
+func (s *Store) UpdateSpec(ctx context.Context, r *Record) error {
+	labels, err := json.Marshal(r.Labels)
+	if err != nil {
+		return fmt.Errorf("encode labels: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET spec = ?, labels = ?, expires_at = ? WHERE id = ?`,
+		[]byte(r.Spec), string(labels), r.ExpiresAtMs, r.ID)
+	if err != nil {
+		return fmt.Errorf("update spec of sandbox %s: %w", r.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", r.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
 // MarkDestroying records that a sandbox is being destroyed: its state,
 // handle and detail as in r, and its name released (NULL), so that a new
 // sandbox may take the name while the old one is torn down. The next

@@ -51,6 +51,11 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	want.LastActiveAtMs = 99
+	// UpdateSandbox's changes: spec, labels and deadline.
+	want.Spec, want.Labels, want.ExpiresAtMs = json.RawMessage(`{"image":"host","labels":{"team":"b"}}`), map[string]string{"team": "b"}, 77
+	if err := s.UpdateSpec(ctx, want); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 
 	for _, f := range []string{"sbx.db", "sbx.db-wal"} {
@@ -87,6 +92,9 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 	}
 	if err := s.Update(ctx, want); !errdefs.IsNotFound(err) {
 		t.Errorf("update after delete: got %v, want ErrNotFound", err)
+	}
+	if err := s.UpdateSpec(ctx, want); !errdefs.IsNotFound(err) {
+		t.Errorf("update spec after delete: got %v, want ErrNotFound", err)
 	}
 }
 

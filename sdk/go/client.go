@@ -7,7 +7,7 @@
 //	sb, err := c.Create(ctx, sbx.CreateOptions{Name: "demo"})
 //	res, err := sb.Run(ctx, "python3", "-c", "print(6*7)")
 //	fmt.Print(string(res.Stdout))
-//	sb.Destroy(ctx)
+//	sb.Close(ctx) // destroys it: this handle created it (a found one's Close leaves the box running)
 package sbx
 
 import (
@@ -249,6 +249,9 @@ type CreateOptions struct {
 	// create and manage child sandboxes, which die with it, and nothing
 	// else. NewClient("") inside the box picks both up.
 	ScopedToken bool
+	// AutoResume starts the sandbox again when it is used (exec, files)
+	// while stopped, by Stop or by idling with StopWhenIdle.
+	AutoResume bool
 }
 
 // DomainSecret is a secret only the listed hosts receive, over HTTPS (a
@@ -274,7 +277,7 @@ func (o CreateOptions) Request() *sbxv1.CreateSandboxRequest {
 	req := &sbxv1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Labels: o.Labels, Env: o.Env, Secrets: o.Secrets,
 		Command: o.Command, Workdir: o.Workdir, Runtime: o.Runtime, User: o.User, ScopedToken: o.ScopedToken,
-		NoEntrypoint: o.NoEntrypoint,
+		NoEntrypoint: o.NoEntrypoint, AutoResume: o.AutoResume,
 		Resources: &sbxv1.Resources{
 			MemoryBytes: o.MemoryBytes, CpuMillis: int64(o.CPUs * 1000), Pids: o.Pids, DiskBytes: o.DiskBytes,
 		},
@@ -314,7 +317,9 @@ func (c *Client) CreateFromRequest(ctx context.Context, req *sbxv1.CreateSandbox
 	if err != nil {
 		return nil, wrap("create sandbox", err)
 	}
-	return c.sandbox(resp.Msg.GetSandbox()), nil
+	sb := c.sandbox(resp.Msg.GetSandbox())
+	sb.owned = true
+	return sb, nil
 }
 
 // Sandbox returns a handle on the sandbox ref (id or name) without asking
@@ -356,7 +361,14 @@ type Error struct {
 	cause error
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Op, e.Msg) }
+// Error is "op: message", or the message alone when the daemon's message
+// already begins with op (the daemon named what failed the same way).
+func (e *Error) Error() string {
+	if e.Op == "" || e.Msg == e.Op || strings.HasPrefix(e.Msg, e.Op+": ") {
+		return e.Msg
+	}
+	return fmt.Sprintf("%s: %s", e.Op, e.Msg)
+}
 
 // Unwrap returns the transport's error.
 func (e *Error) Unwrap() error { return e.cause }

@@ -53,6 +53,9 @@ type Plot struct {
 	ContentBase64 string
 }
 
+// Bytes is the image itself.
+func (p Plot) Bytes() ([]byte, error) { return base64.StdEncoding.DecodeString(p.ContentBase64) }
+
 // plotsOf returns the image artifacts (with content) as Plots, in order.
 func plotsOf(arts []*sbxv1.Artifact) []Plot {
 	var out []Plot
@@ -115,6 +118,9 @@ type CodeContext struct {
 	ID       string
 	Sandbox  string
 	Language string
+	// Info is the context as the daemon listed or created it (nil for a
+	// handle made by Client.Context).
+	Info *sbxv1.CodeContext
 }
 
 // ContextOptions tune CreateContext.
@@ -135,7 +141,7 @@ func (s *Sandbox) CreateContext(ctx context.Context, lang string, opts ContextOp
 }
 
 func (c *Client) codeContext(cc *sbxv1.CodeContext) *CodeContext {
-	return &CodeContext{c: c, ID: cc.GetId(), Sandbox: cc.GetSandbox(), Language: cc.GetLanguage()}
+	return &CodeContext{c: c, ID: cc.GetId(), Sandbox: cc.GetSandbox(), Language: cc.GetLanguage(), Info: cc}
 }
 
 // Contexts lists the sandbox's live contexts.

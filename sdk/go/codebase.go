@@ -28,8 +28,18 @@ type CodebaseMount struct {
 	Default Permission
 }
 
+// GuardedDefaultPreset is the preset of a guarded codebase mount (one with
+// Rules) that names neither a Preset nor a Default: view-only, so that its
+// rules open what the sandbox may read or write (AgentFense's default; the
+// daemon alone would start such a guard from write). A mount with none of
+// the three is unguarded: fully writable in its copy-on-write layer.
+const GuardedDefaultPreset = "view-only"
+
 // Proto converts the mount to its API message.
 func (m CodebaseMount) Proto() *sbxv1.CodebaseMount {
+	if len(m.Rules) > 0 && m.Preset == "" && m.Default == sbxv1.Permission_PERMISSION_UNSPECIFIED {
+		m.Preset = GuardedDefaultPreset
+	}
 	pp := PathPolicy{Path: m.Path, Preset: m.Preset, Rules: m.Rules, Default: m.Default}.Proto()
 	return &sbxv1.CodebaseMount{Codebase: m.Codebase, Path: m.Path, Preset: pp.Preset, Rules: pp.Rules, DefaultPermission: pp.DefaultPermission}
 }

@@ -39,3 +39,18 @@ func TestErrorMatchesContextErrors(t *testing.T) {
 		t.Error("IsNotFound lost its code")
 	}
 }
+
+func TestErrorNamesOpOnce(t *testing.T) {
+	for _, c := range []struct{ op, msg, want string }{
+		{"stat /x", "stat /x: no such file or directory", "stat /x: no such file or directory"},
+		{"snapshot sandbox sb-1", "snapshot sandbox sb-1: tag: bad", "snapshot sandbox sb-1: tag: bad"},
+		{"get sandbox x", `sandbox "x": not found`, `get sandbox x: sandbox "x": not found`},
+		{"stat /x", "stat /xy: no such file", "stat /x: stat /xy: no such file"},
+		{"list", "list", "list"},
+	} {
+		err := wrap(c.op, connect.NewError(connect.CodeNotFound, errors.New(c.msg)))
+		if got := err.Error(); got != c.want {
+			t.Errorf("wrap(%q, %q): got %q, want %q", c.op, c.msg, got, c.want)
+		}
+	}
+}

@@ -39,8 +39,13 @@ type ExitStatus struct {
 	Code     int
 	Signal   int
 	TimedOut bool
-	// OOMKilled says the sandbox's memory limit killed it (SIGKILL).
+	// OOMKilled says the sandbox's memory limit killed it: it died by
+	// SIGKILL while the sandbox's count of OOM kills rose (a heuristic;
+	// see ExecExited.oom_killed).
 	OOMKilled bool
+	// PidsLimitHit says the command failed and the sandbox's pids limit
+	// refused a fork (of any process of the sandbox) while it ran.
+	PidsLimitHit bool
 	// Error is set when the command could not be started.
 	Error    string
 	Duration time.Duration

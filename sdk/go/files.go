@@ -51,9 +51,20 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode 
 // Upload streams r into a file of the sandbox, creating missing parents. The
 // file appears whole or not at all.
 func (s *Sandbox) Upload(ctx context.Context, path string, r io.Reader, mode uint32) (int64, error) {
+	return s.upload(ctx, path, r, mode, false)
+}
+
+// AppendFile appends data to a file of the sandbox, creating it (and its
+// missing parents) if need be.
+func (s *Sandbox) AppendFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	_, err := s.upload(ctx, path, bytes.NewReader(data), mode, true)
+	return err
+}
+
+func (s *Sandbox) upload(ctx context.Context, path string, r io.Reader, mode uint32, appendTo bool) (int64, error) {
 	stream := s.c.files.WriteFile(ctx)
 	hdr := &sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{
-		Sandbox: s.ID, Path: path, Mode: mode, MakeParents: true,
+		Sandbox: s.ID, Path: path, Mode: mode, MakeParents: true, Append: appendTo,
 	}}}
 	if err := sendChunks(stream.Send, hdr, r, func(b []byte) *sbxv1.WriteFileRequest {
 		return &sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Data{Data: b}}
@@ -157,5 +168,5 @@ func (s *Sandbox) Remove(ctx context.Context, path string, recursive bool) error
 // Rename moves a path within the sandbox.
 func (s *Sandbox) Rename(ctx context.Context, from, to string) error {
 	_, err := s.c.api.Rename(ctx, connect.NewRequest(&sbxv1.RenameRequest{Sandbox: s.ID, From: from, To: to}))
-	return wrap("rename "+from, err)
+	return wrap("rename "+from+" -> "+to, err)
 }

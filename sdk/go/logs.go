@@ -89,6 +89,7 @@ func (s *Sandbox) Wait(ctx context.Context) (*ExitStatus, error) {
 func exitStatusOf(x *sbxv1.ExecExited) *ExitStatus {
 	return &ExitStatus{
 		Code: int(x.GetExitCode()), Signal: int(x.GetSignal()), TimedOut: x.GetTimedOut(), OOMKilled: x.GetOomKilled(),
-		Error: x.GetError(), Duration: time.Duration(x.GetDurationMs()) * time.Millisecond,
+		PidsLimitHit: x.GetPidsLimitHit(),
+		Error:        x.GetError(), Duration: time.Duration(x.GetDurationMs()) * time.Millisecond,
 	}
 }

@@ -23,15 +23,15 @@ type Port struct {
 	// URL routes by path (<daemon>/proxy/<id>/<port>/).
 	URL string `json:"url"`
 	// HostURL routes by host name; "" unless the daemon has --proxy-domain.
-	HostURL string `json:"host_url,omitempty"`
+	HostURL string `json:"hostUrl,omitempty"`
 	// WebSocketURL is URL with a ws:// or wss:// scheme.
-	WebSocketURL string `json:"websocket_url"`
+	WebSocketURL string `json:"websocketUrl"`
 	// Headers route a request sent to the daemon's own address.
 	Headers map[string]string `json:"headers"`
 	// TCPURL is the raw TCP endpoint (see DialPort).
-	TCPURL string `json:"tcp_url"`
+	TCPURL string `json:"tcpUrl"`
 	// BindAddress is the listening socket's address (Ports only).
-	BindAddress string `json:"bind_address,omitempty"`
+	BindAddress string `json:"bindAddress,omitempty"`
 }
 
 func portFromProto(p *sbxv1.PortInfo) Port {

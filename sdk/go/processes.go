@@ -59,6 +59,8 @@ type BackgroundProcess struct {
 	// Env and Workdir are the start request's, as given.
 	Env     map[string]string
 	Workdir string
+	// Info is the record these fields come from.
+	Info *sbxv1.ProcessInfo
 }
 
 func (c *Client) processes() sbxv1connect.ProcessServiceClient { return c.procs }
@@ -68,7 +70,7 @@ func (c *Client) backgroundProcess(pi *sbxv1.ProcessInfo) *BackgroundProcess {
 		c: c, Sandbox: pi.GetSandbox(), ID: pi.GetId(), PID: int(pi.GetPid()), Tag: pi.GetTag(), Command: pi.GetCommand(),
 		TTY: pi.GetTty(), StdinOpen: pi.GetStdinOpen(), Started: time.UnixMilli(pi.GetStartedMs()), Running: pi.GetRunning(),
 		DroppedStdout: pi.GetDroppedStdoutBytes(), DroppedStderr: pi.GetDroppedStderrBytes(),
-		Env: pi.GetEnv(), Workdir: pi.GetWorkdir(),
+		Env: pi.GetEnv(), Workdir: pi.GetWorkdir(), Info: pi,
 	}
 	if ex := pi.GetExited(); ex != nil {
 		p.Exit = exitStatusOf(ex)

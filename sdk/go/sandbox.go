@@ -2,6 +2,7 @@ package sbx
 
 import (
 	"context"
+	"errors"
 
 	"connectrpc.com/connect"
 
@@ -14,6 +15,36 @@ type Sandbox struct {
 	ID   string
 	Name string
 	Info *sbxv1.Sandbox
+	// owned: this handle created the sandbox (Close destroys it).
+	owned bool
+	// ownCodebases were made for it by CreateFromLocal (Close deletes them).
+	ownCodebases []string
+}
+
+// Owned reports whether this handle created the sandbox (Create,
+// CreateFromLocal): then Close destroys it. A handle that found one (Get,
+// List, Client.Sandbox) does not own it.
+func (s *Sandbox) Owned() bool { return s.owned }
+
+// Close ends what this handle owns, for `defer sb.Close(ctx)` on any handle:
+// a sandbox it created is destroyed (and codebases CreateFromLocal made for
+// it deleted after it); a sandbox it only found is left running.
+func (s *Sandbox) Close(ctx context.Context) error {
+	if !s.owned {
+		return nil
+	}
+	if err := s.Destroy(ctx); err != nil && !IsNotFound(err) {
+		return err
+	}
+	s.owned = false
+	var errs []error
+	for _, cb := range s.ownCodebases {
+		if err := s.c.DeleteCodebase(ctx, cb); err != nil && !IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	s.ownCodebases = nil
+	return errors.Join(errs...)
 }
 
 // Refresh reloads Info (with live stats).

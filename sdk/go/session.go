@@ -19,6 +19,9 @@ type Session struct {
 	ID      string
 	Sandbox string
 	Shell   string
+	// Info is the session as the daemon listed or created it (nil for a
+	// handle made by Client.Session).
+	Info *sbxv1.Session
 }
 
 // SessionOptions tune CreateSession.
@@ -59,7 +62,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, opts SessionOptions) (*Sess
 }
 
 func (c *Client) shellSession(ss *sbxv1.Session) *Session {
-	return &Session{c: c, ID: ss.GetId(), Sandbox: ss.GetSandbox(), Shell: ss.GetShell()}
+	return &Session{c: c, ID: ss.GetId(), Sandbox: ss.GetSandbox(), Shell: ss.GetShell(), Info: ss}
 }
 
 // Sessions lists the sandbox's live sessions.

@@ -220,6 +220,30 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 	return st, nil
 }
 
+// limitEvents reads the box's counts of OOM kills and refused forks. On v1
+// both are counted per cgroup (a refused fork in the cgroup that forked,
+// so the user cgroup's are the box's too); v2's memory.events and
+// pids.events count the whole subtree.
+func (l cgroupLayout) limitEvents(id string) (runtime.LimitEvents, error) {
+	var ev runtime.LimitEvents
+	mem, v2 := l.controllerDir("memory", id)
+	if _, err := os.Stat(mem); err != nil {
+		return ev, fmt.Errorf("box cgroup: %w", err)
+	}
+	if v2 {
+		ev.OOMKills = readKey(filepath.Join(mem, "memory.events"), "oom_kill")
+		ev.PidsLimitHits = readKey(filepath.Join(mem, "pids.events"), "max")
+		return ev, nil
+	}
+	ev.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
+		readKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
+	if dir, _ := l.controllerDir("pids", id); dir != "" {
+		ev.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max") +
+			readKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
+	}
+	return ev, nil
+}
+
 func readInt(path string) int64 {
 	b, err := os.ReadFile(path)
 	if err != nil {

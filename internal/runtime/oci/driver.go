@@ -688,6 +688,19 @@ func (d *Driver) Stats(ctx context.Context, h runtime.Handle) (runtime.Stats, er
 	return st, nil
 }
 
+// LimitEvents reads the box's counts of OOM kills and refused forks
+// (runtime.LimitEventer).
+func (d *Driver) LimitEvents(_ context.Context, h runtime.Handle) (runtime.LimitEvents, error) {
+	if err := checkID(h.ID); err != nil {
+		return runtime.LimitEvents{}, err
+	}
+	ev, err := d.cg.limitEvents(h.ID)
+	if err != nil {
+		return ev, fmt.Errorf("limit events of box %s: %w", h.ID, errors.Join(err, errdefs.ErrNotFound))
+	}
+	return ev, nil
+}
+
 // DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
 func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 	if err := checkID(h.ID); err != nil {

@@ -205,6 +205,9 @@ func TestLimits(t *testing.T) {
 		if st, err := d.Stats(ctx, h); err != nil || st.OOMKills < 1 {
 			t.Errorf("Stats after the hog: %+v, %v; want OOMKills >= 1", st, err)
 		}
+		if ev, err := d.LimitEvents(ctx, h); err != nil || ev.OOMKills < 1 || ev.PidsLimitHits != 0 {
+			t.Errorf("LimitEvents after the hog: %+v, %v; want OOMKills >= 1 and no refused fork", ev, err)
+		}
 		if err := testsuite.Hello(ctx, d, h); err != nil {
 			t.Errorf("agent after the hog: %v", err)
 		}
@@ -213,6 +216,9 @@ func TestLimits(t *testing.T) {
 		spec := testsuite.NewSpec("bomb")
 		spec.Resources.Pids = 64
 		h := testsuite.Create(t, d, spec)
+		if ev, err := d.LimitEvents(ctx, h); err != nil || ev != (runtime.LimitEvents{}) {
+			t.Errorf("LimitEvents of a new box: %+v, %v; want zeros", ev, err)
+		}
 		start := time.Now()
 		testsuite.MustExec(t, d, h, "/bin/sh", "-c", "timeout -s KILL 3 /bin/sh -c 'f() { f | f & }; f; sleep 10' 2>/dev/null; true")
 		t.Logf("bomb ran %v", time.Since(start))
@@ -238,6 +244,9 @@ func TestLimits(t *testing.T) {
 			}
 		} else if n := count(filepath.Join("/sys/fs/cgroup", cgroupParent(dir), h.ID, "pids.events")); n == 0 {
 			t.Errorf("box's pids.events: 0 fork failures, want the bomb stopped")
+		}
+		if ev, err := d.LimitEvents(ctx, h); err != nil || ev.PidsLimitHits < 1 {
+			t.Errorf("LimitEvents after the bomb: %+v, %v; want PidsLimitHits >= 1", ev, err)
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for {

@@ -22,57 +22,31 @@ from __future__ import annotations
 import asyncio
 import threading
 import os
-from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from ._aio import (
+    AsyncCodebases, AsyncCodeContext, AsyncLogLines, AsyncLogs, AsyncSandboxFile, AsyncSession, AsyncTenants,
+    _in_own_thread, _Pump, _to_thread,
+)
 from .client import Client
-from .errors import NotFoundError
+from .code import CodeResult
 from .files import Data, Files
 from .images import Images
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
+from .sandbox import Sandbox, Seconds
+from .tenants import Tenant
+from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
+from .volumes import Volume, Volumes
 
 if TYPE_CHECKING:
     from . import aio_processes
-from .sandbox import Sandbox, Seconds
-from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
-from .tenants import Tenant
-from .volumes import Volume, Volumes
 
-__all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages"]
-
-T = TypeVar("T")
-
-
-async def _to_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a short blocking call (a unary RPC) in the default thread pool."""
-    return await asyncio.to_thread(func, *args, **kwargs)
-
-
-async def _in_own_thread(func: Callable[[], T]) -> T:
-    """Run a call that may block for long (waiting for a command) in a thread
-    of its own, so that many waiting commands do not exhaust the pool."""
-    loop = asyncio.get_running_loop()
-    fut: "asyncio.Future[T]" = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if fut.cancelled():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    def target() -> None:
-        try:
-            value = func()
-        except BaseException as e:  # delivered to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, False, e)
-        else:
-            loop.call_soon_threadsafe(settle, True, value)
-
-    threading.Thread(target=target, name="sbx-aio", daemon=True).start()
-    return await fut
-
+__all__ = [
+    "AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages",
+    "AsyncVolumes", "AsyncCodebases", "AsyncTenants", "AsyncCodeContext", "AsyncSession", "AsyncLogs",
+    "AsyncLogLines", "AsyncSandboxFile",
+]
 
 class AsyncOutputStream:
     """Async view of an :class:`~sbx.OutputStream`: ``async for line in
@@ -163,6 +137,20 @@ class AsyncProcess:
         return self.sync.pid
 
     @property
+    def args(self) -> List[str]:
+        """The command's argv."""
+        return self.sync.args
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the command was killed at its timeout."""
+        return self.sync.timed_out
+
+    def poll(self) -> Optional[int]:
+        """The exit code if the command has exited, else ``None`` (never blocks)."""
+        return self.sync.poll()
+
+    @property
     def returncode(self) -> Optional[int]:
         """The exit code, or ``None`` while the command runs."""
         return self.sync.returncode
@@ -192,6 +180,7 @@ class AsyncProcess:
             error=st.error,
             duration=st.duration,
             oom_killed=st.oom_killed,
+            pids_limit_hit=st.pids_limit_hit,
             stdout_bytes=out,
             stderr_bytes=err,
         )
@@ -218,9 +207,21 @@ class AsyncFiles:
         """A file's content."""
         return await _in_own_thread(lambda: self.sync.read(path, offset, length))
 
-    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+    async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         """A file's content as text."""
-        return await _in_own_thread(lambda: self.sync.read_text(path, encoding))
+        return await _in_own_thread(lambda: self.sync.read_text(path, encoding, errors))
+
+    def iter_read(self, path: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
+        """A file's content in chunks: ``async for chunk in sb.files.iter_read(p)``."""
+        return _Pump(self.sync.iter_read(path, offset, length))
+
+    async def write_text(self, path: str, text: str, mode: int = 0o644, encoding: str = "utf-8") -> int:
+        """Write ``text`` to a file of the sandbox."""
+        return await _in_own_thread(lambda: self.sync.write_text(path, text, mode, encoding))
+
+    def iter_download_tar(self, remote_path: str) -> AsyncIterator[bytes]:
+        """A tar of a sandbox path, in chunks."""
+        return _Pump(self.sync.iter_download_tar(remote_path))
 
     async def write(
         self, path: str, data: Data, mode: int = 0o644, *, append: bool = False, make_parents: bool = True
@@ -298,6 +299,14 @@ class AsyncImages:
         """Describe one image."""
         return await _to_thread(self.sync.get, ref)
 
+    async def disk_usage(self) -> int:
+        """Bytes all layers take on disk."""
+        return await _to_thread(self.sync.disk_usage)
+
+    async def tag(self, source: str, target: str) -> None:
+        """Give an image another reference."""
+        await _to_thread(self.sync.tag, source, target)
+
     async def remove(self, ref: str) -> None:
         """Untag an image."""
         await _to_thread(self.sync.remove, ref)
@@ -363,6 +372,13 @@ class AsyncClient:
         )
         self.images = AsyncImages(self.sync.images)
         self.volumes = AsyncVolumes(self.sync.volumes)
+        self.codebases = AsyncCodebases(self.sync.codebases)
+        self.tenants = AsyncTenants(self.sync.tenants)
+
+    @property
+    def addr(self) -> str:
+        """The daemon's address."""
+        return self.sync.addr
 
     async def version(self) -> Dict[str, Any]:
         """The daemon's version and runtimes."""
@@ -395,11 +411,28 @@ def _sync_client(client: Union[AsyncClient, Client, None]) -> Optional[Client]:
 
 class AsyncSandbox:
     """Async view of :class:`~sbx.Sandbox`: the same methods, as coroutines.
-    ``async with`` terminates the sandbox on exit."""
+    ``async with`` terminates a sandbox this handle created on exit (not one
+    found with ``from_id``, ``from_name`` or ``list``)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sync = sandbox
         self.files = AsyncFiles(sandbox.files)
+
+    @classmethod
+    async def from_local(cls, path: Any, *, client: Union[AsyncClient, Client, None] = None, **kwargs: Any) -> "AsyncSandbox":
+        """Upload ``path`` as a codebase and create a sandbox mounting it,
+        guarded (default ``"view-only"``); see :meth:`Sandbox.from_local`."""
+        return cls(await _in_own_thread(lambda: Sandbox.from_local(path, client=_sync_client(client), **kwargs)))
+
+    @property
+    def owned(self) -> bool:
+        """Whether this handle created the sandbox."""
+        return self.sync.owned
+
+    @property
+    def client(self) -> Client:
+        """The (blocking) client this sandbox was found with."""
+        return self.sync.client
 
     @classmethod
     async def create(cls, image: Optional[str] = None, *, client: Union[AsyncClient, Client, None] = None, **kwargs: Any) -> "AsyncSandbox":
@@ -501,6 +534,22 @@ class AsyncSandbox:
         """Change the network policy of the running sandbox."""
         await _to_thread(self.sync.update_network, network)
 
+    async def update(self, **kwargs: Any) -> None:
+        """Change lifetime, labels, limits or auto-resume (arguments of
+        :meth:`Sandbox.update`)."""
+        await _to_thread(lambda: self.sync.update(**kwargs))
+
+    async def set_timeout(self, timeout: Seconds) -> None:
+        """A new lifetime counted from now (see :meth:`Sandbox.set_timeout`)."""
+        await _to_thread(self.sync.set_timeout, timeout)
+
+    async def set_labels(self, labels: Mapping[str, str]) -> None:
+        """Make the labels exactly ``labels`` (see :meth:`Sandbox.set_labels`)."""
+        await _to_thread(self.sync.set_labels, labels)
+
+    #: Modal's name for :meth:`set_labels`.
+    set_tags = set_labels
+
     async def exec(self, *args: str, **kwargs: Any) -> "Union[AsyncProcess, aio_processes.AsyncBackgroundProcess]":
         """Start a command (arguments of :meth:`Sandbox.exec`); iterate
         ``async for line in proc.stdout``. With ``background=True`` an
@@ -532,14 +581,68 @@ class AsyncSandbox:
             lambda: self.sync.run(cmd, timeout=timeout, raise_on_error=raise_on_error, **kwargs)
         )
 
+    # -- the sandbox's own command -----------------------------------------
+
+    async def logs(self, *, follow: bool = False, since: Any = None, tail: Optional[int] = None) -> AsyncLogs:
+        """The output of the sandbox's own command; ``async for chunk in
+        await sb.logs(follow=True)``. See :meth:`Sandbox.logs`."""
+        return AsyncLogs(await _to_thread(lambda: self.sync.logs(follow=follow, since=since, tail=tail)))
+
+    @property
+    def stdout(self) -> AsyncLogLines:
+        """The command's stdout lines, followed until it exits."""
+        return AsyncLogLines(self.sync.stdout)
+
+    @property
+    def stderr(self) -> AsyncLogLines:
+        """The command's stderr lines, followed until it exits."""
+        return AsyncLogLines(self.sync.stderr)
+
+    async def wait(self, timeout: Optional[float] = None) -> ExitStatus:
+        """Wait for the sandbox's own command to exit."""
+        return await _in_own_thread(lambda: self.sync.wait(timeout))
+
+    async def returncode(self) -> Optional[int]:
+        """The command's exit code, or ``None`` while it runs (a coroutine
+        here, unlike the sync property)."""
+        return await _to_thread(lambda: self.sync.returncode)
+
+    # -- code and sessions --------------------------------------------------
+
+    async def run_code(self, code: Optional[str] = None, language: Optional[str] = None, **kwargs: Any) -> CodeResult:
+        """Run a program (arguments of :meth:`Sandbox.run_code`; a ``context``
+        may be an :class:`AsyncCodeContext`)."""
+        ctx = kwargs.get("context")
+        if isinstance(ctx, AsyncCodeContext):
+            kwargs["context"] = ctx.sync
+        return await _in_own_thread(lambda: self.sync.run_code(code, language, **kwargs))
+
+    async def create_context(self, language: str = "python", **kwargs: Any) -> AsyncCodeContext:
+        """Start a stateful context (see :meth:`Sandbox.create_context`)."""
+        return AsyncCodeContext(await _to_thread(lambda: self.sync.create_context(language, **kwargs)))
+
+    async def list_contexts(self) -> List[AsyncCodeContext]:
+        """The sandbox's live contexts."""
+        return [AsyncCodeContext(c) for c in await _to_thread(self.sync.list_contexts)]
+
+    async def session(self, **kwargs: Any) -> AsyncSession:
+        """Start a stateful shell session (see :meth:`Sandbox.session`)."""
+        return AsyncSession(await _to_thread(lambda: self.sync.session(**kwargs)))
+
+    async def list_sessions(self) -> List[AsyncSession]:
+        """The sandbox's live shell sessions."""
+        return [AsyncSession(s) for s in await _to_thread(self.sync.list_sessions)]
+
+    async def open(self, path: str, mode: str = "r", **kwargs: Any) -> AsyncSandboxFile:
+        """Open a file of the sandbox (see :meth:`Sandbox.open`):
+        ``async with await sb.open(p, "w") as f: await f.write("x")``."""
+        return AsyncSandboxFile(await _in_own_thread(lambda: self.sync.open(path, mode, **kwargs)))
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        try:
-            await self.terminate()
-        except NotFoundError:
-            pass
+        await _in_own_thread(lambda: self.sync.__exit__(None, None, None))
 
     def __repr__(self) -> str:
         return f"<sbx.aio.AsyncSandbox {self.id} {self.state}>"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
-from .aio import AsyncOutputStream, _in_own_thread, _to_thread
+from ._aio import _in_own_thread, _to_thread
+from .aio import AsyncOutputStream
 from .process import ExitStatus
 from .processes import BackgroundProcess, Processes
 

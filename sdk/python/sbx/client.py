@@ -95,7 +95,8 @@ class Client:
         return Sandbox.create(client=self, **kwargs)
 
     def get(self, ref: str) -> "Sandbox":
-        """Find a sandbox by id or name.
+        """Find a sandbox by id or name. The handle does not own it: leaving
+        its ``with`` block leaves the sandbox running.
 
         Raises:
             NotFoundError: no such sandbox.

@@ -61,6 +61,24 @@ class Plot:
     format: str
     name: str = ""
 
+    @property
+    def content(self) -> bytes:
+        """The image itself."""
+        import base64
+
+        return base64.b64decode(self.content_base64)
+
+    def save(self, path: str) -> str:
+        """Write the image to ``path`` (a directory: ``<path>/<name>``, or
+        ``plot.<format>`` for an unnamed one); returns the file written."""
+        import os
+
+        if os.path.isdir(path):
+            path = os.path.join(path, os.path.basename(self.name) or f"plot.{self.format or 'png'}")
+        with open(path, "wb") as f:
+            f.write(self.content)
+        return path
+
 
 def plots_of(artifacts: Sequence[Artifact]) -> List[Plot]:
     """The image artifacts as :class:`Plot`, in artifact order."""

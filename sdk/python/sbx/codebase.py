@@ -107,6 +107,15 @@ class Codebase:
             skipped=[SkippedFile.from_json(s) for s in obj.get("skipped") or []],
         )
 
+    def mount(
+        self, path: str = "", *, preset: str = "view-only", rules: Sequence[PermissionRule] = (), default: str = ""
+    ) -> "CodebaseMount":
+        """A mount of this codebase at ``path`` (default ``/workspace``) for
+        ``Sandbox.create(codebases=[...])``, guarded by ``preset`` (default
+        ``"view-only"``; ``""`` with no rules mounts it unguarded: fully
+        writable in the sandbox's copy-on-write layer)."""
+        return CodebaseMount(self.id, path, preset=preset, rules=list(rules), default=default)
+
 
 @dataclass(frozen=True)
 class SyncConflict:
@@ -445,6 +454,11 @@ class Codebases:
         return SyncResult.from_json(resp)
 
 
+#: The preset of a guarded codebase mount that names neither a preset nor a
+#: default permission.
+GUARDED_DEFAULT_PRESET = "view-only"
+
+
 def mounts_to_json(codebases: Sequence[Any]) -> List[Dict[str, Any]]:
     """Turn ``"name"``, ``"name:/path"``, ``"name:/path:preset"``,
     ``("name", "/path")``, a :class:`CodebaseMount` or ``{"codebase": ...,
@@ -453,6 +467,9 @@ def mounts_to_json(codebases: Sequence[Any]) -> List[Dict[str, Any]]:
     for cb in codebases:
         if isinstance(cb, CodebaseMount):
             out.append(cb.to_json())
+            continue
+        if isinstance(cb, Codebase):
+            out.append({"codebase": cb.id})
             continue
         preset = ""
         if isinstance(cb, str):
@@ -481,7 +498,14 @@ class CodebaseMount:
     """Mount codebase ``codebase`` at ``path`` (default ``/workspace``),
     optionally guarded by permission rules: ``preset`` (e.g.
     ``"agent-safe"``), extra ``rules`` and a ``default`` permission, as in
-    :class:`~sbx.PathPolicy`."""
+    :class:`~sbx.PathPolicy`.
+
+    Without any of the three the mount is unguarded: fully writable (in the
+    sandbox's own copy-on-write layer). A guarded mount (``rules``) with
+    neither ``preset`` nor ``default`` starts from ``"view-only"`` (names
+    and metadata, no content): its rules open what the agent may read or
+    write, AgentFense's default. (The daemon alone would start from
+    ``write``.)"""
 
     codebase: str
     path: str = ""
@@ -490,7 +514,10 @@ class CodebaseMount:
     default: str = ""
 
     def to_json(self) -> Dict[str, Any]:
-        pol = PathPolicy(self.path or "/workspace", preset=self.preset, rules=list(self.rules), default=self.default).to_json()
+        preset = self.preset
+        if self.rules and not preset and not self.default:
+            preset = GUARDED_DEFAULT_PRESET
+        pol = PathPolicy(self.path or "/workspace", preset=preset, rules=list(self.rules), default=self.default).to_json()
         m: Dict[str, Any] = {"codebase": self.codebase}
         if self.path:
             m["path"] = self.path

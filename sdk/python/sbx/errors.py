@@ -62,7 +62,10 @@ class SbxError(Exception):
         self.message = message
         self.op = op
         self.details = details or []
-        super().__init__(f"{op}: {message}" if op else message)
+        # The daemon's message often names what failed the way op does
+        # ("stat /x: no such file"): say it once.
+        once = not op or message == op or message.startswith(op + ": ")
+        super().__init__(message if once else f"{op}: {message}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, op={self.op!r})"
@@ -188,6 +191,8 @@ class CommandError(SbxError):
             what = f"could not start: {result.error}"
         else:
             what = f"exited with code {result.exit_code}"
+        if getattr(result, "pids_limit_hit", False):
+            what += " (the sandbox's pids limit refused a fork while it ran)"
         msg = f"command {command!r} {what}" if command else f"command {what}"
         tail = result.stderr.strip()
         if tail:

@@ -226,7 +226,7 @@ class Files:
     def rename(self, src: str, dst: str) -> None:
         """Move ``src`` to ``dst`` within the sandbox."""
         req = {"sandbox": self._id, "from": src, "to": dst}
-        self._t.unary(_SERVICE, "Rename", req, op=f"rename {src}")
+        self._t.unary(_SERVICE, "Rename", req, op=f"rename {src} -> {dst}")
 
     # -- directories as tar --------------------------------------------------
 
@@ -236,7 +236,7 @@ class Files:
 
         resp = self._t.upload_stream(
             _SERVICE, "UploadTar", {"sandbox": self._id, "path": remote_dir}, self._source(tar),
-            _proto.UPLOAD_TAR_REQUEST, _proto.UPLOAD_TAR_RESPONSE, op=f"upload to {remote_dir}", compress=True,
+            _proto.UPLOAD_TAR_REQUEST, _proto.UPLOAD_TAR_RESPONSE, op=f"upload tar to {remote_dir}", compress=True,
         )
         return {"files": int(resp.get("files") or 0), "bytes": int(resp.get("bytes") or 0)}
 

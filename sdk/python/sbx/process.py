@@ -26,7 +26,12 @@ class ExitStatus:
         timed_out: whether the command's ``timeout`` killed it.
         error: set when the command could not be started (exit code 126/127).
         duration: how long it ran, in seconds.
-        oom_killed: whether the sandbox's memory limit killed it (SIGKILL).
+        oom_killed: whether the sandbox's memory limit killed it: it died by
+            SIGKILL (or a shell reported exit code 137) while the sandbox's
+            count of OOM kills rose (a heuristic: the kernel counts per
+            sandbox, not per process).
+        pids_limit_hit: whether the command failed and the sandbox's pids
+            limit refused a fork (of any of its processes) while it ran.
     """
 
     exit_code: int
@@ -35,6 +40,7 @@ class ExitStatus:
     error: str = ""
     duration: float = 0.0
     oom_killed: bool = False
+    pids_limit_hit: bool = False
 
     @classmethod
     def from_json(cls, obj: Dict[str, Any]) -> "ExitStatus":
@@ -45,6 +51,7 @@ class ExitStatus:
             error=str(obj.get("error") or ""),
             duration=int(obj.get("durationMs") or 0) / 1000.0,
             oom_killed=bool(obj.get("oomKilled")),
+            pids_limit_hit=bool(obj.get("pidsLimitHit")),
         )
 
 
@@ -65,6 +72,8 @@ class CommandResult:
     stderr_bytes: bytes = b""
     #: The sandbox's memory limit killed it (SIGKILL).
     oom_killed: bool = False
+    #: The sandbox's pids limit refused a fork while it ran.
+    pids_limit_hit: bool = False
 
     @property
     def ok(self) -> bool:
@@ -314,6 +323,7 @@ class Process:
             error=st.error,
             duration=st.duration,
             oom_killed=st.oom_killed,
+            pids_limit_hit=st.pids_limit_hit,
             stdout_bytes=out,
             stderr_bytes=err,
         )

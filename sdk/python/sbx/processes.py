@@ -263,7 +263,7 @@ class Processes:
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
-        timeout: Optional[float] = None,
+        timeout: Any = None,
         stdin: Union[bool, bytes, str, None] = None,
         user: Optional[str] = None,
         pty: bool = False,
@@ -281,7 +281,8 @@ class Processes:
                 ``pty``); ``None``: no stdin.
             pty: run under a pseudo-terminal of ``rows`` × ``cols`` (stdin
                 stays open; stdout carries the terminal's output).
-            timeout: kill its process group after this many seconds.
+            timeout: kill its process group after this many seconds (or a
+                ``timedelta``).
             tag: a label to find it by (``processes.connect(tag)``).
 
         Raises:
@@ -302,7 +303,10 @@ class Processes:
         if workdir:
             req["workdir"] = workdir
         if timeout:
-            req["timeoutMs"] = str(max(1, int(timeout * 1000)))
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            if secs < 0:
+                raise ValueError(f"timeout {timeout!r} must not be negative")
+            req["timeoutMs"] = str(max(1, int(secs * 1000)))
         if user:
             req["user"] = user
         if stdin is True:

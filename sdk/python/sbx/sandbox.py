@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import io
+import os
 import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -12,8 +14,9 @@ from . import ports as _ports
 from . import processes as _processes
 from . import session as _session
 from .client import Client, selectors_from_labels
-from .codebase import SyncResult, mounts_to_json
+from .codebase import CodebaseMount, SyncResult, mounts_to_json
 from .errors import CommandError, NotFoundError
+from .fileobj import SandboxFile, open_file
 from .files import Files
 from .logs import SERVICE as _LOGS_SERVICE, LogLines, SandboxLogs, logs_request
 from .ports import Port
@@ -45,19 +48,28 @@ def _client(client: Optional[Client]) -> Client:
 class Sandbox:
     """A handle on one sandbox.
 
-    Create one with :meth:`create`, or find existing ones with
-    :meth:`from_id`, :meth:`from_name` and :meth:`list`. Used as a context
-    manager, the sandbox is terminated when the block exits::
+    Create one with :meth:`create` (or :meth:`from_local`), or find existing
+    ones with :meth:`from_id`, :meth:`from_name` and :meth:`list`. Used as a
+    context manager, a sandbox this handle created is terminated when the
+    block exits::
 
         with sbx.Sandbox.create(memory="256M", timeout=600) as sb:
             print(sb.run("python3 -c 'print(6*7)'").stdout)
 
+    A handle that found an existing sandbox (``from_id``, ``from_name``,
+    ``list``, ``Client.get``) does not own it: leaving its ``with`` block
+    leaves the sandbox running (call :meth:`terminate` to end it).
+
     :attr:`info` is a snapshot; :meth:`refresh` reloads it.
     """
 
-    def __init__(self, client: Client, info: SandboxInfo) -> None:
+    def __init__(self, client: Client, info: SandboxInfo, *, owned: bool = False) -> None:
         self._client = client
         self._info = info
+        self._owned = owned
+        #: Codebases made for this sandbox by :meth:`from_local`, deleted
+        #: after it when the ``with`` block ends.
+        self._own_codebases: List[str] = []
         #: Files of the sandbox (read, write, list, upload_dir...).
         self.files = Files(client._transport, info.id)
 
@@ -90,6 +102,7 @@ class Sandbox:
         codebases: Optional[Sequence[Any]] = None,
         scoped_token: bool = False,
         entrypoint: bool = True,
+        auto_resume: bool = False,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -138,6 +151,9 @@ class Sandbox:
                 inside the box picks both up. Needs networking.
             entrypoint: ``False`` starts neither the image's ENTRYPOINT nor
                 its CMD (a given ``command`` then runs alone).
+            auto_resume: start the sandbox again when it is used (a command,
+                a file call) while stopped, by :meth:`stop` or by idling with
+                ``stop_when_idle``, instead of failing.
             client: the daemon to use (default: ``Client()``).
 
         Raises:
@@ -200,8 +216,46 @@ class Sandbox:
             req["scopedToken"] = True
         if not entrypoint:
             req["noEntrypoint"] = True
+        if auto_resume:
+            req["autoResume"] = True
         resp = c._transport.unary(_SERVICE, "CreateSandbox", req, op="create sandbox")
-        return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}))
+        return cls(c, SandboxInfo.from_json(resp.get("sandbox") or {}), owned=True)
+
+    @classmethod
+    def from_local(
+        cls,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        preset: str = "view-only",
+        mount: str = "/workspace",
+        rules: Sequence[Any] = (),
+        ignore: Sequence[str] = (),
+        include_git: bool = True,
+        client: Optional[Client] = None,
+        **create_kwargs: Any,
+    ) -> "Sandbox":
+        """Upload the local directory ``path`` as a codebase and create a
+        sandbox with it mounted at ``mount``, guarded by ``preset`` (default
+        ``"view-only"``: the agent sees names and metadata, reads nothing;
+        ``"read-only"``, ``"agent-safe"``... open more, ``rules`` refine it),
+        in one call, like AgentFense's ``Sandbox.from_local``. ``preset=""``
+        mounts it unguarded: fully writable (in the sandbox's own
+        copy-on-write layer; ``sync_codebase`` writes changes back).
+
+        Used as a context manager, the sandbox is terminated and then the
+        codebase deleted. Other keyword arguments are :meth:`create`'s.
+        """
+        c = _client(client)
+        cb = c.codebases.from_local(path, ignore=ignore, include_git=include_git)
+        m = CodebaseMount(cb.id, mount, preset=preset, rules=list(rules))
+        try:
+            extra = list(create_kwargs.pop("codebases", None) or [])
+            sb = cls.create(client=c, codebases=[m, *extra], **create_kwargs)
+        except BaseException:
+            c.codebases.delete(cb.id)
+            raise
+        sb._own_codebases.append(cb.id)
+        return sb
 
     @classmethod
     def from_id(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
@@ -241,6 +295,12 @@ class Sandbox:
         return [cls(c, SandboxInfo.from_json(s)) for s in resp.get("sandboxes") or []]
 
     # -- properties ----------------------------------------------------------
+
+    @property
+    def owned(self) -> bool:
+        """Whether this handle created the sandbox (then leaving its ``with``
+        block terminates it)."""
+        return self._owned
 
     @property
     def client(self) -> Client:
@@ -343,6 +403,91 @@ class Sandbox:
         if resp.get("sandbox"):
             self._info = SandboxInfo.from_json(resp["sandbox"])
 
+    def update(
+        self,
+        *,
+        timeout: Optional[Seconds] = None,
+        idle_timeout: Optional[Seconds] = None,
+        stop_when_idle: Optional[bool] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        replace_labels: bool = False,
+        memory: Union[int, str, None] = None,
+        cpu: Optional[float] = None,
+        pids: Optional[int] = None,
+        auto_resume: Optional[bool] = None,
+    ) -> None:
+        """Change the running or stopped sandbox; arguments left ``None``
+        keep their value, and nothing changes if any part is refused.
+
+        Args:
+            timeout: a new lifetime in seconds counted from now (E2B's
+                ``set_timeout``): the sandbox is destroyed this long after the
+                call, sooner or later than before. 0 removes the limit where
+                the daemon has no maximum.
+            idle_timeout: a new idle timeout in seconds (0: none).
+            stop_when_idle: whether idling stops (``True``) or destroys it.
+            labels: labels to add or replace (with ``replace_labels``, the
+                labels become exactly these).
+            remove_labels: label keys to remove.
+            memory, cpu, pids: new limits (as in :meth:`create`). The runtime
+                must be able to change them, and they count against the
+                tenant's quotas like a create's.
+            auto_resume: whether using the stopped sandbox starts it.
+
+        Raises:
+            InvalidArgumentError: a bad value, or one past the host's bounds.
+            FailedPreconditionError: the runtime cannot change limits.
+            ResourceExhaustedError: past the tenant's memory or CPU quota.
+        """
+        req: Dict[str, Any] = {"sandbox": self.id}
+        if timeout is not None:
+            req["timeoutMs"] = str(_ms(timeout, "timeout"))
+        if idle_timeout is not None:
+            req["idleTimeoutMs"] = str(_ms(idle_timeout, "idle_timeout"))
+        if stop_when_idle is not None:
+            req["idleAction"] = "IDLE_ACTION_STOP" if stop_when_idle else "IDLE_ACTION_DESTROY"
+        if labels:
+            req["setLabels"] = dict(labels)
+        if remove_labels:
+            if isinstance(remove_labels, str):
+                raise TypeError("remove_labels must be a list of keys")
+            req["removeLabels"] = list(remove_labels)
+        if replace_labels:
+            req["replaceLabels"] = True
+        res: Dict[str, str] = {}
+        if memory is not None:
+            res["memoryBytes"] = str(parse_size(memory))
+        if cpu is not None:
+            if cpu <= 0:
+                raise ValueError("cpu must be positive")
+            res["cpuMillis"] = str(int(round(cpu * 1000)))
+        if pids is not None:
+            if pids <= 0:
+                raise ValueError("pids must be positive")
+            res["pids"] = str(int(pids))
+        if res:
+            req["resources"] = res
+        if auto_resume is not None:
+            req["autoResume"] = bool(auto_resume)
+        resp = self._client._transport.unary(_SERVICE, "UpdateSandbox", req, op=f"update sandbox {self.id}")
+        if resp.get("sandbox"):
+            self._info = SandboxInfo.from_json(resp["sandbox"])
+
+    def set_timeout(self, timeout: Seconds) -> None:
+        """Give the sandbox a new lifetime of ``timeout`` seconds counted from
+        now (E2B's ``set_timeout``): it is destroyed that long after this
+        call, whether that is sooner or later than before."""
+        self.update(timeout=timeout)
+
+    def set_labels(self, labels: Mapping[str, str]) -> None:
+        """Make the sandbox's labels exactly ``labels`` (Modal's ``set_tags``);
+        :meth:`update` adds and removes single ones."""
+        self.update(labels=labels, replace_labels=True)
+
+    #: Modal's name for :meth:`set_labels`.
+    set_tags = set_labels
+
     # -- the sandbox's own command -------------------------------------------
 
     def logs(
@@ -412,10 +557,17 @@ class Sandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not self._owned:
+            return
         try:
             self.terminate()
         except NotFoundError:
             pass
+        for cb in self._own_codebases:
+            try:
+                self._client.codebases.delete(cb)
+            except NotFoundError:
+                pass
 
     # -- commands ------------------------------------------------------------
 
@@ -484,8 +636,10 @@ class Sandbox:
             env: extra environment on top of the sandbox's.
             workdir: working directory (default: the sandbox's).
             timeout: kill the command's process group after this many seconds.
-            stdin: data given to the command on stdin, then EOF. (Interactive
-                stdin needs HTTP/2 and is not offered by the Python SDK.)
+            stdin: data given to the command on stdin, then EOF; with
+                ``background=True``, ``True`` keeps stdin open for
+                ``send_stdin`` (a foreground command takes no stdin after
+                its start: that needs HTTP/2).
             user: run as this user (``"name"``, ``"uid"``, ``"uid:gid"``).
             background, pty, tag: see above; ``pty`` and ``stdin=True``
                 need ``background=True``.
@@ -659,6 +813,35 @@ class Sandbox:
     def list_sessions(self) -> List["_session.Session"]:
         """The sandbox's live shell sessions."""
         return _session.list_sessions(self._client, self.id)
+
+    # -- files ---------------------------------------------------------------
+
+    def open(
+        self,
+        path: str,
+        mode: str = "r",
+        *,
+        encoding: Optional[str] = None,
+        errors: Optional[str] = None,
+        newline: Optional[str] = None,
+        perm: int = 0o644,
+    ) -> Union[SandboxFile, io.TextIOWrapper]:
+        """Open a file of the sandbox as a Python file object (Modal's
+        ``Sandbox.open``): modes ``r``, ``w``, ``a``, ``x``, with ``+`` and
+        ``b`` as for :func:`open`; text is UTF-8 unless ``encoding``. The file
+        is copied in at open and written back whole at ``flush``/``close``
+        (appends only send the new bytes)::
+
+            with sb.open("/tmp/data.txt", "w") as f:
+                f.write("hello\n")
+            with sb.open("/tmp/data.txt") as f:
+                assert f.read() == "hello\n"
+
+        Raises:
+            NotFoundError: mode ``r`` and no such file.
+            FileExistsError: mode ``x`` and the file exists.
+        """
+        return open_file(self.files, path, mode, encoding=encoding, errors=errors, newline=newline, perm=perm)
 
     # -- ports -----------------------------------------------------------
 

@@ -335,6 +335,8 @@ class SandboxInfo:
     parent: str = ""
     #: Whether the sandbox holds a scoped API token ($SBX_TOKEN inside it).
     scoped_token: bool = False
+    #: Whether using the sandbox while it is stopped starts it.
+    auto_resume: bool = False
     #: The raw JSON the daemon sent.
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -369,6 +371,7 @@ class SandboxInfo:
             path_policies=[PathPolicy.from_json(p) for p in obj.get("pathPolicies") or []],
             parent=str(obj.get("parent", "")),
             scoped_token=bool(obj.get("scopedToken", False)),
+            auto_resume=bool(obj.get("autoResume", False)),
             raw=dict(obj),
         )
 

@@ -146,6 +146,13 @@ def test_plots_of_artifacts() -> None:
             Artifact("display-1.svg", "svg", "image/svg+xml", 4, b"<sv>")]
     assert [(p.name, p.format, p.content_base64) for p in plots_of(arts)] == [
         ("figure-1.png", "png", "cG5n"), ("display-1.svg", "svg", "PHN2Pg==")]
+    p = plots_of(arts)[0]
+    assert p.content == b"png"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = p.save(d)
+        assert out.endswith("figure-1.png") and open(out, "rb").read() == b"png"
 
 
 def test_run_code_notebook_habits(shared_sandbox: sbx.Sandbox) -> None:

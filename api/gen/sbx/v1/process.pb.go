@@ -565,10 +565,22 @@ type ExecExited struct {
 	Error      string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	DurationMs int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// The process (or, for exit code 137 from a shell, its child) was killed
-	// by the sandbox's memory limit: it ended by SIGKILL while the sandbox's
-	// count of OOM kills rose. Set by the daemon; raise the sandbox's memory
-	// or use less.
-	OomKilled     bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// by the sandbox's memory limit. A heuristic, since the kernel counts OOM
+	// kills per sandbox, not per process: the command ended by SIGKILL (or
+	// exit code 137), did not time out, and the sandbox's count of OOM kills
+	// rose between its start and its end. A plain `kill -9` with no OOM kill
+	// in the sandbox meanwhile is never reported; one racing an OOM kill of
+	// another process of the sandbox may be. Set by the daemon (for a
+	// sandbox's own command, in Logs and Wait: an OOM kill during the
+	// sandbox's life). Raise the memory (UpdateSandbox) or use less.
+	OomKilled bool `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// The command failed (non-zero exit) and, while it ran, the sandbox's
+	// pids limit refused a fork (of any process of the sandbox: the kernel
+	// counts per sandbox, not per command), which may be why. Set by the
+	// daemon for Exec (not for a sandbox's own command in Logs and Wait),
+	// where the runtime counts refused forks (oci). Raise the limit with
+	// UpdateSandbox.
+	PidsLimitHit  bool `protobuf:"varint,16,opt,name=pids_limit_hit,json=pidsLimitHit,proto3" json:"pids_limit_hit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +653,13 @@ func (x *ExecExited) GetDurationMs() int64 {
 func (x *ExecExited) GetOomKilled() bool {
 	if x != nil {
 		return x.OomKilled
+	}
+	return false
+}
+
+func (x *ExecExited) GetPidsLimitHit() bool {
+	if x != nil {
+		return x.PidsLimitHit
 	}
 	return false
 }
@@ -1094,7 +1113,7 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\x05event\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\"\x0f\n" +
-	"\rExecKeepalive\"\xb4\x01\n" +
+	"\rExecKeepalive\"\xda\x01\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -1104,7 +1123,8 @@ const file_sbx_v1_process_proto_rawDesc = "" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x06 \x01(\bR\toomKilled\"\x85\x01\n" +
+	"oom_killed\x18\x06 \x01(\bR\toomKilled\x12$\n" +
+	"\x0epids_limit_hit\x18\x10 \x01(\bR\fpidsLimitHit\"\x85\x01\n" +
 	"\vLogsRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\"\n" +

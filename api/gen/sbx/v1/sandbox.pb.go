@@ -451,7 +451,8 @@ type CreateSandboxRequest struct {
 	// Default working directory of commands (created if missing).
 	Workdir   string     `protobuf:"bytes,7,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	Resources *Resources `protobuf:"bytes,8,opt,name=resources,proto3" json:"resources,omitempty"`
-	// Lifetime: the sandbox is destroyed this long after creation (0: daemon default).
+	// Lifetime: the sandbox is destroyed this long after creation (0: daemon
+	// default). UpdateSandbox sets a new one, counted from its call.
 	TimeoutMs int64 `protobuf:"varint,9,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// Idle timeout: with no exec or file activity for this long, idle_action happens (0: none).
 	IdleTimeoutMs int64      `protobuf:"varint,10,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
@@ -482,7 +483,12 @@ type CreateSandboxRequest struct {
 	// Do not start the image's ENTRYPOINT/CMD when no command is given (by
 	// default they are started, as docker run does). With a command, the
 	// image's ENTRYPOINT is still put in front of it unless this is set.
-	NoEntrypoint  bool `protobuf:"varint,20,opt,name=no_entrypoint,json=noEntrypoint,proto3" json:"no_entrypoint,omitempty"`
+	NoEntrypoint bool `protobuf:"varint,20,opt,name=no_entrypoint,json=noEntrypoint,proto3" json:"no_entrypoint,omitempty"`
+	// Start the sandbox again when it is used while stopped (by StopSandbox
+	// or idle_action STOP): an exec, a file call or any other call that needs
+	// its processes resumes it first instead of failing with
+	// FailedPrecondition. E2B's paused sandboxes resume on connect alike.
+	AutoResume    bool `protobuf:"varint,25,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -653,6 +659,13 @@ func (x *CreateSandboxRequest) GetScopedToken() bool {
 func (x *CreateSandboxRequest) GetNoEntrypoint() bool {
 	if x != nil {
 		return x.NoEntrypoint
+	}
+	return false
+}
+
+func (x *CreateSandboxRequest) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
 	}
 	return false
 }
@@ -870,10 +883,12 @@ type Sandbox struct {
 	State   SandboxState           `protobuf:"varint,6,opt,name=state,proto3,enum=sbx.v1.SandboxState" json:"state,omitempty"`
 	Env     map[string]string      `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Names of the secrets given at create (values are never returned).
-	SecretNames   []string   `protobuf:"bytes,8,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
-	Command       []string   `protobuf:"bytes,9,rep,name=command,proto3" json:"command,omitempty"`
-	Workdir       string     `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	Resources     *Resources `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
+	SecretNames []string   `protobuf:"bytes,8,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	Command     []string   `protobuf:"bytes,9,rep,name=command,proto3" json:"command,omitempty"`
+	Workdir     string     `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	Resources   *Resources `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
+	// The lifetime last set (at create, or by UpdateSandbox counted from its
+	// call); expires_at_ms is when it ends (0: never).
 	TimeoutMs     int64      `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	IdleTimeoutMs int64      `protobuf:"varint,13,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
 	IdleAction    IdleAction `protobuf:"varint,14,opt,name=idle_action,json=idleAction,proto3,enum=sbx.v1.IdleAction" json:"idle_action,omitempty"`
@@ -900,7 +915,10 @@ type Sandbox struct {
 	// tenant's or the daemon's token did).
 	Parent string `protobuf:"bytes,28,opt,name=parent,proto3" json:"parent,omitempty"`
 	// Whether the sandbox holds a scoped API token (SBX_TOKEN).
-	ScopedToken   bool `protobuf:"varint,29,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
+	ScopedToken bool `protobuf:"varint,29,opt,name=scoped_token,json=scopedToken,proto3" json:"scoped_token,omitempty"`
+	// Whether a call that needs the stopped sandbox starts it (see
+	// CreateSandboxRequest.auto_resume).
+	AutoResume    bool `protobuf:"varint,35,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,6 +1152,13 @@ func (x *Sandbox) GetParent() string {
 func (x *Sandbox) GetScopedToken() bool {
 	if x != nil {
 		return x.ScopedToken
+	}
+	return false
+}
+
+func (x *Sandbox) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
 	}
 	return false
 }
@@ -1796,6 +1821,175 @@ func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type UpdateSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id or name.
+	Sandbox string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// New lifetime, counted from now (E2B's setTimeout): the sandbox is
+	// destroyed this long after the call, whether that is sooner or later
+	// than before. 0 removes the limit, allowed only when the daemon has no
+	// --max-timeout. The whole life, from creation, may not exceed the
+	// daemon's --max-timeout.
+	TimeoutMs *int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3,oneof" json:"timeout_ms,omitempty"`
+	// New idle timeout (0: none).
+	IdleTimeoutMs *int64 `protobuf:"varint,3,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3,oneof" json:"idle_timeout_ms,omitempty"`
+	// New idle action (UNSPECIFIED: unchanged).
+	IdleAction IdleAction `protobuf:"varint,4,opt,name=idle_action,json=idleAction,proto3,enum=sbx.v1.IdleAction" json:"idle_action,omitempty"`
+	// Labels to add or replace.
+	SetLabels map[string]string `protobuf:"bytes,5,rep,name=set_labels,json=setLabels,proto3" json:"set_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Label keys to remove (a key may not be both set and removed).
+	RemoveLabels []string `protobuf:"bytes,6,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
+	// Make the labels exactly set_labels (Modal's set_tags); remove_labels
+	// must then be empty.
+	ReplaceLabels bool `protobuf:"varint,7,opt,name=replace_labels,json=replaceLabels,proto3" json:"replace_labels,omitempty"`
+	// New limits: memory_bytes, cpu_millis and pids, each 0 to keep it;
+	// disk_bytes must be 0. Checked like a create's against the host's
+	// limits and the tenant's quotas; the runtime must have the "update"
+	// capability.
+	Resources *Resources `protobuf:"bytes,8,opt,name=resources,proto3" json:"resources,omitempty"`
+	// New auto_resume (see CreateSandboxRequest.auto_resume).
+	AutoResume    *bool `protobuf:"varint,9,opt,name=auto_resume,json=autoResume,proto3,oneof" json:"auto_resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxRequest) Reset() {
+	*x = UpdateSandboxRequest{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxRequest) ProtoMessage() {}
+
+func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *UpdateSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *UpdateSandboxRequest) GetTimeoutMs() int64 {
+	if x != nil && x.TimeoutMs != nil {
+		return *x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetIdleTimeoutMs() int64 {
+	if x != nil && x.IdleTimeoutMs != nil {
+		return *x.IdleTimeoutMs
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetIdleAction() IdleAction {
+	if x != nil {
+		return x.IdleAction
+	}
+	return IdleAction_IDLE_ACTION_UNSPECIFIED
+}
+
+func (x *UpdateSandboxRequest) GetSetLabels() map[string]string {
+	if x != nil {
+		return x.SetLabels
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
+	if x != nil {
+		return x.RemoveLabels
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetReplaceLabels() bool {
+	if x != nil {
+		return x.ReplaceLabels
+	}
+	return false
+}
+
+func (x *UpdateSandboxRequest) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetAutoResume() bool {
+	if x != nil && x.AutoResume != nil {
+		return *x.AutoResume
+	}
+	return false
+}
+
+type UpdateSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxResponse) Reset() {
+	*x = UpdateSandboxResponse{}
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxResponse) ProtoMessage() {}
+
+func (x *UpdateSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxResponse.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *UpdateSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type SnapshotSandboxRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -1807,7 +2001,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +2013,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[22]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +2026,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotSandboxRequest) GetSandbox() string {
@@ -1858,7 +2052,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +2064,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sbx_v1_sandbox_proto_msgTypes[23]
+	mi := &file_sbx_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +2077,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_sbx_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotSandboxResponse) GetImage() *ImageInfo {
@@ -1916,7 +2110,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x91\b\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xb2\b\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12@\n" +
@@ -1940,7 +2134,9 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\rpath_policies\x18\x11 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
 	"\x0edomain_secrets\x18\x12 \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x12!\n" +
 	"\fscoped_token\x18\x13 \x01(\bR\vscopedToken\x12#\n" +
-	"\rno_entrypoint\x18\x14 \x01(\bR\fnoEntrypoint\x1a9\n" +
+	"\rno_entrypoint\x18\x14 \x01(\bR\fnoEntrypoint\x12\x1f\n" +
+	"\vauto_resume\x18\x19 \x01(\bR\n" +
+	"autoResume\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1965,7 +2161,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"deny_cidrs\x18\x04 \x03(\tR\tdenyCidrs\"B\n" +
 	"\x15CreateSandboxResponse\x12)\n" +
-	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xbf\t\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\xe0\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -1999,7 +2195,9 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\rpath_policies\x18\x1a \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\x12;\n" +
 	"\x0edomain_secrets\x18\x1b \x03(\v2\x14.sbx.v1.DomainSecretR\rdomainSecrets\x12\x16\n" +
 	"\x06parent\x18\x1c \x01(\tR\x06parent\x12!\n" +
-	"\fscoped_token\x18\x1d \x01(\bR\vscopedToken\x1a9\n" +
+	"\fscoped_token\x18\x1d \x01(\bR\vscopedToken\x12\x1f\n" +
+	"\vauto_resume\x18# \x01(\bR\n" +
+	"autoResume\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -2045,6 +2243,28 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12/\n" +
 	"\anetwork\x18\x02 \x01(\v2\x15.sbx.v1.NetworkPolicyR\anetwork\"B\n" +
 	"\x15UpdateNetworkResponse\x12)\n" +
+	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"\x96\x04\n" +
+	"\x14UpdateSandboxRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\"\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x03H\x00R\ttimeoutMs\x88\x01\x01\x12+\n" +
+	"\x0fidle_timeout_ms\x18\x03 \x01(\x03H\x01R\ridleTimeoutMs\x88\x01\x01\x123\n" +
+	"\vidle_action\x18\x04 \x01(\x0e2\x12.sbx.v1.IdleActionR\n" +
+	"idleAction\x12J\n" +
+	"\n" +
+	"set_labels\x18\x05 \x03(\v2+.sbx.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
+	"\rremove_labels\x18\x06 \x03(\tR\fremoveLabels\x12%\n" +
+	"\x0ereplace_labels\x18\a \x01(\bR\rreplaceLabels\x12/\n" +
+	"\tresources\x18\b \x01(\v2\x11.sbx.v1.ResourcesR\tresources\x12$\n" +
+	"\vauto_resume\x18\t \x01(\bH\x02R\n" +
+	"autoResume\x88\x01\x01\x1a<\n" +
+	"\x0eSetLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_timeout_msB\x12\n" +
+	"\x10_idle_timeout_msB\x0e\n" +
+	"\f_auto_resume\"B\n" +
+	"\x15UpdateSandboxResponse\x12)\n" +
 	"\asandbox\x18\x01 \x01(\v2\x0f.sbx.v1.SandboxR\asandbox\"D\n" +
 	"\x16SnapshotSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
@@ -2068,7 +2288,7 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
 	"\x13NETWORK_MODE_PUBLIC\x10\x02\x12\x16\n" +
-	"\x12NETWORK_MODE_ALLOW\x10\x032\xa8\v\n" +
+	"\x12NETWORK_MODE_ALLOW\x10\x032\xf6\v\n" +
 	"\x0eSandboxService\x12:\n" +
 	"\aVersion\x12\x16.sbx.v1.VersionRequest\x1a\x17.sbx.v1.VersionResponse\x12L\n" +
 	"\rCreateSandbox\x12\x1c.sbx.v1.CreateSandboxRequest\x1a\x1d.sbx.v1.CreateSandboxResponse\x12C\n" +
@@ -2079,7 +2299,8 @@ const file_sbx_v1_sandbox_proto_rawDesc = "" +
 	"\fStartSandbox\x12\x1b.sbx.v1.StartSandboxRequest\x1a\x1c.sbx.v1.StartSandboxResponse\x12O\n" +
 	"\x0eDestroySandbox\x12\x1d.sbx.v1.DestroySandboxRequest\x1a\x1e.sbx.v1.DestroySandboxResponse\x12R\n" +
 	"\x0fSnapshotSandbox\x12\x1e.sbx.v1.SnapshotSandboxRequest\x1a\x1f.sbx.v1.SnapshotSandboxResponse\x12L\n" +
-	"\rUpdateNetwork\x12\x1c.sbx.v1.UpdateNetworkRequest\x1a\x1d.sbx.v1.UpdateNetworkResponse\x121\n" +
+	"\rUpdateNetwork\x12\x1c.sbx.v1.UpdateNetworkRequest\x1a\x1d.sbx.v1.UpdateNetworkResponse\x12L\n" +
+	"\rUpdateSandbox\x12\x1c.sbx.v1.UpdateSandboxRequest\x1a\x1d.sbx.v1.UpdateSandboxResponse\x121\n" +
 	"\x04Exec\x12\x13.sbx.v1.ExecRequest\x1a\x12.sbx.v1.ExecOutput0\x01\x12<\n" +
 	"\x0fExecInteractive\x12\x11.sbx.v1.ExecInput\x1a\x12.sbx.v1.ExecOutput(\x010\x01\x128\n" +
 	"\bReadFile\x12\x17.sbx.v1.ReadFileRequest\x1a\x11.sbx.v1.FileChunk0\x01\x12B\n" +
@@ -2107,7 +2328,7 @@ func file_sbx_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_sbx_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_sbx_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: sbx.v1.SandboxState
 	(IdleAction)(0),                 // 1: sbx.v1.IdleAction
@@ -2134,66 +2355,69 @@ var file_sbx_v1_sandbox_proto_goTypes = []any{
 	(*DestroySandboxResponse)(nil),  // 22: sbx.v1.DestroySandboxResponse
 	(*UpdateNetworkRequest)(nil),    // 23: sbx.v1.UpdateNetworkRequest
 	(*UpdateNetworkResponse)(nil),   // 24: sbx.v1.UpdateNetworkResponse
-	(*SnapshotSandboxRequest)(nil),  // 25: sbx.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil), // 26: sbx.v1.SnapshotSandboxResponse
-	nil,                             // 27: sbx.v1.CreateSandboxRequest.LabelsEntry
-	nil,                             // 28: sbx.v1.CreateSandboxRequest.EnvEntry
-	nil,                             // 29: sbx.v1.CreateSandboxRequest.SecretsEntry
-	nil,                             // 30: sbx.v1.Sandbox.LabelsEntry
-	nil,                             // 31: sbx.v1.Sandbox.EnvEntry
-	(*VolumeMount)(nil),             // 32: sbx.v1.VolumeMount
-	(*CodebaseMount)(nil),           // 33: sbx.v1.CodebaseMount
-	(*PathPolicy)(nil),              // 34: sbx.v1.PathPolicy
-	(*ImageInfo)(nil),               // 35: sbx.v1.ImageInfo
-	(*ExecRequest)(nil),             // 36: sbx.v1.ExecRequest
-	(*ExecInput)(nil),               // 37: sbx.v1.ExecInput
-	(*ReadFileRequest)(nil),         // 38: sbx.v1.ReadFileRequest
-	(*WriteFileRequest)(nil),        // 39: sbx.v1.WriteFileRequest
-	(*ListDirRequest)(nil),          // 40: sbx.v1.ListDirRequest
-	(*StatRequest)(nil),             // 41: sbx.v1.StatRequest
-	(*MakeDirRequest)(nil),          // 42: sbx.v1.MakeDirRequest
-	(*RemoveRequest)(nil),           // 43: sbx.v1.RemoveRequest
-	(*RenameRequest)(nil),           // 44: sbx.v1.RenameRequest
-	(*UploadTarRequest)(nil),        // 45: sbx.v1.UploadTarRequest
-	(*DownloadTarRequest)(nil),      // 46: sbx.v1.DownloadTarRequest
-	(*LogsRequest)(nil),             // 47: sbx.v1.LogsRequest
-	(*WaitRequest)(nil),             // 48: sbx.v1.WaitRequest
-	(*ExecOutput)(nil),              // 49: sbx.v1.ExecOutput
-	(*FileChunk)(nil),               // 50: sbx.v1.FileChunk
-	(*WriteFileResponse)(nil),       // 51: sbx.v1.WriteFileResponse
-	(*ListDirResponse)(nil),         // 52: sbx.v1.ListDirResponse
-	(*StatResponse)(nil),            // 53: sbx.v1.StatResponse
-	(*MakeDirResponse)(nil),         // 54: sbx.v1.MakeDirResponse
-	(*RemoveResponse)(nil),          // 55: sbx.v1.RemoveResponse
-	(*RenameResponse)(nil),          // 56: sbx.v1.RenameResponse
-	(*UploadTarResponse)(nil),       // 57: sbx.v1.UploadTarResponse
-	(*LogsEvent)(nil),               // 58: sbx.v1.LogsEvent
-	(*WaitResponse)(nil),            // 59: sbx.v1.WaitResponse
+	(*UpdateSandboxRequest)(nil),    // 25: sbx.v1.UpdateSandboxRequest
+	(*UpdateSandboxResponse)(nil),   // 26: sbx.v1.UpdateSandboxResponse
+	(*SnapshotSandboxRequest)(nil),  // 27: sbx.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil), // 28: sbx.v1.SnapshotSandboxResponse
+	nil,                             // 29: sbx.v1.CreateSandboxRequest.LabelsEntry
+	nil,                             // 30: sbx.v1.CreateSandboxRequest.EnvEntry
+	nil,                             // 31: sbx.v1.CreateSandboxRequest.SecretsEntry
+	nil,                             // 32: sbx.v1.Sandbox.LabelsEntry
+	nil,                             // 33: sbx.v1.Sandbox.EnvEntry
+	nil,                             // 34: sbx.v1.UpdateSandboxRequest.SetLabelsEntry
+	(*VolumeMount)(nil),             // 35: sbx.v1.VolumeMount
+	(*CodebaseMount)(nil),           // 36: sbx.v1.CodebaseMount
+	(*PathPolicy)(nil),              // 37: sbx.v1.PathPolicy
+	(*ImageInfo)(nil),               // 38: sbx.v1.ImageInfo
+	(*ExecRequest)(nil),             // 39: sbx.v1.ExecRequest
+	(*ExecInput)(nil),               // 40: sbx.v1.ExecInput
+	(*ReadFileRequest)(nil),         // 41: sbx.v1.ReadFileRequest
+	(*WriteFileRequest)(nil),        // 42: sbx.v1.WriteFileRequest
+	(*ListDirRequest)(nil),          // 43: sbx.v1.ListDirRequest
+	(*StatRequest)(nil),             // 44: sbx.v1.StatRequest
+	(*MakeDirRequest)(nil),          // 45: sbx.v1.MakeDirRequest
+	(*RemoveRequest)(nil),           // 46: sbx.v1.RemoveRequest
+	(*RenameRequest)(nil),           // 47: sbx.v1.RenameRequest
+	(*UploadTarRequest)(nil),        // 48: sbx.v1.UploadTarRequest
+	(*DownloadTarRequest)(nil),      // 49: sbx.v1.DownloadTarRequest
+	(*LogsRequest)(nil),             // 50: sbx.v1.LogsRequest
+	(*WaitRequest)(nil),             // 51: sbx.v1.WaitRequest
+	(*ExecOutput)(nil),              // 52: sbx.v1.ExecOutput
+	(*FileChunk)(nil),               // 53: sbx.v1.FileChunk
+	(*WriteFileResponse)(nil),       // 54: sbx.v1.WriteFileResponse
+	(*ListDirResponse)(nil),         // 55: sbx.v1.ListDirResponse
+	(*StatResponse)(nil),            // 56: sbx.v1.StatResponse
+	(*MakeDirResponse)(nil),         // 57: sbx.v1.MakeDirResponse
+	(*RemoveResponse)(nil),          // 58: sbx.v1.RemoveResponse
+	(*RenameResponse)(nil),          // 59: sbx.v1.RenameResponse
+	(*UploadTarResponse)(nil),       // 60: sbx.v1.UploadTarResponse
+	(*LogsEvent)(nil),               // 61: sbx.v1.LogsEvent
+	(*WaitResponse)(nil),            // 62: sbx.v1.WaitResponse
 }
 var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: sbx.v1.VersionResponse.runtimes:type_name -> sbx.v1.RuntimeInfo
-	27, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
-	28, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
-	29, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
+	29, // 1: sbx.v1.CreateSandboxRequest.labels:type_name -> sbx.v1.CreateSandboxRequest.LabelsEntry
+	30, // 2: sbx.v1.CreateSandboxRequest.env:type_name -> sbx.v1.CreateSandboxRequest.EnvEntry
+	31, // 3: sbx.v1.CreateSandboxRequest.secrets:type_name -> sbx.v1.CreateSandboxRequest.SecretsEntry
 	6,  // 4: sbx.v1.CreateSandboxRequest.resources:type_name -> sbx.v1.Resources
 	1,  // 5: sbx.v1.CreateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
 	9,  // 6: sbx.v1.CreateSandboxRequest.network:type_name -> sbx.v1.NetworkPolicy
-	32, // 7: sbx.v1.CreateSandboxRequest.volumes:type_name -> sbx.v1.VolumeMount
-	33, // 8: sbx.v1.CreateSandboxRequest.codebases:type_name -> sbx.v1.CodebaseMount
-	34, // 9: sbx.v1.CreateSandboxRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	35, // 7: sbx.v1.CreateSandboxRequest.volumes:type_name -> sbx.v1.VolumeMount
+	36, // 8: sbx.v1.CreateSandboxRequest.codebases:type_name -> sbx.v1.CodebaseMount
+	37, // 9: sbx.v1.CreateSandboxRequest.path_policies:type_name -> sbx.v1.PathPolicy
 	8,  // 10: sbx.v1.CreateSandboxRequest.domain_secrets:type_name -> sbx.v1.DomainSecret
 	2,  // 11: sbx.v1.NetworkPolicy.mode:type_name -> sbx.v1.NetworkMode
 	11, // 12: sbx.v1.CreateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
-	30, // 13: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
+	32, // 13: sbx.v1.Sandbox.labels:type_name -> sbx.v1.Sandbox.LabelsEntry
 	0,  // 14: sbx.v1.Sandbox.state:type_name -> sbx.v1.SandboxState
-	31, // 15: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
+	33, // 15: sbx.v1.Sandbox.env:type_name -> sbx.v1.Sandbox.EnvEntry
 	6,  // 16: sbx.v1.Sandbox.resources:type_name -> sbx.v1.Resources
 	1,  // 17: sbx.v1.Sandbox.idle_action:type_name -> sbx.v1.IdleAction
 	12, // 18: sbx.v1.Sandbox.stats:type_name -> sbx.v1.SandboxStats
 	9,  // 19: sbx.v1.Sandbox.network:type_name -> sbx.v1.NetworkPolicy
-	32, // 20: sbx.v1.Sandbox.volumes:type_name -> sbx.v1.VolumeMount
-	33, // 21: sbx.v1.Sandbox.codebases:type_name -> sbx.v1.CodebaseMount
-	34, // 22: sbx.v1.Sandbox.path_policies:type_name -> sbx.v1.PathPolicy
+	35, // 20: sbx.v1.Sandbox.volumes:type_name -> sbx.v1.VolumeMount
+	36, // 21: sbx.v1.Sandbox.codebases:type_name -> sbx.v1.CodebaseMount
+	37, // 22: sbx.v1.Sandbox.path_policies:type_name -> sbx.v1.PathPolicy
 	8,  // 23: sbx.v1.Sandbox.domain_secrets:type_name -> sbx.v1.DomainSecret
 	11, // 24: sbx.v1.GetSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
 	11, // 25: sbx.v1.ListSandboxesResponse.sandboxes:type_name -> sbx.v1.Sandbox
@@ -2201,56 +2425,62 @@ var file_sbx_v1_sandbox_proto_depIdxs = []int32{
 	11, // 27: sbx.v1.StartSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
 	9,  // 28: sbx.v1.UpdateNetworkRequest.network:type_name -> sbx.v1.NetworkPolicy
 	11, // 29: sbx.v1.UpdateNetworkResponse.sandbox:type_name -> sbx.v1.Sandbox
-	35, // 30: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
-	3,  // 31: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
-	7,  // 32: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
-	13, // 33: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
-	15, // 34: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
-	17, // 35: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
-	19, // 36: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
-	21, // 37: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
-	25, // 38: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
-	23, // 39: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
-	36, // 40: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
-	37, // 41: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
-	38, // 42: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	39, // 43: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	40, // 44: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
-	41, // 45: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
-	42, // 46: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	43, // 47: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
-	44, // 48: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
-	45, // 49: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	46, // 50: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	47, // 51: sbx.v1.SandboxService.Logs:input_type -> sbx.v1.LogsRequest
-	48, // 52: sbx.v1.SandboxService.Wait:input_type -> sbx.v1.WaitRequest
-	4,  // 53: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
-	10, // 54: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
-	14, // 55: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
-	16, // 56: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
-	18, // 57: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
-	20, // 58: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
-	22, // 59: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
-	26, // 60: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
-	24, // 61: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
-	49, // 62: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
-	49, // 63: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
-	50, // 64: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
-	51, // 65: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	52, // 66: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
-	53, // 67: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
-	54, // 68: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	55, // 69: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
-	56, // 70: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
-	57, // 71: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	50, // 72: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
-	58, // 73: sbx.v1.SandboxService.Logs:output_type -> sbx.v1.LogsEvent
-	59, // 74: sbx.v1.SandboxService.Wait:output_type -> sbx.v1.WaitResponse
-	53, // [53:75] is the sub-list for method output_type
-	31, // [31:53] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	1,  // 30: sbx.v1.UpdateSandboxRequest.idle_action:type_name -> sbx.v1.IdleAction
+	34, // 31: sbx.v1.UpdateSandboxRequest.set_labels:type_name -> sbx.v1.UpdateSandboxRequest.SetLabelsEntry
+	6,  // 32: sbx.v1.UpdateSandboxRequest.resources:type_name -> sbx.v1.Resources
+	11, // 33: sbx.v1.UpdateSandboxResponse.sandbox:type_name -> sbx.v1.Sandbox
+	38, // 34: sbx.v1.SnapshotSandboxResponse.image:type_name -> sbx.v1.ImageInfo
+	3,  // 35: sbx.v1.SandboxService.Version:input_type -> sbx.v1.VersionRequest
+	7,  // 36: sbx.v1.SandboxService.CreateSandbox:input_type -> sbx.v1.CreateSandboxRequest
+	13, // 37: sbx.v1.SandboxService.GetSandbox:input_type -> sbx.v1.GetSandboxRequest
+	15, // 38: sbx.v1.SandboxService.ListSandboxes:input_type -> sbx.v1.ListSandboxesRequest
+	17, // 39: sbx.v1.SandboxService.StopSandbox:input_type -> sbx.v1.StopSandboxRequest
+	19, // 40: sbx.v1.SandboxService.StartSandbox:input_type -> sbx.v1.StartSandboxRequest
+	21, // 41: sbx.v1.SandboxService.DestroySandbox:input_type -> sbx.v1.DestroySandboxRequest
+	27, // 42: sbx.v1.SandboxService.SnapshotSandbox:input_type -> sbx.v1.SnapshotSandboxRequest
+	23, // 43: sbx.v1.SandboxService.UpdateNetwork:input_type -> sbx.v1.UpdateNetworkRequest
+	25, // 44: sbx.v1.SandboxService.UpdateSandbox:input_type -> sbx.v1.UpdateSandboxRequest
+	39, // 45: sbx.v1.SandboxService.Exec:input_type -> sbx.v1.ExecRequest
+	40, // 46: sbx.v1.SandboxService.ExecInteractive:input_type -> sbx.v1.ExecInput
+	41, // 47: sbx.v1.SandboxService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	42, // 48: sbx.v1.SandboxService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	43, // 49: sbx.v1.SandboxService.ListDir:input_type -> sbx.v1.ListDirRequest
+	44, // 50: sbx.v1.SandboxService.Stat:input_type -> sbx.v1.StatRequest
+	45, // 51: sbx.v1.SandboxService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	46, // 52: sbx.v1.SandboxService.Remove:input_type -> sbx.v1.RemoveRequest
+	47, // 53: sbx.v1.SandboxService.Rename:input_type -> sbx.v1.RenameRequest
+	48, // 54: sbx.v1.SandboxService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	49, // 55: sbx.v1.SandboxService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	50, // 56: sbx.v1.SandboxService.Logs:input_type -> sbx.v1.LogsRequest
+	51, // 57: sbx.v1.SandboxService.Wait:input_type -> sbx.v1.WaitRequest
+	4,  // 58: sbx.v1.SandboxService.Version:output_type -> sbx.v1.VersionResponse
+	10, // 59: sbx.v1.SandboxService.CreateSandbox:output_type -> sbx.v1.CreateSandboxResponse
+	14, // 60: sbx.v1.SandboxService.GetSandbox:output_type -> sbx.v1.GetSandboxResponse
+	16, // 61: sbx.v1.SandboxService.ListSandboxes:output_type -> sbx.v1.ListSandboxesResponse
+	18, // 62: sbx.v1.SandboxService.StopSandbox:output_type -> sbx.v1.StopSandboxResponse
+	20, // 63: sbx.v1.SandboxService.StartSandbox:output_type -> sbx.v1.StartSandboxResponse
+	22, // 64: sbx.v1.SandboxService.DestroySandbox:output_type -> sbx.v1.DestroySandboxResponse
+	28, // 65: sbx.v1.SandboxService.SnapshotSandbox:output_type -> sbx.v1.SnapshotSandboxResponse
+	24, // 66: sbx.v1.SandboxService.UpdateNetwork:output_type -> sbx.v1.UpdateNetworkResponse
+	26, // 67: sbx.v1.SandboxService.UpdateSandbox:output_type -> sbx.v1.UpdateSandboxResponse
+	52, // 68: sbx.v1.SandboxService.Exec:output_type -> sbx.v1.ExecOutput
+	52, // 69: sbx.v1.SandboxService.ExecInteractive:output_type -> sbx.v1.ExecOutput
+	53, // 70: sbx.v1.SandboxService.ReadFile:output_type -> sbx.v1.FileChunk
+	54, // 71: sbx.v1.SandboxService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	55, // 72: sbx.v1.SandboxService.ListDir:output_type -> sbx.v1.ListDirResponse
+	56, // 73: sbx.v1.SandboxService.Stat:output_type -> sbx.v1.StatResponse
+	57, // 74: sbx.v1.SandboxService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	58, // 75: sbx.v1.SandboxService.Remove:output_type -> sbx.v1.RemoveResponse
+	59, // 76: sbx.v1.SandboxService.Rename:output_type -> sbx.v1.RenameResponse
+	60, // 77: sbx.v1.SandboxService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	53, // 78: sbx.v1.SandboxService.DownloadTar:output_type -> sbx.v1.FileChunk
+	61, // 79: sbx.v1.SandboxService.Logs:output_type -> sbx.v1.LogsEvent
+	62, // 80: sbx.v1.SandboxService.Wait:output_type -> sbx.v1.WaitResponse
+	58, // [58:81] is the sub-list for method output_type
+	35, // [35:58] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_sandbox_proto_init() }
@@ -2263,13 +2493,14 @@ func file_sbx_v1_sandbox_proto_init() {
 	file_sbx_v1_images_proto_init()
 	file_sbx_v1_volumes_proto_init()
 	file_sbx_v1_permissions_proto_init()
+	file_sbx_v1_sandbox_proto_msgTypes[22].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_sandbox_proto_rawDesc), len(file_sbx_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

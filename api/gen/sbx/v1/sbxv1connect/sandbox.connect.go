@@ -60,6 +60,9 @@ const (
 	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
 	// UpdateNetwork RPC.
 	SandboxServiceUpdateNetworkProcedure = "/sbx.v1.SandboxService/UpdateNetwork"
+	// SandboxServiceUpdateSandboxProcedure is the fully-qualified name of the SandboxService's
+	// UpdateSandbox RPC.
+	SandboxServiceUpdateSandboxProcedure = "/sbx.v1.SandboxService/UpdateSandbox"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/sbx.v1.SandboxService/Exec"
 	// SandboxServiceExecInteractiveProcedure is the fully-qualified name of the SandboxService's
@@ -110,6 +113,11 @@ type SandboxServiceClient interface {
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	// UpdateNetwork changes a running sandbox's network policy.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// UpdateSandbox changes a running or stopped sandbox's lifetime, idle
+	// timeout, labels, limits and auto-resume; what the request leaves unset
+	// keeps its value. Everything is checked before anything changes, and the
+	// change is kept across daemon restarts.
+	UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.UpdateSandboxResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
 	// (Connect's JSON streaming), so curl and the Python SDK can use it.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.ServerStreamForClient[v1.ExecOutput], error)
@@ -207,6 +215,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
 			connect.WithClientOptions(opts...),
 		),
+		updateSandbox: connect.NewClient[v1.UpdateSandboxRequest, v1.UpdateSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceUpdateSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 		exec: connect.NewClient[v1.ExecRequest, v1.ExecOutput](
 			httpClient,
 			baseURL+SandboxServiceExecProcedure,
@@ -299,6 +313,7 @@ type sandboxServiceClient struct {
 	destroySandbox  *connect.Client[v1.DestroySandboxRequest, v1.DestroySandboxResponse]
 	snapshotSandbox *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	updateNetwork   *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
+	updateSandbox   *connect.Client[v1.UpdateSandboxRequest, v1.UpdateSandboxResponse]
 	exec            *connect.Client[v1.ExecRequest, v1.ExecOutput]
 	execInteractive *connect.Client[v1.ExecInput, v1.ExecOutput]
 	readFile        *connect.Client[v1.ReadFileRequest, v1.FileChunk]
@@ -357,6 +372,11 @@ func (c *sandboxServiceClient) SnapshotSandbox(ctx context.Context, req *connect
 // UpdateNetwork calls sbx.v1.SandboxService.UpdateNetwork.
 func (c *sandboxServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
 	return c.updateNetwork.CallUnary(ctx, req)
+}
+
+// UpdateSandbox calls sbx.v1.SandboxService.UpdateSandbox.
+func (c *sandboxServiceClient) UpdateSandbox(ctx context.Context, req *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.UpdateSandboxResponse], error) {
+	return c.updateSandbox.CallUnary(ctx, req)
 }
 
 // Exec calls sbx.v1.SandboxService.Exec.
@@ -442,6 +462,11 @@ type SandboxServiceHandler interface {
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	// UpdateNetwork changes a running sandbox's network policy.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// UpdateSandbox changes a running or stopped sandbox's lifetime, idle
+	// timeout, labels, limits and auto-resume; what the request leaves unset
+	// keeps its value. Everything is checked before anything changes, and the
+	// change is kept across daemon restarts.
+	UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.UpdateSandboxResponse], error)
 	// Exec runs a command; stdin, if any, is given up front. Works over HTTP/1.1
 	// (Connect's JSON streaming), so curl and the Python SDK can use it.
 	Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecOutput]) error
@@ -533,6 +558,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceUpdateNetworkProcedure,
 		svc.UpdateNetwork,
 		connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceUpdateSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateSandboxProcedure,
+		svc.UpdateSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceExecHandler := connect.NewServerStreamHandler(
@@ -633,6 +664,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSnapshotSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceUpdateNetworkProcedure:
 			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateSandboxProcedure:
+			sandboxServiceUpdateSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceExecInteractiveProcedure:
@@ -702,6 +735,10 @@ func (UnimplementedSandboxServiceHandler) SnapshotSandbox(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.UpdateNetwork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.UpdateSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sbx.v1.SandboxService.UpdateSandbox is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecOutput]) error {
