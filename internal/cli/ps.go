@@ -84,6 +84,32 @@ func newPs(a *app) *cobra.Command {
 	return cmd
 }
 
+// completeProcess completes a sandbox first, then (max processes, -1: any
+// number) that sandbox's background processes by pid and tag.
+func (a *app) completeProcess(max int) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) == 0 {
+			return a.sandboxCompletions(cmd, toComplete, ""), cobra.ShellCompDirectiveNoFileComp
+		}
+		if max >= 0 && len(args) > max {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		list, err := a.client().Sandbox(args[0]).Processes(cmd.Context())
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp // no errors into the shell
+		}
+		var out []cobra.Completion
+		for _, p := range list {
+			for _, c := range []string{strconv.Itoa(p.PID), p.Tag} {
+				if c != "" && strings.HasPrefix(c, toComplete) {
+					out = append(out, c)
+				}
+			}
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
 // processStatus is ps's STATUS column.
 func processStatus(p *sbx.BackgroundProcess) string {
 	switch {
@@ -115,7 +141,8 @@ func newAttach(a *app) *cobra.Command {
 		Long: "Replay the output a background process has kept (the newest 256 KiB of each stream), then follow it until it exits,\n" +
 			"exiting with its exit code. PROCESS is its pid, id or tag. Stdin is forwarded if the process takes it (exec -d -i or -t);\n" +
 			"on a terminal, Ctrl-P Ctrl-Q detaches. Ending attach never stops the process: use kill.",
-		Args: cobra.ExactArgs(2),
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: a.completeProcess(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := sbx.ConnectOptions{Follow: true, Stdout: a.stdout, Stderr: a.stderr}
 			if tail >= 0 {
@@ -240,9 +267,10 @@ func parseSignal(s string) (int, error) {
 func newKill(a *app) *cobra.Command {
 	var sig string
 	cmd := &cobra.Command{
-		Use:   "kill [-s SIGNAL] ID|NAME PROCESS...",
-		Short: "Send a signal (default KILL) to background processes' groups (by pid, id or tag)",
-		Args:  cobra.ArbitraryArgs,
+		Use:               "kill [-s SIGNAL] ID|NAME PROCESS...",
+		Short:             "Send a signal (default KILL) to background processes' groups (by pid, id or tag)",
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: a.completeProcess(-1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
 				// kill used to be rm's alias: say so rather than guess.
@@ -272,9 +300,10 @@ func newKill(a *app) *cobra.Command {
 func newProc(a *app) *cobra.Command {
 	cmd := &cobra.Command{Use: "proc", Short: "Wait for, feed and remove background processes (see also exec -d, ps, attach, kill)"}
 	wait := &cobra.Command{
-		Use:   "wait ID|NAME PROCESS",
-		Short: "Wait for a background process to exit and print its exit code",
-		Args:  cobra.ExactArgs(2),
+		Use:               "wait ID|NAME PROCESS",
+		Short:             "Wait for a background process to exit and print its exit code",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: a.completeProcess(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := a.client().Sandbox(args[0]).Process(cmd.Context(), args[1])
 			if err != nil {
@@ -293,9 +322,10 @@ func newProc(a *app) *cobra.Command {
 	}
 	var closeAfter bool
 	send := &cobra.Command{
-		Use:   "send [--close] ID|NAME PROCESS [DATA]",
-		Short: "Write DATA (default: all of stdin here) to a background process's stdin",
-		Args:  cobra.RangeArgs(2, 3),
+		Use:               "send [--close] ID|NAME PROCESS [DATA]",
+		Short:             "Write DATA (default: all of stdin here) to a background process's stdin",
+		Args:              cobra.RangeArgs(2, 3),
+		ValidArgsFunction: a.completeProcess(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := a.client().Sandbox(args[0]).Process(cmd.Context(), args[1])
 			if err != nil {
@@ -322,9 +352,10 @@ func newProc(a *app) *cobra.Command {
 	}
 	send.Flags().BoolVar(&closeAfter, "close", false, "then close its stdin (EOF)")
 	rm := &cobra.Command{
-		Use:   "rm ID|NAME PROCESS...",
-		Short: "Kill background processes (if running) and forget them",
-		Args:  cobra.MinimumNArgs(2),
+		Use:               "rm ID|NAME PROCESS...",
+		Short:             "Kill background processes (if running) and forget them",
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: a.completeProcess(-1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb := a.client().Sandbox(args[0])
 			for _, ref := range args[1:] {
