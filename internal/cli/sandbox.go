@@ -206,7 +206,7 @@ func newLs(a *app) *cobra.Command {
 	var labels []string
 	cmd := &cobra.Command{
 		Use:     "ls",
-		Aliases: []string{"list", "ps"},
+		Aliases: []string{"list"}, // `ps` with no argument too (ps.go)
 		Short:   "List sandboxes",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -324,7 +324,7 @@ func newRm(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "rm ID|NAME...",
 		ValidArgsFunction: a.completeSandboxes(-1),
-		Aliases:           []string{"destroy", "kill"},
+		Aliases:           []string{"destroy"}, // not kill: that signals processes (ps.go)
 		Short:             "Destroy sandboxes",
 		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from ._transport import b64encode
 from . import code as _code
 from . import ports as _ports
+from . import processes as _processes
 from . import session as _session
 from .client import Client, selectors_from_labels
 from .codebase import CodebaseMount, SyncResult, mounts_to_json
@@ -608,10 +609,13 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
         timeout: Optional[Seconds] = None,
-        stdin: Union[bytes, str, None] = None,
+        stdin: Union[bool, bytes, str, None] = None,
         user: Optional[str] = None,
         encoding: str = "utf-8",
-    ) -> Process:
+        background: bool = False,
+        pty: bool = False,
+        tag: str = "",
+    ) -> Union[Process, "_processes.BackgroundProcess"]:
         """Start a command and return a :class:`~sbx.Process` whose
         ``stdout``/``stderr`` yield lines as they are printed::
 
@@ -620,6 +624,15 @@ class Sandbox:
                 print(line, end="")
             p.wait()
 
+        A foreground command is killed when this client goes away (the
+        process ends, the connection drops), so nothing runs on unseen.
+        With ``background=True`` it runs on instead and a
+        :class:`~sbx.BackgroundProcess` is returned: it outlives this
+        client and a daemon restart, takes stdin after its start
+        (``stdin=True``), runs under a pseudo-terminal with ``pty=True``,
+        and any client finds it with ``sb.processes.connect(pid)`` (see
+        :meth:`Processes.start`).
+
         Args:
             args: the argv (``args[0]`` is looked up in PATH); a single list
                 is accepted too. With ``shell=True``, one command line run by
@@ -627,14 +640,20 @@ class Sandbox:
             env: extra environment on top of the sandbox's.
             workdir: working directory (default: the sandbox's).
             timeout: kill the command's process group after this many seconds.
-            stdin: data given to the command on stdin, then EOF. (Interactive
-                stdin needs HTTP/2 and is not offered by the Python SDK.)
+            stdin: data given to the command on stdin, then EOF; with
+                ``background=True``, ``True`` keeps stdin open for
+                ``send_stdin`` (a foreground command takes no stdin after
+                its start: that needs HTTP/2).
             user: run as this user (``"name"``, ``"uid"``, ``"uid:gid"``).
+            background, pty, tag: see above; ``pty`` and ``stdin=True``
+                need ``background=True``.
 
         Raises:
             NotFoundError: the sandbox no longer exists.
             FailedPreconditionError: the sandbox is stopped.
         """
+        if not background and (pty or tag or stdin is True):
+            raise ValueError("pty, tag and stdin=True need background=True (input after the start goes to background processes)")
         argv: List[str]
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             argv = [str(a) for a in args[0]]
@@ -647,6 +666,12 @@ class Sandbox:
             if len(argv) != 1:
                 raise ValueError("with shell=True, give one command line")
             shell_line = argv[0]
+        if background:
+            return self.processes.start(
+                shell_line if shell_line is not None else argv, env=env, workdir=workdir, timeout=timeout,
+                stdin=stdin, user=user, pty=pty, tag=tag, encoding=encoding,
+            )
+        assert not isinstance(stdin, bool)
         req = self._exec_request(None if shell else argv, shell_line, env, workdir, timeout, stdin, user)
         stream = self._client._transport.server_stream(_SERVICE, "Exec", req, op="exec")
         return Process(stream, argv, encoding=encoding)
@@ -783,6 +808,11 @@ class Sandbox:
             req["workdir"] = workdir
         resp = self._client._transport.unary(_session.SERVICE, "CreateSession", req, op="create session")
         return _session.Session(self._client, resp.get("session", {}))
+
+    @property
+    def processes(self) -> "_processes.Processes":
+        """The sandbox's background processes: ``start``, ``list``, ``connect(pid)``."""
+        return _processes.Processes(self)
 
     def list_sessions(self) -> List["_session.Session"]:
         """The sandbox's live shell sessions."""
