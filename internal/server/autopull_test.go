@@ -25,8 +25,8 @@ func (s refusingStores) CheckStorage(context.Context) error {
 	return nil
 }
 func (s refusingStores) ReserveStorage(context.Context, int64) (func(), error) { return func() {}, nil }
-func (s refusingStores) InUse(context.Context) map[string]bool                { return nil }
-func (s refusingStores) Settle(context.Context)                               {}
+func (s refusingStores) InUse(context.Context) map[string]bool                 { return nil }
+func (s refusingStores) Settle(context.Context)                                {}
 
 // AutoPull never pulls for a scoped sandbox token (a box must not make the
 // daemon fetch from registries, loopback ones included), nor for "host"
