@@ -112,6 +112,18 @@ func stepEvent(i int, desc, phase string, d time.Duration) *sbxv1.ImageProgress 
 // (statuses, step phases, step output) go to emit; the caller sends the
 // final `done` itself.
 func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
+	if req.GetDockerfile() != "" {
+		if req.GetRecipe() != nil {
+			return nil, fmt.Errorf("build: give a recipe or a Dockerfile, not both: %w", errdefs.ErrInvalidArgument)
+		}
+		recipe, err := DockerfileRecipe(req.GetDockerfile(), req.GetContext(), req.GetBuildArgs())
+		if err != nil {
+			return nil, err
+		}
+		req = &sbxv1.BuildImageRequest{Recipe: recipe, Tag: req.GetTag(), NoCache: req.GetNoCache()}
+	} else if len(req.GetContext()) > 0 || len(req.GetBuildArgs()) > 0 {
+		return nil, fmt.Errorf("build: a context and build args go with a Dockerfile only: %w", errdefs.ErrInvalidArgument)
+	}
 	r := req.GetRecipe()
 	if err := validate(r); err != nil {
 		return nil, err
