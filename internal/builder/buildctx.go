@@ -86,7 +86,7 @@ func readContext(data []byte) (*buildContext, error) {
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			e.hdr.Typeflag = tar.TypeDir
-		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old tars
+		case tar.TypeReg:
 			e.hdr.Typeflag = tar.TypeReg
 			if e.data, err = io.ReadAll(io.LimitReader(tr, hdr.Size)); err != nil || int64(len(e.data)) != hdr.Size {
 				return nil, bad(hdr.Name, "truncated")

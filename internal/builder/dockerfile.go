@@ -42,17 +42,17 @@ type instruction struct {
 
 // dockerfileError is an error about a line, InvalidArgument.
 func dockerfileError(line int, format string, a ...any) error {
-	return fmt.Errorf("Dockerfile line %d: %s: %w", line, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
+	return fmt.Errorf("dockerfile line %d: %s: %w", line, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
 }
 
 // splitDockerfile splits src into instructions: comments and blank lines
 // dropped, "\"-continued lines joined, parser directives checked.
 func splitDockerfile(src string) ([]instruction, error) {
 	if len(src) > maxDockerfileBytes {
-		return nil, fmt.Errorf("Dockerfile of %d bytes: more than %d: %w", len(src), maxDockerfileBytes, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile of %d bytes: more than %d: %w", len(src), maxDockerfileBytes, errdefs.ErrInvalidArgument)
 	}
 	if !utf8.ValidString(src) || strings.IndexByte(src, 0) >= 0 {
-		return nil, fmt.Errorf("Dockerfile: not valid UTF-8 text: %w", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile: not valid UTF-8 text: %w", errdefs.ErrInvalidArgument)
 	}
 	lines := strings.Split(strings.ReplaceAll(src, "\r\n", "\n"), "\n")
 	var out []instruction
@@ -98,7 +98,7 @@ func splitDockerfile(src string) ([]instruction, error) {
 			out = append(out, *cur)
 			cur = nil
 			if len(out) > maxInstructions {
-				return nil, fmt.Errorf("Dockerfile: more than %d instructions: %w", maxInstructions, errdefs.ErrInvalidArgument)
+				return nil, fmt.Errorf("dockerfile: more than %d instructions: %w", maxInstructions, errdefs.ErrInvalidArgument)
 			}
 		}
 	}
@@ -146,7 +146,7 @@ func DockerfileRecipe(src string, context []byte, buildArgs map[string]string) (
 		}
 	}
 	if !st.from {
-		return nil, fmt.Errorf("Dockerfile: no FROM: %w", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile: no FROM: %w", errdefs.ErrInvalidArgument)
 	}
 	return st.recipe, nil
 }
@@ -401,7 +401,7 @@ func (st *dfState) copyInstr(in instruction) error {
 	}
 	data, err := st.bc.copyTar(entries)
 	if err != nil {
-		return fmt.Errorf("Dockerfile line %d: %w", n, err)
+		return fmt.Errorf("dockerfile line %d: %w", n, err)
 	}
 	st.add(&sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Copy{Copy: &sbxv1.CopyStep{Dest: dest, Tar: data}}})
 	return nil
