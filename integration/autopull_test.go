@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -56,14 +57,20 @@ func (cr *countingRegistry) manifestGets(repo string) int {
 func (cr *countingRegistry) push(t *testing.T, repoTag string) string {
 	t.Helper()
 	ref := cr.host + "/" + repoTag
+	pushImage(t, ref, tinyImage(t))
+	return ref
+}
+
+// pushImage writes img to a loopback registry as ref.
+func pushImage(t *testing.T, ref string, img v1.Image) {
+	t.Helper()
 	r, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := remote.Write(r, tinyImage(t)); err != nil {
+	if err := remote.Write(r, img); err != nil {
 		t.Fatal(err)
 	}
-	return ref
 }
 
 func codeOf(err error) connect.Code {
