@@ -89,6 +89,7 @@ type RecipeStep struct {
 	//	*RecipeStep_Entrypoint
 	//	*RecipeStep_Cmd
 	//	*RecipeStep_User
+	//	*RecipeStep_Python
 	Step          isRecipeStep_Step `protobuf_oneof:"step"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -221,12 +222,22 @@ func (x *RecipeStep) GetUser() string {
 	return ""
 }
 
+func (x *RecipeStep) GetPython() string {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Python); ok {
+			return x.Python
+		}
+	}
+	return ""
+}
+
 type isRecipeStep_Step interface {
 	isRecipeStep_Step()
 }
 
 type RecipeStep_AptInstall struct {
-	// Debian packages, installed with apt-get.
+	// Debian packages, installed with apt-get. The package lists stay in
+	// the image, so later steps (and sandboxes) can apt-get install too.
 	AptInstall *PackageList `protobuf:"bytes,1,opt,name=apt_install,json=aptInstall,proto3,oneof"`
 }
 
@@ -268,6 +279,15 @@ type RecipeStep_User struct {
 	User string `protobuf:"bytes,10,opt,name=user,proto3,oneof"`
 }
 
+type RecipeStep_Python struct {
+	// A Python version ("3.11") installed from the image's apt sources:
+	// python3.X, its venv module and Debian's pip, with python3 and python
+	// in /usr/local/bin pointing at it. Debian bookworm (the builder's
+	// debian:bookworm) packages 3.11 only; a version the sources lack fails
+	// the step naming the versions they have.
+	Python string `protobuf:"bytes,11,opt,name=python,proto3,oneof"`
+}
+
 func (*RecipeStep_AptInstall) isRecipeStep_Step() {}
 
 func (*RecipeStep_PipInstall) isRecipeStep_Step() {}
@@ -287,6 +307,8 @@ func (*RecipeStep_Entrypoint) isRecipeStep_Step() {}
 func (*RecipeStep_Cmd) isRecipeStep_Step() {}
 
 func (*RecipeStep_User) isRecipeStep_Step() {}
+
+func (*RecipeStep_Python) isRecipeStep_Step() {}
 
 type PackageList struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1798,7 +1820,7 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"\x13sbx/v1/images.proto\x12\x06sbx.v1\x1a\x12sbx/v1/files.proto\"F\n" +
 	"\x06Recipe\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12(\n" +
-	"\x05steps\x18\x02 \x03(\v2\x12.sbx.v1.RecipeStepR\x05steps\"\xad\x03\n" +
+	"\x05steps\x18\x02 \x03(\v2\x12.sbx.v1.RecipeStepR\x05steps\"\xc7\x03\n" +
 	"\n" +
 	"RecipeStep\x126\n" +
 	"\vapt_install\x18\x01 \x01(\v2\x13.sbx.v1.PackageListH\x00R\n" +
@@ -1816,7 +1838,8 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"entrypoint\x12&\n" +
 	"\x03cmd\x18\t \x01(\v2\x12.sbx.v1.StringListH\x00R\x03cmd\x12\x14\n" +
 	"\x04user\x18\n" +
-	" \x01(\tH\x00R\x04userB\x06\n" +
+	" \x01(\tH\x00R\x04user\x12\x18\n" +
+	"\x06python\x18\v \x01(\tH\x00R\x06pythonB\x06\n" +
 	"\x04step\")\n" +
 	"\vPackageList\x12\x1a\n" +
 	"\bpackages\x18\x01 \x03(\tR\bpackages\"$\n" +
@@ -2044,6 +2067,7 @@ func file_sbx_v1_images_proto_init() {
 		(*RecipeStep_Entrypoint)(nil),
 		(*RecipeStep_Cmd)(nil),
 		(*RecipeStep_User)(nil),
+		(*RecipeStep_Python)(nil),
 	}
 	file_sbx_v1_images_proto_msgTypes[9].OneofWrappers = []any{
 		(*ImageProgress_Status)(nil),
