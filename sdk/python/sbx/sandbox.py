@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import os
 import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -89,6 +91,8 @@ class Sandbox:
         codebases: Optional[Sequence[Any]] = None,
         scoped_token: bool = False,
         entrypoint: bool = True,
+        dockerfile: Union[str, "os.PathLike[str]", None] = None,
+        build_args: Optional[Mapping[str, str]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -137,13 +141,34 @@ class Sandbox:
                 inside the box picks both up. Needs networking.
             entrypoint: ``False`` starts neither the image's ENTRYPOINT nor
                 its CMD (a given ``command`` then runs alone).
+            dockerfile: instead of ``image``, the path of a Dockerfile to
+                build first (its directory is the build context; see
+                :meth:`Images.build`), as llm-sandbox takes it. The image is
+                tagged ``localhost/sbx-dockerfile/<hash>`` (of the Dockerfile
+                and its build args) and its steps are cached, so creating from
+                an unchanged Dockerfile again runs no step.
+            build_args: the Dockerfile's ARGs.
             client: the daemon to use (default: ``Client()``).
+
+        An ``image`` the daemon does not have is pulled first (see
+        :meth:`Images.ensure` to see the pull's progress).
 
         Raises:
             AlreadyExistsError: ``name`` is taken.
             InvalidArgumentError: a bad name, limit or option.
         """
         c = _client(client)
+        if dockerfile is not None:
+            if image:
+                raise ValueError("create: give an image or a dockerfile, not both")
+            with open(os.fspath(dockerfile), "rb") as f:
+                h = hashlib.sha256(f.read())
+            for k in sorted(build_args or {}):
+                h.update(f"\0{k}={(build_args or {})[k]}".encode())
+            image = f"localhost/sbx-dockerfile/{h.hexdigest()[:16]}:latest"
+            c.images.build(tag=image, dockerfile=dockerfile, build_args=dict(build_args or {}))
+        elif build_args:
+            raise ValueError("create: build_args go with a dockerfile")
         req: Dict[str, Any] = {}
         if image:
             req["image"] = image

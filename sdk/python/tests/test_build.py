@@ -127,6 +127,10 @@ def test_build_dockerfile(client: sbx.Client, make_sandbox, tmp_path) -> None:
         sb = make_sandbox(image=tag)
         out = sb.run("python3 main.py; cat greeting; test -e junk.pyc || echo ignored").stdout
         assert out == "hello from a Dockerfile\nhi from pytest\nignored\n"
+        # llm-sandbox style: create straight from the Dockerfile.
+        sb2 = make_sandbox(dockerfile=tmp_path / "Dockerfile", build_args={"BASE": base, "WHO": "create"})
+        assert sb2.run("cat greeting").stdout == "hi from create\n"
+        assert "sbx-dockerfile/" in sb2.info.image
         (tmp_path / "Dockerfile").write_text(f"FROM {base}\nRUN true\nHEALTHCHECK CMD true\n")
         with pytest.raises(sbx.InvalidArgumentError) as ei:
             client.images.build(tag=tag, dockerfile=tmp_path / "Dockerfile")
