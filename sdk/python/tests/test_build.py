@@ -119,6 +119,8 @@ def test_build_dockerfile(client: sbx.Client, make_sandbox, tmp_path) -> None:
         'RUN echo "$GREETING from $WHO" > greeting\nCMD ["python3", "main.py"]\n'
     )
     tag = f"localhost/pytest/{unique('df')}:v1"
+    assert client.images.ensure("host") is None
+    assert client.images.ensure(base).digest.startswith("sha256:")  # stored: no pull
     try:
         img = client.images.build(
             tag=tag, dockerfile=tmp_path / "Dockerfile", build_args={"BASE": base, "WHO": "pytest"}
