@@ -23,12 +23,20 @@ type pullFlight struct {
 	// next is guarded by the store's pullMu.
 	next int
 
-	// progressMu serialises progress callbacks and guards waiters (the
-	// progress callback of each caller waiting, nil for none); it is taken
-	// with pullMu held, never the other way round.
+	// progressMu guards waiters: the event queue of each caller waiting
+	// (nil for one without a progress callback). It is taken with pullMu
+	// held, never the other way round, and never held while a callback
+	// runs: each caller's callback runs on a goroutine of its own, fed
+	// through a bounded queue that drops events when full, so a caller
+	// that reads its progress slowly (a client not reading its stream)
+	// neither stalls the pull nor the others waiting for it.
 	progressMu sync.Mutex
-	waiters    map[int]func(Progress)
+	waiters    map[int]chan Progress
 }
+
+// progressQueue is how many events a slow caller may fall behind by before
+// its events are dropped.
+const progressQueue = 256
 
 // joinPull waits for the pull of r under way, starting one if there is
 // none. progress (may be nil) sees the layer events from when it joined.
@@ -38,7 +46,7 @@ func (s *Store) joinPull(ctx context.Context, r name.Reference, progress func(Pr
 	f := s.pulls[key]
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		f = &pullFlight{done: make(chan struct{}), cancel: cancel, waiters: map[int]func(Progress){}}
+		f = &pullFlight{done: make(chan struct{}), cancel: cancel, waiters: map[int]chan Progress{}}
 		s.pulls[key] = f
 		go func() {
 			defer cancel()
@@ -54,17 +62,38 @@ func (s *Store) joinPull(ctx context.Context, r name.Reference, progress func(Pr
 	}
 	id := f.next
 	f.next++
+	var queue chan Progress
+	forwarded := make(chan struct{})
+	if progress != nil {
+		queue = make(chan Progress, progressQueue)
+		go func() {
+			defer close(forwarded)
+			for p := range queue {
+				progress(p)
+			}
+		}()
+	} else {
+		close(forwarded)
+	}
 	f.progressMu.Lock()
-	f.waiters[id] = progress
+	f.waiters[id] = queue
 	f.progressMu.Unlock()
 	s.pullMu.Unlock()
 
+	// No callback runs once Pull has returned.
+	leave := func() {
+		s.leavePull(key, f, id)
+		if queue != nil {
+			close(queue)
+		}
+		<-forwarded
+	}
 	select {
 	case <-f.done:
-		s.leavePull(key, f, id)
+		leave()
 		return f.img, f.err
 	case <-ctx.Done():
-		s.leavePull(key, f, id)
+		leave()
 		return nil, ctx.Err()
 	}
 }
@@ -91,13 +120,18 @@ func (s *Store) leavePull(key string, f *pullFlight, id int) {
 	}
 }
 
-// report passes a layer event to every waiter.
+// report queues a layer event for every waiter with a callback, dropping
+// it for one whose queue is full.
 func (f *pullFlight) report(p Progress) {
 	f.progressMu.Lock()
 	defer f.progressMu.Unlock()
-	for _, fn := range f.waiters {
-		if fn != nil {
-			fn(p)
+	for _, q := range f.waiters {
+		if q == nil {
+			continue
+		}
+		select {
+		case q <- p:
+		default:
 		}
 	}
 }

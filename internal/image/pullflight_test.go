@@ -161,3 +161,39 @@ func TestPullJoinedCallersLeave(t *testing.T) {
 		t.Fatalf("pull after an abandoned one: %v", err)
 	}
 }
+
+// A caller whose progress callback blocks (a client not reading its
+// stream) stalls neither the pull nor another caller waiting for it.
+func TestPullSlowProgressReader(t *testing.T) {
+	g, reg := newGated(t)
+	s := openStore(t, t.TempDir())
+	ref := reg + "/sbx/slow:v1"
+	push(t, ref, imageOf(t, layerOf(t, file("a", "a")), layerOf(t, file("b", "b"))))
+
+	stuck := make(chan struct{})
+	var once sync.Once
+	unstick := func() { once.Do(func() { close(stuck) }) }
+	t.Cleanup(unstick)
+	slowDone := make(chan error, 1)
+	go func() {
+		_, err := s.Pull(context.Background(), ref, func(Progress) { <-stuck })
+		slowDone <- err
+	}()
+	waitWaiters(t, s, ref, 1)
+	fast := make(chan error, 1)
+	go func() { _, err := s.Pull(context.Background(), ref, nil); fast <- err }()
+	waitWaiters(t, s, ref, 2)
+	g.release()
+	select {
+	case err := <-fast:
+		if err != nil {
+			t.Fatalf("the other caller: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a caller blocked in its progress callback stalled the pull for another caller")
+	}
+	unstick()
+	if err := <-slowDone; err != nil {
+		t.Errorf("the slow caller: %v", err)
+	}
+}
