@@ -345,8 +345,11 @@ func TestBuildAptRecipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := &sbxv1.Recipe{From: "debian:bookworm", Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Python{Python: "3.99"}}}}
-	if _, err := d.client().Images().Build(ctx, bad, "", false, nil); err == nil || !strings.Contains(err.Error(), "python 3.99 is not packaged by this image's apt sources; they have: python3.11") {
-		t.Errorf("python 3.99: got %v, want the versions the sources have", err)
+	var logs strings.Builder
+	_, err = d.client().Images().Build(ctx, bad, "", false, func(ev *sbxv1.ImageProgress) { logs.Write(ev.GetLog()) })
+	if err == nil || !strings.Contains(err.Error(), "step 1 (PYTHON 3.99) failed with exit code 3") ||
+		!strings.Contains(logs.String(), "python 3.99 is not packaged by this image's apt sources; they have: python3.11") {
+		t.Errorf("python 3.99: got %v, log %q; want the step's failure and the versions the sources have", err, logs.String())
 	}
 	d.assertNoLeaks()
 }
