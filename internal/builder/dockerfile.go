@@ -250,7 +250,7 @@ func (st *dfState) apply(in instruction) error {
 	return nil
 }
 
-var heredocRe = regexp.MustCompile(`<<-?["']?[A-Za-z_][A-Za-z0-9_]*["']?`)
+var heredocRe = regexp.MustCompile(`(^|[ \t])<<-?["']?[A-Za-z_][A-Za-z0-9_]*["']?`)
 
 func (st *dfState) fromInstr(in instruction) error {
 	n := in.line

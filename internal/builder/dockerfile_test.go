@@ -122,6 +122,12 @@ CMD --verbose
 			want: []string{"copy /etc renamed.txt", "copy /txt a.txt,b.txt", "copy /docs README.md,dotted.sh", "copy /opt main.py"},
 		},
 		{
+			name: "<< that is no heredoc",
+			src:  "FROM x\nRUN python3 -c 'print(1<<3, \"a<<b\")'\n",
+			from: "x",
+			want: []string{`RUN python3 -c 'print(1<<3, "a<<b")'`},
+		},
+		{
 			name: "exec-form RUN and relative WORKDIR",
 			src:  "FROM x\nWORKDIR /a\nWORKDIR b\nRUN [\"echo\", \"it's\"]\n",
 			from: "x",
