@@ -58,6 +58,7 @@ func splitDockerfile(src string) ([]instruction, error) {
 	var out []instruction
 	directives := true
 	var cur *instruction
+	var args strings.Builder // cur's arguments, continuations joined
 	for i, raw := range lines {
 		n := i + 1
 		trimmed := strings.TrimSpace(raw)
@@ -89,12 +90,15 @@ func splitDockerfile(src string) ([]instruction, error) {
 			if t := strings.IndexByte(cmd, '\t'); t >= 0 {
 				cmd, rest = cmd[:t], cmd[t+1:]+" "+rest
 			}
-			cur = &instruction{line: n, cmd: strings.ToUpper(cmd), args: strings.TrimSpace(rest)}
+			cur = &instruction{line: n, cmd: strings.ToUpper(cmd)}
+			args.Reset()
+			args.WriteString(strings.TrimSpace(rest))
 		} else {
-			cur.args += " " + strings.TrimSpace(part)
+			args.WriteByte(' ')
+			args.WriteString(strings.TrimSpace(part))
 		}
 		if !cont {
-			cur.args = strings.TrimSpace(cur.args)
+			cur.args = strings.TrimSpace(args.String())
 			out = append(out, *cur)
 			cur = nil
 			if len(out) > maxInstructions {
@@ -103,7 +107,7 @@ func splitDockerfile(src string) ([]instruction, error) {
 		}
 	}
 	if cur != nil {
-		cur.args = strings.TrimSpace(cur.args)
+		cur.args = strings.TrimSpace(args.String())
 		out = append(out, *cur)
 	}
 	return out, nil

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -200,5 +201,22 @@ func TestDockerfileRefusals(t *testing.T) {
 	}
 	if _, err := DockerfileRecipe("FROM a", nil, map[string]string{"1bad": "x"}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("bad build arg name: got %v, want InvalidArgument", err)
+	}
+}
+
+// The largest Dockerfiles parse in linear time: one instruction continued
+// over half a million lines, and a thousand instructions.
+func TestDockerfileLarge(t *testing.T) {
+	for name, src := range map[string]string{
+		"continued": "FROM a\nRUN true" + strings.Repeat(" \\\n&&", (maxDockerfileBytes-20)/5) + " true\n",
+		"many":      "FROM a\n" + strings.Repeat("ENV A=1\n", maxInstructions-1),
+	} {
+		start := time.Now()
+		if _, err := DockerfileRecipe(src, nil, nil); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: %d bytes took %v", name, len(src), d)
+		}
 	}
 }
