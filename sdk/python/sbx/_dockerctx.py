@@ -16,8 +16,11 @@ from typing import List, Tuple
 
 __all__ = ["MAX_CONTEXT_BYTES", "pack_context", "DockerIgnore"]
 
-#: The daemon refuses a larger context.
-MAX_CONTEXT_BYTES = 48 << 20
+#: The largest context this SDK sends. The daemon takes 48 MiB, but this SDK
+#: sends the request as JSON, the context base64-encoded (4/3 of its size),
+#: and the daemon reads at most 64 MiB a message: 46 MiB leaves room for the
+#: Dockerfile (at most 1 MiB) and the rest.
+MAX_CONTEXT_BYTES = 46 << 20
 
 
 def _pattern_regexp(p: str) -> str:

@@ -164,7 +164,7 @@ class Images:
         ``dockerfile`` is the path of a Dockerfile (as llm-sandbox takes it);
         its build context is ``context``, by default the Dockerfile's
         directory, sent without what its ``.dockerignore`` lists (at most
-        48 MiB; symlinks as links). ``build_args`` set its ARGs. Supported:
+        46 MiB; symlinks as links). ``build_args`` set its ARGs. Supported:
         FROM, RUN, COPY, ADD (local files), ENV, ARG, WORKDIR, USER,
         ENTRYPOINT, CMD; LABEL, EXPOSE, MAINTAINER and STOPSIGNAL are
         accepted; anything else fails naming its line.
