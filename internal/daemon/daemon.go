@@ -474,7 +474,7 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 	}
 	if err != nil {
 		r.gc.RUnlock()
-		return nil, nil, fmt.Errorf("image %q: %w", ref, err)
+		return nil, nil, err // the store's error names the image
 	}
 	c := img.Config
 	return &sandbox.ResolvedImage{

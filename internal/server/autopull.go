@@ -47,7 +47,8 @@ func (p *Puller) Pull(ctx context.Context, ref string, progress func(image.Progr
 }
 
 // AutoPull pulls the image a create names when the tenant's store does not
-// have it yet. It refuses, with notFound (the store's own answer) wrapped:
+// have it yet. It refuses, with notFound (the store's own answer, which
+// names the image):
 // the built-in "host" image and bare digests ("sha256:..."; nothing to pull
 // them from), and requests made with a scoped sandbox token, which may not
 // pull (a box must not make the daemon fetch from registries, loopback
@@ -56,10 +57,10 @@ func (p *Puller) Pull(ctx context.Context, ref string, progress func(image.Progr
 // NotFound naming it.
 func (p *Puller) AutoPull(ctx context.Context, ref string, notFound error) (*image.Image, error) {
 	if ref == "host" || strings.HasPrefix(ref, "sha256:") {
-		return nil, fmt.Errorf("image %q: %w", ref, notFound)
+		return nil, notFound
 	}
 	if tenant.FromContext(ctx).Scope != "" {
-		return nil, fmt.Errorf("image %q: %w (a scoped sandbox token may not pull images; its parent must pull or build it first)", ref, notFound)
+		return nil, fmt.Errorf("%w (a scoped sandbox token may not pull images; its parent must pull or build it first)", notFound)
 	}
 	img, err := p.Pull(ctx, ref, nil)
 	if err != nil {

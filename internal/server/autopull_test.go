@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -33,8 +34,6 @@ func (s refusingStores) Settle(context.Context)                                {
 // or bare digests: each gets the store's NotFound, saying why.
 func TestAutoPullRefusals(t *testing.T) {
 	p := NewPuller(refusingStores{t}, nil)
-	notFound := errors.New("image not found: " + errdefs.ErrNotFound.Error())
-	notFound = errors.Join(notFound, errdefs.ErrNotFound)
 	scoped := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: "acme", Scope: "parent-box"})
 	for _, tc := range []struct {
 		name string
@@ -47,6 +46,7 @@ func TestAutoPullRefusals(t *testing.T) {
 		{"digest", context.Background(), "sha256:" + strings.Repeat("ab", 32), `image "sha256:abab`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			notFound := fmt.Errorf("image %q: %w", tc.ref, errdefs.ErrNotFound) // as the store says it
 			_, err := p.AutoPull(tc.ctx, tc.ref, notFound)
 			if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want NotFound containing %q", err, tc.want)
