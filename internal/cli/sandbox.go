@@ -147,6 +147,9 @@ func newCreate(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := a.ensureImage(cmd.Context(), opts.Image); err != nil {
+				return err
+			}
 			sb, err := a.client().Create(cmd.Context(), opts)
 			if err != nil {
 				return err
@@ -177,6 +180,9 @@ func newRun(a *app) *cobra.Command {
 			}
 			// The command run is the one given here, not the image's.
 			opts.NoEntrypoint = true
+			if err := a.ensureImage(cmd.Context(), opts.Image); err != nil {
+				return err
+			}
 			c := a.client()
 			sb, err := c.Create(cmd.Context(), opts)
 			if err != nil {

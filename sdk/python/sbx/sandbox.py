@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
+import hashlib
 import os
 import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -103,6 +104,8 @@ class Sandbox:
         scoped_token: bool = False,
         entrypoint: bool = True,
         auto_resume: bool = False,
+        dockerfile: Union[str, "os.PathLike[str]", None] = None,
+        build_args: Optional[Mapping[str, str]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -154,13 +157,34 @@ class Sandbox:
             auto_resume: start the sandbox again when it is used (a command,
                 a file call) while stopped, by :meth:`stop` or by idling with
                 ``stop_when_idle``, instead of failing.
+            dockerfile: instead of ``image``, the path of a Dockerfile to
+                build first (its directory is the build context; see
+                :meth:`Images.build`), as llm-sandbox takes it. The image is
+                tagged ``localhost/sbx-dockerfile/<hash>`` (of the Dockerfile
+                and its build args) and its steps are cached, so creating from
+                an unchanged Dockerfile again runs no step.
+            build_args: the Dockerfile's ARGs.
             client: the daemon to use (default: ``Client()``).
+
+        An ``image`` the daemon does not have is pulled first (see
+        :meth:`Images.ensure` to see the pull's progress).
 
         Raises:
             AlreadyExistsError: ``name`` is taken.
             InvalidArgumentError: a bad name, limit or option.
         """
         c = _client(client)
+        if dockerfile is not None:
+            if image:
+                raise ValueError("create: give an image or a dockerfile, not both")
+            with open(os.fspath(dockerfile), "rb") as f:
+                h = hashlib.sha256(f.read())
+            for k in sorted(build_args or {}):
+                h.update(f"\0{k}={(build_args or {})[k]}".encode())
+            image = f"localhost/sbx-dockerfile/{h.hexdigest()[:16]}:latest"
+            c.images.build(tag=image, dockerfile=dockerfile, build_args=dict(build_args or {}))
+        elif build_args:
+            raise ValueError("create: build_args go with a dockerfile")
         req: Dict[str, Any] = {}
         if image:
             req["image"] = image
