@@ -292,6 +292,10 @@ class AsyncImages:
         """Pull an image (``progress`` is called from a worker thread)."""
         return await _to_thread(self.sync.pull, ref, progress)
 
+    async def ensure(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> Optional[ImageInfo]:
+        """Make sure ``ref`` is stored, pulling it if missing (see :meth:`Images.ensure`)."""
+        return await _to_thread(self.sync.ensure, ref, progress)
+
     async def list(self) -> List[ImageInfo]:
         """Every stored image."""
         return await _to_thread(self.sync.list)
