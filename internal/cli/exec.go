@@ -116,19 +116,31 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 	if st.Error != "" {
 		fmt.Fprintln(a.stderr, "sbx:", st.Error)
 	}
-	if st.TimedOut {
-		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
-	}
-	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
-	}
-	if st.PidsLimitHit {
-		fmt.Fprintln(a.stderr, "sbx: the sandbox's pids limit refused a fork while the command ran; raise it with `sbx update --pids`")
-	}
+	return a.exitStatus(st, "command", fmt.Sprintf(" after %s", ef.timeout))
+}
+
+// exitStatus says on stderr why a command or process (what) ended when the
+// daemon knows a reason (a timeout, with timeout's words, the memory or pids
+// limit) and returns its exit code as an ExitError.
+func (a *app) exitStatus(st *sbx.ExitStatus, what, timeout string) error {
+	a.exitNotes(st, what, timeout)
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}
 	}
 	return nil
+}
+
+// exitNotes is exitStatus's stderr lines alone.
+func (a *app) exitNotes(st *sbx.ExitStatus, what, timeout string) {
+	if st.TimedOut {
+		fmt.Fprintf(a.stderr, "sbx: %s timed out%s\n", what, timeout)
+	}
+	if st.OOMKilled {
+		fmt.Fprintf(a.stderr, "sbx: %s killed by the memory limit (OOM); raise it with `sbx update --memory`\n", what)
+	}
+	if st.PidsLimitHit {
+		fmt.Fprintf(a.stderr, "sbx: the sandbox's pids limit refused a fork while the %s ran; raise it with `sbx update --pids`\n", what)
+	}
 }
 
 // execTTY puts the local terminal in raw mode, forwards window size changes

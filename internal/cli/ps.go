@@ -234,16 +234,7 @@ func (a *app) attach(ctx context.Context, sb *sbx.Sandbox, ref string, opts sbx.
 	if st == nil {
 		return fmt.Errorf("attach: the output of process %d ended before it exited", p.PID)
 	}
-	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: process killed: out of memory (the sandbox's memory limit)")
-	}
-	if st.TimedOut {
-		fmt.Fprintln(a.stderr, "sbx: process timed out")
-	}
-	if st.Code != 0 {
-		return &ExitError{Code: st.Code}
-	}
-	return nil
+	return a.exitStatus(st, "process", "")
 }
 
 // parseSignal reads a signal as a number (15), a name (TERM) or SIGTERM.
@@ -314,9 +305,7 @@ func newProc(a *app) *cobra.Command {
 				return err
 			}
 			fmt.Fprintln(a.stdout, st.Code)
-			if st.OOMKilled {
-				fmt.Fprintln(a.stderr, "sbx: killed: out of memory (the sandbox's memory limit)")
-			}
+			a.exitNotes(st, "process", "")
 			return nil
 		},
 	}
