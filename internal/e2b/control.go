@@ -351,7 +351,6 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c *clients, id st
 		writeAPIError(w, fmt.Errorf("killing sandbox %s: %w", id, err))
 		return
 	}
-	h.procs.forget(id)
 	h.defaults.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 }

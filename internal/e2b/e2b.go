@@ -82,7 +82,6 @@ type Handler struct {
 	clients map[[sha256.Size]byte]*clients
 
 	envd     http.Handler // the Connect services and /files
-	procs    *procTable
 	defaults defaultContexts
 }
 
@@ -92,6 +91,7 @@ type clients struct {
 	sandboxes sbxv1connect.SandboxServiceClient
 	code      sbxv1connect.CodeServiceClient
 	observe   sbxv1connect.ObserveServiceClient
+	processes sbxv1connect.ProcessServiceClient
 }
 
 // New returns a Handler.
@@ -106,8 +106,7 @@ func New(cfg Config) *Handler {
 	protos.SetHTTP1(true)
 	protos.SetHTTP2(true)
 	h := &Handler{cfg: cfg, log: cfg.Logger, clients: map[[sha256.Size]byte]*clients{},
-		tr:    &http.Transport{Protocols: &protos, TLSClientConfig: cfg.TLS, MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute},
-		procs: newProcTable()}
+		tr: &http.Transport{Protocols: &protos, TLSClientConfig: cfg.TLS, MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}}
 	h.envd = h.envdMux()
 	return h
 }
@@ -128,6 +127,7 @@ func (h *Handler) clientsFor(token string) *clients {
 		sandboxes: sbxv1connect.NewSandboxServiceClient(hc, h.cfg.BaseURL),
 		code:      sbxv1connect.NewCodeServiceClient(hc, h.cfg.BaseURL),
 		observe:   sbxv1connect.NewObserveServiceClient(hc, h.cfg.BaseURL),
+		processes: sbxv1connect.NewProcessServiceClient(hc, h.cfg.BaseURL),
 	}
 	h.clients[key] = c
 	return c

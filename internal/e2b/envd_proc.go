@@ -5,8 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
-	"sync"
 
 	"connectrpc.com/connect"
 
@@ -15,160 +15,14 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
-// Processes. Start runs the command with sbx's Exec and streams its
-// output as envd's events (start{pid} first, then data, then end). The
-// pid is a number this daemon gives the command (sbx's Exec reports no
-// pid); the commands live in procTable for as long as they run, so that
-// List, Connect (live output from the moment of connecting: no replay),
-// SendSignal (SIGKILL/SIGTERM end the command: its Exec call is
-// cancelled) and Update find them. Stdin and PTYs are not offered: Start
-// with stdin or a pty, SendInput, StreamInput and CloseStdin answer
-// Unimplemented.
+// Processes are sbx's background processes (ProcessService): Start starts
+// one and follows it (start{pid} first, then its output, then end), so the
+// command outlives the stream as envd's does, and any client can List,
+// Connect to (output from the moment of connecting, as envd's), signal,
+// feed or resize it by pid or tag. E2B's pid is the process's pid in the
+// sandbox.
 
-// maxProcsPerSandbox bounds the commands tracked per sandbox (running
-// Start streams); sbx's own exec limits apply as well.
-const maxProcsPerSandbox = 256
-
-// subBuffer is how many events a Connect subscriber may fall behind before
-// it is cut off.
-const subBuffer = 256
-
-type proc struct {
-	pid    uint32
-	tag    string
-	config *process.ProcessConfig
-	cancel context.CancelFunc
-
-	mu   sync.Mutex
-	subs map[chan *process.ProcessEvent]bool
-	done bool
-}
-
-// publish hands ev to every subscriber; one that cannot keep up is dropped
-// (its channel closed), never waited for.
-func (p *proc) publish(ev *process.ProcessEvent, last bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for ch := range p.subs {
-		select {
-		case ch <- ev:
-		default:
-			delete(p.subs, ch)
-			close(ch)
-		}
-	}
-	if last {
-		p.done = true
-		for ch := range p.subs {
-			close(ch)
-		}
-		clear(p.subs)
-	}
-}
-
-func (p *proc) subscribe() (chan *process.ProcessEvent, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		return nil, false
-	}
-	ch := make(chan *process.ProcessEvent, subBuffer)
-	p.subs[ch] = true
-	return ch, true
-}
-
-func (p *proc) unsubscribe(ch chan *process.ProcessEvent) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.subs[ch] {
-		delete(p.subs, ch)
-		close(ch)
-	}
-}
-
-// procTable holds the running commands by sandbox id and pid.
-type procTable struct {
-	mu   sync.Mutex
-	next uint32
-	// bySandbox is keyed by the sandbox as the caller named it and by
-	// the token's hash, so two tenants naming the same id never share.
-	bySandbox map[string]map[uint32]*proc
-}
-
-func newProcTable() *procTable {
-	return &procTable{next: 1000, bySandbox: map[string]map[uint32]*proc{}}
-}
-
-func procKey(cl call) string { return cl.sandbox + "\x00" + cl.c.token }
-
-func (t *procTable) add(cl call, p *proc) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m := t.bySandbox[procKey(cl)]
-	if m == nil {
-		m = map[uint32]*proc{}
-		t.bySandbox[procKey(cl)] = m
-	}
-	if len(m) >= maxProcsPerSandbox {
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("sandbox %s has %d commands running through the E2B API, the most it may", cl.sandbox, len(m)))
-	}
-	t.next++
-	p.pid = t.next
-	m[p.pid] = p
-	return nil
-}
-
-func (t *procTable) remove(cl call, pid uint32) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.bySandbox[procKey(cl)], pid)
-	if len(t.bySandbox[procKey(cl)]) == 0 {
-		delete(t.bySandbox, procKey(cl))
-	}
-}
-
-// forget cancels every command of sandbox id (it was killed).
-func (t *procTable) forget(id string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k, m := range t.bySandbox {
-		if strings.HasPrefix(k, id+"\x00") {
-			for _, p := range m {
-				p.cancel()
-			}
-		}
-	}
-}
-
-func (t *procTable) list(cl call) []*proc {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []*proc
-	for _, p := range t.bySandbox[procKey(cl)] {
-		out = append(out, p)
-	}
-	return out
-}
-
-func (t *procTable) find(cl call, sel *process.ProcessSelector) (*proc, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, p := range t.bySandbox[procKey(cl)] {
-		switch s := sel.GetSelector().(type) {
-		case *process.ProcessSelector_Pid:
-			if p.pid == s.Pid {
-				return p, nil
-			}
-		case *process.ProcessSelector_Tag:
-			if p.tag == s.Tag {
-				return p, nil
-			}
-		}
-	}
-	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %v not found in sandbox %s", sel, cl.sandbox))
-}
-
-// procServer is envd's process.Process over sbx's Exec.
+// procServer is envd's process.Process over sbx's ProcessService.
 type procServer struct {
 	processconnect.UnimplementedProcessHandler
 	h *Handler
@@ -193,76 +47,94 @@ func userOf(h string) string {
 	return ""
 }
 
-func (s *procServer) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
-	cl := callOf(ctx)
-	m := req.Msg
-	if m.GetPty() != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("start: PTYs are not supported by sbx's E2B API (use sbx's exec with a tty)"))
+// selector names a process for sbx: its pid (decimal) or its tag.
+func selector(sel *process.ProcessSelector) (string, error) {
+	switch s := sel.GetSelector().(type) {
+	case *process.ProcessSelector_Pid:
+		return strconv.FormatUint(uint64(s.Pid), 10), nil
+	case *process.ProcessSelector_Tag:
+		if s.Tag == "" {
+			return "", connect.NewError(connect.CodeInvalidArgument, errors.New("process.tag: empty"))
+		}
+		return s.Tag, nil
 	}
-	if m.GetStdin() {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("start: stdin is not supported by sbx's E2B API"))
-	}
-	cfg := m.GetProcess()
-	if cfg.GetCmd() == "" {
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("start: process.cmd is required"))
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	p := &proc{tag: m.GetTag(), config: cfg, cancel: cancel, subs: map[chan *process.ProcessEvent]bool{}}
-	if err := s.h.procs.add(cl, p); err != nil {
-		return err
-	}
-	defer s.h.procs.remove(cl, p.pid)
-	exec, err := cl.c.sandboxes.Exec(runCtx, connect.NewRequest(&sbxv1.ExecRequest{
-		Sandbox: cl.sandbox, Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(),
-		Workdir: cfg.GetCwd(), User: userOf(req.Header().Get("Authorization")),
-	}))
-	if err != nil {
-		p.publish(nil, true)
-		return fmt.Errorf("start: %w", err)
-	}
-	defer exec.Close()
-	send := func(ev *process.ProcessEvent, last bool) error {
-		p.publish(ev, last)
-		return st.Send(&process.StartResponse{Event: ev})
-	}
-	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: p.pid}}}, false); err != nil {
-		p.publish(nil, true)
-		return err
-	}
-	var end *process.ProcessEvent_EndEvent
-	for exec.Receive() {
+	return "", connect.NewError(connect.CodeInvalidArgument, errors.New("process: give a pid or a tag"))
+}
+
+// follow relays sbx process events as envd's until the process exits or
+// ctx ends. tty output is envd's pty data.
+func follow(st *connect.ServerStreamForClient[sbxv1.ProcessEvent], tty bool, send func(*process.ProcessEvent) error) error {
+	for st.Receive() {
 		var data *process.ProcessEvent_DataEvent
-		switch ev := exec.Msg().GetEvent().(type) {
-		case *sbxv1.ExecOutput_Stdout:
-			data = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: ev.Stdout}}
-		case *sbxv1.ExecOutput_Stderr:
+		switch ev := st.Msg().GetEvent().(type) {
+		case *sbxv1.ProcessEvent_Stdout:
+			if tty {
+				data = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Pty{Pty: ev.Stdout}}
+			} else {
+				data = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: ev.Stdout}}
+			}
+		case *sbxv1.ProcessEvent_Stderr:
 			data = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stderr{Stderr: ev.Stderr}}
-		case *sbxv1.ExecOutput_Exited:
-			end = endOf(ev.Exited)
+		case *sbxv1.ProcessEvent_Keepalive:
+			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}); err != nil {
+				return err
+			}
+		case *sbxv1.ProcessEvent_Exited:
+			return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: endOf(ev.Exited)}})
 		}
 		if data != nil {
-			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}}, false); err != nil {
-				p.publish(nil, true)
+			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}}); err != nil {
 				return err
 			}
 		}
 	}
-	if end == nil {
-		// Cancelled by SendSignal, or the stream broke.
-		msg := "killed"
-		if err := exec.Err(); err != nil && runCtx.Err() == nil {
-			msg = err.Error()
-		}
-		end = &process.ProcessEvent_EndEvent{ExitCode: -1, Exited: false, Status: "signal: killed", Error: &msg}
+	if err := st.Err(); err != nil {
+		return fmt.Errorf("following the process: %w", err)
 	}
-	return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}, true)
+	return nil
+}
+
+func (s *procServer) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
+	cl := callOf(ctx)
+	m := req.Msg
+	cfg := m.GetProcess()
+	if cfg.GetCmd() == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("start: process.cmd is required"))
+	}
+	exec := &sbxv1.ExecRequest{
+		Sandbox: cl.sandbox, Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(),
+		Workdir: cfg.GetCwd(), User: userOf(req.Header().Get("Authorization")), StdinOpen: m.GetStdin(),
+	}
+	if pty := m.GetPty(); pty != nil {
+		exec.Tty, exec.StdinOpen = true, true
+		exec.Size = &sbxv1.TerminalSize{Rows: pty.GetSize().GetRows(), Cols: pty.GetSize().GetCols()}
+	}
+	started, err := cl.c.processes.StartProcess(ctx, connect.NewRequest(&sbxv1.StartProcessRequest{Exec: exec, Tag: m.GetTag()}))
+	if err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	info := started.Msg.GetProcess()
+	// Follow from the first byte: the ring holds what it wrote while the
+	// start call returned.
+	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: info.GetId(), Follow: true}))
+	if err != nil {
+		return fmt.Errorf("start: following process %s: %w", info.GetId(), err)
+	}
+	defer fl.Close()
+	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
+	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
+		return err
+	}
+	return follow(fl, exec.Tty, send)
 }
 
 func endOf(x *sbxv1.ExecExited) *process.ProcessEvent_EndEvent {
 	end := &process.ProcessEvent_EndEvent{ExitCode: x.GetExitCode(), Exited: x.GetSignal() == 0, Status: fmt.Sprintf("exit status %d", x.GetExitCode())}
 	if x.GetSignal() != 0 {
 		end.Status = fmt.Sprintf("signal: %d", x.GetSignal())
+		if x.GetExitCode() == 0 {
+			end.ExitCode = -1
+		}
 	}
 	msg := x.GetError()
 	switch {
@@ -281,15 +153,25 @@ func endOf(x *sbxv1.ExecExited) *process.ProcessEvent_EndEvent {
 
 func (s *procServer) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
 	cl := callOf(ctx)
-	// The sandbox must exist for this caller (and be theirs).
-	if _, err := cl.c.sandboxes.GetSandbox(ctx, connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: cl.sandbox})); err != nil {
+	resp, err := cl.c.processes.ListProcesses(ctx, connect.NewRequest(&sbxv1.ListProcessesRequest{Sandbox: cl.sandbox}))
+	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
 	out := &process.ListResponse{}
-	for _, p := range s.h.procs.list(cl) {
-		info := &process.ProcessInfo{Config: p.config, Pid: p.pid}
-		if p.tag != "" {
-			t := p.tag
+	for _, p := range resp.Msg.GetProcesses() {
+		if !p.GetRunning() {
+			continue
+		}
+		cmd := p.GetCommand()
+		cfg := &process.ProcessConfig{Envs: p.GetEnv()}
+		if len(cmd) > 0 {
+			cfg.Cmd, cfg.Args = cmd[0], cmd[1:]
+		}
+		if wd := p.GetWorkdir(); wd != "" {
+			cfg.Cwd = &wd
+		}
+		info := &process.ProcessInfo{Config: cfg, Pid: uint32(p.GetPid())}
+		if t := p.GetTag(); t != "" {
 			info.Tag = &t
 		}
 		out.Processes = append(out.Processes, info)
@@ -299,47 +181,117 @@ func (s *procServer) List(ctx context.Context, req *connect.Request[process.List
 
 func (s *procServer) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], st *connect.ServerStream[process.ConnectResponse]) error {
 	cl := callOf(ctx)
-	p, err := s.h.procs.find(cl, req.Msg.GetProcess())
+	name, err := selector(req.Msg.GetProcess())
 	if err != nil {
 		return err
 	}
-	ch, ok := p.subscribe()
-	if !ok {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has ended", p.pid))
+	none := uint32(0) // envd's Connect streams from now on: no replay
+	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: name, Follow: true, Tail: &none}))
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
 	}
-	defer p.unsubscribe(ch)
-	if err := st.Send(&process.ConnectResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: p.pid}}}}); err != nil {
+	defer fl.Close()
+	// sbx's first event is the process's info.
+	if !fl.Receive() {
+		if err := fl.Err(); err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s: no such process", name))
+	}
+	info := fl.Msg().GetProcess()
+	if info == nil || !info.GetRunning() {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s is not running", name))
+	}
+	send := func(ev *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: ev}) }
+	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
 		return err
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-ch:
-			if !ok {
-				return nil
+	return follow(fl, info.GetTty(), send)
+}
+
+func (s *procServer) input(ctx context.Context, sel *process.ProcessSelector, in *sbxv1.SendProcessInputRequest) error {
+	cl := callOf(ctx)
+	name, err := selector(sel)
+	if err != nil {
+		return err
+	}
+	in.Sandbox, in.Process = cl.sandbox, name
+	if _, err := cl.c.processes.SendProcessInput(ctx, connect.NewRequest(in)); err != nil {
+		return fmt.Errorf("input to process %s: %w", name, err)
+	}
+	return nil
+}
+
+func inputBytes(in *process.ProcessInput) []byte {
+	if b := in.GetStdin(); b != nil {
+		return b
+	}
+	return in.GetPty()
+}
+
+func (s *procServer) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+	if err := s.input(ctx, req.Msg.GetProcess(), &sbxv1.SendProcessInputRequest{Stdin: inputBytes(req.Msg.GetInput())}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.SendInputResponse{}), nil
+}
+
+func (s *procServer) StreamInput(ctx context.Context, st *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	var sel *process.ProcessSelector
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().(type) {
+		case *process.StreamInputRequest_Start:
+			sel = ev.Start.GetProcess()
+		case *process.StreamInputRequest_Data:
+			if sel == nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("stream input: data before start"))
 			}
-			if ev == nil {
-				continue
-			}
-			if err := st.Send(&process.ConnectResponse{Event: ev}); err != nil {
-				return err
+			if err := s.input(ctx, sel, &sbxv1.SendProcessInputRequest{Stdin: inputBytes(ev.Data.GetInput())}); err != nil {
+				return nil, err
 			}
 		}
 	}
+	if err := st.Err(); err != nil {
+		return nil, fmt.Errorf("stream input: %w", err)
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
+}
+
+func (s *procServer) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+	if err := s.input(ctx, req.Msg.GetProcess(), &sbxv1.SendProcessInputRequest{StdinClose: true}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.CloseStdinResponse{}), nil
+}
+
+func (s *procServer) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	size := req.Msg.GetPty().GetSize()
+	if size == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("update: pty.size is required"))
+	}
+	if err := s.input(ctx, req.Msg.GetProcess(), &sbxv1.SendProcessInputRequest{Resize: &sbxv1.TerminalSize{Rows: size.GetRows(), Cols: size.GetCols()}}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
 func (s *procServer) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
 	cl := callOf(ctx)
+	var sig int32
 	switch req.Msg.GetSignal() {
-	case process.Signal_SIGNAL_SIGKILL, process.Signal_SIGNAL_SIGTERM:
+	case process.Signal_SIGNAL_SIGKILL:
+		sig = 9
+	case process.Signal_SIGNAL_SIGTERM:
+		sig = 15
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("send signal: %v: want SIGKILL or SIGTERM", req.Msg.GetSignal()))
 	}
-	p, err := s.h.procs.find(cl, req.Msg.GetProcess())
+	name, err := selector(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
-	p.cancel()
+	if _, err := cl.c.processes.SignalProcess(ctx, connect.NewRequest(&sbxv1.SignalProcessRequest{Sandbox: cl.sandbox, Process: name, Signal: sig})); err != nil {
+		return nil, fmt.Errorf("send signal to process %s: %w", name, err)
+	}
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
 }

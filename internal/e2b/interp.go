@@ -121,6 +121,10 @@ func (h *Handler) ownContext(r *http.Request, cl call, id string) error {
 	return connect.NewError(connect.CodeNotFound, fmt.Errorf("context %s not found in sandbox %s", id, cl.sandbox))
 }
 
+// ctxKey keys per-caller state of a sandbox: the sandbox as the caller
+// named it and the caller's token, so two tenants never share an entry.
+func ctxKey(cl call) string { return cl.sandbox + "\x00" + cl.c.token }
+
 // defaultContexts are the contexts E2B's runCode without a context runs
 // in: one per sandbox, caller and language, made on first use. They live
 // in the daemon's memory only; after a restart a new one is made.
@@ -130,7 +134,7 @@ type defaultContexts struct {
 }
 
 func (d *defaultContexts) get(ctx context.Context, cl call, lang string) (string, error) {
-	key := procKey(cl) + "\x00" + lang
+	key := ctxKey(cl) + "\x00" + lang
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if id, ok := d.ids[key]; ok {
@@ -150,7 +154,7 @@ func (d *defaultContexts) get(ctx context.Context, cl call, lang string) (string
 func (d *defaultContexts) drop(cl call, lang, id string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if key := procKey(cl) + "\x00" + lang; d.ids[key] == id {
+	if key := ctxKey(cl) + "\x00" + lang; d.ids[key] == id {
 		delete(d.ids, key)
 	}
 }
