@@ -79,6 +79,17 @@ try {
   assert.ok(!(await sbx.commands.list()).some((p) => p.pid === bg.pid));
   ok("background command connect kill");
 
+  // stdin: a second handle connected to the command sees the output that
+  // the input causes
+  const reader = await sbx.commands.run("read line; echo got $line; cat", { background: true, stdin: true });
+  const watcher = await sbx.commands.connect(reader.pid);
+  await sbx.commands.sendStdin(reader.pid, "hi\n");
+  await sbx.commands.closeStdin(reader.pid);
+  const done = await watcher.wait();
+  assert.equal(done.stdout, "got hi\n");
+  assert.equal((await reader.wait()).stdout, "got hi\n");
+  ok("stdin connect");
+
   // setTimeout and getInfo
   await sbx.setTimeout(90_000);
   const got = await sbx.getInfo();
