@@ -85,7 +85,7 @@ func TestE2BSDKSession(t *testing.T) {
 		t.Fatalf("session failed after %d steps (%v): %v\n%s", len(steps), steps, err, out)
 	}
 	want := []string{"commands.run streamed", "files write read list stat mkdir rename remove", "files.watchDir",
-		"background command connect kill", "stdin connect", "setTimeout getInfo", "list metadata", "runCode text png error context",
+		"background command connect kill", "stdin connect", "pty", "setTimeout getInfo", "list metadata", "runCode text png error context",
 		"pause connect", "tenancy", "kill"}
 	for _, w := range want {
 		found := false

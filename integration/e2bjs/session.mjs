@@ -90,6 +90,16 @@ try {
   assert.equal((await reader.wait()).stdout, "got hi\n");
   ok("stdin connect");
 
+  // a PTY: output arrives as terminal data, resize and input work
+  let term = "";
+  const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => (term += Buffer.from(d).toString()) });
+  await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 });
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode("stty size; echo pty-$((6*7)); exit\n"));
+  await pty.wait().catch((e) => e);
+  assert.match(term, /30 100/);
+  assert.match(term, /pty-42/);
+  ok("pty");
+
   // setTimeout and getInfo
   await sbx.setTimeout(90_000);
   const got = await sbx.getInfo();
