@@ -6,7 +6,13 @@ import assert from "node:assert/strict";
 import { Sandbox as CodeSandbox } from "@e2b/code-interpreter";
 import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, FilesystemEventType } from "e2b";
 
-const ok = (step) => console.log(`ok ${step}`);
+const t0 = Date.now();
+let last = t0;
+const ok = (step) => {
+  const now = Date.now();
+  console.log(`ok ${step} (${now - last} ms)`);
+  last = now;
+};
 const dir = "/tmp/e2b-session";
 
 const sbx = await CodeSandbox.create({ metadata: { suite: "e2b-compat" }, timeoutMs: 120_000 });
@@ -68,10 +74,17 @@ try {
   ok("files.watchDir");
 
   // a background command, then connect to it from another handle, then kill
-  const bg = await sbx.commands.run("echo started; sleep 600", { background: true });
+  // A silent command: start and connect must answer at once, not when it
+  // first writes (sbx's ConnectProcess answers then, or at its 10 s
+  // keepalive), so each is bounded well under that.
+  let since = Date.now();
+  const bg = await sbx.commands.run("sleep 600", { background: true });
+  assert.ok(Date.now() - since < 5000, `background start took ${Date.now() - since} ms`);
   const listed = await sbx.commands.list();
   assert.ok(listed.some((p) => p.pid === bg.pid), `pid ${bg.pid} in ${JSON.stringify(listed)}`);
+  since = Date.now();
   const again = await sbx.commands.connect(bg.pid);
+  assert.ok(Date.now() - since < 5000, `connect took ${Date.now() - since} ms`);
   assert.equal(again.pid, bg.pid);
   assert.equal(await sbx.commands.kill(bg.pid), true);
   const end = await bg.wait().then((r) => r, (e) => e);

@@ -114,17 +114,19 @@ func (s *procServer) Start(ctx context.Context, req *connect.Request[process.Sta
 		return fmt.Errorf("start: %w", err)
 	}
 	info := started.Msg.GetProcess()
-	// Follow from the first byte: the ring holds what it wrote while the
-	// start call returned.
+	// start{pid} goes out before following: ConnectProcess answers only
+	// once the process has written something (or a keepalive is due),
+	// and the SDK waits for this event to return from commands.run.
+	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
+	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
+		return err
+	}
+	// Follow from the first byte: the ring holds what it wrote meanwhile.
 	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: info.GetId(), Follow: true}))
 	if err != nil {
 		return fmt.Errorf("start: following process %s: %w", info.GetId(), err)
 	}
 	defer fl.Close()
-	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
-	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
-		return err
-	}
 	return follow(fl, exec.Tty, send)
 }
 
@@ -185,27 +187,26 @@ func (s *procServer) Connect(ctx context.Context, req *connect.Request[process.C
 	if err != nil {
 		return err
 	}
-	none := uint32(0) // envd's Connect streams from now on: no replay
-	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: name, Follow: true, Tail: &none}))
+	got, err := cl.c.processes.GetProcess(ctx, connect.NewRequest(&sbxv1.GetProcessRequest{Sandbox: cl.sandbox, Process: name}))
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	defer fl.Close()
-	// sbx's first event is the process's info.
-	if !fl.Receive() {
-		if err := fl.Err(); err != nil {
-			return fmt.Errorf("connect: %w", err)
-		}
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s: no such process", name))
-	}
-	info := fl.Msg().GetProcess()
-	if info == nil || !info.GetRunning() {
+	info := got.Msg.GetProcess()
+	if !info.GetRunning() {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s is not running", name))
 	}
+	// start{pid} first, as in Start: ConnectProcess answers only once
+	// the process writes something or a keepalive is due.
 	send := func(ev *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: ev}) }
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
 		return err
 	}
+	none := uint32(0) // envd's Connect streams from now on: no replay
+	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: info.GetId(), Follow: true, Tail: &none}))
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer fl.Close()
 	return follow(fl, info.GetTty(), send)
 }
 
