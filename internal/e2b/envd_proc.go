@@ -114,9 +114,8 @@ func (s *procServer) Start(ctx context.Context, req *connect.Request[process.Sta
 		return fmt.Errorf("start: %w", err)
 	}
 	info := started.Msg.GetProcess()
-	// start{pid} goes out before following: ConnectProcess answers only
-	// once the process has written something (or a keepalive is due),
-	// and the SDK waits for this event to return from commands.run.
+	// start{pid} goes out before following: the SDK waits for it to
+	// return from commands.run, so it must not wait for anything else.
 	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
 		return err
@@ -195,8 +194,7 @@ func (s *procServer) Connect(ctx context.Context, req *connect.Request[process.C
 	if !info.GetRunning() {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s is not running", name))
 	}
-	// start{pid} first, as in Start: ConnectProcess answers only once
-	// the process writes something or a keepalive is due.
+	// start{pid} first, as in Start.
 	send := func(ev *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: ev}) }
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
 		return err

@@ -277,6 +277,11 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 	if err != nil {
 		return err
 	}
+	// The info first: the agent's log stream answers only with its first
+	// event, which for a silent process is its keepalive (10 s).
+	if err := out.Send(&sbxv1.ProcessEvent{Event: &sbxv1.ProcessEvent_Process{Process: pi}}); err != nil {
+		return err
+	}
 	st, err := conn.ProcessLogs(ctx, connect.NewRequest(&agentv1.ProcessLogsRequest{
 		Id: pi.GetId(), Logs: &sbxv1.LogsRequest{Follow: req.Msg.GetFollow(), Tail: req.Msg.Tail},
 	}))
@@ -284,9 +289,6 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 		return agentProcessError(ctx, "connect process", err)
 	}
 	defer st.Close()
-	if err := out.Send(&sbxv1.ProcessEvent{Event: &sbxv1.ProcessEvent_Process{Process: pi}}); err != nil {
-		return err
-	}
 	for st.Receive() {
 		var ev *sbxv1.ProcessEvent
 		switch e := st.Msg().GetEvent().(type) {
