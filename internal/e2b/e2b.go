@@ -83,6 +83,7 @@ type Handler struct {
 
 	envd     http.Handler // the Connect services and /files
 	defaults defaultContexts
+	watches  watchCounter
 }
 
 // clients are the daemon API clients of one token.

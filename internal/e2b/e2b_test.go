@@ -167,3 +167,27 @@ func TestDetailState(t *testing.T) {
 		t.Errorf("got error body %q, want %q", w.Body.String(), want)
 	}
 }
+
+func TestWatchCounter(t *testing.T) {
+	var c watchCounter
+	var releases []func()
+	for i := 0; i < maxWatches; i++ {
+		rel, err := c.acquire("sb-1\x00tok")
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+		releases = append(releases, rel)
+	}
+	if _, err := c.acquire("sb-1\x00tok"); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("watch %d: got %v, want ResourceExhausted", maxWatches+1, err)
+	}
+	if rel, err := c.acquire("sb-2\x00tok"); err != nil {
+		t.Errorf("another sandbox's watch: %v", err)
+	} else {
+		rel()
+	}
+	releases[0]()
+	if _, err := c.acquire("sb-1\x00tok"); err != nil {
+		t.Errorf("after a release: %v", err)
+	}
+}

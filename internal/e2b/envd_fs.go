@@ -12,6 +12,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -177,6 +178,9 @@ const (
 	watchInterval   = 500 * time.Millisecond
 	watchKeepalive  = 30 * time.Second
 	maxWatchEntries = 10000
+	// maxWatches bounds the watches open on one sandbox per caller: each
+	// lists the directory twice a second.
+	maxWatches = 16
 )
 
 type watchState struct {
@@ -209,6 +213,11 @@ func (s *fsServer) WatchDir(ctx context.Context, req *connect.Request[filesystem
 	if dir == "" {
 		dir = "/"
 	}
+	release, err := s.h.watches.acquire(ctxKey(callOf(ctx)))
+	if err != nil {
+		return err
+	}
+	defer release()
 	prev, err := s.snapshot(ctx, dir, req.Msg.GetRecursive())
 	if err != nil {
 		return err
@@ -269,6 +278,31 @@ func (s *fsServer) WatchDir(ctx context.Context, req *connect.Request[filesystem
 			}
 		}
 	}
+}
+
+// watchCounter counts open watches by sandbox and caller.
+type watchCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *watchCounter) acquire(key string) (func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[key] >= maxWatches {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("watch dir: %d watches are open on this sandbox, the most allowed", maxWatches))
+	}
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.n[key]--; c.n[key] <= 0 {
+			delete(c.n, key)
+		}
+	}, nil
 }
 
 // getFile serves envd's GET /files?path=P: the file's bytes.

@@ -125,6 +125,10 @@ func (h *Handler) ownContext(r *http.Request, cl call, id string) error {
 // named it and the caller's token, so two tenants never share an entry.
 func ctxKey(cl call) string { return cl.sandbox + "\x00" + cl.c.token }
 
+// maxDefaultContexts bounds the default contexts remembered (those of
+// sandboxes that ended without a kill through this API stay until then).
+const maxDefaultContexts = 10000
+
 // defaultContexts are the contexts E2B's runCode without a context runs
 // in: one per sandbox, caller and language, made on first use. They live
 // in the daemon's memory only; after a restart a new one is made.
@@ -144,7 +148,10 @@ func (d *defaultContexts) get(ctx context.Context, cl call, lang string) (string
 	if err != nil {
 		return "", fmt.Errorf("creating the default %s context: %w", lang, err)
 	}
-	if d.ids == nil {
+	if d.ids == nil || len(d.ids) >= maxDefaultContexts {
+		// Forgetting only costs the state of those sandboxes' default
+		// contexts (their next run starts a fresh one); sbx reaps the
+		// contexts themselves with their sandboxes.
 		d.ids = map[string]string{}
 	}
 	d.ids[key] = resp.Msg.GetContext().GetId()
