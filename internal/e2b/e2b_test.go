@@ -191,3 +191,34 @@ func TestWatchCounter(t *testing.T) {
 		t.Errorf("after a release: %v", err)
 	}
 }
+
+// TestUploadRefusals: uploads envd's /files cannot take are refused before
+// any byte reaches the sandbox.
+func TestUploadRefusals(t *testing.T) {
+	h := New(Config{BaseURL: "http://127.0.0.1:1"})
+	for _, tc := range []struct {
+		name, query, ctype, enc string
+		want                    int
+		mention                 string
+	}{
+		{"gzip", "?path=/a", "application/octet-stream", "gzip", 415, "gzip"},
+		{"content type", "?path=/a", "text/plain", "", 415, "text/plain"},
+		{"no path", "", "application/octet-stream", "", 400, "path"},
+		{"no file part", "", "multipart/form-data; boundary=X", "", 400, "no file"},
+	} {
+		body := ""
+		if strings.HasPrefix(tc.ctype, "multipart/") {
+			body = "--X\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nv\r\n--X--\r\n"
+		}
+		r := httptest.NewRequest("POST", "/files"+tc.query, strings.NewReader(body))
+		r.Header.Set("Content-Type", tc.ctype)
+		if tc.enc != "" {
+			r.Header.Set("Content-Encoding", tc.enc)
+		}
+		w := httptest.NewRecorder()
+		h.ServeSandbox(w, r, "tok", "sb-1", EnvdPort)
+		if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.mention) {
+			t.Errorf("%s: got %d %s, want %d mentioning %q", tc.name, w.Code, w.Body.String(), tc.want, tc.mention)
+		}
+	}
+}

@@ -353,6 +353,9 @@ func (h *Handler) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// maxUploadFiles bounds the files of one multipart upload.
+const maxUploadFiles = 1000
+
 // writtenJSON is envd's EntryInfo of POST /files.
 type writtenJSON struct {
 	Name string `json:"name"`
@@ -404,6 +407,10 @@ func (h *Handler) postFile(w http.ResponseWriter, r *http.Request) {
 			}
 			if part.FormName() != "file" {
 				continue
+			}
+			if len(out) >= maxUploadFiles {
+				writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("more than %d files in one upload", maxUploadFiles))
+				return
 			}
 			p := qpath
 			if p == "" {
