@@ -151,8 +151,10 @@ try {
   ok(`getMetrics ${metrics.length}`);
 
   // pause and resume (sbx: stop and start)
+  assert.equal(await sbx.isRunning(), true);
   await sbx.pause();
   assert.equal((await sbx.getInfo()).state, "paused");
+  assert.equal(await sbx.isRunning(), false);
   const resumed = await Sandbox.connect(sbx.sandboxId);
   assert.equal((await resumed.getInfo()).state, "running");
   assert.equal((await resumed.commands.run("echo back")).stdout, "back\n");
@@ -181,5 +183,6 @@ try {
   await sbx.kill();
 }
 assert.equal(await Sandbox.kill(sbx.sandboxId), false);
+assert.equal(await sbx.isRunning(), false);
 await assert.rejects(Sandbox.getInfo(sbx.sandboxId), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError);
 ok("kill");

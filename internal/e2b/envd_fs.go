@@ -48,11 +48,28 @@ func (h *Handler) envdMux() http.Handler {
 	mux.Handle(processconnect.NewProcessHandler(&procServer{h: h}))
 	mux.HandleFunc("GET /files", h.getFile)
 	mux.HandleFunc("POST /files", h.postFile)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("GET /health", h.health)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, fmt.Sprintf("envd %s %s is not part of sbx's E2B-compatible API (docs/E2B.md lists what is)", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// health answers envd's GET /health: 204 while the sandbox runs, 502
+// (what E2B's proxy answers for a sandbox that is gone or paused, and what
+// the SDK's isRunning reads as false) otherwise, a sandbox of someone
+// else's included.
+func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
+	cl := callOf(r.Context())
+	resp, err := cl.c.sandboxes.GetSandbox(r.Context(), connect.NewRequest(&sbxv1.GetSandboxRequest{Sandbox: cl.sandbox}))
+	switch {
+	case err == nil && resp.Msg.GetSandbox().GetState() == sbxv1.SandboxState_SANDBOX_STATE_RUNNING:
+		w.WriteHeader(http.StatusNoContent)
+	case err == nil || connect.CodeOf(err) == connect.CodeNotFound:
+		writeError(w, http.StatusBadGateway, "sandbox "+cl.sandbox+" is not running")
+	default:
+		writeAPIError(w, fmt.Errorf("checking sandbox %s: %w", cl.sandbox, err))
+	}
 }
 
 // fsServer is envd's filesystem.Filesystem over sbx's file calls.

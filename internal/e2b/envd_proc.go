@@ -186,25 +186,30 @@ func (s *procServer) Connect(ctx context.Context, req *connect.Request[process.C
 	if err != nil {
 		return err
 	}
-	got, err := cl.c.processes.GetProcess(ctx, connect.NewRequest(&sbxv1.GetProcessRequest{Sandbox: cl.sandbox, Process: name}))
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	info := got.Msg.GetProcess()
-	if !info.GetRunning() {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s is not running", name))
-	}
-	// start{pid} first, as in Start.
-	send := func(ev *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: ev}) }
-	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
-		return err
-	}
-	none := uint32(0) // envd's Connect streams from now on: no replay
-	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: info.GetId(), Follow: true, Tail: &none}))
+	// Following starts before start{pid} goes out: the SDK may send input
+	// as soon as it has that event, and the output it causes must reach
+	// this stream (tail 0: envd's Connect shows only output from now on).
+	none := uint32(0)
+	fl, err := cl.c.processes.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: cl.sandbox, Process: name, Follow: true, Tail: &none}))
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer fl.Close()
+	// sbx's first event is the process's info, sent at once.
+	if !fl.Receive() {
+		if err := fl.Err(); err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s: no such process", name))
+	}
+	info := fl.Msg().GetProcess()
+	if info == nil || !info.GetRunning() {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("connect: process %s is not running", name))
+	}
+	send := func(ev *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: ev}) }
+	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
+		return err
+	}
 	return follow(fl, info.GetTty(), send)
 }
 
