@@ -49,9 +49,12 @@ type Driver struct {
 	agent    string
 	cgParent string
 	platform string
-	healthy  bool
-	detail   string
-	log      *slog.Logger
+	// agentSeccomp: the agent installs the seccomp profile, not runsc
+	// (seccomp_linux.go).
+	agentSeccomp bool
+	healthy      bool
+	detail       string
+	log          *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -85,12 +88,15 @@ func New(cfg Config) (*Driver, error) {
 	if d.platform == "" {
 		d.platform = "systrap"
 	}
+	var err error
+	if d.agentSeccomp, err = agentSeccomp(); err != nil {
+		return nil, err
+	}
 	for _, dir := range []string{d.stateDir, d.boxesDir, d.runscRoot} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return nil, fmt.Errorf("gvisor: create %s: %w", dir, err)
 		}
 	}
-	var err error
 	if d.agent, err = installAgent(cfg.AgentPath, filepath.Join(d.stateDir, "agent")); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
@@ -286,7 +292,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	ociSpec := buildSpec(spec, specParams{
 		Rootfs: rootfs, HostImage: hostImage, Agent: d.agent, RunDir: run, TmpDir: tmp, Mounts: mounts,
-		CgroupsPath: "/" + d.cgParent + "/" + spec.ID,
+		CgroupsPath: "/" + d.cgParent + "/" + spec.ID, AgentSeccomp: d.agentSeccomp,
 	})
 	cfgJSON, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -347,7 +353,10 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *cleanup.Stack) 
 // command is runsc with the flags every call for this driver's boxes takes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
 	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
-		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore", "--oci-seccomp"}
+		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
+	if !d.agentSeccomp {
+		base = append(base, "--oci-seccomp")
+	}
 	return exec.CommandContext(ctx, d.runsc, append(base, args...)...)
 }
 
