@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,9 +53,11 @@ type Driver struct {
 	// agentSeccomp: the agent installs the seccomp profile, not runsc
 	// (seccomp_linux.go).
 	agentSeccomp bool
-	healthy      bool
-	detail       string
-	log          *slog.Logger
+	// caps are capabilities plus network with Config.Network.
+	caps    []runtime.Capability
+	healthy bool
+	detail  string
+	log     *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -78,6 +81,14 @@ func New(cfg Config) (*Driver, error) {
 		cgParent:  cfg.CgroupParent,
 		platform:  cfg.Platform,
 		log:       log.With("driver", name),
+		caps:      capabilities,
+	}
+	if cfg.Network {
+		d.caps = append(slices.Clone(capabilities), runtime.CapNetwork)
+	}
+	var err error
+	if d.agentSeccomp, err = agentSeccomp(); err != nil {
+		return nil, err
 	}
 	if d.cgParent == "" {
 		d.cgParent = defaultCgroupParent
@@ -87,10 +98,6 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if d.platform == "" {
 		d.platform = "systrap"
-	}
-	var err error
-	if d.agentSeccomp, err = agentSeccomp(); err != nil {
-		return nil, err
 	}
 	for _, dir := range []string{d.stateDir, d.boxesDir, d.runscRoot} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
@@ -178,7 +185,7 @@ func installAgent(src, dir string) (string, error) {
 func (d *Driver) Name() string { return name }
 
 func (d *Driver) Info(context.Context) runtime.Info {
-	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities,
+	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: d.caps,
 		StoredIDs: idmap.Canonical}
 }
 
@@ -235,10 +242,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if spec.Network != nil {
-		return h, fmt.Errorf("gvisor: boxes have no network yet (got an attachment to %q): %w", spec.Network.NetNSPath(), errdefs.ErrFailedPrecondition)
-	}
 	if err := spec.Validate(); err != nil {
+		return h, err
+	}
+	if err := checkNetwork(spec.Network); err != nil {
 		return h, err
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
@@ -302,7 +309,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
 	undo.Add(func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
-	if err := d.start(ctx, spec.ID, box); err != nil {
+	if err := d.start(ctx, spec.ID, box, runscNetwork(spec.Network)); err != nil {
 		return h, err
 	}
 	if err := pinSockets(box); err != nil {
@@ -352,7 +359,13 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *cleanup.Stack) 
 
 // command is runsc with the flags every call for this driver's boxes takes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
-	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
+	return d.commandNet(ctx, "none", args...)
+}
+
+// commandNet is command with runsc's --network set to network (only `run`
+// sets up a box's network: see runscNetwork).
+func (d *Driver) commandNet(ctx context.Context, network string, args ...string) *exec.Cmd {
+	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", network,
 		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
 	if !d.agentSeccomp {
 		base = append(base, "--oci-seccomp")
@@ -373,8 +386,9 @@ func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // start runs the box with the agent as init and waits until it serves. The
-// ready pipe's write end is the agent's fd 3 (--pass-fd).
-func (d *Driver) start(ctx context.Context, id, box string) error {
+// ready pipe's write end is the agent's fd 3 (--pass-fd). network is
+// runsc's --network for the box (runscNetwork).
+func (d *Driver) start(ctx context.Context, id, box, network string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("agent ready pipe: %w", err)
@@ -391,7 +405,7 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 	// a fraction of a second; a cancelled create is rolled back after it.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runtime.ProbeTimeout)
 	defer cancel()
-	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
+	cmd := d.commandNet(rctx, network, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stdout, cmd.Stderr = logf, logf // the agent's stdio too: its log
 	err = cmd.Run()

@@ -77,7 +77,7 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace}, {Type: specs.NetworkNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace}, networkNamespace(spec.Network),
 			},
 			CgroupsPath: p.CgroupsPath,
 			Resources:   resources(spec.Resources),
