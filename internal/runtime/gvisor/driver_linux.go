@@ -204,7 +204,6 @@ func checkID(id string) error { return ocibox.CheckID(id) }
 // Paths of a box.
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
 func rwDir(box string) string             { return filepath.Join(box, "rw") }
-func tmpDir(box string) string            { return filepath.Join(box, "rw", "tmp") }
 func rootfsDir(box string) string         { return filepath.Join(box, "rootfs") }
 func runDir(box string) string            { return filepath.Join(box, "run") }
 func mntDir(box string) string            { return filepath.Join(box, "mnt") }
@@ -266,14 +265,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 
 	root := int(idmap.Canonical.Base)
-	// /tmp lives on the box's disk too (see mounts).
-	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo, filepath.Base(tmpDir(box)))
+	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo)
 	if err != nil {
 		return h, err
-	}
-	tmp := tmpDir(box)
-	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
-		return h, fmt.Errorf("chmod tmp dir: %w", err)
 	}
 	rootfs := rootfsDir(box)
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
@@ -284,6 +278,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	undo.Add(func() error { return hostmount.Unmount(rootfs) })
 	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
+		return h, err
+	}
+	// /tmp lives on the box's disk too (see mounts).
+	tmp, err := boxTmp(rootfs, root)
+	if err != nil {
 		return h, err
 	}
 	run := runDir(box)

@@ -67,7 +67,7 @@ const defaultCgroupParent = "sbx-gvisor"
 
 // capabilities are what every gvisor box offers (plus network with
 // Config.Network). Not (yet): network-replug (runsc reads the namespace's
-// interfaces once, at start), snapshot, path-policies (the agent's FUSE guards need a /dev/fuse
+// interfaces once, at start), path-policies (the agent's FUSE guards need a /dev/fuse
 // the driver does not give), process-limits (gVisor's kernel and every
 // process in the box share one host cgroup: a process that exhausts the
 // box's memory gets the whole sandbox OOM-killed, and the box's processes
@@ -77,5 +77,5 @@ const defaultCgroupParent = "sbx-gvisor"
 var capabilities = []runtime.Capability{
 	runtime.CapPause, runtime.CapStats, runtime.CapDiskLimit, runtime.CapRecover,
 	runtime.CapVolumes, runtime.CapCodebases, runtime.CapHostImage, runtime.CapDiskInMemory,
-	runtime.CapUpdate,
+	runtime.CapUpdate, runtime.CapSnapshot,
 }

@@ -99,7 +99,7 @@ func mounts(p specParams) []specs.Mount {
 	}
 	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
 	// empty /tmp, in the sandbox's memory and outside the disk limit. This
-	// one lives on the box's disk tmpfs next to the writable layer.
+	// one is the rootfs overlay's own /tmp, on the box's disk (boxTmp).
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		ocibox.AgentMount(p.Agent),
