@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -263,5 +265,84 @@ func waitServes(t *testing.T, ctx context.Context, sb *sbx.Sandbox, addr string)
 			t.Fatalf("the server at %s in sandbox %s did not come up in 20s", addr, sb.ID)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestGvisorWarmPoolNetwork: with gvisor as the default runtime, warm boxes
+// start connected (public) and are handed to connected creates, but never
+// to a create asking for network mode none: gVisor's netstack would keep
+// the veth it read at start (the warm box's eth0) after the daemon unplugs
+// it, so the box must be made cold, with lo only. A gvisor box keeps its
+// network across a daemon kill -9.
+func TestGvisorWarmPoolNetwork(t *testing.T) {
+	runsc := runscForTests(t)
+	d := startNetDaemon(t, "--runsc", runsc, "--default-runtime", "gvisor", "--warm-pool", "1")
+	ctx := ctxT(t, 3*time.Minute)
+	d.waitLog(t, "warm pool: box ready", 1)
+	none, err := d.client().Create(ctx, sbx.CreateOptions{Network: &sbx.NetworkPolicy{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(none.ID)
+	if got := mustRun(t, ctx, none, ifaces); got != "lo " {
+		t.Errorf("interfaces of a none gvisor box created with a warm pool: %q, want lo only", got)
+	}
+	if reach(t, ctx, none, d.inet.public) {
+		t.Errorf("none gvisor box reaches %s", d.inet.public)
+	}
+	if n := d.logCount("warm pool: box taken"); n != 0 {
+		t.Errorf("the none create took a warm box (%d taken)", n)
+	}
+	pub, err := d.client().Create(ctx, sbx.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(pub.ID)
+	if n := d.logCount("warm pool: box taken"); n != 1 {
+		t.Errorf("the public create took %d warm boxes, want 1", n)
+	}
+	if pub.Info.GetRuntime() != "gvisor" || !reach(t, ctx, pub, d.inet.public) {
+		t.Errorf("public sandbox on the default gvisor runtime (runtime %q) cannot reach %s", pub.Info.GetRuntime(), d.inet.public)
+	}
+
+	d.kill9()
+	d.start()
+	again, err := d.client().Get(ctx, pub.ID)
+	if err != nil {
+		t.Fatalf("get after restart: %v", err)
+	}
+	if !reach(t, ctx, again, d.inet.public) {
+		t.Errorf("gvisor box cannot reach %s after a daemon kill -9", d.inet.public)
+	}
+	d.stop()
+	d.args = append(d.args, "--warm-pool", "0")
+	d.start()
+	for _, id := range []string{none.ID, pub.ID} {
+		sb, err := d.client().Get(ctx, id)
+		if err == nil {
+			err = sb.Destroy(ctx)
+		}
+		if err != nil {
+			t.Errorf("destroy %s: %v", id, err)
+		}
+	}
+	d.assertNoLeaks()
+}
+
+// logCount counts the daemon log's lines containing msg.
+func (d *netDaemon) logCount(msg string) int {
+	b, _ := os.ReadFile(filepath.Join(d.dataDir, "daemon.log"))
+	return strings.Count(string(b), msg)
+}
+
+// waitLog waits up to 30 s for the daemon to have logged msg n times.
+func (d *netDaemon) waitLog(t *testing.T, msg string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for d.logCount(msg) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon did not log %q %d times in 30s", msg, n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
