@@ -22,7 +22,8 @@ import (
 // through the daemon's DNS forwarder but no private range, host service or
 // neighbour; allow-lists are enforced by address and by domain; none has
 // loopback only; the port proxy reaches a server in the box; domain
-// secrets go through the egress proxy; a policy change applies in place,
+// secrets go through the egress proxy; a scoped token reaches the box API
+// on the gateway; a policy change applies in place,
 // while switching a running box to or from none is refused by capability
 // (runsc reads the namespace's interfaces once); destroying leaves nothing.
 func TestGvisorNetwork(t *testing.T) {
@@ -205,6 +206,21 @@ func TestGvisorNetwork(t *testing.T) {
 		}
 		if env := mustRun(t, ctx, sb, "env"); strings.Contains(env, value) {
 			t.Errorf("the gvisor box's env shows the secret's value:\n%s", env)
+		}
+	})
+
+	t.Run("scoped token", func(t *testing.T) {
+		sb, err := d.client().Create(ctx, sbx.CreateOptions{Runtime: "gvisor", ScopedToken: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.remember(sb.ID)
+		// The box reaches the daemon's box API on the gateway and its token
+		// is accepted: a box it did not create is not_found to it.
+		out := mustRun(t, ctx, sb, `curl -sS --max-time 5 -H "Authorization: Bearer $SBX_TOKEN" -H 'Content-Type: application/json' `+
+			`-d '{"sandbox":"`+pub.ID+`"}' "$SBX_ADDR/sbx.v1.SandboxService/GetSandbox"`)
+		if !strings.Contains(out, `"not_found"`) {
+			t.Errorf("GetSandbox of another box with the gvisor box's scoped token: got %s, want not_found", out)
 		}
 	})
 
