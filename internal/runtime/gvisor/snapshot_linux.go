@@ -24,9 +24,11 @@ var _ runtime.Snapshotter = (*Driver)(nil)
 // same tmpfs (tmpDir): that is written into the layer as /tmp, opaque (it
 // hid the image's /tmp in the box too).
 // ocibox.WriteDiff treats both as hostile. The box is frozen (runsc pause)
-// while the tar is written unless it already was: gVisor's kernel writes
-// through to the host files (the sentry caches metadata, not dirty data, of
-// the root mount), so what a frozen box wrote is on the host.
+// while the tar is written unless it already was. gVisor's kernel writes
+// write(2) data through to the host files of the root mount, so what a
+// frozen box wrote is on the host (the suite's Snapshot checks a file a
+// process still holds open); data written through a shared mmap and not
+// yet msync'ed is not checked.
 func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer, lim runtime.DiffLimits) (err error) {
 	if err := checkID(h.ID); err != nil {
 		return err
