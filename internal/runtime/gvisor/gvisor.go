@@ -8,8 +8,9 @@
 //     skeleton, internal/hostimage) under a writable layer on a tmpfs sized
 //     by the disk limit, mounted on the host by the driver; runsc runs with
 //     --overlay2=none so the box's writes land there (bounded, and readable
-//     by the host like the oci driver's). The host image's /usr, volumes and
-//     codebase overlays are OCI bind mounts served by runsc's gofer.
+//     by the host like the oci driver's), /tmp included (tmp_linux.go). The
+//     host image's /usr, volumes and codebase overlays are OCI bind mounts
+//     served by runsc's gofer.
 //   - ids: runsc puts the sandbox and the gofer in a user namespace mapping
 //     box uid 0 to idmap.Canonical, the range stored trees (layers,
 //     volumes, codebases) are kept in, so files show their owners inside.
@@ -25,8 +26,10 @@
 //     (bridge, firewall, DNS, egress proxy) is the daemon's as under oci.
 //     Without an attachment: runsc --network=none, loopback only.
 //
-// Limits are runsc's cgroup (memory, CPU, pids plus runsc's own threads);
-// Stats come from `runsc events --stats`. State lives in runsc's --root
+// Limits are runsc's cgroup (memory, CPU, pids plus runsc's own threads),
+// which Update rewrites (update_linux.go); Diff writes the writable layer
+// like the oci driver (snapshot_linux.go); the agent installs the seccomp
+// profile (seccomp_linux.go). Stats come from `runsc events --stats`. State lives in runsc's --root
 // under the state dir and in one dir per box; the Handle carries nothing
 // the driver cannot find again from the box id.
 package gvisor
