@@ -36,6 +36,7 @@ import (
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
+	"github.com/sbxdev/sbx/internal/ui"
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
@@ -378,6 +379,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
+		UI: ui.Handler(),
 	})
 	defer front.Close()
 	if boxAPI != "" {

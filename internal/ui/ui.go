@@ -1,0 +1,97 @@
+// Package ui serves the web dashboard: the single-page app in web/, built by
+// Vite into dist/ (committed, so `go build` needs no npm; scripts/check-ui.sh
+// checks that it matches web/'s sources) and embedded in the daemon. The
+// files are static and hold no secrets: the page asks for the API token and
+// keeps it in the tab's sessionStorage, and everything it shows comes from
+// the API (Authorization: Bearer) and the terminal WebSocket
+// (internal/server execws.go), which authenticate as usual. What the page
+// shows was written by sandbox code (names, labels, file names, logs), so it
+// renders text only, and every response carries a Content-Security-Policy
+// that allows no inline or foreign script, no framing, and connections only
+// to the daemon itself. Imported by internal/daemon only.
+package ui
+
+import (
+	"embed"
+	"io/fs"
+	"net/http"
+	"path"
+	"strings"
+)
+
+//go:embed all:dist
+var dist embed.FS
+
+// Prefix is where the dashboard is served.
+const Prefix = "/ui/"
+
+// CSP is every dashboard response's Content-Security-Policy: scripts and
+// styles only from the daemon's own files (xterm.js's renderer sets styles
+// through the CSSOM, which style-src does not govern), fetches and
+// WebSockets only to the daemon, no plugins, no <base>, no form posts, and
+// no framing by anyone (a page a sandbox serves through the port proxy on
+// the same origin cannot frame the dashboard).
+const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; " +
+	"connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// Handler serves the embedded dashboard under Prefix (GET and HEAD only).
+func Handler() http.Handler {
+	sub, err := fs.Sub(dist, "dist")
+	if err != nil {
+		panic("ui: embedded dist: " + err.Error())
+	}
+	files := http.FileServerFS(sub)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", CSP)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			h.Set("Allow", "GET, HEAD")
+			http.Error(w, "sbx: the dashboard's files take GET and HEAD only", http.StatusMethodNotAllowed)
+			return
+		}
+		if r.URL.Path == strings.TrimSuffix(Prefix, "/") {
+			http.Redirect(w, r, Prefix, http.StatusMovedPermanently)
+			return
+		}
+		name, ok := strings.CutPrefix(path.Clean(r.URL.Path), strings.TrimSuffix(Prefix, "/"))
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		name = strings.TrimPrefix(name, "/")
+		if name == "" || name == "index.html" {
+			// The app routes by the URL's fragment: one document.
+			h.Set("Cache-Control", "no-cache")
+			serveFile(w, r, sub, "index.html")
+			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no directory listings
+			return
+		}
+		if strings.HasPrefix(name, "assets/") {
+			// Vite puts a content hash in every asset's name.
+			h.Set("Cache-Control", "public, max-age=31536000, immutable")
+		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/" + name
+		files.ServeHTTP(w, r2)
+	})
+}
+
+func serveFile(w http.ResponseWriter, r *http.Request, fsys fs.FS, name string) {
+	b, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		http.Error(w, "sbx: the dashboard is not built into this binary (make ui)", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write(b)
+}
