@@ -25,13 +25,14 @@ var dist embed.FS
 // Prefix is where the dashboard is served.
 const Prefix = "/ui/"
 
-// CSP is every dashboard response's Content-Security-Policy: scripts and
-// styles only from the daemon's own files (xterm.js's renderer sets styles
-// through the CSSOM, which style-src does not govern), fetches and
+// CSP is every dashboard response's Content-Security-Policy: scripts only
+// from the daemon's own files (no inline script, no eval), fetches and
 // WebSockets only to the daemon, no plugins, no <base>, no form posts, and
 // no framing by anyone (a page a sandbox serves through the port proxy on
-// the same origin cannot frame the dashboard).
-const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; " +
+// the same origin cannot frame the dashboard). Styles may be inline because
+// xterm.js's renderer writes <style> elements; the page never turns a string
+// into markup, so no one else's styles get in.
+const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self'; " +
 	"connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // Handler serves the embedded dashboard under Prefix (GET and HEAD only).

@@ -1,0 +1,162 @@
+// End-to-end test of the dashboard in a real browser: Playwright
+// (playwright-core) driving Debian's chromium, headless, against a real
+// daemon (sdk/ts/test/daemon.mjs: $SBX_ADDR or bin/sbx serve started here).
+// Logs in (a wrong token first: refused), creates a sandbox, sees it listed,
+// opens its page, waits for the graphs to gain points and the logs to follow, runs `echo hi` in
+// the terminal and reads it back, uploads, edits and downloads a file, and
+// destroys the sandbox; fails on any CSP violation or page error. Prints the
+// first-load time and the bundle's size. With SCREENSHOTS=DIR, saves a
+// screenshot of each page there (make screenshots: docs/ui).
+import { chromium } from "playwright-core";
+import { readdirSync, readFileSync, statSync, mkdirSync } from "node:fs";
+import { gzipSync } from "node:zlib";
+import { join } from "node:path";
+import assert from "node:assert/strict";
+import { startDaemon, REPO } from "../../sdk/ts/test/daemon.mjs";
+
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const shots = process.env.SCREENSHOTS;
+if (shots) mkdirSync(shots, { recursive: true });
+
+function bundleSize() {
+  const dir = join(REPO, "internal/ui/dist/assets");
+  let raw = 0, gz = 0;
+  for (const f of readdirSync(dir)) {
+    const b = readFileSync(join(dir, f));
+    raw += statSync(join(dir, f)).size;
+    gz += gzipSync(b, { level: 9 }).length;
+  }
+  const index = readFileSync(join(REPO, "internal/ui/dist/index.html"));
+  return { raw: raw + index.length, gz: gz + gzipSync(index).length };
+}
+
+const step = (s) => console.log("e2e:", s);
+
+const daemon = await startDaemon();
+if (daemon.skip) {
+  console.log("e2e: skipped:", daemon.skip);
+  process.exit(0);
+}
+const base = `http://${daemon.addr}`;
+const name = `ui-e2e-${process.pid}`;
+let browser;
+let page;
+let failed = false;
+try {
+  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  page = await ctx.newPage();
+  const problems = [];
+  page.on("pageerror", (e) => problems.push("page error: " + e.message));
+  page.on("console", (m) => {
+    if (m.type() === "error" && /Content Security Policy|Refused to/.test(m.text())) problems.push("console: " + m.text());
+  });
+  page.on("dialog", (d) => d.accept());
+  if (process.env.E2E_DEBUG) page.on("console", (m) => console.log("browser:", m.type(), m.text()));
+  if (process.env.E2E_DEBUG) page.on("requestfailed", (r) => console.log("browser: request failed", r.url(), r.failure()?.errorText));
+
+  // First load: navigation to the login form, cold cache.
+  const t0 = performance.now();
+  await page.goto(base + "/ui/");
+  await page.locator("#login").waitFor();
+  const firstLoad = performance.now() - t0;
+  const nav = await page.evaluate(() => {
+    const e = performance.getEntriesByType("navigation")[0];
+    return { domContentLoaded: e.domContentLoadedEventEnd, load: e.loadEventEnd };
+  });
+  if (shots) await page.screenshot({ path: join(shots, "login.png") });
+
+  step("a wrong token is refused");
+  await page.fill("#token", "not-the-token");
+  await page.click("#login button[type=submit]");
+  await page.locator("#login-error", { hasText: "Refused" }).waitFor();
+  const unauth = await page.evaluate(async () => (await fetch("/sbx.v1.SandboxService/ListSandboxes", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" })).status);
+  assert.equal(unauth, 401, "the API without a token");
+
+  step("log in");
+  await page.fill("#token", daemon.token);
+  await page.click("#login button[type=submit]");
+  await page.locator("#sandboxes").waitFor();
+
+  step("create a sandbox and see it listed");
+  await page.fill("#create-name", name);
+  await page.fill("#create-labels", "suite=ui,hostile=<img src=x onerror=alert(1)>");
+  await page.fill("#create-command", 'i=0; while :; do echo "tick $i"; i=$((i+1)); sleep 1; done');
+  await page.click("#create button[type=submit]");
+  const row = page.locator("#sandboxes tr", { hasText: name });
+  await row.waitFor({ timeout: 60_000 });
+  await page.locator("#sandboxes tr", { hasText: name }).locator("td", { hasText: "running" }).waitFor({ timeout: 60_000 });
+  // Labels are text, not markup.
+  assert.equal(await page.locator("#sandboxes img").count(), 0, "a label became an element");
+  await page.fill("#filter-labels", "suite=ui");
+  await page.locator("#filter-labels").press("Enter");
+  await row.waitFor();
+  if (shots) await page.screenshot({ path: join(shots, "sandboxes.png") });
+
+  step("open its page; the graphs gain points");
+  await row.locator("a").first().click();
+  await page.locator("#sandbox-title", { hasText: name }).waitFor();
+  const points = async () => Number(await page.locator("#graph-cpu svg").getAttribute("data-points"));
+  await page.waitForFunction(() => Number(document.querySelector("#graph-cpu svg")?.getAttribute("data-points")) >= 2, null, { timeout: 60_000 });
+  const p1 = await points();
+  await page.waitForFunction((n) => Number(document.querySelector("#graph-cpu svg")?.getAttribute("data-points")) > n, p1, { timeout: 60_000 });
+  step(`graph points ${p1} -> ${await points()}`);
+
+  step("its logs follow");
+  await page.locator("#logs", { hasText: "tick 2" }).waitFor({ timeout: 30_000 });
+
+  step("run echo hi in the terminal");
+  await page.locator("#terminal[data-state=open]").waitFor({ timeout: 30_000 });
+  await page.locator("#terminal .xterm").click();
+  await page.keyboard.type("echo hi\n");
+  await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")].some((r) => r.textContent.trim() === "hi"), null, { timeout: 30_000 });
+
+  step("upload, edit and download a file");
+  const content = "hello from the browser\n";
+  await page.locator("#files-upload").setInputFiles({ name: "up.txt", mimeType: "text/plain", buffer: Buffer.from(content) });
+  await page.locator("#files-status", { hasText: "Uploaded up.txt" }).waitFor();
+  await page.locator('#file-list tr[data-name="up.txt"]').waitFor();
+  let [dl] = await Promise.all([page.waitForEvent("download"), page.click('button.download[data-name="up.txt"]')]);
+  assert.equal(readFileSync(await dl.path(), "utf8"), content, "downloaded file");
+  await page.click('button.edit[data-name="up.txt"]');
+  await page.locator("#editor-text").fill("edited\n");
+  await page.click("#editor-save");
+  await page.locator("#files-status", { hasText: "Saved" }).waitFor();
+  [dl] = await Promise.all([page.waitForEvent("download"), page.click('button.download[data-name="up.txt"]')]);
+  assert.equal(readFileSync(await dl.path(), "utf8"), "edited\n", "downloaded file after the edit");
+  if (shots) await page.screenshot({ path: join(shots, "sandbox.png"), fullPage: true });
+
+  for (const p of ["images", "volumes", "codebases", "events"]) {
+    step(`${p} page`);
+    await page.goto(`${base}/ui/#/${p}`);
+    await page.locator(`#${p} tbody tr`).first().waitFor();
+    if (p === "events") await page.locator("#events tr", { hasText: name }).first().waitFor();
+    if (shots) await page.screenshot({ path: join(shots, `${p}.png`) });
+  }
+
+  step("destroy it");
+  await page.goto(`${base}/ui/#/sandboxes`);
+  await page.locator("#sandboxes tr", { hasText: name }).locator("button.danger").click();
+  await page.locator("#sandboxes tr", { hasText: name }).waitFor({ state: "detached", timeout: 60_000 });
+
+  assert.deepEqual(problems, [], "CSP violations or page errors");
+  const size = bundleSize();
+  console.log(`e2e: first load ${firstLoad.toFixed(0)} ms to the login form (DOMContentLoaded ${nav.domContentLoaded.toFixed(0)} ms, load ${nav.load.toFixed(0)} ms)`);
+  console.log(`e2e: bundle ${(size.raw / 1024).toFixed(1)} KiB, ${(size.gz / 1024).toFixed(1)} KiB gzipped`);
+  console.log("e2e: ok");
+} catch (e) {
+  failed = true;
+  console.error("e2e: FAILED:", e);
+  const statuses = await page?.locator(".status, .error").allTextContents().catch(() => []);
+  console.error("e2e: the page's status lines:", statuses);
+} finally {
+  await browser?.close();
+  await daemon.stop(async () => {
+    const r = await fetch(`${base}/sbx.v1.SandboxService/DestroySandbox`, {
+      method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${daemon.token}` },
+      body: JSON.stringify({ sandbox: name }) });
+    await r.body?.cancel();
+  });
+}
+process.exit(failed ? 1 : 0);
