@@ -32,6 +32,44 @@ function bundleSize() {
 
 const step = (s) => console.log("e2e:", s);
 
+// execIn runs a shell command in a sandbox through the Exec RPC (a Connect
+// server stream, JSON) and returns its stdout.
+async function execIn(base, tok, sandbox, shell) {
+  const msg = Buffer.from(JSON.stringify({ sandbox, shell }));
+  const env = Buffer.alloc(5);
+  env.writeUInt32BE(msg.length, 1);
+  const r = await fetch(`${base}/sbx.v1.SandboxService/Exec`, {
+    method: "POST", headers: { "Content-Type": "application/connect+json", Authorization: `Bearer ${tok}` },
+    body: Buffer.concat([env, msg]) });
+  const buf = Buffer.from(await r.arrayBuffer());
+  let out = "";
+  for (let i = 0; i + 5 <= buf.length; ) {
+    const n = buf.readUInt32BE(i + 1);
+    const m = JSON.parse(buf.subarray(i + 5, i + 5 + n).toString());
+    i += 5 + n;
+    if (m.error) throw new Error(`exec ${shell}: ${JSON.stringify(m.error)}`);
+    if (m.stdout) out += Buffer.from(m.stdout, "base64").toString();
+    if (m.exited && m.exited.exitCode) throw new Error(`exec ${shell}: exit ${m.exited.exitCode}`);
+  }
+  return out;
+}
+
+// A server in the sandbox whose every response says Service-Worker-Allowed: /
+// (a service worker it registers could then take the whole origin, the
+// dashboard included, when its pages are proxied by path).
+const swServer = `
+import http.server
+class H(http.server.SimpleHTTPRequestHandler):
+    def end_headers(self):
+        self.send_header("Service-Worker-Allowed", "/")
+        if self.path.startswith("/clear"):
+            self.send_header("Clear-Site-Data", '"storage"')
+        super().end_headers()
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`;
+
 const daemon = await startDaemon();
 if (daemon.skip) {
   console.log("e2e: skipped:", daemon.skip);
@@ -126,6 +164,41 @@ try {
   [dl] = await Promise.all([page.waitForEvent("download"), page.click('button.download[data-name="up.txt"]')]);
   assert.equal(readFileSync(await dl.path(), "utf8"), "edited\n", "downloaded file after the edit");
   if (shots) await page.screenshot({ path: join(shots, "sandbox.png"), fullPage: true });
+
+  step("a sandbox's page proxied by path cannot take the origin with a service worker");
+  await execIn(base, daemon.token, name, "mkdir -p /tmp/www && cd /tmp/www && " +
+    "printf 'self.addEventListener(\"fetch\", () => {});\\n' > sw.js && echo '<p>hi</p>' > index.html && " +
+    `printf '%s' '${swServer.replace(/'/g, "'\\''")}' > /tmp/sw.py && ` +
+    "(setsid python3 /tmp/sw.py </dev/null >/dev/null 2>&1 &)");
+  const boxCtx = await browser.newContext();
+  try {
+    const box = await boxCtx.newPage();
+    const prefix = `/proxy/${name}/8000`;
+    for (let i = 0; ; i++) {
+      const r = await box.goto(`${base}${prefix}/?sbx_token=${daemon.token}`);
+      if (r.status() === 200) break;
+      if (i > 100) throw new Error(`the sandbox's server did not come up: ${r.status()}`);
+      await box.waitForTimeout(100);
+    }
+    const sw = await box.evaluate(async (p) => {
+      const h = (await fetch(p + "/sw.js")).headers;
+      const clear = (await fetch(p + "/clear")).headers.get("Clear-Site-Data");
+      let reg;
+      try {
+        reg = await navigator.serviceWorker.register(p + "/sw.js", { scope: "/" });
+      } catch (e) {
+        reg = String(e);
+      }
+      return { allowed: h.get("Service-Worker-Allowed"), clear, reg: typeof reg === "string" ? reg : "registered with scope " + reg.scope };
+    }, prefix);
+    step(`service worker: ${sw.reg}`);
+    assert.equal(sw.allowed, null, "Service-Worker-Allowed reached the browser");
+    assert.equal(sw.clear, null, "Clear-Site-Data reached the browser");
+    assert.match(sw.reg, /SecurityError|scope/i, "a service worker registration");
+    assert.doesNotMatch(sw.reg, /^registered/, "a sandbox's service worker took scope /");
+  } finally {
+    await boxCtx.close();
+  }
 
   for (const p of ["images", "volumes", "codebases", "events"]) {
     step(`${p} page`);
