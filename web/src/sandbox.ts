@@ -5,7 +5,6 @@ import { sandboxes, observe, errText, readFile, writeFile } from "./api";
 import { FileType } from "@gen/files_pb.js";
 import type { StatsSample } from "@gen/observe_pb.js";
 import { stateName } from "./sandboxes";
-import { openTerminal } from "./terminal";
 
 type Series = { title: string; id: string; value: (s: StatsSample, prev?: StatsSample) => number; fmt: (n: number) => string };
 
@@ -101,7 +100,16 @@ export function sandboxPage(main: HTMLElement, id: string): () => void {
   })();
 
   stops.push(fileBrowser(files, id, ac.signal));
-  stops.push(openTerminal(term, id));
+  // xterm.js is half the bundle: loaded when a sandbox page first opens.
+  let closeTerm: (() => void) | undefined;
+  let gone = false;
+  import("./terminal").then(({ openTerminal }) => {
+    if (!gone) closeTerm = openTerminal(term, id);
+  }, (e) => term.append("terminal failed to load: " + errText(e)));
+  stops.push(() => {
+    gone = true;
+    closeTerm?.();
+  });
   return () => stops.forEach((f) => f());
 }
 

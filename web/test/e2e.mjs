@@ -94,10 +94,20 @@ try {
   if (process.env.E2E_DEBUG) page.on("requestfailed", (r) => console.log("browser: request failed", r.url(), r.failure()?.errorText));
 
   // First load: navigation to the login form, cold cache.
+  let firstWire = 0;
+  const pending = [];
+  const countBytes = (r) => pending.push((async () => {
+    try {
+      firstWire += (await r.request().sizes()).responseBodySize;
+    } catch {}
+  })());
+  page.on("response", countBytes);
   const t0 = performance.now();
   await page.goto(base + "/ui/");
   await page.locator("#login").waitFor();
   const firstLoad = performance.now() - t0;
+  page.off("response", countBytes);
+  await Promise.all(pending);
   const nav = await page.evaluate(() => {
     const e = performance.getEntriesByType("navigation")[0];
     return { domContentLoaded: e.domContentLoadedEventEnd, load: e.loadEventEnd };
@@ -216,7 +226,7 @@ try {
   assert.deepEqual(problems, [], "CSP violations or page errors");
   const size = bundleSize();
   console.log(`e2e: first load ${firstLoad.toFixed(0)} ms to the login form (DOMContentLoaded ${nav.domContentLoaded.toFixed(0)} ms, load ${nav.load.toFixed(0)} ms)`);
-  console.log(`e2e: bundle ${(size.raw / 1024).toFixed(1)} KiB, ${(size.gz / 1024).toFixed(1)} KiB gzipped`);
+  console.log(`e2e: bundle ${(size.raw / 1024).toFixed(1)} KiB, ${(size.gz / 1024).toFixed(1)} KiB gzipped; the login page moves ${(firstWire / 1024).toFixed(1)} KiB of bodies over the wire`);
   console.log("e2e: ok");
 } catch (e) {
   failed = true;
