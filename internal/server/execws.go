@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/tenant"
 )
 
@@ -112,6 +113,13 @@ func (f *Front) serveExecWS(w http.ResponseWriter, r *http.Request) {
 	writeJSON := func(v any) error {
 		b, _ := json.Marshal(v)
 		return c.Write(ctx, websocket.MessageText, b)
+	}
+	// The same tenancy rule as the ExecInteractive RPC (the admin token
+	// runs nothing in sandboxes; lookups go through the Principal).
+	if err := admit(ctx, sbxv1connect.SandboxServiceExecInteractiveProcedure); err != nil {
+		_ = writeJSON(map[string]string{"error": errorMessage(err)})
+		c.Close(websocket.StatusPolicyViolation, "refused") //nolint:errcheck
+		return
 	}
 	if err := validateExec(start); err != nil {
 		_ = writeJSON(map[string]string{"error": errorMessage(err)})
