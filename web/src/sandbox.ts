@@ -23,9 +23,9 @@ const W = 320, H = 90;
 
 function graph(s: Series, samples: StatsSample[]): HTMLElement {
   const pts = samples.map((x, i) => [Number(x.timeMs), s.value(x, samples[i - 1])] as const);
-  const el = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "graph", "data-points": pts.length });
-  el.appendChild(svg("rect", { x: 0, y: 0, width: W, height: H, class: "bg" }));
   const maxY = Math.max(1, ...pts.map((p) => p[1]));
+  const el = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "graph", "data-points": pts.length, "data-max": maxY });
+  el.appendChild(svg("rect", { x: 0, y: 0, width: W, height: H, class: "bg" }));
   if (pts.length) {
     const t0 = pts[0][0], t1 = Math.max(t0 + 1, pts[pts.length - 1][0]);
     const coords = pts.map(([t, v]) => `${(((t - t0) / (t1 - t0)) * (W - 4) + 2).toFixed(1)},${(H - 2 - (v / maxY) * (H - 14)).toFixed(1)}`);

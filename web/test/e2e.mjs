@@ -160,6 +160,11 @@ try {
   await page.keyboard.type("echo hi\n");
   await page.waitForFunction(() => [...document.querySelectorAll("#terminal .xterm-rows > div")].some((r) => r.textContent.trim() === "hi"), null, { timeout: 30_000 });
 
+  step("a busy loop shows on the CPU graph");
+  await page.keyboard.type("timeout 8 sh -c 'while :; do :; done'\n");
+  await page.waitForFunction(() => Number(document.querySelector("#graph-cpu svg")?.getAttribute("data-max")) >= 100, null, { timeout: 45_000 });
+  step(`CPU graph max ${await page.locator("#graph-cpu svg").getAttribute("data-max")} millicores`);
+
   step("upload, edit and download a file");
   const content = "hello from the browser\n";
   await page.locator("#files-upload").setInputFiles({ name: "up.txt", mimeType: "text/plain", buffer: Buffer.from(content) });
