@@ -165,6 +165,12 @@ try {
   await page.waitForFunction(() => Number(document.querySelector("#graph-cpu svg")?.getAttribute("data-max")) >= 100, null, { timeout: 45_000 });
   step(`CPU graph max ${await page.locator("#graph-cpu svg").getAttribute("data-max")} millicores`);
 
+  step("a hostile file name is shown as text");
+  await execIn(base, daemon.token, name, "touch '/tmp/<img src=x onerror=alert(1)>'");
+  await page.click("#files form button[type=submit]");
+  await page.locator("#file-list tr", { hasText: "<img src=x onerror=alert(1)>" }).waitFor();
+  assert.equal(await page.locator("#file-list img").count(), 0, "a file name became an element");
+
   step("upload, edit and download a file");
   const content = "hello from the browser\n";
   await page.locator("#files-upload").setInputFiles({ name: "up.txt", mimeType: "text/plain", buffer: Buffer.from(content) });
