@@ -405,6 +405,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
 		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
+	if uiURL := cfg.PublicURL; uiURL != "" {
+		if uiURL[len(uiURL)-1] != '/' {
+			uiURL += "/"
+		}
+		log.Info("web dashboard", "url", uiURL+ui.Prefix[1:])
+	} else if cfg.TLSCert != "" {
+		log.Info("web dashboard", "url", "https://"+ln.Addr().String()+ui.Prefix)
+	} else {
+		log.Info("web dashboard", "url", "http://"+ln.Addr().String()+ui.Prefix)
+	}
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

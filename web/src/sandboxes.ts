@@ -61,6 +61,19 @@ export function sandboxesPage(main: HTMLElement): () => void {
         }
         void refresh();
       });
+      const running = sb.state === SandboxState.RUNNING;
+      const toggle = h("button", { class: running ? "stop" : "start" }, running ? "Stop" : "Start");
+      if (!running && sb.state !== SandboxState.STOPPED) toggle.setAttribute("disabled", "");
+      toggle.addEventListener("click", async () => {
+        toggle.setAttribute("disabled", "");
+        try {
+          if (running) await sandboxes.stopSandbox({ sandbox: sb.id });
+          else await sandboxes.startSandbox({ sandbox: sb.id });
+        } catch (e) {
+          status.textContent = (running ? "Stop" : "Start") + " failed: " + errText(e);
+        }
+        void refresh();
+      });
       tbody.appendChild(h("tr", { "data-id": sb.id },
         h("td", {}, h("a", { href: "#/sandbox/" + encodeURIComponent(sb.id) }, sb.name || sb.id)),
         h("td", { class: "mono" }, sb.id),
@@ -68,7 +81,7 @@ export function sandboxesPage(main: HTMLElement): () => void {
         h("td", {}, sb.runtime),
         h("td", {}, sb.image),
         h("td", {}, labelsText(sb.labels)),
-        h("td", {}, destroy)));
+        h("td", { class: "actions" }, toggle, " ", destroy)));
     }
     if (!tbody.firstChild) tbody.appendChild(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No sandboxes.")));
   }
