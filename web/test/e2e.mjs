@@ -11,6 +11,7 @@ import { chromium } from "playwright-core";
 import { readdirSync, readFileSync, statSync, mkdirSync } from "node:fs";
 import { gzipSync } from "node:zlib";
 import { join } from "node:path";
+import { execFileSync } from "node:child_process";
 import assert from "node:assert/strict";
 import { startDaemon, REPO } from "../../sdk/ts/test/daemon.mjs";
 
@@ -31,6 +32,34 @@ function bundleSize() {
 }
 
 const step = (s) => console.log("e2e:", s);
+
+// unary calls a unary RPC with JSON.
+async function unary(base, tok, path, body) {
+  const r = await fetch(`${base}/${path}`, {
+    method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${tok}` }, body: JSON.stringify(body) });
+  const out = await r.json();
+  if (!r.ok) throw new Error(`${path}: ${r.status} ${JSON.stringify(out)}`);
+  return out;
+}
+
+// clientStream sends a client-streaming RPC's messages (JSON) in one body.
+async function clientStream(base, tok, path, msgs) {
+  const parts = msgs.map((m) => {
+    const b = Buffer.from(JSON.stringify(m));
+    const e = Buffer.alloc(5);
+    e.writeUInt32BE(b.length, 1);
+    return Buffer.concat([e, b]);
+  });
+  const r = await fetch(`${base}/${path}`, {
+    method: "POST", headers: { "Content-Type": "application/connect+json", Authorization: `Bearer ${tok}` }, body: Buffer.concat(parts) });
+  const buf = Buffer.from(await r.arrayBuffer());
+  for (let i = 0; i + 5 <= buf.length; ) {
+    const n = buf.readUInt32BE(i + 1);
+    const m = JSON.parse(buf.subarray(i + 5, i + 5 + n).toString());
+    if (buf[i] & 2 && m.error) throw new Error(`${path}: ${JSON.stringify(m.error)}`);
+    i += 5 + n;
+  }
+}
 
 // execIn runs a shell command in a sandbox through the Exec RPC (a Connect
 // server stream, JSON) and returns its stdout.
@@ -224,11 +253,17 @@ try {
     await boxCtx.close();
   }
 
+  step("a snapshot image, a volume and a codebase for their pages");
+  const made = { images: `ui-e2e-snap-${process.pid}:latest`, volumes: `ui-e2e-vol-${process.pid}`, codebases: `ui-e2e-code-${process.pid}` };
+  await unary(base, daemon.token, "sbx.v1.SandboxService/SnapshotSandbox", { sandbox: name, tag: made.images });
+  await unary(base, daemon.token, "sbx.v1.VolumeService/CreateVolume", { name: made.volumes });
+  const tar = execFileSync("tar", ["-c", "-C", join(REPO, "web"), "index.html", "package.json"]);
+  await clientStream(base, daemon.token, "sbx.v1.CodebaseService/CreateCodebase", [{ header: { name: made.codebases } }, { data: tar.toString("base64") }]);
+
   for (const p of ["images", "volumes", "codebases", "events"]) {
     step(`${p} page`);
     await page.goto(`${base}/ui/#/${p}`);
-    await page.locator(`#${p} tbody tr`).first().waitFor();
-    if (p === "events") await page.locator("#events tr", { hasText: name }).first().waitFor();
+    await page.locator(`#${p} tbody tr`, { hasText: made[p] ?? name }).first().waitFor();
     if (shots) await page.screenshot({ path: join(shots, `${p}.png`) });
   }
 
@@ -269,6 +304,11 @@ try {
 } finally {
   await browser?.close();
   await daemon.stop(async () => {
+    for (const [path, body] of [["sbx.v1.ImageService/RemoveImage", { ref: `ui-e2e-snap-${process.pid}:latest` }],
+      ["sbx.v1.VolumeService/RemoveVolume", { name: `ui-e2e-vol-${process.pid}` }],
+      ["sbx.v1.CodebaseService/DeleteCodebase", { codebase: `ui-e2e-code-${process.pid}` }]]) {
+      await unary(base, daemon.token, path, body).catch(() => {});
+    }
     const r = await fetch(`${base}/sbx.v1.SandboxService/DestroySandbox`, {
       method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${daemon.token}` },
       body: JSON.stringify({ sandbox: name }) });
