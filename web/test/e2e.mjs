@@ -123,24 +123,18 @@ try {
   if (process.env.E2E_DEBUG) page.on("requestfailed", (r) => console.log("browser: request failed", r.url(), r.failure()?.errorText));
 
   // First load: navigation to the login form, cold cache.
-  let firstWire = 0;
-  const pending = [];
-  const countBytes = (r) => pending.push((async () => {
-    try {
-      firstWire += (await r.request().sizes()).responseBodySize;
-    } catch {}
-  })());
-  page.on("response", countBytes);
   const t0 = performance.now();
   await page.goto(base + "/ui/");
   await page.locator("#login").waitFor();
   const firstLoad = performance.now() - t0;
-  page.off("response", countBytes);
-  await Promise.all(pending);
   const nav = await page.evaluate(() => {
     const e = performance.getEntriesByType("navigation")[0];
-    return { domContentLoaded: e.domContentLoadedEventEnd, load: e.loadEventEnd };
+    // Bodies as they came over the wire (encoded: gzipped where served so).
+    let wire = e.encodedBodySize;
+    for (const r of performance.getEntriesByType("resource")) wire += r.encodedBodySize;
+    return { domContentLoaded: e.domContentLoadedEventEnd, load: e.loadEventEnd, wire };
   });
+  const firstWire = nav.wire;
   if (shots) await page.screenshot({ path: join(shots, "login.png") });
 
   step("a wrong token is refused");
