@@ -15,7 +15,8 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/common v0.66.1
-	github.com/sbxdev/sbx/api v0.0.0
+	github.com/sbxdev/sbx/api v0.1.0
+	github.com/sbxdev/sbx/sdk/go v0.1.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
 	github.com/vishvananda/netlink v1.3.1
@@ -61,4 +62,7 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 )
 
-replace github.com/sbxdev/sbx/api => ./api
+replace (
+	github.com/sbxdev/sbx/api => ./api
+	github.com/sbxdev/sbx/sdk/go => ./sdk/go
+)

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -37,15 +39,7 @@ func killInit(t *testing.T, d *daemon, id string) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill init %d of %s: %v", pid, id, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if i := strings.LastIndexByte(string(b), ')'); err != nil || (i > 0 && i+2 < len(b) && b[i+2] == 'Z') {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("init %d of %s still alive 10s after SIGKILL", pid, id)
+	waitExited(t, pid, "init of "+id)
 }
 
 // waitFailed waits (bounded) until sb is no longer running and checks it is
@@ -103,40 +97,111 @@ func execFailsFast(t *testing.T, sb *sbx.Sandbox, want string) {
 	}
 }
 
-// TestAgentDeathNoticed: the box's init (its agent) is SIGKILLed from the
-// host, as its own memory reserve running out or a bug would end it. The
-// sandbox must not stay "running": it turns failed within a bounded wait,
-// its detail naming the signal (GetSandbox, `sbx inspect`, `sbx ls`), an
-// exec fails at once with FailedPrecondition naming it, a neighbour is
-// served throughout, and destroy leaves nothing behind. The same when the
-// init dies while the daemon is down: the restarted daemon marks the box
-// failed instead of re-attaching or silently dropping it.
+// gvisorSandboxPid is the host pid of gvisor sandbox id's runsc sandbox
+// process (the sentry, which ends with the box's agent), from `runsc state`.
+func gvisorSandboxPid(t *testing.T, d *daemon, runsc, id string) int {
+	t.Helper()
+	out, err := exec.Command(runsc, "--root", filepath.Join(d.dataDir, "gvisor", "runsc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state %s: %v", id, err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 1 {
+		t.Fatalf("runsc state %s: %q (%v), want a pid", id, out, err)
+	}
+	return st.Pid
+}
+
+// waitExited waits until pid has exited (gone, or a zombie).
+func waitExited(t *testing.T, pid int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if i := strings.LastIndexByte(string(b), ')'); err != nil || (i > 0 && i+2 < len(b) && b[i+2] == 'Z') {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s (pid %d) still alive 10s after SIGKILL", what, pid)
+}
+
+// TestAgentDeathNoticed: the box's agent (its init) is SIGKILLed, as its own
+// memory reserve running out or a bug would end it: from the host for an
+// oci box; for a gvisor box, whose agent lives in gVisor's kernel, with
+// `runsc kill` (the agent alone) and by killing its runsc sandbox process
+// from the host. The sandbox must not stay "running": it turns failed
+// within a bounded wait, its detail naming the signal (GetSandbox, `sbx
+// inspect`, `sbx ls`), an exec fails at once with FailedPrecondition naming
+// it, a neighbour is served throughout, and destroy leaves nothing behind
+// (no zombie in the daemon either). The same when the agent dies while the
+// daemon is down: the restarted daemon marks the box failed instead of
+// re-attaching or silently dropping it.
 func TestAgentDeathNoticed(t *testing.T) {
-	d := startDaemon(t)
-	ctx := ctxT(t, 3*time.Minute)
-	neighbour := newBox(t, ctx, d, sbx.CreateOptions{})
-	sb := newBox(t, ctx, d, sbx.CreateOptions{})
-	execWorks(t, sb, "before the kill")
-
-	killInit(t, d, sb.ID)
-	waitFailed(t, ctx, d, sb, "killed by signal SIGKILL", "agent died")
-	execFailsFast(t, sb, "SIGKILL")
-	stillServes(t, ctx, d, neighbour, "neighbour of a box whose agent died")
-	if err := sb.Destroy(ctx); err != nil {
-		t.Fatalf("destroy %s: %v", sb.ID, err)
+	type kill struct {
+		name string
+		do   func(t *testing.T, d *daemon, id string)
+		want []string
 	}
-	d.assertNoLeaks(neighbour.ID)
+	for _, tc := range []struct {
+		name  string
+		args  func(t *testing.T) []string
+		opts  sbx.CreateOptions
+		kills []kill
+	}{{
+		name:  "oci",
+		args:  func(*testing.T) []string { return nil },
+		kills: []kill{{"init from the host", killInit, []string{"killed by signal SIGKILL", "agent died"}}},
+	}, {
+		name: "gvisor",
+		args: func(t *testing.T) []string { return []string{"--runsc", runscForTests(t)} },
+		opts: sbx.CreateOptions{Runtime: "gvisor"},
+		kills: []kill{{"agent with runsc kill", func(t *testing.T, d *daemon, id string) {
+			runsc := runscForTests(t)
+			pid := gvisorSandboxPid(t, d, runsc, id)
+			if out, err := exec.Command(runsc, "--root", filepath.Join(d.dataDir, "gvisor", "runsc"), "kill", id, "KILL").CombinedOutput(); err != nil {
+				t.Fatalf("runsc kill %s KILL: %v: %s", id, err, out)
+			}
+			waitExited(t, pid, "runsc sandbox of "+id)
+		}, []string{"killed by signal SIGKILL", "agent died"}}, {"sandbox process from the host", func(t *testing.T, d *daemon, id string) {
+			pid := gvisorSandboxPid(t, d, runscForTests(t), id)
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill runsc sandbox %d of %s: %v", pid, id, err)
+			}
+			waitExited(t, pid, "runsc sandbox of "+id)
+		}, []string{"died with its gVisor sandbox process, killed by signal SIGKILL", "agent died"}}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDaemon(t, tc.args(t)...)
+			ctx := ctxT(t, 3*time.Minute)
+			neighbour := newBox(t, ctx, d, tc.opts)
+			for _, k := range tc.kills {
+				sb := newBox(t, ctx, d, tc.opts)
+				execWorks(t, sb, "before the kill")
+				k.do(t, d, sb.ID)
+				waitFailed(t, ctx, d, sb, k.want...)
+				execFailsFast(t, sb, "SIGKILL")
+				stillServes(t, ctx, d, neighbour, "neighbour of a box whose agent died ("+k.name+")")
+				if err := sb.Destroy(ctx); err != nil {
+					t.Fatalf("destroy %s: %v", sb.ID, err)
+				}
+				d.assertNoLeaks(neighbour.ID)
+			}
 
-	down := newBox(t, ctx, d, sbx.CreateOptions{})
-	execWorks(t, down, "before the restart")
-	d.stop()
-	killInit(t, d, down.ID)
-	d.start()
-	waitFailed(t, ctx, d, down, "while the daemon was down")
-	execFailsFast(t, down, "while the daemon was down")
-	stillServes(t, ctx, d, neighbour, "neighbour after the restart")
-	if err := down.Destroy(ctx); err != nil {
-		t.Fatalf("destroy %s: %v", down.ID, err)
+			down := newBox(t, ctx, d, tc.opts)
+			execWorks(t, down, "before the restart")
+			d.stop()
+			tc.kills[0].do(t, d, down.ID)
+			d.start()
+			waitFailed(t, ctx, d, down, "while the daemon was down")
+			execFailsFast(t, down, "while the daemon was down")
+			stillServes(t, ctx, d, neighbour, "neighbour after the restart")
+			if err := down.Destroy(ctx); err != nil {
+				t.Fatalf("destroy %s: %v", down.ID, err)
+			}
+			d.assertNoLeaks(neighbour.ID)
+		})
 	}
-	d.assertNoLeaks(neighbour.ID)
 }

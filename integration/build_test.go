@@ -322,5 +322,34 @@ func TestBuildAptRecipe(t *testing.T) {
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// apt stays usable after an apt step: a later run step installs
+	// without an update (the lists used to be deleted). And the python
+	// step installs the version Debian has, and names what it has when
+	// asked for one it lacks.
+	r.Steps = append(r.Steps,
+		&sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Run{Run: "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tree"}},
+		&sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Python{Python: "3.11"}})
+	if _, err := d.client().Images().Build(ctx, r, "local/jq:2", false, nil); err != nil {
+		t.Fatalf("apt-get install in a run step after an apt step: %v", err)
+	}
+	sb, err = d.client().Create(ctx, sbx.CreateOptions{Image: "local/jq:2", Network: &sbx.NetworkPolicy{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	if got := mustRun(t, ctx, sb, `tree --version >/dev/null && echo tree; python --version; python3 -c 'import venv; print("venv")'`); got != "tree\nPython 3.11.2\nvenv\n" {
+		t.Errorf("tree and python 3.11 in the built image: got %q", got)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bad := &sbxv1.Recipe{From: "debian:bookworm", Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Python{Python: "3.99"}}}}
+	var logs strings.Builder
+	_, err = d.client().Images().Build(ctx, bad, "", false, func(ev *sbxv1.ImageProgress) { logs.Write(ev.GetLog()) })
+	if err == nil || !strings.Contains(err.Error(), "step 1 (PYTHON 3.99) failed with exit code 3") ||
+		!strings.Contains(logs.String(), "python 3.99 is not packaged by this image's apt sources; they have: python3.11") {
+		t.Errorf("python 3.99: got %v, log %q; want the step's failure and the versions the sources have", err, logs.String())
+	}
 	d.assertNoLeaks()
 }

@@ -36,10 +36,15 @@ import (
 //     sync is in the codebase;
 //   - what was not acknowledged is either all there (and works) or all gone:
 //     no box listed that is not running or cannot exec, no mounts, box dirs,
-//     cgroups or processes for boxes the daemon does not list.
+//     cgroups or processes for boxes the daemon does not list, and no
+//     network slot (address lease), namespace, bridge veth or firewall set
+//     element for them: the daemon runs with networking on (a bridge, table
+//     and /24 of its own, a pool of 2 namespaces) and boxes get random
+//     policies (public, none, allow, deny ranges).
 //
 // At the end everything is destroyed, the daemon stopped gracefully and no
-// mount, box dir, cgroup, box process or temporary dir may remain.
+// mount, box dir, cgroup, box process, temporary dir, network slot,
+// namespace, veth or firewall element may remain.
 //
 // Knobs (environment): SBX_CRASH_ROUNDS (default 5), SBX_CRASH_CLIENTS (3),
 // SBX_CRASH_SEED (random; printed so a failure replays), SBX_CRASH_MAX_BOXES
@@ -59,7 +64,7 @@ func TestCrashLoop(t *testing.T) {
 	t.Logf("crash loop: seed %d (replay with SBX_CRASH_SEED=%d), %d rounds, %d clients", seed, seed, rounds, clients)
 	rng := rand.New(rand.NewPCG(seed, seed^0x5b5))
 
-	d := startDaemon(t)
+	d, net := startCrashDaemon(t)
 	pointDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -73,7 +78,7 @@ func TestCrashLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &crashModel{boxes: map[string]*boxModel{}, synced: map[string][]byte{}, pendingSync: map[string][]byte{}, codebase: cb.GetCodebase().GetId()}
+	m := &crashModel{boxes: map[string]*boxModel{}, synced: map[string][]byte{}, pendingSync: map[string][]byte{}, codebase: cb.GetCodebase().GetId(), net: net}
 	kills := map[string]int{}
 
 	for round := 0; round < rounds; round++ {
@@ -124,24 +129,7 @@ func TestCrashLoop(t *testing.T) {
 		}
 	}
 
-	// The end: destroy everything, stop gracefully, nothing may be left.
-	c := d.client()
-	list, err := c.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sb := range list {
-		if err := sb.Destroy(ctx); err != nil {
-			t.Errorf("final destroy of %s: %v", sb.ID, err)
-		}
-	}
-	if err := c.DeleteCodebase(ctx, m.codebase); err != nil {
-		t.Errorf("deleting the codebase: %v", err)
-	}
-	d.stop()
-	if l := waitNoCrashLeaks(d, nil); len(l) > 0 {
-		t.Errorf("after destroying everything and a graceful stop, left behind:\n  %s", strings.Join(l, "\n  "))
-	}
+	m.destroyAllAndStop(t, ctx, d)
 	var phases []string
 	for k, n := range kills {
 		phases = append(phases, fmt.Sprintf("%s: %d", k, n))
@@ -179,6 +167,8 @@ func clearDir(t *testing.T, dir string) {
 type crashModel struct {
 	mu       sync.Mutex
 	codebase string
+	// net is the daemon's networking (nil: off); boxes get random policies.
+	net *crashNet
 	// boxes by name.
 	boxes map[string]*boxModel
 	// synced holds acknowledged codebase syncs (path in the codebase ->
@@ -202,6 +192,8 @@ type boxModel struct {
 	state    boxState
 	busy     bool // a worker holds it (one operation at a time per box)
 	codebase bool
+	// dns: the box has a resolver (a network mode other than none).
+	dns bool
 	// files: acknowledged writes; pending: unanswered ones.
 	files, pending map[string][]byte
 	// sessions: acknowledged session ids.
@@ -354,9 +346,13 @@ func (w *crashWorker) step(ctx context.Context) {
 		if b := w.pick(false); b != nil {
 			w.destroy(ctx, b)
 		}
-	case op < 50:
+	case op < 45:
 		if b := w.pick(false); b != nil {
 			w.exec(ctx, b)
+		}
+	case op < 50:
+		if b := w.pick(false); b != nil {
+			w.resolve(ctx, b)
 		}
 	case op < 70:
 		if b := w.pick(false); b != nil {
@@ -398,6 +394,10 @@ func (w *crashWorker) createOpts(ctx context.Context, cb bool) {
 	name := fmt.Sprintf("cl-%d-%d-%d", w.round, w.id, w.n)
 	b := &boxModel{name: name, files: map[string][]byte{}, pending: map[string][]byte{}, sessions: map[string]bool{}, busy: true}
 	opts := sbx.CreateOptions{Name: name}
+	if w.m.net != nil {
+		opts.Network = crashPolicy(w.rng)
+		b.dns = opts.Network == nil || opts.Network.Mode != "none"
+	}
 	if cb {
 		b.codebase = true
 		opts.Codebases = []sbx.CodebaseMount{{Codebase: w.m.codebase}}
@@ -447,6 +447,25 @@ func (w *crashWorker) exec(ctx context.Context, b *boxModel) {
 	}
 	if string(res.Stdout) != "42\n" {
 		w.t.Errorf("exec in %s: got %q, want \"42\\n\"", b.id, res.Stdout)
+	}
+}
+
+// resolve looks crashName up in b through the daemon's DNS forwarder
+// (which, for an allow-mode box, adds the answer to the firewall).
+func (w *crashWorker) resolve(ctx context.Context, b *boxModel) {
+	defer w.release(b)
+	if !b.dns {
+		return
+	}
+	w.m.begin("resolve")
+	defer w.m.end("resolve")
+	res, err := w.c.Sandbox(b.id).Run(ctx, "getent", "ahostsv4", crashName)
+	if err != nil {
+		w.failed("resolve in "+b.id, err)
+		return
+	}
+	if f := strings.Fields(string(res.Stdout)); (len(f) == 0 || f[0] != inetAllowed) && !w.dying.Load() {
+		w.t.Errorf("resolve %s in %s: got %q (%s), want %s", crashName, b.id, res.Stdout, res.Stderr, inetAllowed)
 	}
 }
 
@@ -674,7 +693,7 @@ func (m *crashModel) verify(t *testing.T, ctx context.Context, d *daemon, when s
 		}
 		delete(m.pendingSync, p)
 	}
-	if l := waitNoCrashLeaks(d, live); len(l) > 0 {
+	if l := waitNoCrashLeaks(d, m.net, live, false); len(l) > 0 {
 		t.Errorf("%s: host resources of sandboxes the daemon does not list:\n  %s", when, strings.Join(l, "\n  "))
 	}
 }
@@ -702,12 +721,36 @@ func procState(dir string) string {
 	return string(b[i+2])
 }
 
-// waitNoCrashLeaks is crashLeaks retried for a few seconds (killed
-// processes take a moment to leave /proc).
-func waitNoCrashLeaks(d *daemon, live []string) []string {
+// destroyAllAndStop is the end of a crash test: everything is destroyed, the
+// daemon stopped gracefully, and nothing may be left (crashLeaks, netLeaks).
+func (m *crashModel) destroyAllAndStop(t *testing.T, ctx context.Context, d *daemon) {
+	t.Helper()
+	c := d.client()
+	list, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if err := sb.Destroy(ctx); err != nil {
+			t.Errorf("final destroy of %s: %v", sb.ID, err)
+		}
+	}
+	if err := c.DeleteCodebase(ctx, m.codebase); err != nil {
+		t.Errorf("deleting the codebase: %v", err)
+	}
+	d.stop()
+	if l := waitNoCrashLeaks(d, m.net, nil, true); len(l) > 0 {
+		t.Errorf("after destroying everything and a graceful stop, left behind:\n  %s", strings.Join(l, "\n  "))
+	}
+}
+
+// waitNoCrashLeaks is crashLeaks and n's netLeaks (stopped: after a
+// graceful stop) retried for a few seconds (killed processes take a moment
+// to leave /proc, veths are deleted in the background).
+func waitNoCrashLeaks(d *daemon, n *crashNet, live []string, stopped bool) []string {
 	var l []string
 	for range 50 {
-		if l = crashLeaks(d, live); len(l) == 0 {
+		if l = append(crashLeaks(d, live), n.netLeaks(d, live, stopped)...); len(l) == 0 {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -775,11 +818,13 @@ func crashLeaks(d *daemon, live []string) []string {
 
 // TestCrashPoints kills the daemon once at every crash point, with the
 // operation that reaches it (a create with a codebase, a destroy, a codebase
-// sync, a session) and checks the restarted daemon as TestCrashLoop does.
-// Deterministic: each point is reached for sure, in every run.
+// sync, a session) and checks the restarted daemon as TestCrashLoop does,
+// networking on; at the end everything is destroyed and the daemon stopped
+// gracefully, leaving nothing. Deterministic: each point is reached for
+// sure, in every run.
 // SBX_CRASH_ONLY=point,point runs only those.
 func TestCrashPoints(t *testing.T) {
-	d := startDaemon(t)
+	d, net := startCrashDaemon(t)
 	pointDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -791,7 +836,7 @@ func TestCrashPoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &crashModel{boxes: map[string]*boxModel{}, synced: map[string][]byte{}, pendingSync: map[string][]byte{}, codebase: cb.GetCodebase().GetId()}
+	m := &crashModel{boxes: map[string]*boxModel{}, synced: map[string][]byte{}, pendingSync: map[string][]byte{}, codebase: cb.GetCodebase().GetId(), net: net}
 	var dying atomic.Bool
 	worker := func(round int) *crashWorker {
 		return &crashWorker{t: t, c: d.client(), d: d, m: m, rng: rand.New(rand.NewPCG(uint64(round), 7)), round: round, maxBoxes: 100, dying: &dying}
@@ -887,4 +932,6 @@ func TestCrashPoints(t *testing.T) {
 			return
 		}
 	}
+	m.destroyAllAndStop(t, ctx, d)
+	d.start() // for the harness's cleanup
 }

@@ -294,6 +294,7 @@ func (d *daemon) leaks(live ...string) []string {
 	for _, l := range left {
 		out = append(out, l.String())
 	}
+	out = append(out, d.zombies()...)
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -303,6 +304,27 @@ func (d *daemon) leaks(live ...string) []string {
 		for _, kv := range strings.Split(string(b), "\x00") {
 			if id, ok := strings.CutPrefix(kv, "SBX_SANDBOX_ID="); ok && d.owns(id) && !keep[id] {
 				out = append(out, "process "+filepath.Dir(p)+" of "+id)
+			}
+		}
+	}
+	return out
+}
+
+// zombies lists the running daemon's children that exited and were never
+// reaped: box processes it adopted as a subreaper (runc's init, runsc's
+// sandbox and gofer) must be reaped when their box goes.
+func (d *daemon) zombies() []string {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return nil
+	}
+	var out []string
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", d.cmd.Process.Pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, pid := range strings.Fields(string(b)) {
+			st, err := os.ReadFile("/proc/" + pid + "/stat")
+			if i := strings.LastIndexByte(string(st), ')'); err == nil && i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				out = append(out, "zombie "+pid+" of the daemon: "+string(st[:i+1]))
 			}
 		}
 	}

@@ -210,8 +210,22 @@ func TestImagesEndToEnd(t *testing.T) {
 	if out, _, _ := d.cli("", "images", "prune"); !strings.HasPrefix(out, "freed ") || strings.HasPrefix(out, "freed 0B") {
 		t.Errorf("prune: %q", out)
 	}
-	if _, err := c.Create(ctx, sbx.CreateOptions{Image: ref}); !sbx.IsNotFound(err) {
-		t.Errorf("create from a removed image: got %v, want NotFound", err)
+	// A create from the removed image pulls it again (the registry still
+	// has it); once the registry is gone, it fails naming the image.
+	sb4, err := c.Create(ctx, sbx.CreateOptions{Image: ref})
+	if err != nil {
+		t.Fatalf("create from a removed image: %v, want it pulled again", err)
+	}
+	d.remember(sb4.ID)
+	if err := sb4.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := d.cli("", "images", "rm", ref); code != 0 {
+		t.Errorf("images rm %s: %s", ref, errOut)
+	}
+	reg.Close()
+	if _, err := c.Create(ctx, sbx.CreateOptions{Image: ref}); err == nil || !strings.Contains(err.Error(), ref) {
+		t.Errorf("create from a removed image, registry gone: got %v, want an error naming %s", err, ref)
 	}
 	d.assertNoLeaks()
 }

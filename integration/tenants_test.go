@@ -247,6 +247,20 @@ func TestTenantsEndToEnd(t *testing.T) {
 	if !strings.Contains(out, `"parent":"`+parent.ID+`"`) {
 		t.Fatalf("create from inside: got %s, want a sandbox whose parent is %s", out, parent.ID)
 	}
+	// A create from inside never makes the daemon pull: a box must not get
+	// it to fetch from registries (here one on the host's loopback).
+	reg := startCountingRegistry(t)
+	hidden := reg.push(t, "internal/only:1")
+	out = api(parent, "CreateSandbox", `{"name":"pull-kid","image":"`+hidden+`"}`)
+	if !strings.Contains(out, `"not_found"`) || !strings.Contains(out, "a scoped sandbox token may not pull images") {
+		t.Errorf("create of a missing image from inside: got %s, want not_found saying scoped tokens may not pull", out)
+	}
+	if got := reg.manifestGets("internal/only"); got != 0 {
+		t.Errorf("a scoped token's create made the daemon fetch %d manifests from a loopback registry", got)
+	}
+	if _, err := a.Images().Get(ctx, hidden); !sbx.IsNotFound(err) {
+		t.Errorf("acme's store after a scoped token's create of a missing image: %v, want NotFound", err)
+	}
 	out = api(parent, "ListSandboxes", `{}`)
 	if strings.Count(out, `"id":`) != 1 || !strings.Contains(out, `"name":"kid"`) {
 		t.Errorf("list from inside: got %s, want its one child", out)

@@ -20,7 +20,10 @@ targets() {
     name=${name%%(*}
     dir=$(dirname "$file")
     mod=.
-    case $dir in api|api/*) mod=api dir=${dir#api}; dir=${dir#/} ;; esac
+    case $dir in
+      api|api/*) mod=api dir=${dir#api}; dir=${dir#/} ;;
+      sdk/go|sdk/go/*) mod=sdk/go dir=${dir#sdk/go}; dir=${dir#/} ;;
+    esac
     echo "$mod ./${dir:-.} $name"
   done
 }

@@ -20,6 +20,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == agent.FileWriterArg {
+		if err := agent.FileWriterHelper(); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-agent: file writer:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == idmap.HelperArg {
 		if err := idmap.Helper(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-agent: box user namespace:", err)

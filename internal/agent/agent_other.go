@@ -62,3 +62,12 @@ func (e *startError) Error() string { return e.err.Error() }
 func (s *Server) startEntrypointLocked([]string, []string, string, *userInfo) error {
 	return errNotLinux
 }
+
+// fileWriter writes file data from the user cgroups on Linux only.
+type fileWriter struct{}
+
+// FileWriterArg is argv[1] of the file-writer helper (Linux only).
+const FileWriterArg = "sbx-file-writer"
+
+// FileWriterHelper fails off Linux.
+func FileWriterHelper() error { return errNotLinux }

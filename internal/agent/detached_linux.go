@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,10 +27,12 @@ import (
 // collected) one agent keeps.
 const maxDetached = 256
 
-// detachedTable is the agent's detached processes by id.
+// detachedTable is the agent's detached processes by id: Attach's, and
+// the background processes (background_linux.go), which share the ids.
 type detachedTable struct {
 	mu    sync.Mutex
 	procs map[string]*detachedProc
+	bg    map[string]*bgProc
 }
 
 // detachedProc is one detached process.
@@ -116,7 +119,7 @@ func (s *Server) startDetached(id string, req *sbxv1.ExecRequest) (*detachedProc
 	t := &s.detached
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.procs[id]; ok {
+	if t.procs[id] != nil || t.bg[id] != nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("attach: detached process %q already exists", id))
 	}
 	if len(t.procs) >= maxDetached {
@@ -351,7 +354,8 @@ func (d *detachedProc) serve(ctx context.Context, s *Server, stream *connect.Bid
 	}
 }
 
-// ListDetached lists the detached processes.
+// ListDetached lists the detached processes, background ones included,
+// oldest first.
 func (s *Server) ListDetached(_ context.Context, _ *connect.Request[agentv1.ListDetachedRequest]) (*connect.Response[agentv1.ListDetachedResponse], error) {
 	s.detached.mu.Lock()
 	procs := make([]*detachedProc, 0, len(s.detached.procs))
@@ -373,6 +377,8 @@ func (s *Server) ListDetached(_ context.Context, _ *connect.Request[agentv1.List
 		d.mu.Unlock()
 		resp.Processes = append(resp.Processes, dp)
 	}
+	resp.Processes = append(resp.Processes, s.listBackground()...)
+	slices.SortStableFunc(resp.Processes, func(a, b *agentv1.DetachedProcess) int { return cmp.Compare(a.GetStartedMs(), b.GetStartedMs()) })
 	return connect.NewResponse(resp), nil
 }
 
@@ -383,6 +389,9 @@ func (s *Server) RemoveDetached(_ context.Context, req *connect.Request[agentv1.
 	d := s.detached.procs[id]
 	delete(s.detached.procs, id)
 	s.detached.mu.Unlock()
+	if d == nil && s.removeBackground(id) {
+		return connect.NewResponse(&agentv1.RemoveDetachedResponse{}), nil
+	}
 	if d == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("remove detached: no detached process %q", id))
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,10 +25,16 @@ import (
 // status is kept for the sandbox's life. Nothing a reader does (or fails to
 // do) holds the command back: the ring never blocks it.
 
-// entryProc is a started entrypoint.
+// entryProc is a started process whose output goes to a logRing: the
+// entrypoint, and the background processes (background_linux.go).
 type entryProc struct {
 	argv []string
 	p    *process
+	// timedOut is set before a timeout kills the process (background
+	// processes); the exit records it.
+	timedOut atomic.Bool
+	// readSize is each pump's read buffer; 0: chunkSize.
+	readSize int
 
 	// mu guards the fields below; cond (on mu) is broadcast on every change.
 	mu      sync.Mutex
@@ -93,7 +101,7 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 // pump moves f's output into the ring until EOF, error or the drain
 // deadline.
 func (e *entryProc) pump(s *Server, f *os.File, stderr bool) {
-	buf := make([]byte, chunkSize)
+	buf := make([]byte, cmp.Or(e.readSize, chunkSize))
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
@@ -126,7 +134,7 @@ func (e *entryProc) watch() {
 		e.cond.Wait()
 	}
 	code, sig := exitCode(st.ws)
-	e.exit = &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(e.p.started).Milliseconds()}
+	e.exit = &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(e.p.started).Milliseconds(), TimedOut: e.timedOut.Load()}
 	e.cond.Broadcast()
 	e.mu.Unlock()
 	e.p.close()
@@ -159,15 +167,23 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 	if e == nil {
 		return errNoEntrypoint()
 	}
+	return e.logs(ctx, req.Msg, out.Send)
+}
+
+// logs sends e's output as req asks (since, tail, follow) to send: a
+// dropped event first if the ring lost output, then the pieces, then
+// (following) new output with keepalives when idle, and exited last once
+// e has exited.
+func (e *entryProc) logs(ctx context.Context, req *sbxv1.LogsRequest, send func(*sbxv1.LogsEvent) error) error {
 	var since time.Time
-	if ms := req.Msg.GetSinceUnixMs(); ms > 0 {
+	if ms := req.GetSinceUnixMs(); ms > 0 {
 		since = time.UnixMilli(ms)
 	}
 	tail := int64(-1)
-	if req.Msg.Tail != nil {
-		tail = int64(req.Msg.GetTail())
+	if req.Tail != nil {
+		tail = int64(req.GetTail())
 	}
-	follow := req.Msg.GetFollow()
+	follow := req.GetFollow()
 	wake := func() {
 		e.mu.Lock()
 		e.cond.Broadcast()
@@ -196,7 +212,7 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 	before := e.log.dropped()
 	e.mu.Unlock()
 	if before != [2]uint64{} {
-		if err := out.Send(droppedEvent(before)); err != nil {
+		if err := send(droppedEvent(before)); err != nil {
 			return err
 		}
 	}
@@ -213,13 +229,13 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 			return ctx.Err()
 		}
 		if dropped != [2]uint64{} {
-			if err := out.Send(droppedEvent(dropped)); err != nil {
+			if err := send(droppedEvent(dropped)); err != nil {
 				return err
 			}
 		}
 		for _, c := range chunks {
 			ev := &sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Data{Data: &sbxv1.LogData{Stderr: c.stderr, Data: c.data, TimeUnixMs: c.at.UnixMilli()}}}
-			if err := out.Send(ev); err != nil {
+			if err := send(ev); err != nil {
 				return err
 			}
 			lastSend = time.Now()
@@ -227,13 +243,13 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 		if exit != nil {
 			// The exit is recorded only after all output was read, and this
 			// read took everything: nothing comes after it.
-			return out.Send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Exited{Exited: exit}})
+			return send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Exited{Exited: exit}})
 		}
 		if !follow {
 			return nil
 		}
 		if len(chunks) == 0 && time.Since(lastSend) >= keepaliveIdle {
-			if err := out.Send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
+			if err := send(&sbxv1.LogsEvent{Event: &sbxv1.LogsEvent_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}); err != nil {
 				return err
 			}
 			lastSend = time.Now()

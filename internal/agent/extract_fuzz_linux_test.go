@@ -35,7 +35,7 @@ func FuzzExtractTar(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer unix.Close(fd)
-		_, _, _ = extractTar(context.Background(), bfs, fd, bytes.NewReader(testutil.TarFromScript(script, j.Out)))
+		_, _, _ = extractTar(context.Background(), bfs, nil, fd, bytes.NewReader(testutil.TarFromScript(script, j.Out)))
 		j.Check(t)
 		_ = filepath.WalkDir(j.Dest, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {

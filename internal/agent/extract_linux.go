@@ -26,7 +26,7 @@ import (
 // refused; setuid, setgid bits are stripped. Every directory opened is
 // checked like any path of the file API (boxFS.check): an archive
 // extracted into "/" cannot write into the agent's own /proc directory.
-func extractTar(ctx context.Context, bfs *boxFS, destFd int, r io.Reader) (files, bytes int64, err error) {
+func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r io.Reader) (files, bytes int64, err error) {
 	rootFd, err := unix.FcntlInt(uintptr(destFd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return 0, 0, fmt.Errorf("duplicating the destination's handle: %w", err)
@@ -88,7 +88,7 @@ func extractTar(ctx context.Context, bfs *boxFS, destFd int, r io.Reader) (files
 		}
 		switch hdr.Typeflag {
 		case tar.TypeReg:
-			n, err := writeEntry(parent, base, mode, hdr.ModTime, tr)
+			n, err := writeEntry(ctx, fw, parent, base, mode, hdr.ModTime, tr)
 			bytes += n
 			if err != nil {
 				return files, bytes, entryError(hdr.Name, err)
@@ -197,15 +197,24 @@ func unlinkNonDir(parent int, name string) error {
 	return unix.Unlinkat(parent, name, 0)
 }
 
-// writeEntry creates parent/name exclusively and copies r into it.
-func writeEntry(parent int, name string, mode uint32, mtime time.Time, r io.Reader) (int64, error) {
+// writeEntry creates parent/name exclusively and copies r into it through
+// fw (so its pages are charged to user code's cgroup; see fileWriter).
+func writeEntry(ctx context.Context, fw *fileWriter, parent int, name string, mode uint32, mtime time.Time, r io.Reader) (int64, error) {
 	fd, err := unix.Openat(parent, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return 0, err
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	n, err := io.Copy(f, r)
+	sink, err := fw.sink(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := io.Copy(sink, r); err != nil {
+		sink.abort()
+		return 0, err
+	}
+	n, err := sink.finish()
 	if err != nil {
 		return n, err
 	}

@@ -139,22 +139,32 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[sbx
 		}
 		return nil, fsError("write", p, err)
 	}
-	var written int64
+	// The data goes in from the user cgroups (fileWriter): the pages are
+	// user code's to pay for, not the agent's reserve.
+	sink, err := s.writer.sink(ctx, f)
+	if err != nil {
+		return fail(err)
+	}
 	for stream.Receive() {
 		data := stream.Msg().GetData()
 		if len(data) == 0 {
 			continue
 		}
-		k, err := f.Write(data)
-		written += int64(k)
-		if err != nil {
+		if _, err := sink.Write(data); err != nil {
+			sink.abort()
 			return fail(err)
 		}
 	}
 	if err := stream.Err(); err != nil {
+		sink.abort()
 		return fail(err)
 	}
 	if err := ctx.Err(); err != nil {
+		sink.abort()
+		return fail(err)
+	}
+	written, err := sink.finish()
+	if err != nil {
 		return fail(err)
 	}
 	if tmp != "" {

@@ -33,6 +33,16 @@ type logRing struct {
 	size    [2]int    // bytes held per stream
 	written [2]uint64 // bytes ever added per stream
 	limit   int
+	// maxChunks, if not 0, bounds the pieces instead of maxLogChunks.
+	maxChunks int
+}
+
+// setLimit lowers (or raises) the ring's bounds: limit bytes a stream and
+// maxChunks pieces, dropping what is now beyond them.
+func (r *logRing) setLimit(limit, maxChunks int) {
+	r.limit, r.maxChunks = limit, maxChunks
+	r.trim(0)
+	r.trim(1)
 }
 
 // add appends data (which the ring now owns) read at time at, then drops
@@ -45,7 +55,9 @@ func (r *logRing) add(stderr bool, data []byte, at time.Time) {
 	i := streamIndex(stderr)
 	if n := len(r.chunks); n > 0 {
 		c := &r.chunks[n-1]
-		if c.stderr == stderr && len(c.data) < coalesceLimit && at.Sub(c.at) < logCoalesce {
+		// A piece grows up to coalesceLimit, or the ring's limit if less
+		// (appending may leave it twice that in capacity).
+		if c.stderr == stderr && len(c.data) < min(coalesceLimit, r.limit) && at.Sub(c.at) < logCoalesce {
 			c.data = append(c.data, data...)
 			r.size[i] += len(data)
 			r.written[i] += uint64(len(data))
@@ -83,7 +95,11 @@ func (r *logRing) trim(i int) {
 		c.off += uint64(over)
 		r.size[i] -= over
 	}
-	for len(r.chunks) > maxLogChunks {
+	maxChunks := maxLogChunks
+	if r.maxChunks > 0 {
+		maxChunks = r.maxChunks
+	}
+	for len(r.chunks) > maxChunks {
 		c := r.chunks[0]
 		r.size[streamIndex(c.stderr)] -= len(c.data)
 		r.chunks = r.chunks[1:]

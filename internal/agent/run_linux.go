@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -46,6 +47,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// agentSoftMemoryLimit is the Go runtime's soft memory limit in the agent.
+const agentSoftMemoryLimit = 20 << 20
+
 // Run is the whole agent: harden, listen, start the entrypoint, serve until
 // ctx ends. As PID 1 ctx never ends.
 func Run(ctx context.Context, opts Options) error {
@@ -56,6 +60,11 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
+	// The agent's memory is its reserve beside user code (at most 32 MiB,
+	// see the oci driver's agentMemoryReserve): a soft limit makes the GC
+	// collect and return garbage (output pumped through it, say) before the
+	// heap grows into that, at some CPU cost only while near it.
+	debug.SetMemoryLimit(agentSoftMemoryLimit)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -97,6 +106,7 @@ func Run(ctx context.Context, opts Options) error {
 		if srv.spawner, err = newSpawner(opts.UserCgroupFDs); err != nil {
 			return err
 		}
+		srv.writer = &fileWriter{start: srv.startFileWriter}
 	}
 	if len(opts.Entrypoint) > 0 {
 		if err := srv.startEntrypoint(opts.Entrypoint); err != nil {

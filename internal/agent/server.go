@@ -10,7 +10,9 @@
 // Detached processes (detached_linux.go) are execs that outlive their
 // stream, for the daemon's shell sessions and code kernels: a restarted
 // daemon re-attaches to them by id; their output waits in a bounded buffer
-// (outbuf.go) meanwhile.
+// (outbuf.go) meanwhile. Background processes (background_linux.go) are
+// detached processes any client starts, replays, feeds and waits for: their
+// output goes to a ring (logring.go) like the entrypoint's.
 //
 // Path guards (Configure's path policies) are FUSE layers mounted by
 // permfs; guards_linux.go holds the lockdown that drops CAP_SYS_ADMIN before
@@ -47,8 +49,10 @@ import (
 var Version = "dev"
 
 // ProtocolVersion is the highest daemon↔agent protocol version this agent speaks.
-// Version 2 added Attach, ListDetached and RemoveDetached; 3 added Logs and Wait.
-const ProtocolVersion = 3
+// Version 2 added Attach, ListDetached and RemoveDetached; 3 added Logs and
+// Wait; 4 added background processes (StartProcess, ProcessLogs,
+// ProcessInput, WaitProcess, and their fields in DetachedProcess).
+const ProtocolVersion = 4
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
@@ -109,6 +113,10 @@ type Server struct {
 
 	// files resolves every path a file request names (boxfs_linux.go).
 	files *boxFS
+	// writer writes the data of files written through the file API from
+	// the user cgroups (filewriter_linux.go); nil writes from the agent
+	// (no user cgroups). Set once, with spawner.
+	writer *fileWriter
 }
 
 var _ agentv1connect.AgentServiceHandler = (*Server)(nil)

@@ -181,7 +181,7 @@ func (s *Server) UploadTar(ctx context.Context, stream *connect.ClientStream[sbx
 	}
 	defer unix.Close(destFd)
 	r := &streamReader{stream: stream}
-	files, bytes, err := extractTar(ctx, s.files, destFd, r)
+	files, bytes, err := extractTar(ctx, s.files, s.writer, destFd, r)
 	if err != nil {
 		if r.err != nil {
 			return nil, r.err

@@ -23,8 +23,9 @@ import (
 
 // ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
 // Version 2 added detached processes (Attach, ListDetached, RemoveDetached);
-// 3 added the entrypoint's Logs and Wait.
-const ProtocolVersion = 3
+// 3 added the entrypoint's Logs and Wait; 4 added background processes
+// (StartProcess, ProcessLogs, ProcessInput, WaitProcess).
+const ProtocolVersion = 4
 
 // ReadyByte is what an agent started with --ready-fd writes on that fd once it
 // serves; drivers wait for it instead of polling with Hello.

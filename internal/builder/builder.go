@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,9 @@ type Config struct {
 	// Storage, when set, is asked after every stored step whether the
 	// tenant's images still fit its storage quota; an error ends the build.
 	Storage func(ctx context.Context) error
+	// Pull, when set, fetches a `from` image the tenant's store does not
+	// have (within its storage quota; server.Puller.Pull).
+	Pull func(ctx context.Context, ref string, progress func(image.Progress)) (*image.Image, error)
 	// StepTimeout bounds one step (default 1h).
 	StepTimeout time.Duration
 	// Mirror is the Debian mirror debootstrap uses ("" = the one the
@@ -108,6 +112,18 @@ func stepEvent(i int, desc, phase string, d time.Duration) *sbxv1.ImageProgress 
 // (statuses, step phases, step output) go to emit; the caller sends the
 // final `done` itself.
 func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
+	if req.GetDockerfile() != "" {
+		if req.GetRecipe() != nil {
+			return nil, fmt.Errorf("build: give a recipe or a Dockerfile, not both: %w", errdefs.ErrInvalidArgument)
+		}
+		recipe, err := DockerfileRecipe(req.GetDockerfile(), req.GetContext(), req.GetBuildArgs())
+		if err != nil {
+			return nil, err
+		}
+		req = &sbxv1.BuildImageRequest{Recipe: recipe, Tag: req.GetTag(), NoCache: req.GetNoCache()}
+	} else if len(req.GetContext()) > 0 || len(req.GetBuildArgs()) > 0 {
+		return nil, fmt.Errorf("build: a context and build args go with a Dockerfile only: %w", errdefs.ErrInvalidArgument)
+	}
 	r := req.GetRecipe()
 	if err := validate(r); err != nil {
 		return nil, err
@@ -224,6 +240,22 @@ func (b *build) base(ctx context.Context, r *sbxv1.Recipe, network bool, emit Em
 	img, err := b.store.Get(ctx, from)
 	if err == nil {
 		return img, nil
+	}
+	if errdefs.IsNotFound(err) && !isDebianBookworm(from) && b.cfg.Pull != nil && !strings.HasPrefix(from, "sha256:") {
+		if err := emit(status("pulling " + from)); err != nil {
+			return nil, err
+		}
+		var emitErr error
+		img, err := b.cfg.Pull(ctx, from, func(p image.Progress) {
+			if emitErr == nil {
+				emitErr = emit(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Layer{Layer: &sbxv1.LayerProgress{
+					Digest: p.Layer, CurrentBytes: p.Current, TotalBytes: p.Total, Phase: p.Status}}})
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("from %q: not in the image store, and pulling it failed: %w", from, err)
+		}
+		return img, emitErr
 	}
 	if !errdefs.IsNotFound(err) || !isDebianBookworm(from) {
 		return nil, fmt.Errorf("from: %w (pull or import it first)", err)

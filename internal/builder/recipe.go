@@ -23,7 +23,7 @@ import (
 
 // cacheVersion is mixed into every cache key; bump it when what a step does
 // changes (e.g. the apt-get command line), so old entries stop matching.
-const cacheVersion = "sbx-build-v1"
+const cacheVersion = "sbx-build-v2"
 
 // kind names a step's operation; it is also the step's name in recipes.
 func kind(s *sbxv1.RecipeStep) string {
@@ -48,6 +48,8 @@ func kind(s *sbxv1.RecipeStep) string {
 		return "cmd"
 	case *sbxv1.RecipeStep_User:
 		return "user"
+	case *sbxv1.RecipeStep_Python:
+		return "python"
 	}
 	return ""
 }
@@ -65,11 +67,14 @@ func configOnly(s *sbxv1.RecipeStep) bool {
 // needsNetwork reports steps that download from package registries.
 func needsNetwork(s *sbxv1.RecipeStep) bool {
 	switch kind(s) {
-	case "apt_install", "pip_install", "npm_install":
+	case "apt_install", "pip_install", "npm_install", "python":
 		return true
 	}
 	return false
 }
+
+// pythonVersionRe accepts a python step's version: "3.11", "3.12", ...
+var pythonVersionRe = regexp.MustCompile(`^3\.[0-9]{1,2}$`)
 
 // packageRe accepts apt, pip and npm package specs ("python3-numpy",
 // "numpy==2.0", "requests[socks]>=2", "@scope/pkg@1.2.3"). They are passed
@@ -136,6 +141,10 @@ func validateStep(s *sbxv1.RecipeStep) error {
 		if st.User == "" || strings.ContainsAny(st.User, "\x00\n") {
 			return fmt.Errorf("empty user")
 		}
+	case *sbxv1.RecipeStep_Python:
+		if !pythonVersionRe.MatchString(st.Python) {
+			return fmt.Errorf("version %q: want MAJOR.MINOR, e.g. \"3.11\"", st.Python)
+		}
 	}
 	return nil
 }
@@ -161,6 +170,8 @@ func validUTF8(s *sbxv1.RecipeStep) bool {
 		strs = append(strs, st.Cmd.GetValues()...)
 	case *sbxv1.RecipeStep_User:
 		strs = append(strs, st.User)
+	case *sbxv1.RecipeStep_Python:
+		strs = append(strs, st.Python)
 	}
 	for _, v := range strs {
 		if !utf8.ValidString(v) {
@@ -203,6 +214,8 @@ func describe(s *sbxv1.RecipeStep) string {
 		arg = jsonList(st.Cmd.GetValues())
 	case *sbxv1.RecipeStep_User:
 		arg = st.User
+	case *sbxv1.RecipeStep_Python:
+		arg = st.Python
 	default:
 		arg = strings.Join(packages(s), " ")
 	}
@@ -245,6 +258,8 @@ func canonical(s *sbxv1.RecipeStep) string {
 		e.Args = st.Cmd.GetValues()
 	case *sbxv1.RecipeStep_User:
 		e.Args = []string{st.User}
+	case *sbxv1.RecipeStep_Python:
+		e.Args = []string{st.Python}
 	default:
 		e.Args = packages(s)
 	}
@@ -276,8 +291,17 @@ func command(s *sbxv1.RecipeStep) string {
 	pkgs := strings.Join(q, " ")
 	switch kind(s) {
 	case "apt_install":
+		// The lists stay (apt-get clean drops only downloaded .debs): a
+		// later step or sandbox can apt-get install without an update.
 		return "set -e; apt-get update; DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends " +
-			pkgs + "; apt-get clean; rm -rf /var/lib/apt/lists/*"
+			pkgs + "; apt-get clean"
+	case "python":
+		v := s.GetPython() // validated: 3.N
+		return "set -e; apt-get update; if ! apt-cache show python" + v + " >/dev/null 2>&1; then " +
+			"echo \"python " + v + " is not packaged by this image's apt sources; they have: " +
+			"$(apt-cache pkgnames python3. | grep -E '^python3\\.[0-9]+$' | sort -V | tr '\\n' ' ')\" >&2; exit 3; fi; " +
+			"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python" + v + " python" + v + "-venv python3-pip; " +
+			"ln -sf /usr/bin/python" + v + " /usr/local/bin/python3; ln -sf /usr/bin/python" + v + " /usr/local/bin/python; apt-get clean"
 	case "pip_install":
 		// Debian's pip refuses system-wide installs (PEP 668) unless told.
 		return "set -e; flag=; if python3 -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then " +

@@ -75,6 +75,8 @@ func TestValidate(t *testing.T) {
 		{From: "x", Steps: []*sbxv1.RecipeStep{cp("relative", nil)}},
 		{From: "x", Steps: []*sbxv1.RecipeStep{env(map[string]string{"1A": "x"})}},
 		{From: "x", Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Workdir{Workdir: "app"}}}},
+		{From: "x", Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Python{Python: "3.11; rm -rf /"}}}},
+		{From: "x", Steps: []*sbxv1.RecipeStep{{Step: &sbxv1.RecipeStep_Python{Python: "2.7"}}}},
 	}
 	for i, r := range bad {
 		if err := validate(r); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -85,6 +87,7 @@ func TestValidate(t *testing.T) {
 		apt("python3", "libfoo1.2+dfsg"), run("echo hi"), cp("/app", nil), env(map[string]string{"A": "1"}),
 		{Step: &sbxv1.RecipeStep_PipInstall{PipInstall: &sbxv1.PackageList{Packages: []string{"numpy==2.0", "requests[socks]>=2"}}}},
 		{Step: &sbxv1.RecipeStep_NpmInstall{NpmInstall: &sbxv1.PackageList{Packages: []string{"@scope/pkg@1.2.3"}}}},
+		{Step: &sbxv1.RecipeStep_Python{Python: "3.11"}},
 	}}
 	if err := validate(good); err != nil {
 		t.Errorf("validate(good) = %v", err)
@@ -98,6 +101,16 @@ func TestCommandQuotes(t *testing.T) {
 	}
 	if got := command(run("echo $HOME")); got != "echo $HOME" {
 		t.Errorf("run command: %q", got)
+	}
+}
+
+// Package steps leave apt's lists in the image, so that a later step or a
+// sandbox can apt-get install without an update first.
+func TestAptStepsKeepLists(t *testing.T) {
+	for _, s := range []*sbxv1.RecipeStep{apt("jq"), {Step: &sbxv1.RecipeStep_Python{Python: "3.11"}}} {
+		if got := command(s); strings.Contains(got, "/var/lib/apt/lists") || !strings.Contains(got, "apt-get update") {
+			t.Errorf("%s: command %q removes the apt lists or does not fetch them", describe(s), got)
+		}
 	}
 }
 

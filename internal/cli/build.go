@@ -2,24 +2,37 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
 func newBuild(a *app) *cobra.Command {
 	var file, tag, contextDir string
+	var buildArgs []string
 	var noCache, quiet bool
 	cmd := &cobra.Command{
-		Use:   "build -f RECIPE.yaml -t REF [--context DIR] [--no-cache]",
-		Short: "Build an image from a recipe, one sandbox per step, caching unchanged steps",
-		Long: `Build an image from a recipe, one sandbox per step, caching unchanged steps.
+		Use:   "build -f RECIPE.yaml|Dockerfile -t REF [CONTEXT_DIR] [--no-cache]",
+		Short: "Build an image from a recipe or a Dockerfile, one sandbox per step, caching unchanged steps",
+		Long: `Build an image from a recipe or a Dockerfile, one sandbox per step, caching unchanged steps.
+
+A file whose name ends in .yaml, .yml or .json is a recipe; anything else
+(Dockerfile, app.Dockerfile, Dockerfile.dev) is a Dockerfile. Dockerfiles
+support FROM, RUN, COPY, ADD (local files), ENV, ARG (--build-arg),
+WORKDIR, USER, ENTRYPOINT and CMD; LABEL, EXPOSE, MAINTAINER and STOPSIGNAL
+are accepted; anything else fails naming its line. Their build context
+(the CONTEXT_DIR argument, else --context, else the Dockerfile's
+directory) is sent to the daemon as a tar, without what its .dockerignore
+lists, at most 48 MiB; symlinks in it are sent as links, never followed.
 
 Copy steps read only the build context: the recipe file's directory, or
 the directory --context names. A copy's src must be a relative path inside
@@ -27,10 +40,16 @@ it (no absolute paths, no ".." components). Symlinks are never followed:
 one pointing inside what is copied is copied as a link, one pointing out of
 it is refused, as is a src that leads out of the context through one. The
 recipe is treated as untrusted: it cannot read other host files.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if file == "" || tag == "" {
-				return fmt.Errorf("build: give a recipe with -f and a name with -t")
+				return fmt.Errorf("build: give a recipe or Dockerfile with -f and a name with -t")
+			}
+			if len(args) == 1 {
+				if contextDir != "" && contextDir != args[0] {
+					return fmt.Errorf("build: the context is given twice (%s and --context %s)", args[0], contextDir)
+				}
+				contextDir = args[0]
 			}
 			data, err := os.ReadFile(file)
 			if err != nil {
@@ -42,6 +61,12 @@ recipe is treated as untrusted: it cannot read other host files.`,
 					return err
 				}
 				contextDir = filepath.Dir(abs)
+			}
+			if isDockerfile(file) {
+				return a.buildDockerfile(cmd.Context(), string(data), contextDir, buildArgs, tag, noCache, quiet)
+			}
+			if len(buildArgs) > 0 {
+				return fmt.Errorf("build: --build-arg goes with a Dockerfile, not a recipe")
 			}
 			recipe, err := parseRecipe(data, contextDir)
 			if err != nil {
@@ -61,12 +86,46 @@ recipe is treated as untrusted: it cannot read other host files.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&file, "file", "f", "", "recipe (YAML)")
+	f.StringVarP(&file, "file", "f", "", "recipe (.yaml, .yml, .json) or Dockerfile")
+	f.StringArrayVar(&buildArgs, "build-arg", nil, "NAME=value for a Dockerfile ARG (repeatable)")
 	f.StringVarP(&tag, "tag", "t", "", "reference to give the built image")
-	f.StringVar(&contextDir, "context", "", "build context: the only directory copy steps read (default: the recipe's directory)")
+	f.StringVar(&contextDir, "context", "", "build context: the only directory copy steps read (default: the file's directory)")
 	f.BoolVar(&noCache, "no-cache", false, "rerun every step")
 	f.BoolVarP(&quiet, "quiet", "q", false, "no progress output")
 	return cmd
+}
+
+// isDockerfile tells a Dockerfile from a recipe by the file's name.
+func isDockerfile(file string) bool {
+	switch strings.ToLower(filepath.Ext(file)) {
+	case ".yaml", ".yml", ".json":
+		return false
+	}
+	return true
+}
+
+// buildDockerfile sends a Dockerfile and its packed context to the daemon.
+func (a *app) buildDockerfile(ctx context.Context, dockerfile, contextDir string, buildArgs []string, tag string, noCache, quiet bool) error {
+	args := map[string]string{}
+	for _, kv := range buildArgs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("build: --build-arg %q: want NAME=value", kv)
+		}
+		args[k] = v
+	}
+	p := &buildProgress{w: a.stderr, quiet: quiet, start: time.Now()}
+	img, err := a.client().Images().BuildDockerfile(ctx, dockerfile, contextDir, sbx.DockerfileOptions{
+		Tag: tag, BuildArgs: args, NoCache: noCache, Progress: p.event})
+	p.endLine()
+	if err != nil {
+		return err
+	}
+	if !quiet {
+		fmt.Fprintf(a.stderr, "built in %s\n", fmtDuration(time.Since(p.start)))
+	}
+	fmt.Fprintf(a.stdout, "%s %s\n", img.GetRef(), img.GetDigest())
+	return nil
 }
 
 // buildProgress prints one line per step phase and the step's output
@@ -96,6 +155,9 @@ func (p *buildProgress) event(ev *sbxv1.ImageProgress) {
 		p.endLine()
 		s := e.Step
 		pos := fmt.Sprintf("[%d/%d]", s.GetIndex(), p.steps)
+		if p.steps == 0 { // a Dockerfile's: the daemon counts them
+			pos = fmt.Sprintf("[%d]", s.GetIndex())
+		}
 		switch s.GetPhase() {
 		case "cached":
 			fmt.Fprintf(p.w, "%s CACHED %s\n", pos, s.GetDescription())

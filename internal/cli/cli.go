@@ -66,6 +66,7 @@ func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newSnapshot(a), newBuild(a), newNetwork(a),
 		newRunCode(a), newContext(a), newSession(a), newVolume(a), newCodebase(a),
 		newPort(a), newPortForward(a), newTenant(a), newLogs(a), newWait(a), newUpdate(a), newMCP(a), newEvents(a), newStats(a),
+		newPs(a), newAttach(a), newKill(a), newProc(a),
 	)
 	return root
 }

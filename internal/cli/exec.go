@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -17,6 +18,8 @@ import (
 
 type execFlags struct {
 	interactive, tty bool
+	detach           bool   // start in the background (ps.go)
+	tag              string // with detach
 	env              []string
 	workdir, user    string
 	timeout          time.Duration
@@ -26,10 +29,13 @@ func newExec(a *app) *cobra.Command {
 	var ef execFlags
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID|NAME CMD [ARG...]",
-		Short: "Run a command in a sandbox; exits with its exit code",
+		Short: "Run a command in a sandbox; exits with its exit code (-d: in the background)",
 		Long: "Run a command in a sandbox; exits with its exit code. sbx's own flags go before ID|NAME:\n" +
 			"everything after it is the command and its arguments (sbx exec box python3 -c 'print(1)').\n" +
-			"A -- after ID|NAME is allowed and dropped.",
+			"A -- after ID|NAME is allowed and dropped.\n" +
+			"The command is killed if this client goes away (Ctrl-C, a dropped connection), so nothing runs on unseen.\n" +
+			"With -d it runs in the background instead: its pid is printed, it survives this client and a daemon\n" +
+			"restart, and ps, attach, kill and proc manage it.",
 		Args:              commandArgs(1),
 		ValidArgsFunction: a.completeSandboxes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,6 +50,8 @@ func newExec(a *app) *cobra.Command {
 	f.StringVarP(&ef.workdir, "workdir", "w", "", "working directory")
 	f.StringVarP(&ef.user, "user", "u", "", "run as this user (name, uid or uid:gid)")
 	f.DurationVar(&ef.timeout, "timeout", 0, "kill the command after this long, e.g. 30s")
+	f.BoolVarP(&ef.detach, "detach", "d", false, "run in the background and print its pid (see ps, attach, kill); with -i its stdin stays open for attach")
+	f.StringVar(&ef.tag, "tag", "", "with -d: a label to find the process by")
 	return cmd
 }
 
@@ -79,6 +87,12 @@ func (a *app) runExecRef(ctx context.Context, ref string, ef execFlags, argv []s
 // runExec runs argv in sb wired to this terminal and returns an ExitError
 // carrying the command's exit code.
 func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv []string) error {
+	if ef.detach {
+		return a.runDetached(ctx, sb, ef, argv)
+	}
+	if ef.tag != "" {
+		return errors.New("--tag needs -d (it labels a background process)")
+	}
 	env, err := parseEnv(ef.env)
 	if err != nil {
 		return err
@@ -102,19 +116,31 @@ func (a *app) runExec(ctx context.Context, sb *sbx.Sandbox, ef execFlags, argv [
 	if st.Error != "" {
 		fmt.Fprintln(a.stderr, "sbx:", st.Error)
 	}
-	if st.TimedOut {
-		fmt.Fprintf(a.stderr, "sbx: command timed out after %s\n", ef.timeout)
-	}
-	if st.OOMKilled {
-		fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
-	}
-	if st.PidsLimitHit {
-		fmt.Fprintln(a.stderr, "sbx: the sandbox's pids limit refused a fork while the command ran; raise it with `sbx update --pids`")
-	}
+	return a.exitStatus(st, "command", fmt.Sprintf(" after %s", ef.timeout))
+}
+
+// exitStatus says on stderr why a command or process (what) ended when the
+// daemon knows a reason (a timeout, with timeout's words, the memory or pids
+// limit) and returns its exit code as an ExitError.
+func (a *app) exitStatus(st *sbx.ExitStatus, what, timeout string) error {
+	a.exitNotes(st, what, timeout)
 	if st.Code != 0 {
 		return &ExitError{Code: st.Code}
 	}
 	return nil
+}
+
+// exitNotes is exitStatus's stderr lines alone.
+func (a *app) exitNotes(st *sbx.ExitStatus, what, timeout string) {
+	if st.TimedOut {
+		fmt.Fprintf(a.stderr, "sbx: %s timed out%s\n", what, timeout)
+	}
+	if st.OOMKilled {
+		fmt.Fprintf(a.stderr, "sbx: %s killed by the memory limit (OOM); raise it with `sbx update --memory`\n", what)
+	}
+	if st.PidsLimitHit {
+		fmt.Fprintf(a.stderr, "sbx: the sandbox's pids limit refused a fork while the %s ran; raise it with `sbx update --pids`\n", what)
+	}
 }
 
 // execTTY puts the local terminal in raw mode, forwards window size changes

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -67,6 +68,16 @@ func (p *progress) event(ev *sbxv1.ImageProgress) {
 }
 
 func (p *progress) finish() {}
+
+// ensureImage pulls a create's image first when the daemon does not have
+// it, showing the pull's progress on stderr (the create would pull it
+// anyway, silently).
+func (a *app) ensureImage(ctx context.Context, ref string) error {
+	p := newProgress(a.stderr, false)
+	_, err := a.client().Images().Ensure(ctx, ref, p.event)
+	p.finish()
+	return err
+}
 
 func newImages(a *app) *cobra.Command {
 	cmd := &cobra.Command{

@@ -82,9 +82,7 @@ func newWait(a *app) *cobra.Command {
 			if st.Signal != 0 {
 				fmt.Fprintf(a.stderr, "sbx: killed by signal %d\n", st.Signal)
 			}
-			if st.OOMKilled {
-				fmt.Fprintln(a.stderr, "sbx: command killed by the memory limit (OOM); raise it with `sbx update --memory`")
-			}
+			a.exitNotes(st, "command", "")
 			return nil
 		},
 	}

@@ -24,6 +24,7 @@ import (
 //	  - entrypoint: [python3]
 //	  - cmd: [main.py]
 //	  - user: app
+//	  - python: "3.11"                          # from the image's apt sources
 //
 // A copy's src is a relative path inside the build context (the recipe
 // file's directory unless `sbx build --context DIR`; see buildcontext.go):
@@ -57,7 +58,7 @@ func parseRecipe(data []byte, contextDir string) (*sbxv1.Recipe, error) {
 	defer bc.Close()
 	for i, m := range y.Steps {
 		if len(m) != 1 {
-			return nil, fmt.Errorf("recipe step %d: want exactly one of apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd, user; got %d keys", i+1, len(m))
+			return nil, fmt.Errorf("recipe step %d: want exactly one of apt_install, pip_install, npm_install, python, run, copy, env, workdir, entrypoint, cmd, user; got %d keys", i+1, len(m))
 		}
 		for k, n := range m {
 			s, err := parseStep(k, &n, bc)
@@ -117,6 +118,9 @@ func parseStep(kind string, n *yaml.Node, bc *buildContext) (*sbxv1.RecipeStep, 
 	case "user":
 		s, err := str()
 		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_User{User: s}}, err
+	case "python":
+		s, err := str()
+		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Python{Python: s}}, err
 	case "entrypoint", "cmd":
 		var l []string
 		if err := n.Decode(&l); err != nil {
@@ -150,5 +154,5 @@ func parseStep(kind string, n *yaml.Node, bc *buildContext) (*sbxv1.RecipeStep, 
 		}
 		return &sbxv1.RecipeStep{Step: &sbxv1.RecipeStep_Copy{Copy: &sbxv1.CopyStep{Dest: c.Dest, Tar: data}}}, nil
 	}
-	return nil, fmt.Errorf("unknown step (want apt_install, pip_install, npm_install, run, copy, env, workdir, entrypoint, cmd or user)")
+	return nil, fmt.Errorf("unknown step (want apt_install, pip_install, npm_install, python, run, copy, env, workdir, entrypoint, cmd or user)")
 }

@@ -147,6 +147,9 @@ func newCreate(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := a.ensureImage(cmd.Context(), opts.Image); err != nil {
+				return err
+			}
 			sb, err := a.client().Create(cmd.Context(), opts)
 			if err != nil {
 				return err
@@ -177,6 +180,9 @@ func newRun(a *app) *cobra.Command {
 			}
 			// The command run is the one given here, not the image's.
 			opts.NoEntrypoint = true
+			if err := a.ensureImage(cmd.Context(), opts.Image); err != nil {
+				return err
+			}
 			c := a.client()
 			sb, err := c.Create(cmd.Context(), opts)
 			if err != nil {
@@ -206,7 +212,7 @@ func newLs(a *app) *cobra.Command {
 	var labels []string
 	cmd := &cobra.Command{
 		Use:     "ls",
-		Aliases: []string{"list", "ps"},
+		Aliases: []string{"list"}, // `ps` with no argument too (ps.go)
 		Short:   "List sandboxes",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -324,7 +330,7 @@ func newRm(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "rm ID|NAME...",
 		ValidArgsFunction: a.completeSandboxes(-1),
-		Aliases:           []string{"destroy", "kill"},
+		Aliases:           []string{"destroy"}, // not kill: that signals processes (ps.go)
 		Short:             "Destroy sandboxes",
 		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -103,6 +103,7 @@ func newServe(a *app) *cobra.Command {
 	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
 	f.IntVar(&cfg.StreamLimits.ExecsPerSandbox, "exec-max-streams", server.DefaultExecsPerSandbox, "commands one sandbox may have running through the API at once (exec, exec -i, the SDKs' exec); the excess gets ResourceExhausted")
+	f.IntVar(&cfg.StreamLimits.BackgroundPerSandbox, "exec-max-background", server.DefaultBackgroundPerSandbox, "background processes (exec -d, the SDKs' background=True) one sandbox may have running at once; the excess gets ResourceExhausted")
 	f.IntVar(&cfg.StreamLimits.FilesPerSandbox, "file-max-streams", server.DefaultFilesPerSandbox, "file calls on one sandbox in flight at once (reads, writes, cp, tars, listings); the excess gets ResourceExhausted")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
@@ -132,6 +133,7 @@ func checkLimits(cfg daemon.Config) error {
 		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
 		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
 		{"--exec-max-streams", int64(cfg.StreamLimits.ExecsPerSandbox)}, {"--file-max-streams", int64(cfg.StreamLimits.FilesPerSandbox)},
+		{"--exec-max-background", int64(cfg.StreamLimits.BackgroundPerSandbox)},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)
@@ -143,6 +145,8 @@ func checkLimits(cfg daemon.Config) error {
 			cfg.StreamLimits.FilesPerSandbox, agentconn.MaxStalledStreams)
 	case cfg.StatsInterval != 0 && (cfg.StatsInterval < 100*time.Millisecond || cfg.StatsInterval > time.Minute):
 		return fmt.Errorf("--stats-interval %s: want 100ms to 1m", cfg.StatsInterval)
+	case cfg.StreamLimits.BackgroundPerSandbox > server.MaxBackgroundPerSandbox:
+		return fmt.Errorf("--exec-max-background %d: at most %d (the sandbox agent's own bound)", cfg.StreamLimits.BackgroundPerSandbox, server.MaxBackgroundPerSandbox)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
 	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:

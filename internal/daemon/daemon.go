@@ -315,7 +315,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Logger:         log,
 		WarmPool:       cfg.WarmPool,
 		WarmPoolMax:    cfg.WarmPoolMax,
-		Images:         imageResolver{stores: stores, gc: &gcLock},
+		Images:         imageResolver{stores: stores, gc: &gcLock, puller: server.NewPuller(stores, &gcLock)},
 		MaxLayerBytes:  maxLayer,
 		BoxAPIAddr:     boxAPI,
 	})
@@ -475,12 +475,15 @@ func lockDataDir(dir string) (func(), error) {
 }
 
 // imageResolver adapts the image stores to the sandbox manager: a create
-// resolves its image in its tenant's store. Its lock keeps garbage
-// collection from running between a create resolving an image and the
-// sandbox counting as a user of it.
+// resolves its image in its tenant's store, pulling it first if the store
+// does not have it (server.Puller.AutoPull: within the tenant's storage
+// quota, once for concurrent creates, never for scoped tokens). Its lock
+// keeps garbage collection from running between a create resolving an
+// image and the sandbox counting as a user of it.
 type imageResolver struct {
 	stores *server.TenantStores
 	gc     *sync.RWMutex
+	puller *server.Puller
 }
 
 func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.ResolvedImage, func(), error) {
@@ -490,9 +493,17 @@ func (r imageResolver) Resolve(ctx context.Context, ref string) (*sandbox.Resolv
 	}
 	r.gc.RLock()
 	img, err := store.Get(ctx, ref)
+	if errdefs.IsNotFound(err) && r.puller != nil {
+		r.gc.RUnlock() // a prune may run while the pull does
+		if _, err = r.puller.AutoPull(ctx, ref, err); err != nil {
+			return nil, nil, err
+		}
+		r.gc.RLock()
+		img, err = store.Get(ctx, ref)
+	}
 	if err != nil {
 		r.gc.RUnlock()
-		return nil, nil, fmt.Errorf("%w (pull or import it first)", err)
+		return nil, nil, err // the store's error names the image
 	}
 	c := img.Config
 	layers := make([]runtime.Layer, len(img.Layers))

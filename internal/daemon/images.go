@@ -64,6 +64,7 @@ func newImageServer(stores *server.TenantStores, mgr *sandbox.Manager, gc *sync.
 	}
 	b, err := builder.New(builder.Config{
 		Manager: mgr, Stores: stores, Resources: res, Storage: stores.CheckStorage, Logger: log.With("component", "builder"),
+		Pull: server.NewPuller(stores, gc).Pull,
 	})
 	if err != nil {
 		return nil, err

@@ -146,3 +146,117 @@ func (a *Allocator) Held(dir string) (map[string]Range, error) {
 	}
 	return out, nil
 }
+
+// SweepMinAge is how old a slot must be before Sweep may free it: longer
+// than any create takes between taking a range and making what uses it.
+const SweepMinAge = 10 * time.Minute
+
+// Sweep frees the ranges whose owner is gone and that nothing uses, on the
+// whole host: a slot is freed only if its owner path no longer exists (a
+// box dir removed, or the data dir of a daemon that is gone, which no
+// daemon's own Cleanup looks at), the slot is older than minAge, and no
+// process on the host has a uid or gid in its range, real, effective,
+// saved or filesystem (read from procDir/<pid>/status, "" = /proc, twice,
+// so a process that forked and exited between two reads is seen in one of
+// them). A box whose dir was deleted under it while it runs keeps its
+// range: its processes hold its ids. It returns the owners it freed.
+func (a *Allocator) Sweep(procDir string, minAge time.Duration) ([]string, error) {
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	ents, err := os.ReadDir(a.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list id ranges: %w", err)
+	}
+	type cand struct {
+		r     Range
+		owner string
+		slot  string
+	}
+	var cands []cand
+	for _, e := range ents {
+		slot, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || uint32(slot) >= a.pool.Slots {
+			continue
+		}
+		path := filepath.Join(a.dir, e.Name())
+		info, err := os.Lstat(path)
+		if err != nil || time.Since(info.ModTime()) < minAge {
+			continue
+		}
+		b, err := os.ReadFile(path)
+		if err != nil || len(b) == 0 || !filepath.IsAbs(string(b)) {
+			continue
+		}
+		owner := string(b)
+		if _, err := os.Lstat(owner); !errors.Is(err, os.ErrNotExist) {
+			continue // there (or not known to be gone)
+		}
+		cands = append(cands, cand{r: a.pool.slot(uint32(slot)), owner: owner, slot: path})
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	var used []uint32
+	for range 2 {
+		ids, err := processIDs(procDir)
+		if err != nil {
+			return nil, err
+		}
+		used = append(used, ids...)
+	}
+	var freed []string
+	var errs []error
+	for _, c := range cands {
+		busy := false
+		for _, id := range used {
+			if c.r.Contains(id) {
+				busy = true
+				break
+			}
+		}
+		if busy {
+			continue
+		}
+		if err := a.Release(c.r, c.owner); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed = append(freed, c.owner)
+	}
+	return freed, errors.Join(errs...)
+}
+
+// processIDs lists every uid and gid (real, effective, saved, filesystem)
+// of every process under procDir.
+func processIDs(procDir string) ([]uint32, error) {
+	ents, err := os.ReadDir(procDir)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var out []uint32
+	for _, e := range ents {
+		if _, err := strconv.ParseUint(e.Name(), 10, 32); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procDir, e.Name(), "status"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, "Uid:")
+			if !ok {
+				rest, ok = strings.CutPrefix(line, "Gid:")
+			}
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Fields(rest) {
+				if id, err := strconv.ParseUint(f, 10, 32); err == nil {
+					out = append(out, uint32(id))
+				}
+			}
+		}
+	}
+	return out, nil
+}

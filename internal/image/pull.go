@@ -53,12 +53,19 @@ const progressEvery = 4 << 20
 
 // Pull fetches ref from its registry (credentials from the docker config,
 // plain HTTP allowed for loopback registries), picking the linux image for
-// this host's architecture from a multi-arch index, and stores it.
+// this host's architecture from a multi-arch index, and stores it. A Pull
+// of a ref whose pull is already under way joins it (see pullFlight): the
+// image is fetched once however many callers want it at the same time.
 func (s *Store) Pull(ctx context.Context, ref string, progress func(Progress)) (*Image, error) {
 	r, err := parseRemoteRef(ref)
 	if err != nil {
 		return nil, err
 	}
+	return s.joinPull(ctx, r, progress)
+}
+
+// pull fetches and stores r (one pullFlight's work).
+func (s *Store) pull(ctx context.Context, r name.Reference, progress func(Progress)) (*Image, error) {
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),

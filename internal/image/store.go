@@ -112,6 +112,11 @@ type Store struct {
 	// unpacked counts layers unpacked since Open (tests, metrics).
 	unpacked atomic.Int64
 
+	// pullMu guards pulls: the pull of each normalised ref under way, which
+	// later Pulls of the same ref join (see pullflight.go).
+	pullMu sync.Mutex
+	pulls  map[string]*pullFlight
+
 	// mu guards the fields below and the index and record files.
 	mu      sync.Mutex
 	refs    map[string]string  // normalised ref → manifest digest
@@ -165,7 +170,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.MaxArchiveBytes <= 0 {
 		cfg.MaxArchiveBytes = DefaultMaxArchiveBytes
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, layerLocks: map[string]*keyLock{}, refs: map[string]string{}, records: map[string]*record{}}
+	s := &Store{cfg: cfg, log: cfg.Logger, layerLocks: map[string]*keyLock{}, pulls: map[string]*pullFlight{}, refs: map[string]string{}, records: map[string]*record{}}
 	if err := os.MkdirAll(cfg.Dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create image store: %w", err)
 	}

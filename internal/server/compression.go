@@ -29,6 +29,7 @@ var dataStreams = map[string]bool{
 	sbxv1connect.SessionServiceSessionExecProcedure:       true,
 	sbxv1connect.CodeServiceRunCodeProcedure:              true,
 	sbxv1connect.SandboxServiceLogsProcedure:              true,
+	sbxv1connect.ProcessServiceConnectProcessProcedure:    true,
 }
 
 // The request headers that name a request's own encoding, and those that

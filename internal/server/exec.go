@@ -95,10 +95,15 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 		for {
 			in, err := recv()
 			if err != nil {
-				// Client went away or half-closed: close stdin if it was open.
+				// Client went away or half-closed: close stdin if it was open,
+				// and our side of the agent stream. Until that side is closed
+				// the HTTP/2 transport is busy sending its body and does not
+				// watch ctx, so a client gone for good left the command
+				// running until the agent's next keepalive failed (10 s).
 				if start.GetStdinOpen() {
 					_ = as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
 				}
+				_ = as.CloseRequest()
 				return
 			}
 			if in.GetStart() != nil {

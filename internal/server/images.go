@@ -12,7 +12,6 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/image"
-	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
@@ -57,40 +56,15 @@ func NewImageServer(stores Stores, gc *sync.RWMutex) *ImageServer {
 }
 
 // undoOverQuota removes images refs again if adding them took ctx's
-// tenant past its storage_bytes quota, and frees the layers no image uses
-// then; the error names the quota.
+// tenant past its storage_bytes quota (see the function undoOverQuota);
+// the error is the API's.
 func (s *ImageServer) undoOverQuota(ctx context.Context, store *image.Store, refs ...string) error {
-	p := tenant.FromContext(ctx)
-	if p.Quotas.StorageBytes == 0 {
-		return nil
-	}
-	err := s.stores.CheckStorage(ctx)
-	if err == nil {
-		return nil
-	}
-	s.gc.Lock()
-	defer s.gc.Unlock()
-	in := s.stores.InUse(ctx)
-	for _, ref := range refs {
-		if img, gerr := store.Get(ctx, ref); gerr == nil && !in[img.Digest] {
-			_ = store.Remove(ctx, ref)
-		}
-	}
-	_, _ = store.Prune(ctx, s.layersInUse(ctx, store))
-	return toConnect(err)
+	return toConnect(undoOverQuota(ctx, s.stores, s.gc, store, refs...))
 }
 
 // layersInUse are the layers of the images ctx's tenant's sandboxes use.
 func (s *ImageServer) layersInUse(ctx context.Context, store *image.Store) map[string]bool {
-	layers := map[string]bool{}
-	for digest := range s.stores.InUse(ctx) {
-		if img, err := store.Get(ctx, digest); err == nil {
-			for _, l := range img.Layers {
-				layers[l] = true
-			}
-		}
-	}
-	return layers
+	return layersInUse(ctx, s.stores, store)
 }
 
 // ImageInfo converts a stored image to its API form.
@@ -116,27 +90,17 @@ func (s *ImageServer) PullImage(ctx context.Context, req *connect.Request[sbxv1.
 	if ref == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("pull: no image reference given"))
 	}
-	store, err := s.stores.Images(ctx)
-	if err != nil {
-		return toConnect(err)
-	}
-	if err := s.stores.CheckStorage(ctx); err != nil {
-		return toConnect(err)
-	}
 	if err := out.Send(&sbxv1.ImageProgress{Event: &sbxv1.ImageProgress_Status{Status: "pulling " + ref}}); err != nil {
 		return err
 	}
 	var sendErr error
-	img, err := store.Pull(ctx, ref, func(p image.Progress) {
+	img, err := NewPuller(s.stores, s.gc).Pull(ctx, ref, func(p image.Progress) {
 		if sendErr == nil {
 			sendErr = out.Send(progressEvent(p))
 		}
 	})
 	if err != nil {
 		return toConnect(err)
-	}
-	if err := s.undoOverQuota(ctx, store, img.Ref); err != nil {
-		return err
 	}
 	if sendErr != nil {
 		return sendErr

@@ -89,6 +89,10 @@ func (s *Server) Handler() http.Handler {
 		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
 		mux.Handle(path, h)
 	}
+	{
+		path, h := sbxv1connect.NewProcessServiceHandler(&ProcessServer{s: s}, handlerOpts...)
+		mux.Handle(path, h)
+	}
 	if s.tenants != nil {
 		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
 		mux.Handle(path, h)

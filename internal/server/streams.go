@@ -21,17 +21,26 @@ import (
 type StreamLimits struct {
 	// ExecsPerSandbox bounds running commands relayed for one sandbox (the
 	// Exec and ExecInteractive RPCs, the exec upgrade, and the Logs and
-	// Wait calls on the sandbox's own command together).
+	// Wait calls on the sandbox's own command, and the ProcessService calls
+	// together).
 	ExecsPerSandbox int
 	// FilesPerSandbox bounds file calls in flight on one sandbox (reads,
 	// writes, tars, listings and the other file operations together).
 	FilesPerSandbox int
+	// BackgroundPerSandbox bounds the background processes (ProcessService)
+	// running in one sandbox at once; the sandbox's agent enforces it, as
+	// it holds them. Clients connected to or waiting for them count as
+	// running commands.
+	BackgroundPerSandbox int
 }
 
 // The defaults of StreamLimits.
 const (
-	DefaultExecsPerSandbox = 256
-	DefaultFilesPerSandbox = 64
+	DefaultExecsPerSandbox      = 256
+	DefaultFilesPerSandbox      = 64
+	DefaultBackgroundPerSandbox = 64
+	// MaxBackgroundPerSandbox is the agent's own bound on them.
+	MaxBackgroundPerSandbox = 1024
 )
 
 // Streams opens the agent connections of the API's exec and file calls,
@@ -43,6 +52,8 @@ type Streams struct {
 	mgr   *sandbox.Manager
 	execs *connlimit.Counter[string]
 	files *connlimit.Counter[string]
+	// background is StreamLimits.BackgroundPerSandbox.
+	background int
 }
 
 // NewStreams returns Streams over mgr with limits lim; refusals are logged
@@ -57,10 +68,15 @@ func NewStreams(mgr *sandbox.Manager, lim StreamLimits, log *slog.Logger) *Strea
 	if lim.FilesPerSandbox <= 0 {
 		lim.FilesPerSandbox = DefaultFilesPerSandbox
 	}
+	if lim.BackgroundPerSandbox <= 0 {
+		lim.BackgroundPerSandbox = DefaultBackgroundPerSandbox
+	}
 	return &Streams{
 		mgr:   mgr,
 		execs: connlimit.NewCounter[string](lim.ExecsPerSandbox, log, "exec streams per sandbox"),
 		files: connlimit.NewCounter[string](lim.FilesPerSandbox, log, "file calls per sandbox"),
+
+		background: min(lim.BackgroundPerSandbox, MaxBackgroundPerSandbox),
 	}
 }
 

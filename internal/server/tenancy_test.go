@@ -306,6 +306,7 @@ type rpcClients struct {
 	code  sbxv1connect.CodeServiceClient
 	ten   sbxv1connect.TenantServiceClient
 	obs   sbxv1connect.ObserveServiceClient
+	proc  sbxv1connect.ProcessServiceClient
 	token string
 }
 
@@ -334,7 +335,7 @@ func (e *tenancyEnv) clients(tok string) rpcClients {
 		vol: sbxv1connect.NewVolumeServiceClient(hc, u), cb: sbxv1connect.NewCodebaseServiceClient(hc, u),
 		port: sbxv1connect.NewPortServiceClient(hc, u), sess: sbxv1connect.NewSessionServiceClient(hc, u),
 		code: sbxv1connect.NewCodeServiceClient(hc, u), ten: sbxv1connect.NewTenantServiceClient(hc, u), token: tok,
-		obs: sbxv1connect.NewObserveServiceClient(hc, u),
+		obs: sbxv1connect.NewObserveServiceClient(hc, u), proc: sbxv1connect.NewProcessServiceClient(hc, u),
 	}
 }
 
@@ -409,6 +410,19 @@ var tenancyScratch = os.TempDir()
 // tmp is a per-sandbox scratch path.
 func tmp(ref, name string) string { return filepath.Join(tenancyScratch, "sbx-tenancy-"+ref+"-"+name) }
 
+// withProcess starts a background process in sandbox ref and calls f on
+// it; when the start fails (another tenant's sandbox, a missing one) it
+// calls f on a made-up process, so that f's own answer is what is checked.
+func withProcess(ctx context.Context, c rpcClients, ref string, f func(proc string) error) ([]string, error) {
+	resp, err := c.proc.StartProcess(ctx, connect.NewRequest(&sbxv1.StartProcessRequest{Exec: &sbxv1.ExecRequest{Sandbox: ref, Argv: []string{"sleep", "60"}}}))
+	if err != nil {
+		return nil, f("proc-00000000000000ff")
+	}
+	id := resp.Msg.GetProcess().GetId()
+	defer c.proc.RemoveProcess(ctx, connect.NewRequest(&sbxv1.RemoveProcessRequest{Sandbox: ref, Process: id})) //nolint:errcheck
+	return nil, f(id)
+}
+
 var tenancyCases = map[string]tenancyCase{
 	sbxv1connect.ObserveServiceEventsProcedure: {targetObserve, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		st, err := c.obs.Events(ctx, connect.NewRequest(&sbxv1.EventsRequest{SinceMs: 1, NoFollow: true}))
@@ -438,6 +452,52 @@ var tenancyCases = map[string]tenancyCase{
 			ids = append(ids, e.GetSandboxId())
 		}
 		return ids, nil
+	}},
+	sbxv1connect.ProcessServiceStartProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		resp, err := c.proc.StartProcess(ctx, connect.NewRequest(&sbxv1.StartProcessRequest{Exec: &sbxv1.ExecRequest{Sandbox: ref, Argv: []string{"true"}}}))
+		if err != nil {
+			return nil, err
+		}
+		return one2(c.proc.RemoveProcess(ctx, connect.NewRequest(&sbxv1.RemoveProcessRequest{Sandbox: ref, Process: resp.Msg.GetProcess().GetId()})))
+	}},
+	sbxv1connect.ProcessServiceListProcessesProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return one2(c.proc.ListProcesses(ctx, connect.NewRequest(&sbxv1.ListProcessesRequest{Sandbox: ref})))
+	}},
+	sbxv1connect.ProcessServiceGetProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			_, err := c.proc.GetProcess(ctx, connect.NewRequest(&sbxv1.GetProcessRequest{Sandbox: ref, Process: id}))
+			return err
+		})
+	}},
+	sbxv1connect.ProcessServiceConnectProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			return drain(c.proc.ConnectProcess(ctx, connect.NewRequest(&sbxv1.ConnectProcessRequest{Sandbox: ref, Process: id})))
+		})
+	}},
+	sbxv1connect.ProcessServiceSendProcessInputProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			_, err := c.proc.SendProcessInput(ctx, connect.NewRequest(&sbxv1.SendProcessInputRequest{Sandbox: ref, Process: id, StdinClose: true}))
+			return err
+		})
+	}},
+	sbxv1connect.ProcessServiceSignalProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			_, err := c.proc.SignalProcess(ctx, connect.NewRequest(&sbxv1.SignalProcessRequest{Sandbox: ref, Process: id}))
+			return err
+		})
+	}},
+	sbxv1connect.ProcessServiceWaitProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			_, _ = c.proc.SignalProcess(ctx, connect.NewRequest(&sbxv1.SignalProcessRequest{Sandbox: ref, Process: id}))
+			_, err := c.proc.WaitProcess(ctx, connect.NewRequest(&sbxv1.WaitProcessRequest{Sandbox: ref, Process: id}))
+			return err
+		})
+	}},
+	sbxv1connect.ProcessServiceRemoveProcessProcedure: {targetSandbox, func(ctx context.Context, c rpcClients, ref string) ([]string, error) {
+		return withProcess(ctx, c, ref, func(id string) error {
+			_, err := c.proc.RemoveProcess(ctx, connect.NewRequest(&sbxv1.RemoveProcessRequest{Sandbox: ref, Process: id}))
+			return err
+		})
 	}},
 	sbxv1connect.SandboxServiceVersionProcedure: {targetNone, func(ctx context.Context, c rpcClients, _ string) ([]string, error) {
 		return one2(c.sb.Version(ctx, connect.NewRequest(&sbxv1.VersionRequest{})))

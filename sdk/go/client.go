@@ -46,6 +46,7 @@ type Client struct {
 	ports     sbxv1connect.PortServiceClient
 	tenants   sbxv1connect.TenantServiceClient
 	observe   sbxv1connect.ObserveServiceClient
+	procs     sbxv1connect.ProcessServiceClient // processes.go
 	baseURL   string
 	token     string
 	tls       *tls.Config // for https:// base URLs
@@ -175,6 +176,7 @@ func NewClient(addr string, opts ...Option) *Client {
 		codebases: sbxv1connect.NewCodebaseServiceClient(hc, base, connect.WithGRPC()),
 		tenants:   sbxv1connect.NewTenantServiceClient(hc, base, connect.WithGRPC()),
 		observe:   sbxv1connect.NewObserveServiceClient(hc, base, connect.WithGRPC()),
+		procs:     sbxv1connect.NewProcessServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
 	}
 	c.files = c.api

@@ -136,3 +136,26 @@ func (im *Images) Prune(ctx context.Context) (int64, error) {
 	}
 	return resp.Msg.GetFreedBytes(), nil
 }
+
+// Ensure makes sure ref is in the daemon's image store, pulling it (with
+// progress, which may be nil) when it is not, and returns it. Creating a
+// sandbox from a missing image pulls it anyway; Ensure first is how a
+// caller sees the pull's progress. "host" and "" (the built-in image) are
+// always there: Ensure returns nil, nil for them, and for a caller whose
+// token may not see images (a scoped sandbox token), whose create then
+// says what is missing.
+func (im *Images) Ensure(ctx context.Context, ref string, progress func(*sbxv1.ImageProgress)) (*sbxv1.ImageInfo, error) {
+	if ref == "" || ref == "host" {
+		return nil, nil
+	}
+	img, err := im.Get(ctx, ref)
+	switch {
+	case err == nil:
+		return img, nil
+	case codeOf(err) == connect.CodePermissionDenied:
+		return nil, nil
+	case !IsNotFound(err):
+		return nil, err
+	}
+	return im.Pull(ctx, ref, progress)
+}

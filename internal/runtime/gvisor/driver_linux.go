@@ -32,6 +32,7 @@ import (
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
+	"github.com/sbxdev/sbx/internal/pidwatch"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
@@ -217,9 +218,22 @@ const (
 const handleVersion = 1
 
 // handleData is the driver-private part of a Handle: a version, so a newer
-// daemon can tell how an older one made the box.
+// daemon can tell how an older one made the box, and runsc's host processes
+// (see watch_linux.go); boxes made before they were recorded have neither.
 type handleData struct {
 	Version int `json:"v"`
+	// Sandbox is runsc's sandbox process, which exits with the agent.
+	Sandbox procRef `json:"sandbox,omitzero"`
+	// Children are the runsc processes (sandbox, gofer) that were this
+	// daemon's children at create, for Destroy to reap.
+	Children []procRef `json:"children,omitempty"`
+}
+
+// parseHandle reads h's driver data; an unreadable one reads as empty (a
+// box made before anything was recorded).
+func parseHandle(h runtime.Handle) handleData {
+	data, _, _ := runtime.DecodeHandle[handleData](h, handleVersion)
+	return data
 }
 
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
@@ -295,14 +309,19 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := os.WriteFile(filepath.Join(box, "config.json"), cfgJSON, 0o600); err != nil {
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
-	undo.Add(func() error { return d.teardown(context.WithoutCancel(ctx), spec.ID) })
-	if err := d.start(ctx, spec.ID, box); err != nil {
+	var procs []procRef
+	undo.Add(func() error {
+		return errors.Join(d.teardown(context.WithoutCancel(ctx), spec.ID), reapChildren(procs))
+	})
+	err = d.start(ctx, spec.ID, box)
+	sandbox, procs := d.runscProcs(spec.ID, box)
+	if err != nil {
 		return h, err
 	}
 	if err := pinSockets(box); err != nil {
 		return h, err
 	}
-	raw, _ := json.Marshal(handleData{Version: handleVersion})
+	raw, _ := json.Marshal(handleData{Version: handleVersion, Sandbox: sandbox, Children: procs})
 	return runtime.Handle{ID: spec.ID, Driver: name, Data: raw}, nil
 }
 
@@ -382,7 +401,8 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 	// a fraction of a second; a cancelled create is rolled back after it.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runtime.ProbeTimeout)
 	defer cancel()
-	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3", "--bundle", box, id)
+	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3",
+		"--pid-file", sandboxPidFile(box), "--bundle", box, id)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stdout, cmd.Stderr = logf, logf // the agent's stdio too: its log
 	err = cmd.Run()
@@ -440,6 +460,13 @@ func (d *Driver) Recover(ctx context.Context, h runtime.Handle) (runtime.Handle,
 			}
 		}
 		if fi, serr := os.Lstat(agentSocket(box)); serr == nil && fi.Mode()&fs.ModeSocket != 0 {
+			if data := parseHandle(h); data.Sandbox.Pid == 0 && st.Pid > 0 {
+				// Made before the sandbox was recorded: record it now,
+				// so this daemon watches it.
+				data.Sandbox = procRef{Pid: st.Pid, Start: pidwatch.StartTime(st.Pid)}
+				data.Version = handleVersion
+				h.Data, _ = json.Marshal(data)
+			}
 			return h, nil
 		}
 	}
@@ -624,6 +651,7 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	if d.healthy {
 		errs = append(errs, d.teardown(ctx, h.ID))
 	}
+	errs = append(errs, reapChildren(parseHandle(h).Children))
 	box := d.boxDir(h.ID)
 	if _, err := os.Lstat(box); err == nil {
 		for _, dir := range mountsUnder(box) {

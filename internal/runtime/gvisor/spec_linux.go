@@ -217,18 +217,7 @@ func removeCgroupParent(parent string) {
 // that has it) until none is left or ctx ends.
 func killCgroup(ctx context.Context, parent, id string) error {
 	for {
-		var pids []int
-		for _, root := range ocibox.CgroupRoots() {
-			b, err := os.ReadFile(filepath.Join(root, parent, id, "cgroup.procs"))
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-					pids = append(pids, pid)
-				}
-			}
-		}
+		pids := cgroupPids(parent, id)
 		if len(pids) == 0 {
 			return nil
 		}

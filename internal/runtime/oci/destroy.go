@@ -17,6 +17,7 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/hostmount"
+	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -218,6 +219,14 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		}
 	} else {
 		errs = append(errs, err)
+	}
+	// Ranges of any owner on the host that is gone and that no process
+	// uses (a daemon's data dir deleted with its boxes stopped: no daemon
+	// would ever look at them again).
+	if freed, err := d.ids.Sweep("", idmap.SweepMinAge); err != nil {
+		errs = append(errs, err)
+	} else if len(freed) > 0 {
+		d.log.Info("freed id ranges whose owner is gone", "count", len(freed))
 	}
 	// Temp dirs of an interrupted host image build.
 	if ents, err := os.ReadDir(d.imagesDir); err == nil {

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/pidwatch"
 )
 
 // setSubreaper makes this process adopt orphaned descendants (see package doc).
@@ -28,65 +29,11 @@ func diskUsed(dir string) (int64, error) {
 
 // procStartTime is field 22 of /proc/pid/stat (0 if gone): with the pid it
 // identifies a process across pid reuse.
-func procStartTime(pid int) uint64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 20 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(f[19], 10, 64)
-	return n
-}
-
-// procGoneOrZombie reports whether pid has exited.
-func procGoneOrZombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
-}
+func procStartTime(pid int) uint64 { return pidwatch.StartTime(pid) }
 
 // reap waits for pid to exit and reaps it if it is our child (we are a
 // subreaper). It never waits for any other process.
-func reap(pid int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	delay := 20 * time.Microsecond
-	for {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case errors.Is(err, unix.ECHILD):
-			// Not our child (recovered after a restart): wait until it is gone.
-			if procGoneOrZombie(pid) {
-				return nil
-			}
-		case err != nil:
-			return fmt.Errorf("wait for pid %d: %w", pid, err)
-		case got == pid:
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pid %d still alive after %v", pid, timeout)
-		}
-		time.Sleep(delay)
-		if delay < 5*time.Millisecond {
-			delay *= 2
-		}
-	}
-}
+func reap(pid int, timeout time.Duration) error { return pidwatch.Reap(pid, timeout) }
 
 // mkdirInRoot creates dir (absolute inside root) and its missing parents,
 // resolving every component inside root so symlinks cannot lead out of it.

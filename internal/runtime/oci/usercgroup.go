@@ -31,9 +31,30 @@ import (
 // opener's credentials) and forks every user process from it. Memory is
 // charged by process, so the agent's own memory stays the box cgroup's.
 //
-// On a controller that is on cgroup v2 the driver makes no user cgroup yet:
-// v2 needs the agent in a leaf of its own and CLONE_INTO_CGROUP (not done;
-// see THREAT-MODEL's known gaps).
+// On a controller that is on cgroup v2 the driver makes no user cgroup yet
+// (TestUserCgroupLayout pins that: nothing is made, opened or written
+// there, and the agent's OOM kills are read from the box cgroup's
+// memory.events.local, where it is), so on a pure v2 host the agent is not
+// protected (THREAT-MODEL's known gaps). What v2 needs, found while
+// checking this path (untested: these machines are hybrid):
+//   - memory is not a threaded controller, so no thread of the agent can
+//     sit in another memory cgroup than its process: user processes must
+//     be placed at fork, with clone3(CLONE_INTO_CGROUP) (Go's
+//     SysProcAttr.UseCgroupFD) on an fd of the user cgroup's directory;
+//   - a cgroup with controllers in cgroup.subtree_control holds no process,
+//     so the agent moves to a leaf of its own (box/agent) before the box's
+//     subtree_control gets +memory +pids, and runc must still be given the
+//     box's cgroup (its limits cover both leaves);
+//   - CLONE_INTO_CGROUP checks the caller's credentials (box root is not
+//     host root), write access to cgroup.procs of the destination and of
+//     the common ancestor (the box's), and, with nsdelegate (systemd mounts
+//     cgroup2 so), that both lie inside the caller's cgroup namespace,
+//     whose root is the box's cgroup: the driver must move the agent to
+//     box/agent after runc put it in the box's cgroup (so the namespace
+//     root stays the box's) and chown box/cgroup.procs and
+//     box/user/cgroup.procs (never box/agent's) to the box's root uid;
+//     box root could then move the agent into user (harming only itself),
+//     never a user process into the agent's leaf.
 const userCgroup = "user"
 
 // userControllers are the v1 controllers that get a user cgroup.

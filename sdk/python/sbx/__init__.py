@@ -52,6 +52,7 @@ from .logs import LogChunk, LogLines, SandboxLogs
 from .observe import EVENT_TYPES, Event, EventStream, SandboxUsage, UsageSample
 from .ports import Port
 from .process import CommandResult, ExitStatus, OutputStream, Process
+from .processes import BackgroundProcess, Processes
 from .recipe import Recipe
 from .sandbox import Sandbox
 from .session import Session, SessionResult
@@ -80,6 +81,8 @@ __all__ = [
     "Client",
     "Sandbox",
     "Process",
+    "BackgroundProcess",
+    "Processes",
     "OutputStream",
     "CommandResult",
     "ExitStatus",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import os
-from typing import IO, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._aio import (
     AsyncCodebases, AsyncCodeContext, AsyncLogLines, AsyncLogs, AsyncSandboxFile, AsyncSession, AsyncTenants,
@@ -39,6 +39,9 @@ from .observe import Event, SandboxUsage
 from .tenants import Tenant
 from .types import FileInfo, ImageInfo, ImageProgress, NetworkPolicy, SandboxInfo, SandboxStats, Size
 from .volumes import Volume, Volumes
+
+if TYPE_CHECKING:
+    from . import aio_processes
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncOutputStream", "AsyncFiles", "AsyncImages",
@@ -288,6 +291,10 @@ class AsyncImages:
     async def pull(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> ImageInfo:
         """Pull an image (``progress`` is called from a worker thread)."""
         return await _to_thread(self.sync.pull, ref, progress)
+
+    async def ensure(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> Optional[ImageInfo]:
+        """Make sure ``ref`` is stored, pulling it if missing (see :meth:`Images.ensure`)."""
+        return await _to_thread(self.sync.ensure, ref, progress)
 
     async def list(self) -> List[ImageInfo]:
         """Every stored image."""
@@ -568,10 +575,23 @@ class AsyncSandbox:
     #: Modal's name for :meth:`set_labels`.
     set_tags = set_labels
 
-    async def exec(self, *args: str, **kwargs: Any) -> AsyncProcess:
+    async def exec(self, *args: str, **kwargs: Any) -> "Union[AsyncProcess, aio_processes.AsyncBackgroundProcess]":
         """Start a command (arguments of :meth:`Sandbox.exec`); iterate
-        ``async for line in proc.stdout``."""
-        return AsyncProcess(await _to_thread(self.sync.exec, *args, **kwargs))
+        ``async for line in proc.stdout``. With ``background=True`` an
+        :class:`~sbx.aio_processes.AsyncBackgroundProcess`."""
+        from . import aio_processes
+
+        p = await _to_thread(self.sync.exec, *args, **kwargs)
+        if isinstance(p, Process):
+            return AsyncProcess(p)
+        return aio_processes.AsyncBackgroundProcess(p)
+
+    @property
+    def processes(self) -> "aio_processes.AsyncProcesses":
+        """The sandbox's background processes (an :class:`~sbx.aio_processes.AsyncProcesses`)."""
+        from . import aio_processes
+
+        return aio_processes.AsyncProcesses(self.sync)
 
     async def run(
         self,

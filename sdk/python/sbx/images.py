@@ -6,8 +6,9 @@ import os
 from typing import IO, Any, Callable, Dict, List, Optional, Union
 
 from . import _proto
-from ._transport import Transport
-from .errors import error_from_code
+from ._dockerctx import pack_context
+from ._transport import Transport, b64encode
+from .errors import NotFoundError, PermissionDeniedError, error_from_code
 from .recipe import Recipe
 from .types import ImageInfo, ImageProgress
 
@@ -127,26 +128,69 @@ class Images:
         ) as stream:
             return stream.copy_to(dest)
 
+    def ensure(self, ref: str, progress: Optional[Callable[[ImageProgress], None]] = None) -> Optional[ImageInfo]:
+        """Make sure ``ref`` is in the daemon's store, pulling it (with
+        ``progress``) if it is not, and return it. Creating a sandbox from a
+        missing image pulls it anyway; ``ensure`` first is how a caller sees
+        the pull's progress. Returns None for ``"host"`` and ``""`` (the
+        built-in image) and for a token that may not see images (a scoped
+        sandbox token)."""
+        if ref in ("", "host"):
+            return None
+        try:
+            return self.get(ref)
+        except PermissionDeniedError:
+            return None
+        except NotFoundError:
+            return self.pull(ref, progress)
+
     def build(
         self,
-        recipe: Union[Recipe, Dict[str, Any]],
+        recipe: Union[Recipe, Dict[str, Any], None] = None,
         tag: str = "",
         *,
+        dockerfile: Union[str, "os.PathLike[str]", None] = None,
+        context: Union[str, "os.PathLike[str]", None] = None,
+        build_args: Optional[Dict[str, str]] = None,
         no_cache: bool = False,
         progress: Optional[Callable[[ImageProgress], None]] = None,
     ) -> ImageInfo:
-        """Build ``recipe`` (a :class:`~sbx.Recipe` or its JSON form), one
-        sandbox per step, each step cached; tag the result ``tag``.
-        ``progress`` gets every event: ``"step"`` (running/cached/done),
-        ``"log"`` (the step's output) and ``"status"``. Returns the image.
+        """Build ``recipe`` (a :class:`~sbx.Recipe` or its JSON form), or a
+        Dockerfile, one sandbox per step, each step cached; tag the result
+        ``tag``. ``progress`` gets every event: ``"step"``
+        (running/cached/done), ``"log"`` (the step's output) and
+        ``"status"``. Returns the image.
+
+        ``dockerfile`` is the path of a Dockerfile (as llm-sandbox takes it);
+        its build context is ``context``, by default the Dockerfile's
+        directory, sent without what its ``.dockerignore`` lists (at most
+        46 MiB; symlinks as links). ``build_args`` set its ARGs. Supported:
+        FROM, RUN, COPY, ADD (local files), ENV, ARG, WORKDIR, USER,
+        ENTRYPOINT, CMD; LABEL, EXPOSE, MAINTAINER and STOPSIGNAL are
+        accepted; anything else fails naming its line.
 
         Raises:
-            InvalidArgumentError: a bad recipe.
+            InvalidArgumentError: a bad recipe or Dockerfile.
             FailedPreconditionError: a step failed (the message names it and
                 ends with its output).
         """
-        body = recipe.to_json() if isinstance(recipe, Recipe) else Recipe.from_dict(recipe).to_json()
-        req: Dict[str, Any] = {"recipe": body}
+        req: Dict[str, Any] = {}
+        if dockerfile is not None:
+            if recipe is not None:
+                raise ValueError("build: give a recipe or a dockerfile, not both")
+            path = os.fspath(dockerfile)
+            with open(path, encoding="utf-8") as f:
+                req["dockerfile"] = f.read()
+            ctx_dir = os.fspath(context) if context is not None else (os.path.dirname(os.path.abspath(path)))
+            req["context"] = b64encode(pack_context(ctx_dir))
+            if build_args:
+                req["buildArgs"] = dict(build_args)
+        else:
+            if recipe is None:
+                raise ValueError("build: give a recipe or a dockerfile")
+            if context is not None or build_args:
+                raise ValueError("build: context and build_args go with a dockerfile")
+            req["recipe"] = recipe.to_json() if isinstance(recipe, Recipe) else Recipe.from_dict(recipe).to_json()
         if tag:
             req["tag"] = tag
         if no_cache:

@@ -100,6 +100,16 @@ class Recipe:
         """Set the user of later steps and of the image."""
         return self._add("user", user)
 
+    def python(self, version: str) -> "Recipe":
+        """Install Python ``version`` ("3.11") from the image's apt sources
+        (``python3.X``, its venv module and Debian's pip) and point
+        ``python3`` and ``python`` in /usr/local/bin at it. Debian bookworm
+        packages 3.11 only; a version the sources lack fails the step, which
+        names the versions they have."""
+        if not isinstance(version, str) or not version.startswith("3."):
+            raise ValueError(f"python: want a version like '3.11', got {version!r}")
+        return self._add("python", version)
+
     def entrypoint(self, *argv: str) -> "Recipe":
         return self._add("entrypoint", {"values": list(argv)})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
+import hashlib
 import os
 import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -11,6 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from ._transport import b64encode
 from . import code as _code
 from . import ports as _ports
+from . import processes as _processes
 from . import session as _session
 from .client import Client, selectors_from_labels
 from .codebase import CodebaseMount, SyncResult, mounts_to_json
@@ -102,6 +104,8 @@ class Sandbox:
         scoped_token: bool = False,
         entrypoint: bool = True,
         auto_resume: bool = False,
+        dockerfile: Union[str, "os.PathLike[str]", None] = None,
+        build_args: Optional[Mapping[str, str]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Create a sandbox and return once it is ready for commands.
@@ -153,13 +157,34 @@ class Sandbox:
             auto_resume: start the sandbox again when it is used (a command,
                 a file call) while stopped, by :meth:`stop` or by idling with
                 ``stop_when_idle``, instead of failing.
+            dockerfile: instead of ``image``, the path of a Dockerfile to
+                build first (its directory is the build context; see
+                :meth:`Images.build`), as llm-sandbox takes it. The image is
+                tagged ``localhost/sbx-dockerfile/<hash>`` (of the Dockerfile
+                and its build args) and its steps are cached, so creating from
+                an unchanged Dockerfile again runs no step.
+            build_args: the Dockerfile's ARGs.
             client: the daemon to use (default: ``Client()``).
+
+        An ``image`` the daemon does not have is pulled first (see
+        :meth:`Images.ensure` to see the pull's progress).
 
         Raises:
             AlreadyExistsError: ``name`` is taken.
             InvalidArgumentError: a bad name, limit or option.
         """
         c = _client(client)
+        if dockerfile is not None:
+            if image:
+                raise ValueError("create: give an image or a dockerfile, not both")
+            with open(os.fspath(dockerfile), "rb") as f:
+                h = hashlib.sha256(f.read())
+            for k in sorted(build_args or {}):
+                h.update(f"\0{k}={(build_args or {})[k]}".encode())
+            image = f"localhost/sbx-dockerfile/{h.hexdigest()[:16]}:latest"
+            c.images.build(tag=image, dockerfile=dockerfile, build_args=dict(build_args or {}))
+        elif build_args:
+            raise ValueError("create: build_args go with a dockerfile")
         req: Dict[str, Any] = {}
         if image:
             req["image"] = image
@@ -608,10 +633,13 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
         timeout: Optional[Seconds] = None,
-        stdin: Union[bytes, str, None] = None,
+        stdin: Union[bool, bytes, str, None] = None,
         user: Optional[str] = None,
         encoding: str = "utf-8",
-    ) -> Process:
+        background: bool = False,
+        pty: bool = False,
+        tag: str = "",
+    ) -> Union[Process, "_processes.BackgroundProcess"]:
         """Start a command and return a :class:`~sbx.Process` whose
         ``stdout``/``stderr`` yield lines as they are printed::
 
@@ -620,6 +648,15 @@ class Sandbox:
                 print(line, end="")
             p.wait()
 
+        A foreground command is killed when this client goes away (the
+        process ends, the connection drops), so nothing runs on unseen.
+        With ``background=True`` it runs on instead and a
+        :class:`~sbx.BackgroundProcess` is returned: it outlives this
+        client and a daemon restart, takes stdin after its start
+        (``stdin=True``), runs under a pseudo-terminal with ``pty=True``,
+        and any client finds it with ``sb.processes.connect(pid)`` (see
+        :meth:`Processes.start`).
+
         Args:
             args: the argv (``args[0]`` is looked up in PATH); a single list
                 is accepted too. With ``shell=True``, one command line run by
@@ -627,14 +664,20 @@ class Sandbox:
             env: extra environment on top of the sandbox's.
             workdir: working directory (default: the sandbox's).
             timeout: kill the command's process group after this many seconds.
-            stdin: data given to the command on stdin, then EOF. (Interactive
-                stdin needs HTTP/2 and is not offered by the Python SDK.)
+            stdin: data given to the command on stdin, then EOF; with
+                ``background=True``, ``True`` keeps stdin open for
+                ``send_stdin`` (a foreground command takes no stdin after
+                its start: that needs HTTP/2).
             user: run as this user (``"name"``, ``"uid"``, ``"uid:gid"``).
+            background, pty, tag: see above; ``pty`` and ``stdin=True``
+                need ``background=True``.
 
         Raises:
             NotFoundError: the sandbox no longer exists.
             FailedPreconditionError: the sandbox is stopped.
         """
+        if not background and (pty or tag or stdin is True):
+            raise ValueError("pty, tag and stdin=True need background=True (input after the start goes to background processes)")
         argv: List[str]
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             argv = [str(a) for a in args[0]]
@@ -647,6 +690,12 @@ class Sandbox:
             if len(argv) != 1:
                 raise ValueError("with shell=True, give one command line")
             shell_line = argv[0]
+        if background:
+            return self.processes.start(
+                shell_line if shell_line is not None else argv, env=env, workdir=workdir, timeout=timeout,
+                stdin=stdin, user=user, pty=pty, tag=tag, encoding=encoding,
+            )
+        assert not isinstance(stdin, bool)
         req = self._exec_request(None if shell else argv, shell_line, env, workdir, timeout, stdin, user)
         stream = self._client._transport.server_stream(_SERVICE, "Exec", req, op="exec")
         return Process(stream, argv, encoding=encoding)
@@ -783,6 +832,11 @@ class Sandbox:
             req["workdir"] = workdir
         resp = self._client._transport.unary(_session.SERVICE, "CreateSession", req, op="create session")
         return _session.Session(self._client, resp.get("session", {}))
+
+    @property
+    def processes(self) -> "_processes.Processes":
+        """The sandbox's background processes: ``start``, ``list``, ``connect(pid)``."""
+        return _processes.Processes(self)
 
     def list_sessions(self) -> List["_session.Session"]:
         """The sandbox's live shell sessions."""

@@ -27,6 +27,354 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type StartProcessRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The process's id (as for AttachStart).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// timeout_ms kills the process group after that long (timed_out is then
+	// set on its exit).
+	Exec *v1.ExecRequest `protobuf:"bytes,2,opt,name=exec,proto3" json:"exec,omitempty"`
+	// A label of the caller's choosing, kept with the process (up to 256
+	// bytes of UTF-8).
+	Tag string `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Refuse the start if this many background processes already run
+	// (0: only the agent's own bound).
+	MaxRunning    uint32 `protobuf:"varint,4,opt,name=max_running,json=maxRunning,proto3" json:"max_running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessRequest) Reset() {
+	*x = StartProcessRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessRequest) ProtoMessage() {}
+
+func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
+func (*StartProcessRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StartProcessRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetExec() *v1.ExecRequest {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *StartProcessRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetMaxRunning() uint32 {
+	if x != nil {
+		return x.MaxRunning
+	}
+	return 0
+}
+
+type StartProcessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Process       *DetachedProcess       `protobuf:"bytes,1,opt,name=process,proto3" json:"process,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessResponse) Reset() {
+	*x = StartProcessResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessResponse) ProtoMessage() {}
+
+func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
+func (*StartProcessResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *StartProcessResponse) GetProcess() *DetachedProcess {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+type ProcessLogsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Logs          *v1.LogsRequest        `protobuf:"bytes,2,opt,name=logs,proto3" json:"logs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessLogsRequest) Reset() {
+	*x = ProcessLogsRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessLogsRequest) ProtoMessage() {}
+
+func (x *ProcessLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessLogsRequest.ProtoReflect.Descriptor instead.
+func (*ProcessLogsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProcessLogsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ProcessLogsRequest) GetLogs() *v1.LogsRequest {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
+type ProcessInputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// At most 64 events; a start event is refused.
+	Inputs        []*v1.ExecInput `protobuf:"bytes,2,rep,name=inputs,proto3" json:"inputs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessInputRequest) Reset() {
+	*x = ProcessInputRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessInputRequest) ProtoMessage() {}
+
+func (x *ProcessInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessInputRequest.ProtoReflect.Descriptor instead.
+func (*ProcessInputRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ProcessInputRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ProcessInputRequest) GetInputs() []*v1.ExecInput {
+	if x != nil {
+		return x.Inputs
+	}
+	return nil
+}
+
+type ProcessInputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessInputResponse) Reset() {
+	*x = ProcessInputResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessInputResponse) ProtoMessage() {}
+
+func (x *ProcessInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessInputResponse.ProtoReflect.Descriptor instead.
+func (*ProcessInputResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+type WaitProcessRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitProcessRequest) Reset() {
+	*x = WaitProcessRequest{}
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProcessRequest) ProtoMessage() {}
+
+func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
+func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *WaitProcessRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type WaitProcessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Process       *DetachedProcess       `protobuf:"bytes,1,opt,name=process,proto3" json:"process,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitProcessResponse) Reset() {
+	*x = WaitProcessResponse{}
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProcessResponse) ProtoMessage() {}
+
+func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
+func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WaitProcessResponse) GetProcess() *DetachedProcess {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
 type AttachInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -40,7 +388,7 @@ type AttachInput struct {
 
 func (x *AttachInput) Reset() {
 	*x = AttachInput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +400,7 @@ func (x *AttachInput) String() string {
 func (*AttachInput) ProtoMessage() {}
 
 func (x *AttachInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +413,7 @@ func (x *AttachInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachInput.ProtoReflect.Descriptor instead.
 func (*AttachInput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AttachInput) GetEvent() isAttachInput_Event {
@@ -124,7 +472,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -136,7 +484,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -149,7 +497,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachStart) GetId() string {
@@ -179,7 +527,7 @@ type AttachOutput struct {
 
 func (x *AttachOutput) Reset() {
 	*x = AttachOutput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +539,7 @@ func (x *AttachOutput) String() string {
 func (*AttachOutput) ProtoMessage() {}
 
 func (x *AttachOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +552,7 @@ func (x *AttachOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachOutput.ProtoReflect.Descriptor instead.
 func (*AttachOutput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AttachOutput) GetEvent() isAttachOutput_Event {
@@ -264,7 +612,7 @@ type AttachAttached struct {
 
 func (x *AttachAttached) Reset() {
 	*x = AttachAttached{}
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +624,7 @@ func (x *AttachAttached) String() string {
 func (*AttachAttached) ProtoMessage() {}
 
 func (x *AttachAttached) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +637,7 @@ func (x *AttachAttached) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachAttached.ProtoReflect.Descriptor instead.
 func (*AttachAttached) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AttachAttached) GetPid() int32 {
@@ -321,7 +669,7 @@ type ListDetachedRequest struct {
 
 func (x *ListDetachedRequest) Reset() {
 	*x = ListDetachedRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +681,7 @@ func (x *ListDetachedRequest) String() string {
 func (*ListDetachedRequest) ProtoMessage() {}
 
 func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +694,7 @@ func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type ListDetachedResponse struct {
@@ -358,7 +706,7 @@ type ListDetachedResponse struct {
 
 func (x *ListDetachedResponse) Reset() {
 	*x = ListDetachedResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +718,7 @@ func (x *ListDetachedResponse) String() string {
 func (*ListDetachedResponse) ProtoMessage() {}
 
 func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +731,7 @@ func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
@@ -408,13 +756,30 @@ type DetachedProcess struct {
 	Attached bool `protobuf:"varint,8,opt,name=attached,proto3" json:"attached,omitempty"`
 	// Output buffered for the next client, in bytes.
 	BufferedBytes uint64 `protobuf:"varint,9,opt,name=buffered_bytes,json=bufferedBytes,proto3" json:"buffered_bytes,omitempty"`
+	// Since protocol 4.
+	// A background process (StartProcess): output in a ring, not Attach-able.
+	Background bool   `protobuf:"varint,10,opt,name=background,proto3" json:"background,omitempty"`
+	Tag        string `protobuf:"bytes,11,opt,name=tag,proto3" json:"tag,omitempty"`
+	Tty        bool   `protobuf:"varint,12,opt,name=tty,proto3" json:"tty,omitempty"`
+	// Stdin still takes input (ProcessInput).
+	StdinOpen bool `protobuf:"varint,13,opt,name=stdin_open,json=stdinOpen,proto3" json:"stdin_open,omitempty"`
+	// Output the ring no longer holds (background processes), per stream.
+	DroppedStdout uint64 `protobuf:"varint,14,opt,name=dropped_stdout,json=droppedStdout,proto3" json:"dropped_stdout,omitempty"`
+	DroppedStderr uint64 `protobuf:"varint,15,opt,name=dropped_stderr,json=droppedStderr,proto3" json:"dropped_stderr,omitempty"`
+	// Set once exited and all output read (background processes): the full
+	// exit status, with timed_out.
+	Exit     *v1.ExecExited `protobuf:"bytes,16,opt,name=exit,proto3" json:"exit,omitempty"`
+	ExitedMs int64          `protobuf:"varint,17,opt,name=exited_ms,json=exitedMs,proto3" json:"exited_ms,omitempty"`
+	// The start request's extra environment and working directory, as given.
+	Env           map[string]string `protobuf:"bytes,18,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir       string            `protobuf:"bytes,19,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DetachedProcess) Reset() {
 	*x = DetachedProcess{}
-	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +791,7 @@ func (x *DetachedProcess) String() string {
 func (*DetachedProcess) ProtoMessage() {}
 
 func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +804,7 @@ func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
 func (*DetachedProcess) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DetachedProcess) GetId() string {
@@ -505,6 +870,76 @@ func (x *DetachedProcess) GetBufferedBytes() uint64 {
 	return 0
 }
 
+func (x *DetachedProcess) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
+}
+
+func (x *DetachedProcess) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *DetachedProcess) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *DetachedProcess) GetStdinOpen() bool {
+	if x != nil {
+		return x.StdinOpen
+	}
+	return false
+}
+
+func (x *DetachedProcess) GetDroppedStdout() uint64 {
+	if x != nil {
+		return x.DroppedStdout
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetDroppedStderr() uint64 {
+	if x != nil {
+		return x.DroppedStderr
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetExit() *v1.ExecExited {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetExitedMs() int64 {
+	if x != nil {
+		return x.ExitedMs
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
 type RemoveDetachedRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -514,7 +949,7 @@ type RemoveDetachedRequest struct {
 
 func (x *RemoveDetachedRequest) Reset() {
 	*x = RemoveDetachedRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +961,7 @@ func (x *RemoveDetachedRequest) String() string {
 func (*RemoveDetachedRequest) ProtoMessage() {}
 
 func (x *RemoveDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +974,7 @@ func (x *RemoveDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDetachedRequest.ProtoReflect.Descriptor instead.
 func (*RemoveDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveDetachedRequest) GetId() string {
@@ -557,7 +992,7 @@ type RemoveDetachedResponse struct {
 
 func (x *RemoveDetachedResponse) Reset() {
 	*x = RemoveDetachedResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +1004,7 @@ func (x *RemoveDetachedResponse) String() string {
 func (*RemoveDetachedResponse) ProtoMessage() {}
 
 func (x *RemoveDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +1017,7 @@ func (x *RemoveDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDetachedResponse.ProtoReflect.Descriptor instead.
 func (*RemoveDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type DialInput struct {
@@ -599,7 +1034,7 @@ type DialInput struct {
 
 func (x *DialInput) Reset() {
 	*x = DialInput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +1046,7 @@ func (x *DialInput) String() string {
 func (*DialInput) ProtoMessage() {}
 
 func (x *DialInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +1059,7 @@ func (x *DialInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialInput.ProtoReflect.Descriptor instead.
 func (*DialInput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DialInput) GetEvent() isDialInput_Event {
@@ -696,7 +1131,7 @@ type DialStart struct {
 
 func (x *DialStart) Reset() {
 	*x = DialStart{}
-	mi := &file_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +1143,7 @@ func (x *DialStart) String() string {
 func (*DialStart) ProtoMessage() {}
 
 func (x *DialStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +1156,7 @@ func (x *DialStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialStart.ProtoReflect.Descriptor instead.
 func (*DialStart) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DialStart) GetHost() string {
@@ -751,7 +1186,7 @@ type DialOutput struct {
 
 func (x *DialOutput) Reset() {
 	*x = DialOutput{}
-	mi := &file_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +1198,7 @@ func (x *DialOutput) String() string {
 func (*DialOutput) ProtoMessage() {}
 
 func (x *DialOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +1211,7 @@ func (x *DialOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialOutput.ProtoReflect.Descriptor instead.
 func (*DialOutput) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DialOutput) GetEvent() isDialOutput_Event {
@@ -829,7 +1264,7 @@ type DialConnected struct {
 
 func (x *DialConnected) Reset() {
 	*x = DialConnected{}
-	mi := &file_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1276,7 @@ func (x *DialConnected) String() string {
 func (*DialConnected) ProtoMessage() {}
 
 func (x *DialConnected) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1289,7 @@ func (x *DialConnected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialConnected.ProtoReflect.Descriptor instead.
 func (*DialConnected) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type HelloRequest struct {
@@ -867,7 +1302,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1314,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1327,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HelloRequest) GetProtocolVersion() uint32 {
@@ -914,7 +1349,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1361,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1374,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HelloResponse) GetProtocolVersion() uint32 {
@@ -982,7 +1417,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1429,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1442,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ConfigureRequest) GetEnv() []string {
@@ -1053,7 +1488,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1500,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,14 +1513,33 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 var File_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x18sbx/v1/permissions.proto\"p\n" +
+	"\x14agent/v1/agent.proto\x12\bagent.v1\x1a\x14sbx/v1/process.proto\x1a\x12sbx/v1/files.proto\x1a\x18sbx/v1/permissions.proto\"\x81\x01\n" +
+	"\x13StartProcessRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x04exec\x18\x02 \x01(\v2\x13.sbx.v1.ExecRequestR\x04exec\x12\x10\n" +
+	"\x03tag\x18\x03 \x01(\tR\x03tag\x12\x1f\n" +
+	"\vmax_running\x18\x04 \x01(\rR\n" +
+	"maxRunning\"K\n" +
+	"\x14StartProcessResponse\x123\n" +
+	"\aprocess\x18\x01 \x01(\v2\x19.agent.v1.DetachedProcessR\aprocess\"M\n" +
+	"\x12ProcessLogsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x04logs\x18\x02 \x01(\v2\x13.sbx.v1.LogsRequestR\x04logs\"P\n" +
+	"\x13ProcessInputRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12)\n" +
+	"\x06inputs\x18\x02 \x03(\v2\x11.sbx.v1.ExecInputR\x06inputs\"\x16\n" +
+	"\x14ProcessInputResponse\"$\n" +
+	"\x12WaitProcessRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"J\n" +
+	"\x13WaitProcessResponse\x123\n" +
+	"\aprocess\x18\x01 \x01(\v2\x19.agent.v1.DetachedProcessR\aprocess\"p\n" +
 	"\vAttachInput\x12-\n" +
 	"\x05start\x18\x01 \x01(\v2\x15.agent.v1.AttachStartH\x00R\x05start\x12)\n" +
 	"\x05input\x18\x02 \x01(\v2\x11.sbx.v1.ExecInputH\x00R\x05inputB\a\n" +
@@ -1103,7 +1557,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\x0edropped_stderr\x18\x03 \x01(\x04R\rdroppedStderr\"\x15\n" +
 	"\x13ListDetachedRequest\"O\n" +
 	"\x14ListDetachedResponse\x127\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x19.agent.v1.DetachedProcessR\tprocesses\"\xfc\x01\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x19.agent.v1.DetachedProcessR\tprocesses\"\xfa\x04\n" +
 	"\x0fDetachedProcess\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
@@ -1114,7 +1568,24 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\a \x01(\x05R\x06signal\x12\x1a\n" +
 	"\battached\x18\b \x01(\bR\battached\x12%\n" +
-	"\x0ebuffered_bytes\x18\t \x01(\x04R\rbufferedBytes\"'\n" +
+	"\x0ebuffered_bytes\x18\t \x01(\x04R\rbufferedBytes\x12\x1e\n" +
+	"\n" +
+	"background\x18\n" +
+	" \x01(\bR\n" +
+	"background\x12\x10\n" +
+	"\x03tag\x18\v \x01(\tR\x03tag\x12\x10\n" +
+	"\x03tty\x18\f \x01(\bR\x03tty\x12\x1d\n" +
+	"\n" +
+	"stdin_open\x18\r \x01(\bR\tstdinOpen\x12%\n" +
+	"\x0edropped_stdout\x18\x0e \x01(\x04R\rdroppedStdout\x12%\n" +
+	"\x0edropped_stderr\x18\x0f \x01(\x04R\rdroppedStderr\x12&\n" +
+	"\x04exit\x18\x10 \x01(\v2\x12.sbx.v1.ExecExitedR\x04exit\x12\x1b\n" +
+	"\texited_ms\x18\x11 \x01(\x03R\bexitedMs\x124\n" +
+	"\x03env\x18\x12 \x03(\v2\".agent.v1.DetachedProcess.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"'\n" +
 	"\x15RemoveDetachedRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
 	"\x16RemoveDetachedResponse\"z\n" +
@@ -1145,7 +1616,7 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
 	"\x04user\x18\x04 \x01(\tR\x04user\x127\n" +
 	"\rpath_policies\x18\x05 \x03(\v2\x12.sbx.v1.PathPolicyR\fpathPolicies\"\x13\n" +
-	"\x11ConfigureResponse2\xdd\b\n" +
+	"\x11ConfigureResponse2\x89\v\n" +
 	"\fAgentService\x128\n" +
 	"\x05Hello\x12\x16.agent.v1.HelloRequest\x1a\x17.agent.v1.HelloResponse\x12D\n" +
 	"\tConfigure\x12\x1a.agent.v1.ConfigureRequest\x1a\x1b.agent.v1.ConfigureResponse\x121\n" +
@@ -1164,7 +1635,11 @@ const file_agent_v1_agent_proto_rawDesc = "" +
 	"\fListDetached\x12\x1d.agent.v1.ListDetachedRequest\x1a\x1e.agent.v1.ListDetachedResponse\x12S\n" +
 	"\x0eRemoveDetached\x12\x1f.agent.v1.RemoveDetachedRequest\x1a .agent.v1.RemoveDetachedResponse\x120\n" +
 	"\x04Logs\x12\x13.sbx.v1.LogsRequest\x1a\x11.sbx.v1.LogsEvent0\x01\x121\n" +
-	"\x04Wait\x12\x13.sbx.v1.WaitRequest\x1a\x14.sbx.v1.WaitResponseB0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
+	"\x04Wait\x12\x13.sbx.v1.WaitRequest\x1a\x14.sbx.v1.WaitResponse\x12M\n" +
+	"\fStartProcess\x12\x1d.agent.v1.StartProcessRequest\x1a\x1e.agent.v1.StartProcessResponse\x12@\n" +
+	"\vProcessLogs\x12\x1c.agent.v1.ProcessLogsRequest\x1a\x11.sbx.v1.LogsEvent0\x01\x12M\n" +
+	"\fProcessInput\x12\x1d.agent.v1.ProcessInputRequest\x1a\x1e.agent.v1.ProcessInputResponse\x12J\n" +
+	"\vWaitProcess\x12\x1c.agent.v1.WaitProcessRequest\x1a\x1d.agent.v1.WaitProcessResponseB0Z.github.com/sbxdev/sbx/api/gen/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1178,102 +1653,126 @@ func file_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_agent_v1_agent_proto_rawDescData
 }
 
-var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_v1_agent_proto_goTypes = []any{
-	(*AttachInput)(nil),            // 0: agent.v1.AttachInput
-	(*AttachStart)(nil),            // 1: agent.v1.AttachStart
-	(*AttachOutput)(nil),           // 2: agent.v1.AttachOutput
-	(*AttachAttached)(nil),         // 3: agent.v1.AttachAttached
-	(*ListDetachedRequest)(nil),    // 4: agent.v1.ListDetachedRequest
-	(*ListDetachedResponse)(nil),   // 5: agent.v1.ListDetachedResponse
-	(*DetachedProcess)(nil),        // 6: agent.v1.DetachedProcess
-	(*RemoveDetachedRequest)(nil),  // 7: agent.v1.RemoveDetachedRequest
-	(*RemoveDetachedResponse)(nil), // 8: agent.v1.RemoveDetachedResponse
-	(*DialInput)(nil),              // 9: agent.v1.DialInput
-	(*DialStart)(nil),              // 10: agent.v1.DialStart
-	(*DialOutput)(nil),             // 11: agent.v1.DialOutput
-	(*DialConnected)(nil),          // 12: agent.v1.DialConnected
-	(*HelloRequest)(nil),           // 13: agent.v1.HelloRequest
-	(*HelloResponse)(nil),          // 14: agent.v1.HelloResponse
-	(*ConfigureRequest)(nil),       // 15: agent.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),      // 16: agent.v1.ConfigureResponse
-	(*v1.ExecInput)(nil),           // 17: sbx.v1.ExecInput
-	(*v1.ExecRequest)(nil),         // 18: sbx.v1.ExecRequest
-	(*v1.ExecOutput)(nil),          // 19: sbx.v1.ExecOutput
-	(*v1.PathPolicy)(nil),          // 20: sbx.v1.PathPolicy
-	(*v1.ReadFileRequest)(nil),     // 21: sbx.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),    // 22: sbx.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),      // 23: sbx.v1.ListDirRequest
-	(*v1.StatRequest)(nil),         // 24: sbx.v1.StatRequest
-	(*v1.MakeDirRequest)(nil),      // 25: sbx.v1.MakeDirRequest
-	(*v1.RemoveRequest)(nil),       // 26: sbx.v1.RemoveRequest
-	(*v1.RenameRequest)(nil),       // 27: sbx.v1.RenameRequest
-	(*v1.UploadTarRequest)(nil),    // 28: sbx.v1.UploadTarRequest
-	(*v1.DownloadTarRequest)(nil),  // 29: sbx.v1.DownloadTarRequest
-	(*v1.LogsRequest)(nil),         // 30: sbx.v1.LogsRequest
-	(*v1.WaitRequest)(nil),         // 31: sbx.v1.WaitRequest
-	(*v1.FileChunk)(nil),           // 32: sbx.v1.FileChunk
-	(*v1.WriteFileResponse)(nil),   // 33: sbx.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),     // 34: sbx.v1.ListDirResponse
-	(*v1.StatResponse)(nil),        // 35: sbx.v1.StatResponse
-	(*v1.MakeDirResponse)(nil),     // 36: sbx.v1.MakeDirResponse
-	(*v1.RemoveResponse)(nil),      // 37: sbx.v1.RemoveResponse
-	(*v1.RenameResponse)(nil),      // 38: sbx.v1.RenameResponse
-	(*v1.UploadTarResponse)(nil),   // 39: sbx.v1.UploadTarResponse
-	(*v1.LogsEvent)(nil),           // 40: sbx.v1.LogsEvent
-	(*v1.WaitResponse)(nil),        // 41: sbx.v1.WaitResponse
+	(*StartProcessRequest)(nil),    // 0: agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),   // 1: agent.v1.StartProcessResponse
+	(*ProcessLogsRequest)(nil),     // 2: agent.v1.ProcessLogsRequest
+	(*ProcessInputRequest)(nil),    // 3: agent.v1.ProcessInputRequest
+	(*ProcessInputResponse)(nil),   // 4: agent.v1.ProcessInputResponse
+	(*WaitProcessRequest)(nil),     // 5: agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),    // 6: agent.v1.WaitProcessResponse
+	(*AttachInput)(nil),            // 7: agent.v1.AttachInput
+	(*AttachStart)(nil),            // 8: agent.v1.AttachStart
+	(*AttachOutput)(nil),           // 9: agent.v1.AttachOutput
+	(*AttachAttached)(nil),         // 10: agent.v1.AttachAttached
+	(*ListDetachedRequest)(nil),    // 11: agent.v1.ListDetachedRequest
+	(*ListDetachedResponse)(nil),   // 12: agent.v1.ListDetachedResponse
+	(*DetachedProcess)(nil),        // 13: agent.v1.DetachedProcess
+	(*RemoveDetachedRequest)(nil),  // 14: agent.v1.RemoveDetachedRequest
+	(*RemoveDetachedResponse)(nil), // 15: agent.v1.RemoveDetachedResponse
+	(*DialInput)(nil),              // 16: agent.v1.DialInput
+	(*DialStart)(nil),              // 17: agent.v1.DialStart
+	(*DialOutput)(nil),             // 18: agent.v1.DialOutput
+	(*DialConnected)(nil),          // 19: agent.v1.DialConnected
+	(*HelloRequest)(nil),           // 20: agent.v1.HelloRequest
+	(*HelloResponse)(nil),          // 21: agent.v1.HelloResponse
+	(*ConfigureRequest)(nil),       // 22: agent.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),      // 23: agent.v1.ConfigureResponse
+	nil,                            // 24: agent.v1.DetachedProcess.EnvEntry
+	(*v1.ExecRequest)(nil),         // 25: sbx.v1.ExecRequest
+	(*v1.LogsRequest)(nil),         // 26: sbx.v1.LogsRequest
+	(*v1.ExecInput)(nil),           // 27: sbx.v1.ExecInput
+	(*v1.ExecOutput)(nil),          // 28: sbx.v1.ExecOutput
+	(*v1.ExecExited)(nil),          // 29: sbx.v1.ExecExited
+	(*v1.PathPolicy)(nil),          // 30: sbx.v1.PathPolicy
+	(*v1.ReadFileRequest)(nil),     // 31: sbx.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),    // 32: sbx.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),      // 33: sbx.v1.ListDirRequest
+	(*v1.StatRequest)(nil),         // 34: sbx.v1.StatRequest
+	(*v1.MakeDirRequest)(nil),      // 35: sbx.v1.MakeDirRequest
+	(*v1.RemoveRequest)(nil),       // 36: sbx.v1.RemoveRequest
+	(*v1.RenameRequest)(nil),       // 37: sbx.v1.RenameRequest
+	(*v1.UploadTarRequest)(nil),    // 38: sbx.v1.UploadTarRequest
+	(*v1.DownloadTarRequest)(nil),  // 39: sbx.v1.DownloadTarRequest
+	(*v1.WaitRequest)(nil),         // 40: sbx.v1.WaitRequest
+	(*v1.FileChunk)(nil),           // 41: sbx.v1.FileChunk
+	(*v1.WriteFileResponse)(nil),   // 42: sbx.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),     // 43: sbx.v1.ListDirResponse
+	(*v1.StatResponse)(nil),        // 44: sbx.v1.StatResponse
+	(*v1.MakeDirResponse)(nil),     // 45: sbx.v1.MakeDirResponse
+	(*v1.RemoveResponse)(nil),      // 46: sbx.v1.RemoveResponse
+	(*v1.RenameResponse)(nil),      // 47: sbx.v1.RenameResponse
+	(*v1.UploadTarResponse)(nil),   // 48: sbx.v1.UploadTarResponse
+	(*v1.LogsEvent)(nil),           // 49: sbx.v1.LogsEvent
+	(*v1.WaitResponse)(nil),        // 50: sbx.v1.WaitResponse
 }
 var file_agent_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: agent.v1.AttachInput.start:type_name -> agent.v1.AttachStart
-	17, // 1: agent.v1.AttachInput.input:type_name -> sbx.v1.ExecInput
-	18, // 2: agent.v1.AttachStart.exec:type_name -> sbx.v1.ExecRequest
-	3,  // 3: agent.v1.AttachOutput.attached:type_name -> agent.v1.AttachAttached
-	19, // 4: agent.v1.AttachOutput.output:type_name -> sbx.v1.ExecOutput
-	6,  // 5: agent.v1.ListDetachedResponse.processes:type_name -> agent.v1.DetachedProcess
-	10, // 6: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
-	12, // 7: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
-	20, // 8: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
-	13, // 9: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
-	15, // 10: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
-	17, // 11: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
-	21, // 12: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
-	22, // 13: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
-	23, // 14: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
-	24, // 15: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
-	25, // 16: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
-	26, // 17: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
-	27, // 18: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
-	28, // 19: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
-	29, // 20: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
-	9,  // 21: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
-	0,  // 22: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
-	4,  // 23: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
-	7,  // 24: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
-	30, // 25: agent.v1.AgentService.Logs:input_type -> sbx.v1.LogsRequest
-	31, // 26: agent.v1.AgentService.Wait:input_type -> sbx.v1.WaitRequest
-	14, // 27: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
-	16, // 28: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
-	19, // 29: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
-	32, // 30: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
-	33, // 31: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
-	34, // 32: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
-	35, // 33: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
-	36, // 34: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
-	37, // 35: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
-	38, // 36: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
-	39, // 37: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
-	32, // 38: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
-	11, // 39: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
-	2,  // 40: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
-	5,  // 41: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
-	8,  // 42: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
-	40, // 43: agent.v1.AgentService.Logs:output_type -> sbx.v1.LogsEvent
-	41, // 44: agent.v1.AgentService.Wait:output_type -> sbx.v1.WaitResponse
-	27, // [27:45] is the sub-list for method output_type
-	9,  // [9:27] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	25, // 0: agent.v1.StartProcessRequest.exec:type_name -> sbx.v1.ExecRequest
+	13, // 1: agent.v1.StartProcessResponse.process:type_name -> agent.v1.DetachedProcess
+	26, // 2: agent.v1.ProcessLogsRequest.logs:type_name -> sbx.v1.LogsRequest
+	27, // 3: agent.v1.ProcessInputRequest.inputs:type_name -> sbx.v1.ExecInput
+	13, // 4: agent.v1.WaitProcessResponse.process:type_name -> agent.v1.DetachedProcess
+	8,  // 5: agent.v1.AttachInput.start:type_name -> agent.v1.AttachStart
+	27, // 6: agent.v1.AttachInput.input:type_name -> sbx.v1.ExecInput
+	25, // 7: agent.v1.AttachStart.exec:type_name -> sbx.v1.ExecRequest
+	10, // 8: agent.v1.AttachOutput.attached:type_name -> agent.v1.AttachAttached
+	28, // 9: agent.v1.AttachOutput.output:type_name -> sbx.v1.ExecOutput
+	13, // 10: agent.v1.ListDetachedResponse.processes:type_name -> agent.v1.DetachedProcess
+	29, // 11: agent.v1.DetachedProcess.exit:type_name -> sbx.v1.ExecExited
+	24, // 12: agent.v1.DetachedProcess.env:type_name -> agent.v1.DetachedProcess.EnvEntry
+	17, // 13: agent.v1.DialInput.start:type_name -> agent.v1.DialStart
+	19, // 14: agent.v1.DialOutput.connected:type_name -> agent.v1.DialConnected
+	30, // 15: agent.v1.ConfigureRequest.path_policies:type_name -> sbx.v1.PathPolicy
+	20, // 16: agent.v1.AgentService.Hello:input_type -> agent.v1.HelloRequest
+	22, // 17: agent.v1.AgentService.Configure:input_type -> agent.v1.ConfigureRequest
+	27, // 18: agent.v1.AgentService.Exec:input_type -> sbx.v1.ExecInput
+	31, // 19: agent.v1.AgentService.ReadFile:input_type -> sbx.v1.ReadFileRequest
+	32, // 20: agent.v1.AgentService.WriteFile:input_type -> sbx.v1.WriteFileRequest
+	33, // 21: agent.v1.AgentService.ListDir:input_type -> sbx.v1.ListDirRequest
+	34, // 22: agent.v1.AgentService.Stat:input_type -> sbx.v1.StatRequest
+	35, // 23: agent.v1.AgentService.MakeDir:input_type -> sbx.v1.MakeDirRequest
+	36, // 24: agent.v1.AgentService.Remove:input_type -> sbx.v1.RemoveRequest
+	37, // 25: agent.v1.AgentService.Rename:input_type -> sbx.v1.RenameRequest
+	38, // 26: agent.v1.AgentService.UploadTar:input_type -> sbx.v1.UploadTarRequest
+	39, // 27: agent.v1.AgentService.DownloadTar:input_type -> sbx.v1.DownloadTarRequest
+	16, // 28: agent.v1.AgentService.Dial:input_type -> agent.v1.DialInput
+	7,  // 29: agent.v1.AgentService.Attach:input_type -> agent.v1.AttachInput
+	11, // 30: agent.v1.AgentService.ListDetached:input_type -> agent.v1.ListDetachedRequest
+	14, // 31: agent.v1.AgentService.RemoveDetached:input_type -> agent.v1.RemoveDetachedRequest
+	26, // 32: agent.v1.AgentService.Logs:input_type -> sbx.v1.LogsRequest
+	40, // 33: agent.v1.AgentService.Wait:input_type -> sbx.v1.WaitRequest
+	0,  // 34: agent.v1.AgentService.StartProcess:input_type -> agent.v1.StartProcessRequest
+	2,  // 35: agent.v1.AgentService.ProcessLogs:input_type -> agent.v1.ProcessLogsRequest
+	3,  // 36: agent.v1.AgentService.ProcessInput:input_type -> agent.v1.ProcessInputRequest
+	5,  // 37: agent.v1.AgentService.WaitProcess:input_type -> agent.v1.WaitProcessRequest
+	21, // 38: agent.v1.AgentService.Hello:output_type -> agent.v1.HelloResponse
+	23, // 39: agent.v1.AgentService.Configure:output_type -> agent.v1.ConfigureResponse
+	28, // 40: agent.v1.AgentService.Exec:output_type -> sbx.v1.ExecOutput
+	41, // 41: agent.v1.AgentService.ReadFile:output_type -> sbx.v1.FileChunk
+	42, // 42: agent.v1.AgentService.WriteFile:output_type -> sbx.v1.WriteFileResponse
+	43, // 43: agent.v1.AgentService.ListDir:output_type -> sbx.v1.ListDirResponse
+	44, // 44: agent.v1.AgentService.Stat:output_type -> sbx.v1.StatResponse
+	45, // 45: agent.v1.AgentService.MakeDir:output_type -> sbx.v1.MakeDirResponse
+	46, // 46: agent.v1.AgentService.Remove:output_type -> sbx.v1.RemoveResponse
+	47, // 47: agent.v1.AgentService.Rename:output_type -> sbx.v1.RenameResponse
+	48, // 48: agent.v1.AgentService.UploadTar:output_type -> sbx.v1.UploadTarResponse
+	41, // 49: agent.v1.AgentService.DownloadTar:output_type -> sbx.v1.FileChunk
+	18, // 50: agent.v1.AgentService.Dial:output_type -> agent.v1.DialOutput
+	9,  // 51: agent.v1.AgentService.Attach:output_type -> agent.v1.AttachOutput
+	12, // 52: agent.v1.AgentService.ListDetached:output_type -> agent.v1.ListDetachedResponse
+	15, // 53: agent.v1.AgentService.RemoveDetached:output_type -> agent.v1.RemoveDetachedResponse
+	49, // 54: agent.v1.AgentService.Logs:output_type -> sbx.v1.LogsEvent
+	50, // 55: agent.v1.AgentService.Wait:output_type -> sbx.v1.WaitResponse
+	1,  // 56: agent.v1.AgentService.StartProcess:output_type -> agent.v1.StartProcessResponse
+	49, // 57: agent.v1.AgentService.ProcessLogs:output_type -> sbx.v1.LogsEvent
+	4,  // 58: agent.v1.AgentService.ProcessInput:output_type -> agent.v1.ProcessInputResponse
+	6,  // 59: agent.v1.AgentService.WaitProcess:output_type -> agent.v1.WaitProcessResponse
+	38, // [38:60] is the sub-list for method output_type
+	16, // [16:38] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_agent_proto_init() }
@@ -1281,20 +1780,20 @@ func file_agent_v1_agent_proto_init() {
 	if File_agent_v1_agent_proto != nil {
 		return
 	}
-	file_agent_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
+	file_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*AttachInput_Start)(nil),
 		(*AttachInput_Input)(nil),
 	}
-	file_agent_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*AttachOutput_Attached)(nil),
 		(*AttachOutput_Output)(nil),
 	}
-	file_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_agent_v1_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*DialInput_Start)(nil),
 		(*DialInput_Data)(nil),
 		(*DialInput_CloseWrite)(nil),
 	}
-	file_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_agent_v1_agent_proto_msgTypes[18].OneofWrappers = []any{
 		(*DialOutput_Connected)(nil),
 		(*DialOutput_Data)(nil),
 	}
@@ -1304,7 +1803,7 @@ func file_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_agent_proto_rawDesc), len(file_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -89,6 +89,7 @@ type RecipeStep struct {
 	//	*RecipeStep_Entrypoint
 	//	*RecipeStep_Cmd
 	//	*RecipeStep_User
+	//	*RecipeStep_Python
 	Step          isRecipeStep_Step `protobuf_oneof:"step"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -221,12 +222,22 @@ func (x *RecipeStep) GetUser() string {
 	return ""
 }
 
+func (x *RecipeStep) GetPython() string {
+	if x != nil {
+		if x, ok := x.Step.(*RecipeStep_Python); ok {
+			return x.Python
+		}
+	}
+	return ""
+}
+
 type isRecipeStep_Step interface {
 	isRecipeStep_Step()
 }
 
 type RecipeStep_AptInstall struct {
-	// Debian packages, installed with apt-get.
+	// Debian packages, installed with apt-get. The package lists stay in
+	// the image, so later steps (and sandboxes) can apt-get install too.
 	AptInstall *PackageList `protobuf:"bytes,1,opt,name=apt_install,json=aptInstall,proto3,oneof"`
 }
 
@@ -268,6 +279,15 @@ type RecipeStep_User struct {
 	User string `protobuf:"bytes,10,opt,name=user,proto3,oneof"`
 }
 
+type RecipeStep_Python struct {
+	// A Python version ("3.11") installed from the image's apt sources:
+	// python3.X, its venv module and Debian's pip, with python3 and python
+	// in /usr/local/bin pointing at it. Debian bookworm (the builder's
+	// debian:bookworm) packages 3.11 only; a version the sources lack fails
+	// the step naming the versions they have.
+	Python string `protobuf:"bytes,11,opt,name=python,proto3,oneof"`
+}
+
 func (*RecipeStep_AptInstall) isRecipeStep_Step() {}
 
 func (*RecipeStep_PipInstall) isRecipeStep_Step() {}
@@ -287,6 +307,8 @@ func (*RecipeStep_Entrypoint) isRecipeStep_Step() {}
 func (*RecipeStep_Cmd) isRecipeStep_Step() {}
 
 func (*RecipeStep_User) isRecipeStep_Step() {}
+
+func (*RecipeStep_Python) isRecipeStep_Step() {}
 
 type PackageList struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -475,12 +497,27 @@ func (x *CopyStep) GetTar() []byte {
 }
 
 type BuildImageRequest struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Recipe *Recipe                `protobuf:"bytes,1,opt,name=recipe,proto3" json:"recipe,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The recipe to build; or, instead, a Dockerfile (dockerfile and context).
+	Recipe *Recipe `protobuf:"bytes,1,opt,name=recipe,proto3" json:"recipe,omitempty"`
 	// Reference to tag the result with.
 	Tag string `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
 	// Rebuild every step even when cached.
-	NoCache       bool `protobuf:"varint,3,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
+	NoCache bool `protobuf:"varint,3,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
+	// A Dockerfile, built instead of recipe: FROM, RUN, COPY, ADD (local
+	// files only), ENV, ARG, WORKDIR, USER, ENTRYPOINT, CMD, and LABEL,
+	// EXPOSE, MAINTAINER, STOPSIGNAL (accepted, no effect on the sandbox).
+	// Each instruction becomes a cached recipe step. Anything else (a second
+	// FROM, COPY --from, ONBUILD, HEALTHCHECK, SHELL, VOLUME, heredocs, ...)
+	// fails with InvalidArgument naming its line.
+	Dockerfile string `protobuf:"bytes,4,opt,name=dockerfile,proto3" json:"dockerfile,omitempty"`
+	// The build context COPY and ADD read, as a tar (the client makes it,
+	// leaving out what .dockerignore lists). Hostile: names are checked
+	// (no absolute paths, no ".."), symlinks are copied as links and never
+	// followed when resolving a source. At most 48 MiB.
+	Context []byte `protobuf:"bytes,5,opt,name=context,proto3" json:"context,omitempty"`
+	// Values for the Dockerfile's ARGs (an ARG without one keeps its default).
+	BuildArgs     map[string]string `protobuf:"bytes,6,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -534,6 +571,27 @@ func (x *BuildImageRequest) GetNoCache() bool {
 		return x.NoCache
 	}
 	return false
+}
+
+func (x *BuildImageRequest) GetDockerfile() string {
+	if x != nil {
+		return x.Dockerfile
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetContext() []byte {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetBuildArgs() map[string]string {
+	if x != nil {
+		return x.BuildArgs
+	}
+	return nil
 }
 
 type ImageConfig struct {
@@ -1762,7 +1820,7 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"\x13sbx/v1/images.proto\x12\x06sbx.v1\x1a\x12sbx/v1/files.proto\"F\n" +
 	"\x06Recipe\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12(\n" +
-	"\x05steps\x18\x02 \x03(\v2\x12.sbx.v1.RecipeStepR\x05steps\"\xad\x03\n" +
+	"\x05steps\x18\x02 \x03(\v2\x12.sbx.v1.RecipeStepR\x05steps\"\xc7\x03\n" +
 	"\n" +
 	"RecipeStep\x126\n" +
 	"\vapt_install\x18\x01 \x01(\v2\x13.sbx.v1.PackageListH\x00R\n" +
@@ -1780,7 +1838,8 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"entrypoint\x12&\n" +
 	"\x03cmd\x18\t \x01(\v2\x12.sbx.v1.StringListH\x00R\x03cmd\x12\x14\n" +
 	"\x04user\x18\n" +
-	" \x01(\tH\x00R\x04userB\x06\n" +
+	" \x01(\tH\x00R\x04user\x12\x18\n" +
+	"\x06python\x18\v \x01(\tH\x00R\x06pythonB\x06\n" +
 	"\x04step\")\n" +
 	"\vPackageList\x12\x1a\n" +
 	"\bpackages\x18\x01 \x03(\tR\bpackages\"$\n" +
@@ -1794,11 +1853,20 @@ const file_sbx_v1_images_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"0\n" +
 	"\bCopyStep\x12\x12\n" +
 	"\x04dest\x18\x01 \x01(\tR\x04dest\x12\x10\n" +
-	"\x03tar\x18\x02 \x01(\fR\x03tar\"h\n" +
+	"\x03tar\x18\x02 \x01(\fR\x03tar\"\xa9\x02\n" +
 	"\x11BuildImageRequest\x12&\n" +
 	"\x06recipe\x18\x01 \x01(\v2\x0e.sbx.v1.RecipeR\x06recipe\x12\x10\n" +
 	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x19\n" +
-	"\bno_cache\x18\x03 \x01(\bR\anoCache\"\xf3\x01\n" +
+	"\bno_cache\x18\x03 \x01(\bR\anoCache\x12\x1e\n" +
+	"\n" +
+	"dockerfile\x18\x04 \x01(\tR\n" +
+	"dockerfile\x12\x18\n" +
+	"\acontext\x18\x05 \x01(\fR\acontext\x12G\n" +
+	"\n" +
+	"build_args\x18\x06 \x03(\v2(.sbx.v1.BuildImageRequest.BuildArgsEntryR\tbuildArgs\x1a<\n" +
+	"\x0eBuildArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x01\n" +
 	"\vImageConfig\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x12\x12\n" +
@@ -1900,7 +1968,7 @@ func file_sbx_v1_images_proto_rawDescGZIP() []byte {
 	return file_sbx_v1_images_proto_rawDescData
 }
 
-var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_sbx_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_sbx_v1_images_proto_goTypes = []any{
 	(*Recipe)(nil),              // 0: sbx.v1.Recipe
 	(*RecipeStep)(nil),          // 1: sbx.v1.RecipeStep
@@ -1931,8 +1999,9 @@ var file_sbx_v1_images_proto_goTypes = []any{
 	(*PruneImagesRequest)(nil),  // 26: sbx.v1.PruneImagesRequest
 	(*PruneImagesResponse)(nil), // 27: sbx.v1.PruneImagesResponse
 	nil,                         // 28: sbx.v1.EnvStep.EnvEntry
-	nil,                         // 29: sbx.v1.ImageConfig.LabelsEntry
-	(*FileChunk)(nil),           // 30: sbx.v1.FileChunk
+	nil,                         // 29: sbx.v1.BuildImageRequest.BuildArgsEntry
+	nil,                         // 30: sbx.v1.ImageConfig.LabelsEntry
+	(*FileChunk)(nil),           // 31: sbx.v1.FileChunk
 }
 var file_sbx_v1_images_proto_depIdxs = []int32{
 	1,  // 0: sbx.v1.Recipe.steps:type_name -> sbx.v1.RecipeStep
@@ -1945,39 +2014,40 @@ var file_sbx_v1_images_proto_depIdxs = []int32{
 	3,  // 7: sbx.v1.RecipeStep.cmd:type_name -> sbx.v1.StringList
 	28, // 8: sbx.v1.EnvStep.env:type_name -> sbx.v1.EnvStep.EnvEntry
 	0,  // 9: sbx.v1.BuildImageRequest.recipe:type_name -> sbx.v1.Recipe
-	29, // 10: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
-	7,  // 11: sbx.v1.ImageInfo.config:type_name -> sbx.v1.ImageConfig
-	11, // 12: sbx.v1.ImageProgress.layer:type_name -> sbx.v1.LayerProgress
-	8,  // 13: sbx.v1.ImageProgress.done:type_name -> sbx.v1.ImageInfo
-	10, // 14: sbx.v1.ImageProgress.step:type_name -> sbx.v1.BuildStep
-	13, // 15: sbx.v1.ImportImageRequest.header:type_name -> sbx.v1.ImportImageHeader
-	8,  // 16: sbx.v1.ImportImageResponse.images:type_name -> sbx.v1.ImageInfo
-	16, // 17: sbx.v1.ImportImageResponse.archive_names:type_name -> sbx.v1.ArchiveNames
-	8,  // 18: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
-	8,  // 19: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
-	12, // 20: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
-	14, // 21: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
-	17, // 22: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
-	18, // 23: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
-	20, // 24: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
-	22, // 25: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
-	24, // 26: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
-	26, // 27: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
-	6,  // 28: sbx.v1.ImageService.BuildImage:input_type -> sbx.v1.BuildImageRequest
-	9,  // 29: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
-	15, // 30: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
-	30, // 31: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
-	19, // 32: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
-	21, // 33: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
-	23, // 34: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
-	25, // 35: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
-	27, // 36: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
-	9,  // 37: sbx.v1.ImageService.BuildImage:output_type -> sbx.v1.ImageProgress
-	29, // [29:38] is the sub-list for method output_type
-	20, // [20:29] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	29, // 10: sbx.v1.BuildImageRequest.build_args:type_name -> sbx.v1.BuildImageRequest.BuildArgsEntry
+	30, // 11: sbx.v1.ImageConfig.labels:type_name -> sbx.v1.ImageConfig.LabelsEntry
+	7,  // 12: sbx.v1.ImageInfo.config:type_name -> sbx.v1.ImageConfig
+	11, // 13: sbx.v1.ImageProgress.layer:type_name -> sbx.v1.LayerProgress
+	8,  // 14: sbx.v1.ImageProgress.done:type_name -> sbx.v1.ImageInfo
+	10, // 15: sbx.v1.ImageProgress.step:type_name -> sbx.v1.BuildStep
+	13, // 16: sbx.v1.ImportImageRequest.header:type_name -> sbx.v1.ImportImageHeader
+	8,  // 17: sbx.v1.ImportImageResponse.images:type_name -> sbx.v1.ImageInfo
+	16, // 18: sbx.v1.ImportImageResponse.archive_names:type_name -> sbx.v1.ArchiveNames
+	8,  // 19: sbx.v1.ListImagesResponse.images:type_name -> sbx.v1.ImageInfo
+	8,  // 20: sbx.v1.GetImageResponse.image:type_name -> sbx.v1.ImageInfo
+	12, // 21: sbx.v1.ImageService.PullImage:input_type -> sbx.v1.PullImageRequest
+	14, // 22: sbx.v1.ImageService.ImportImage:input_type -> sbx.v1.ImportImageRequest
+	17, // 23: sbx.v1.ImageService.ExportImage:input_type -> sbx.v1.ExportImageRequest
+	18, // 24: sbx.v1.ImageService.ListImages:input_type -> sbx.v1.ListImagesRequest
+	20, // 25: sbx.v1.ImageService.GetImage:input_type -> sbx.v1.GetImageRequest
+	22, // 26: sbx.v1.ImageService.TagImage:input_type -> sbx.v1.TagImageRequest
+	24, // 27: sbx.v1.ImageService.RemoveImage:input_type -> sbx.v1.RemoveImageRequest
+	26, // 28: sbx.v1.ImageService.PruneImages:input_type -> sbx.v1.PruneImagesRequest
+	6,  // 29: sbx.v1.ImageService.BuildImage:input_type -> sbx.v1.BuildImageRequest
+	9,  // 30: sbx.v1.ImageService.PullImage:output_type -> sbx.v1.ImageProgress
+	15, // 31: sbx.v1.ImageService.ImportImage:output_type -> sbx.v1.ImportImageResponse
+	31, // 32: sbx.v1.ImageService.ExportImage:output_type -> sbx.v1.FileChunk
+	19, // 33: sbx.v1.ImageService.ListImages:output_type -> sbx.v1.ListImagesResponse
+	21, // 34: sbx.v1.ImageService.GetImage:output_type -> sbx.v1.GetImageResponse
+	23, // 35: sbx.v1.ImageService.TagImage:output_type -> sbx.v1.TagImageResponse
+	25, // 36: sbx.v1.ImageService.RemoveImage:output_type -> sbx.v1.RemoveImageResponse
+	27, // 37: sbx.v1.ImageService.PruneImages:output_type -> sbx.v1.PruneImagesResponse
+	9,  // 38: sbx.v1.ImageService.BuildImage:output_type -> sbx.v1.ImageProgress
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_sbx_v1_images_proto_init() }
@@ -1997,6 +2067,7 @@ func file_sbx_v1_images_proto_init() {
 		(*RecipeStep_Entrypoint)(nil),
 		(*RecipeStep_Cmd)(nil),
 		(*RecipeStep_User)(nil),
+		(*RecipeStep_Python)(nil),
 	}
 	file_sbx_v1_images_proto_msgTypes[9].OneofWrappers = []any{
 		(*ImageProgress_Status)(nil),
@@ -2015,7 +2086,7 @@ func file_sbx_v1_images_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sbx_v1_images_proto_rawDesc), len(file_sbx_v1_images_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

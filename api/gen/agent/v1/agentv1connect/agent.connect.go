@@ -77,6 +77,18 @@ const (
 	AgentServiceLogsProcedure = "/agent.v1.AgentService/Logs"
 	// AgentServiceWaitProcedure is the fully-qualified name of the AgentService's Wait RPC.
 	AgentServiceWaitProcedure = "/agent.v1.AgentService/Wait"
+	// AgentServiceStartProcessProcedure is the fully-qualified name of the AgentService's StartProcess
+	// RPC.
+	AgentServiceStartProcessProcedure = "/agent.v1.AgentService/StartProcess"
+	// AgentServiceProcessLogsProcedure is the fully-qualified name of the AgentService's ProcessLogs
+	// RPC.
+	AgentServiceProcessLogsProcedure = "/agent.v1.AgentService/ProcessLogs"
+	// AgentServiceProcessInputProcedure is the fully-qualified name of the AgentService's ProcessInput
+	// RPC.
+	AgentServiceProcessInputProcedure = "/agent.v1.AgentService/ProcessInput"
+	// AgentServiceWaitProcessProcedure is the fully-qualified name of the AgentService's WaitProcess
+	// RPC.
+	AgentServiceWaitProcessProcedure = "/agent.v1.AgentService/WaitProcess"
 )
 
 // AgentServiceClient is a client for the agent.v1.AgentService service.
@@ -126,6 +138,31 @@ type AgentServiceClient interface {
 	// protocol 3.
 	Logs(context.Context, *connect.Request[v11.LogsRequest]) (*connect.ServerStreamForClient[v11.LogsEvent], error)
 	Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error)
+	// Background processes (since protocol 4) are detached processes (same
+	// ids, listed by ListDetached, killed and forgotten by RemoveDetached)
+	// whose output goes to a bounded ring that any number of clients read
+	// without consuming it (ProcessLogs, as Logs reads the entrypoint's),
+	// which take input from unary calls (ProcessInput) and whose exit status
+	// any number of clients wait for (WaitProcess). They are not Attach-able.
+	// An exited one is forgotten after a while, or when too many exited ones
+	// are kept (the oldest first).
+	//
+	// StartProcess starts one. A command that cannot start (not found, not
+	// executable, no such workdir) is FailedPrecondition; an id in use is
+	// AlreadyExists; max_running reached is ResourceExhausted.
+	StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error)
+	// ProcessLogs reads a background process's output ring (the request's
+	// logs field as for Logs; its sandbox field is ignored).
+	ProcessLogs(context.Context, *connect.Request[v1.ProcessLogsRequest]) (*connect.ServerStreamForClient[v11.LogsEvent], error)
+	// ProcessInput applies input events (stdin, stdin_close, resize,
+	// signal) in order to a background process. Stdin to a process whose
+	// stdin is closed (or was never open) is FailedPrecondition; stdin the
+	// process does not read within a few seconds is DeadlineExceeded (what
+	// was written before stays written).
+	ProcessInput(context.Context, *connect.Request[v1.ProcessInputRequest]) (*connect.Response[v1.ProcessInputResponse], error)
+	// WaitProcess returns once a background process has exited and its
+	// output is all in its ring.
+	WaitProcess(context.Context, *connect.Request[v1.WaitProcessRequest]) (*connect.Response[v1.WaitProcessResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the agent.v1.AgentService service. By default, it
@@ -247,6 +284,30 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Wait")),
 			connect.WithClientOptions(opts...),
 		),
+		startProcess: connect.NewClient[v1.StartProcessRequest, v1.StartProcessResponse](
+			httpClient,
+			baseURL+AgentServiceStartProcessProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("StartProcess")),
+			connect.WithClientOptions(opts...),
+		),
+		processLogs: connect.NewClient[v1.ProcessLogsRequest, v11.LogsEvent](
+			httpClient,
+			baseURL+AgentServiceProcessLogsProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ProcessLogs")),
+			connect.WithClientOptions(opts...),
+		),
+		processInput: connect.NewClient[v1.ProcessInputRequest, v1.ProcessInputResponse](
+			httpClient,
+			baseURL+AgentServiceProcessInputProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ProcessInput")),
+			connect.WithClientOptions(opts...),
+		),
+		waitProcess: connect.NewClient[v1.WaitProcessRequest, v1.WaitProcessResponse](
+			httpClient,
+			baseURL+AgentServiceWaitProcessProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("WaitProcess")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -270,6 +331,10 @@ type agentServiceClient struct {
 	removeDetached *connect.Client[v1.RemoveDetachedRequest, v1.RemoveDetachedResponse]
 	logs           *connect.Client[v11.LogsRequest, v11.LogsEvent]
 	wait           *connect.Client[v11.WaitRequest, v11.WaitResponse]
+	startProcess   *connect.Client[v1.StartProcessRequest, v1.StartProcessResponse]
+	processLogs    *connect.Client[v1.ProcessLogsRequest, v11.LogsEvent]
+	processInput   *connect.Client[v1.ProcessInputRequest, v1.ProcessInputResponse]
+	waitProcess    *connect.Client[v1.WaitProcessRequest, v1.WaitProcessResponse]
 }
 
 // Hello calls agent.v1.AgentService.Hello.
@@ -362,6 +427,26 @@ func (c *agentServiceClient) Wait(ctx context.Context, req *connect.Request[v11.
 	return c.wait.CallUnary(ctx, req)
 }
 
+// StartProcess calls agent.v1.AgentService.StartProcess.
+func (c *agentServiceClient) StartProcess(ctx context.Context, req *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error) {
+	return c.startProcess.CallUnary(ctx, req)
+}
+
+// ProcessLogs calls agent.v1.AgentService.ProcessLogs.
+func (c *agentServiceClient) ProcessLogs(ctx context.Context, req *connect.Request[v1.ProcessLogsRequest]) (*connect.ServerStreamForClient[v11.LogsEvent], error) {
+	return c.processLogs.CallServerStream(ctx, req)
+}
+
+// ProcessInput calls agent.v1.AgentService.ProcessInput.
+func (c *agentServiceClient) ProcessInput(ctx context.Context, req *connect.Request[v1.ProcessInputRequest]) (*connect.Response[v1.ProcessInputResponse], error) {
+	return c.processInput.CallUnary(ctx, req)
+}
+
+// WaitProcess calls agent.v1.AgentService.WaitProcess.
+func (c *agentServiceClient) WaitProcess(ctx context.Context, req *connect.Request[v1.WaitProcessRequest]) (*connect.Response[v1.WaitProcessResponse], error) {
+	return c.waitProcess.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Hello negotiates the protocol version; the daemon calls it first.
@@ -409,6 +494,31 @@ type AgentServiceHandler interface {
 	// protocol 3.
 	Logs(context.Context, *connect.Request[v11.LogsRequest], *connect.ServerStream[v11.LogsEvent]) error
 	Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error)
+	// Background processes (since protocol 4) are detached processes (same
+	// ids, listed by ListDetached, killed and forgotten by RemoveDetached)
+	// whose output goes to a bounded ring that any number of clients read
+	// without consuming it (ProcessLogs, as Logs reads the entrypoint's),
+	// which take input from unary calls (ProcessInput) and whose exit status
+	// any number of clients wait for (WaitProcess). They are not Attach-able.
+	// An exited one is forgotten after a while, or when too many exited ones
+	// are kept (the oldest first).
+	//
+	// StartProcess starts one. A command that cannot start (not found, not
+	// executable, no such workdir) is FailedPrecondition; an id in use is
+	// AlreadyExists; max_running reached is ResourceExhausted.
+	StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error)
+	// ProcessLogs reads a background process's output ring (the request's
+	// logs field as for Logs; its sandbox field is ignored).
+	ProcessLogs(context.Context, *connect.Request[v1.ProcessLogsRequest], *connect.ServerStream[v11.LogsEvent]) error
+	// ProcessInput applies input events (stdin, stdin_close, resize,
+	// signal) in order to a background process. Stdin to a process whose
+	// stdin is closed (or was never open) is FailedPrecondition; stdin the
+	// process does not read within a few seconds is DeadlineExceeded (what
+	// was written before stays written).
+	ProcessInput(context.Context, *connect.Request[v1.ProcessInputRequest]) (*connect.Response[v1.ProcessInputResponse], error)
+	// WaitProcess returns once a background process has exited and its
+	// output is all in its ring.
+	WaitProcess(context.Context, *connect.Request[v1.WaitProcessRequest]) (*connect.Response[v1.WaitProcessResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -526,6 +636,30 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Wait")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceStartProcessHandler := connect.NewUnaryHandler(
+		AgentServiceStartProcessProcedure,
+		svc.StartProcess,
+		connect.WithSchema(agentServiceMethods.ByName("StartProcess")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceProcessLogsHandler := connect.NewServerStreamHandler(
+		AgentServiceProcessLogsProcedure,
+		svc.ProcessLogs,
+		connect.WithSchema(agentServiceMethods.ByName("ProcessLogs")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceProcessInputHandler := connect.NewUnaryHandler(
+		AgentServiceProcessInputProcedure,
+		svc.ProcessInput,
+		connect.WithSchema(agentServiceMethods.ByName("ProcessInput")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceWaitProcessHandler := connect.NewUnaryHandler(
+		AgentServiceWaitProcessProcedure,
+		svc.WaitProcess,
+		connect.WithSchema(agentServiceMethods.ByName("WaitProcess")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHelloProcedure:
@@ -564,6 +698,14 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceLogsHandler.ServeHTTP(w, r)
 		case AgentServiceWaitProcedure:
 			agentServiceWaitHandler.ServeHTTP(w, r)
+		case AgentServiceStartProcessProcedure:
+			agentServiceStartProcessHandler.ServeHTTP(w, r)
+		case AgentServiceProcessLogsProcedure:
+			agentServiceProcessLogsHandler.ServeHTTP(w, r)
+		case AgentServiceProcessInputProcedure:
+			agentServiceProcessInputHandler.ServeHTTP(w, r)
+		case AgentServiceWaitProcessProcedure:
+			agentServiceWaitProcessHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -643,4 +785,20 @@ func (UnimplementedAgentServiceHandler) Logs(context.Context, *connect.Request[v
 
 func (UnimplementedAgentServiceHandler) Wait(context.Context, *connect.Request[v11.WaitRequest]) (*connect.Response[v11.WaitResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.Wait is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.StartProcess is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ProcessLogs(context.Context, *connect.Request[v1.ProcessLogsRequest], *connect.ServerStream[v11.LogsEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.ProcessLogs is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ProcessInput(context.Context, *connect.Request[v1.ProcessInputRequest]) (*connect.Response[v1.ProcessInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.ProcessInput is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) WaitProcess(context.Context, *connect.Request[v1.WaitProcessRequest]) (*connect.Response[v1.WaitProcessResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("agent.v1.AgentService.WaitProcess is not implemented"))
 }

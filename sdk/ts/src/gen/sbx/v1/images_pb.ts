@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sbx/v1/images.proto.
  */
 export const file_sbx_v1_images: GenFile = /*@__PURE__*/
-  fileDesc("ChNzYngvdjEvaW1hZ2VzLnByb3RvEgZzYngudjEiOQoGUmVjaXBlEgwKBGZyb20YASABKAkSIQoFc3RlcHMYAiADKAsyEi5zYngudjEuUmVjaXBlU3RlcCLZAgoKUmVjaXBlU3RlcBIqCgthcHRfaW5zdGFsbBgBIAEoCzITLnNieC52MS5QYWNrYWdlTGlzdEgAEioKC3BpcF9pbnN0YWxsGAIgASgLMhMuc2J4LnYxLlBhY2thZ2VMaXN0SAASKgoLbnBtX2luc3RhbGwYAyABKAsyEy5zYngudjEuUGFja2FnZUxpc3RIABINCgNydW4YBCABKAlIABIgCgRjb3B5GAUgASgLMhAuc2J4LnYxLkNvcHlTdGVwSAASHgoDZW52GAYgASgLMg8uc2J4LnYxLkVudlN0ZXBIABIRCgd3b3JrZGlyGAcgASgJSAASKAoKZW50cnlwb2ludBgIIAEoCzISLnNieC52MS5TdHJpbmdMaXN0SAASIQoDY21kGAkgASgLMhIuc2J4LnYxLlN0cmluZ0xpc3RIABIOCgR1c2VyGAogASgJSABCBgoEc3RlcCIfCgtQYWNrYWdlTGlzdBIQCghwYWNrYWdlcxgBIAMoCSIcCgpTdHJpbmdMaXN0Eg4KBnZhbHVlcxgBIAMoCSJcCgdFbnZTdGVwEiUKA2VudhgBIAMoCzIYLnNieC52MS5FbnZTdGVwLkVudkVudHJ5GioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiJQoIQ29weVN0ZXASDAoEZGVzdBgBIAEoCRILCgN0YXIYAiABKAwiUgoRQnVpbGRJbWFnZVJlcXVlc3QSHgoGcmVjaXBlGAEgASgLMg4uc2J4LnYxLlJlY2lwZRILCgN0YWcYAiABKAkSEAoIbm9fY2FjaGUYAyABKAgiugEKC0ltYWdlQ29uZmlnEgsKA2VudhgBIAMoCRIPCgd3b3JrZGlyGAIgASgJEgwKBHVzZXIYAyABKAkSEgoKZW50cnlwb2ludBgEIAMoCRILCgNjbWQYBSADKAkSLwoGbGFiZWxzGAYgAygLMh8uc2J4LnYxLkltYWdlQ29uZmlnLkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiiAEKCUltYWdlSW5mbxILCgNyZWYYASABKAkSDgoGZGlnZXN0GAIgASgJEhIKCnNpemVfYnl0ZXMYAyABKAMSDgoGbGF5ZXJzGAQgASgFEhUKDWNyZWF0ZWRfYXRfbXMYBSABKAMSIwoGY29uZmlnGAYgASgLMhMuc2J4LnYxLkltYWdlQ29uZmlnIqcBCg1JbWFnZVByb2dyZXNzEhAKBnN0YXR1cxgBIAEoCUgAEiYKBWxheWVyGAIgASgLMhUuc2J4LnYxLkxheWVyUHJvZ3Jlc3NIABIhCgRkb25lGAMgASgLMhEuc2J4LnYxLkltYWdlSW5mb0gAEiEKBHN0ZXAYBCABKAsyES5zYngudjEuQnVpbGRTdGVwSAASDQoDbG9nGAUgASgMSABCBwoFZXZlbnQiUwoJQnVpbGRTdGVwEg0KBWluZGV4GAEgASgFEhMKC2Rlc2NyaXB0aW9uGAIgASgJEg0KBXBoYXNlGAMgASgJEhMKC2R1cmF0aW9uX21zGAQgASgDIloKDUxheWVyUHJvZ3Jlc3MSDgoGZGlnZXN0GAEgASgJEhUKDWN1cnJlbnRfYnl0ZXMYAiABKAMSEwoLdG90YWxfYnl0ZXMYAyABKAMSDQoFcGhhc2UYBCABKAkiHwoQUHVsbEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiWAoRSW1wb3J0SW1hZ2VIZWFkZXISCwoDdGFnGAEgASgJEhgKEHVzZV9hcmNoaXZlX3RhZ3MYAiABKAgSHAoUcmVwbGFjZV9hcmNoaXZlX3RhZ3MYAyABKAgiWAoSSW1wb3J0SW1hZ2VSZXF1ZXN0EisKBmhlYWRlchgBIAEoCzIZLnNieC52MS5JbXBvcnRJbWFnZUhlYWRlckgAEg4KBGRhdGEYAiABKAxIAEIFCgNtc2ciZQoTSW1wb3J0SW1hZ2VSZXNwb25zZRIhCgZpbWFnZXMYASADKAsyES5zYngudjEuSW1hZ2VJbmZvEisKDWFyY2hpdmVfbmFtZXMYAiADKAsyFC5zYngudjEuQXJjaGl2ZU5hbWVzIi4KDEFyY2hpdmVOYW1lcxIMCgR0YWdzGAEgAygJEhAKCHJlamVjdGVkGAIgAygJIiEKEkV4cG9ydEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiEwoRTGlzdEltYWdlc1JlcXVlc3QiTQoSTGlzdEltYWdlc1Jlc3BvbnNlEiEKBmltYWdlcxgBIAMoCzIRLnNieC52MS5JbWFnZUluZm8SFAoMbGF5ZXJzX2J5dGVzGAIgASgDIh4KD0dldEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiNAoQR2V0SW1hZ2VSZXNwb25zZRIgCgVpbWFnZRgBIAEoCzIRLnNieC52MS5JbWFnZUluZm8iMQoPVGFnSW1hZ2VSZXF1ZXN0Eg4KBnNvdXJjZRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkiEgoQVGFnSW1hZ2VSZXNwb25zZSIhChJSZW1vdmVJbWFnZVJlcXVlc3QSCwoDcmVmGAEgASgJIhUKE1JlbW92ZUltYWdlUmVzcG9uc2UiFAoSUHJ1bmVJbWFnZXNSZXF1ZXN0IioKE1BydW5lSW1hZ2VzUmVzcG9uc2USEwoLZnJlZWRfYnl0ZXMYASABKAMy7QQKDEltYWdlU2VydmljZRI+CglQdWxsSW1hZ2USGC5zYngudjEuUHVsbEltYWdlUmVxdWVzdBoVLnNieC52MS5JbWFnZVByb2dyZXNzMAESSAoLSW1wb3J0SW1hZ2USGi5zYngudjEuSW1wb3J0SW1hZ2VSZXF1ZXN0Ghsuc2J4LnYxLkltcG9ydEltYWdlUmVzcG9uc2UoARI+CgtFeHBvcnRJbWFnZRIaLnNieC52MS5FeHBvcnRJbWFnZVJlcXVlc3QaES5zYngudjEuRmlsZUNodW5rMAESQwoKTGlzdEltYWdlcxIZLnNieC52MS5MaXN0SW1hZ2VzUmVxdWVzdBoaLnNieC52MS5MaXN0SW1hZ2VzUmVzcG9uc2USPQoIR2V0SW1hZ2USFy5zYngudjEuR2V0SW1hZ2VSZXF1ZXN0Ghguc2J4LnYxLkdldEltYWdlUmVzcG9uc2USPQoIVGFnSW1hZ2USFy5zYngudjEuVGFnSW1hZ2VSZXF1ZXN0Ghguc2J4LnYxLlRhZ0ltYWdlUmVzcG9uc2USRgoLUmVtb3ZlSW1hZ2USGi5zYngudjEuUmVtb3ZlSW1hZ2VSZXF1ZXN0Ghsuc2J4LnYxLlJlbW92ZUltYWdlUmVzcG9uc2USRgoLUHJ1bmVJbWFnZXMSGi5zYngudjEuUHJ1bmVJbWFnZXNSZXF1ZXN0Ghsuc2J4LnYxLlBydW5lSW1hZ2VzUmVzcG9uc2USQAoKQnVpbGRJbWFnZRIZLnNieC52MS5CdWlsZEltYWdlUmVxdWVzdBoVLnNieC52MS5JbWFnZVByb2dyZXNzMAFCLFoqZ2l0aHViLmNvbS9zYnhkZXYvc2J4L2FwaS9nZW4vc2J4L3YxO3NieHYxYgZwcm90bzM", [file_sbx_v1_files]);
+  fileDesc("ChNzYngvdjEvaW1hZ2VzLnByb3RvEgZzYngudjEiOQoGUmVjaXBlEgwKBGZyb20YASABKAkSIQoFc3RlcHMYAiADKAsyEi5zYngudjEuUmVjaXBlU3RlcCLrAgoKUmVjaXBlU3RlcBIqCgthcHRfaW5zdGFsbBgBIAEoCzITLnNieC52MS5QYWNrYWdlTGlzdEgAEioKC3BpcF9pbnN0YWxsGAIgASgLMhMuc2J4LnYxLlBhY2thZ2VMaXN0SAASKgoLbnBtX2luc3RhbGwYAyABKAsyEy5zYngudjEuUGFja2FnZUxpc3RIABINCgNydW4YBCABKAlIABIgCgRjb3B5GAUgASgLMhAuc2J4LnYxLkNvcHlTdGVwSAASHgoDZW52GAYgASgLMg8uc2J4LnYxLkVudlN0ZXBIABIRCgd3b3JrZGlyGAcgASgJSAASKAoKZW50cnlwb2ludBgIIAEoCzISLnNieC52MS5TdHJpbmdMaXN0SAASIQoDY21kGAkgASgLMhIuc2J4LnYxLlN0cmluZ0xpc3RIABIOCgR1c2VyGAogASgJSAASEAoGcHl0aG9uGAsgASgJSABCBgoEc3RlcCIfCgtQYWNrYWdlTGlzdBIQCghwYWNrYWdlcxgBIAMoCSIcCgpTdHJpbmdMaXN0Eg4KBnZhbHVlcxgBIAMoCSJcCgdFbnZTdGVwEiUKA2VudhgBIAMoCzIYLnNieC52MS5FbnZTdGVwLkVudkVudHJ5GioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiJQoIQ29weVN0ZXASDAoEZGVzdBgBIAEoCRILCgN0YXIYAiABKAwi5wEKEUJ1aWxkSW1hZ2VSZXF1ZXN0Eh4KBnJlY2lwZRgBIAEoCzIOLnNieC52MS5SZWNpcGUSCwoDdGFnGAIgASgJEhAKCG5vX2NhY2hlGAMgASgIEhIKCmRvY2tlcmZpbGUYBCABKAkSDwoHY29udGV4dBgFIAEoDBI8CgpidWlsZF9hcmdzGAYgAygLMiguc2J4LnYxLkJ1aWxkSW1hZ2VSZXF1ZXN0LkJ1aWxkQXJnc0VudHJ5GjAKDkJ1aWxkQXJnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiugEKC0ltYWdlQ29uZmlnEgsKA2VudhgBIAMoCRIPCgd3b3JrZGlyGAIgASgJEgwKBHVzZXIYAyABKAkSEgoKZW50cnlwb2ludBgEIAMoCRILCgNjbWQYBSADKAkSLwoGbGFiZWxzGAYgAygLMh8uc2J4LnYxLkltYWdlQ29uZmlnLkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiiAEKCUltYWdlSW5mbxILCgNyZWYYASABKAkSDgoGZGlnZXN0GAIgASgJEhIKCnNpemVfYnl0ZXMYAyABKAMSDgoGbGF5ZXJzGAQgASgFEhUKDWNyZWF0ZWRfYXRfbXMYBSABKAMSIwoGY29uZmlnGAYgASgLMhMuc2J4LnYxLkltYWdlQ29uZmlnIqcBCg1JbWFnZVByb2dyZXNzEhAKBnN0YXR1cxgBIAEoCUgAEiYKBWxheWVyGAIgASgLMhUuc2J4LnYxLkxheWVyUHJvZ3Jlc3NIABIhCgRkb25lGAMgASgLMhEuc2J4LnYxLkltYWdlSW5mb0gAEiEKBHN0ZXAYBCABKAsyES5zYngudjEuQnVpbGRTdGVwSAASDQoDbG9nGAUgASgMSABCBwoFZXZlbnQiUwoJQnVpbGRTdGVwEg0KBWluZGV4GAEgASgFEhMKC2Rlc2NyaXB0aW9uGAIgASgJEg0KBXBoYXNlGAMgASgJEhMKC2R1cmF0aW9uX21zGAQgASgDIloKDUxheWVyUHJvZ3Jlc3MSDgoGZGlnZXN0GAEgASgJEhUKDWN1cnJlbnRfYnl0ZXMYAiABKAMSEwoLdG90YWxfYnl0ZXMYAyABKAMSDQoFcGhhc2UYBCABKAkiHwoQUHVsbEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiWAoRSW1wb3J0SW1hZ2VIZWFkZXISCwoDdGFnGAEgASgJEhgKEHVzZV9hcmNoaXZlX3RhZ3MYAiABKAgSHAoUcmVwbGFjZV9hcmNoaXZlX3RhZ3MYAyABKAgiWAoSSW1wb3J0SW1hZ2VSZXF1ZXN0EisKBmhlYWRlchgBIAEoCzIZLnNieC52MS5JbXBvcnRJbWFnZUhlYWRlckgAEg4KBGRhdGEYAiABKAxIAEIFCgNtc2ciZQoTSW1wb3J0SW1hZ2VSZXNwb25zZRIhCgZpbWFnZXMYASADKAsyES5zYngudjEuSW1hZ2VJbmZvEisKDWFyY2hpdmVfbmFtZXMYAiADKAsyFC5zYngudjEuQXJjaGl2ZU5hbWVzIi4KDEFyY2hpdmVOYW1lcxIMCgR0YWdzGAEgAygJEhAKCHJlamVjdGVkGAIgAygJIiEKEkV4cG9ydEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiEwoRTGlzdEltYWdlc1JlcXVlc3QiTQoSTGlzdEltYWdlc1Jlc3BvbnNlEiEKBmltYWdlcxgBIAMoCzIRLnNieC52MS5JbWFnZUluZm8SFAoMbGF5ZXJzX2J5dGVzGAIgASgDIh4KD0dldEltYWdlUmVxdWVzdBILCgNyZWYYASABKAkiNAoQR2V0SW1hZ2VSZXNwb25zZRIgCgVpbWFnZRgBIAEoCzIRLnNieC52MS5JbWFnZUluZm8iMQoPVGFnSW1hZ2VSZXF1ZXN0Eg4KBnNvdXJjZRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkiEgoQVGFnSW1hZ2VSZXNwb25zZSIhChJSZW1vdmVJbWFnZVJlcXVlc3QSCwoDcmVmGAEgASgJIhUKE1JlbW92ZUltYWdlUmVzcG9uc2UiFAoSUHJ1bmVJbWFnZXNSZXF1ZXN0IioKE1BydW5lSW1hZ2VzUmVzcG9uc2USEwoLZnJlZWRfYnl0ZXMYASABKAMy7QQKDEltYWdlU2VydmljZRI+CglQdWxsSW1hZ2USGC5zYngudjEuUHVsbEltYWdlUmVxdWVzdBoVLnNieC52MS5JbWFnZVByb2dyZXNzMAESSAoLSW1wb3J0SW1hZ2USGi5zYngudjEuSW1wb3J0SW1hZ2VSZXF1ZXN0Ghsuc2J4LnYxLkltcG9ydEltYWdlUmVzcG9uc2UoARI+CgtFeHBvcnRJbWFnZRIaLnNieC52MS5FeHBvcnRJbWFnZVJlcXVlc3QaES5zYngudjEuRmlsZUNodW5rMAESQwoKTGlzdEltYWdlcxIZLnNieC52MS5MaXN0SW1hZ2VzUmVxdWVzdBoaLnNieC52MS5MaXN0SW1hZ2VzUmVzcG9uc2USPQoIR2V0SW1hZ2USFy5zYngudjEuR2V0SW1hZ2VSZXF1ZXN0Ghguc2J4LnYxLkdldEltYWdlUmVzcG9uc2USPQoIVGFnSW1hZ2USFy5zYngudjEuVGFnSW1hZ2VSZXF1ZXN0Ghguc2J4LnYxLlRhZ0ltYWdlUmVzcG9uc2USRgoLUmVtb3ZlSW1hZ2USGi5zYngudjEuUmVtb3ZlSW1hZ2VSZXF1ZXN0Ghsuc2J4LnYxLlJlbW92ZUltYWdlUmVzcG9uc2USRgoLUHJ1bmVJbWFnZXMSGi5zYngudjEuUHJ1bmVJbWFnZXNSZXF1ZXN0Ghsuc2J4LnYxLlBydW5lSW1hZ2VzUmVzcG9uc2USQAoKQnVpbGRJbWFnZRIZLnNieC52MS5CdWlsZEltYWdlUmVxdWVzdBoVLnNieC52MS5JbWFnZVByb2dyZXNzMAFCLFoqZ2l0aHViLmNvbS9zYnhkZXYvc2J4L2FwaS9nZW4vc2J4L3YxO3NieHYxYgZwcm90bzM", [file_sbx_v1_files]);
 
 /**
  * Recipe is a builder recipe: a base image and steps on top of it.
@@ -49,7 +49,8 @@ export type RecipeStep = Message<"sbx.v1.RecipeStep"> & {
    */
   step: {
     /**
-     * Debian packages, installed with apt-get.
+     * Debian packages, installed with apt-get. The package lists stay in
+     * the image, so later steps (and sandboxes) can apt-get install too.
      *
      * @generated from field: sbx.v1.PackageList apt_install = 1;
      */
@@ -113,6 +114,18 @@ export type RecipeStep = Message<"sbx.v1.RecipeStep"> & {
      */
     value: string;
     case: "user";
+  } | {
+    /**
+     * A Python version ("3.11") installed from the image's apt sources:
+     * python3.X, its venv module and Debian's pip, with python3 and python
+     * in /usr/local/bin pointing at it. Debian bookworm (the builder's
+     * debian:bookworm) packages 3.11 only; a version the sources lack fails
+     * the step naming the versions they have.
+     *
+     * @generated from field: string python = 11;
+     */
+    value: string;
+    case: "python";
   } | { case: undefined; value?: undefined };
 };
 
@@ -205,6 +218,8 @@ export const CopyStepSchema: GenMessage<CopyStep> = /*@__PURE__*/
  */
 export type BuildImageRequest = Message<"sbx.v1.BuildImageRequest"> & {
   /**
+   * The recipe to build; or, instead, a Dockerfile (dockerfile and context).
+   *
    * @generated from field: sbx.v1.Recipe recipe = 1;
    */
   recipe?: Recipe | undefined;
@@ -222,6 +237,35 @@ export type BuildImageRequest = Message<"sbx.v1.BuildImageRequest"> & {
    * @generated from field: bool no_cache = 3;
    */
   noCache: boolean;
+
+  /**
+   * A Dockerfile, built instead of recipe: FROM, RUN, COPY, ADD (local
+   * files only), ENV, ARG, WORKDIR, USER, ENTRYPOINT, CMD, and LABEL,
+   * EXPOSE, MAINTAINER, STOPSIGNAL (accepted, no effect on the sandbox).
+   * Each instruction becomes a cached recipe step. Anything else (a second
+   * FROM, COPY --from, ONBUILD, HEALTHCHECK, SHELL, VOLUME, heredocs, ...)
+   * fails with InvalidArgument naming its line.
+   *
+   * @generated from field: string dockerfile = 4;
+   */
+  dockerfile: string;
+
+  /**
+   * The build context COPY and ADD read, as a tar (the client makes it,
+   * leaving out what .dockerignore lists). Hostile: names are checked
+   * (no absolute paths, no ".."), symlinks are copied as links and never
+   * followed when resolving a source. At most 48 MiB.
+   *
+   * @generated from field: bytes context = 5;
+   */
+  context: Uint8Array;
+
+  /**
+   * Values for the Dockerfile's ARGs (an ARG without one keeps its default).
+   *
+   * @generated from field: map<string, string> build_args = 6;
+   */
+  buildArgs: { [key: string]: string };
 };
 
 /**

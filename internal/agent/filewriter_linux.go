@@ -1,0 +1,370 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// FileWriterArg is argv[1] of the agent binary run as the file-writer helper
+// (cmd/sbx-agent calls FileWriterHelper).
+const FileWriterArg = "sbx-file-writer"
+
+// fileWriterIdle is how long the helper is kept with no write under way.
+const fileWriterIdle = 10 * time.Second
+
+// fileWriter writes the data of files written through the agent's file API
+// (WriteFile, UploadTar) from a helper process that lives in the box's user
+// cgroups, so the pages those files take (the box's disk is a tmpfs, charged
+// to memory) are charged to user code's side, never to the agent's reserve.
+// Memory is charged to the process whose mm allocates it, not to the thread:
+// the spawner's thread, which sits in the user cgroups, would not do. An
+// upload that fills the disk thus meets the user cgroup's limit, where the
+// OOM killer chooses among user processes, and cannot push the box's own
+// limit (where the agent is a candidate) over.
+//
+// The agent still resolves and opens every file itself (boxfs, no symlink
+// followed); the helper only copies: per write it is sent, over a
+// SOCK_SEQPACKET socket, the open file, the read end of a pipe the agent
+// feeds and the write end of a pipe for its answer: one byte once it took
+// the request (a helper killed with a request queued is found out there,
+// before any data is sent, and the write goes to a new one), then 16 bytes
+// (bytes written, errno). The helper is user code's peer (same uid, killable, traceable), so
+// the agent trusts nothing from it but that answer, takes no fd from it and
+// checks the count against what it sent. It is started on the first write,
+// forked by the spawner, and told to exit (its socket closed) after
+// fileWriterIdle with nothing under way. If it cannot start (the user pids
+// are full) the write fails: writing from the agent would charge its side.
+type fileWriter struct {
+	// start forks the helper with its end of the socket as fd 3.
+	start func(sock int) error
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	ctl      *os.File // the agent's end of the helper's socket; nil: none
+	inflight int
+	idle     *time.Timer
+}
+
+// fileSink is where one file's data goes: straight into the file when the
+// agent has no user cgroups (w is nil), else through the helper.
+type fileSink interface {
+	io.Writer
+	// finish ends the data and returns how many bytes are in the file.
+	finish() (int64, error)
+	// abort gives up (the caller removes the file).
+	abort()
+}
+
+// sink returns where the data for dst goes. ctx bounds the helper's work.
+func (w *fileWriter) sink(ctx context.Context, dst *os.File) (fileSink, error) {
+	if w == nil {
+		return &directSink{f: dst}, nil
+	}
+	// A helper that died while idle (user code killed it) is found out by
+	// the hand-over failing: then once more with a new one.
+	for attempt := 0; ; attempt++ {
+		ctl, err := w.acquire()
+		if err != nil {
+			return nil, err
+		}
+		s, err := newHelperSink(ctx, ctl, dst)
+		if err != nil {
+			w.release(ctl, true)
+			if attempt == 0 && errors.Is(err, errHelperGone) {
+				continue
+			}
+			return nil, err
+		}
+		s.done = func(broken bool) { w.release(ctl, broken) }
+		return s, nil
+	}
+}
+
+// errHelperGone marks a hand-over to a helper that is no longer there.
+var errHelperGone = errors.New("the file writer is gone")
+
+// acquire returns the helper's socket, starting the helper if none runs,
+// and counts a write under way.
+func (w *fileWriter) acquire() (*os.File, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.idle != nil {
+		w.idle.Stop()
+		w.idle = nil
+	}
+	if w.ctl == nil {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("file writer: socketpair: %w", err)
+		}
+		err = w.start(fds[1])
+		unix.Close(fds[1])
+		if err != nil {
+			unix.Close(fds[0])
+			return nil, fmt.Errorf("starting the file writer in the box's user cgroup: %w", err)
+		}
+		w.ctl = os.NewFile(uintptr(fds[0]), "file-writer")
+	}
+	w.inflight++
+	return w.ctl, nil
+}
+
+// release ends a write on ctl; broken drops the helper (it died or lied),
+// so the next write starts another. With nothing under way the helper is
+// told to exit after fileWriterIdle.
+func (w *fileWriter) release(ctl *os.File, broken bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inflight--
+	if broken && w.ctl == ctl {
+		w.ctl.Close()
+		w.ctl = nil
+	}
+	if w.inflight == 0 && w.ctl != nil {
+		w.idle = time.AfterFunc(fileWriterIdle, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.inflight == 0 && w.ctl != nil && w.idle != nil {
+				w.ctl.Close() // the helper reads EOF and exits
+				w.ctl, w.idle = nil, nil
+			}
+		})
+	}
+}
+
+// directSink writes into the file from the agent.
+type directSink struct {
+	f *os.File
+	n int64
+}
+
+func (s *directSink) Write(p []byte) (int, error) {
+	k, err := s.f.Write(p)
+	s.n += int64(k)
+	return k, err
+}
+func (s *directSink) finish() (int64, error) { return s.n, nil }
+func (s *directSink) abort()                 {}
+
+// helperSink feeds one file's data to the helper.
+type helperSink struct {
+	data  *os.File // write end of the data pipe (pollable)
+	reply *os.File // read end of the answer pipe (pollable)
+	sent  int64
+	stop  func() bool
+	done  func(broken bool)
+	// dead is set once a write found the helper gone: abort then drops it.
+	dead bool
+}
+
+func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) {
+	var data, reply [2]int
+	if err := unix.Pipe2(data[:], unix.O_CLOEXEC); err != nil {
+		return nil, os.NewSyscallError("pipe2", err)
+	}
+	if err := unix.Pipe2(reply[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(data[0])
+		unix.Close(data[1])
+		return nil, os.NewSyscallError("pipe2", err)
+	}
+	// The helper's ends go to it and are closed here once sent.
+	defer unix.Close(data[0])
+	defer unix.Close(reply[1])
+	unix.SetNonblock(data[1], true)
+	unix.SetNonblock(reply[0], true)
+	s := &helperSink{data: os.NewFile(uintptr(data[1]), "file-data"), reply: os.NewFile(uintptr(reply[0]), "file-reply")}
+	dfd, err := dst.SyscallConn()
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	var serr error
+	err = dfd.Control(func(fd uintptr) {
+		rights := unix.UnixRights(int(fd), data[0], reply[1])
+		serr = unix.Sendmsg(int(ctl.Fd()), []byte{1}, rights, nil, 0)
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		s.close()
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) {
+			err = fmt.Errorf("%w (%w)", errHelperGone, err)
+		}
+		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
+	}
+	s.stop = context.AfterFunc(ctx, func() {
+		past := time.Unix(1, 0)
+		_ = s.data.SetWriteDeadline(past)
+		_ = s.reply.SetReadDeadline(past)
+	})
+	// The helper says it took the request before any data goes: one that
+	// died before (killed a moment ago, the request still queued to its
+	// socket) closes the answer pipe unread, and the caller retries with
+	// a new helper instead of failing a write no data was lost to.
+	var ack [1]byte
+	if _, err := io.ReadFull(s.reply, ack[:]); err != nil {
+		s.close()
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errHelperGone
+		}
+		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
+	}
+	return s, nil
+}
+
+func (s *helperSink) Write(p []byte) (int, error) {
+	k, err := s.data.Write(p)
+	s.sent += int64(k)
+	if err != nil {
+		s.dead = errors.Is(err, syscall.EPIPE)
+		return k, fmt.Errorf("file writer: %w", s.why(err))
+	}
+	return k, nil
+}
+
+// why explains a failed pipe write or read: the helper gone (user code
+// killed it, or the user cgroup's OOM killer chose it) or its answer.
+func (s *helperSink) why(err error) error {
+	if errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("the helper writing the file in the box's user cgroup died (killed by user code or by the OOM killer)")
+	}
+	return err
+}
+
+func (s *helperSink) finish() (int64, error) {
+	defer s.close()
+	if err := s.data.Close(); err != nil {
+		s.done(true)
+		return 0, err
+	}
+	var ans [16]byte
+	if _, err := io.ReadFull(s.reply, ans[:]); err != nil {
+		s.done(true)
+		return 0, fmt.Errorf("file writer: %w", s.why(err))
+	}
+	n := int64(binary.LittleEndian.Uint64(ans[:8]))
+	errno := syscall.Errno(binary.LittleEndian.Uint64(ans[8:]))
+	if errno != 0 {
+		s.done(false)
+		return n, errno
+	}
+	if n != s.sent {
+		s.done(true)
+		return n, fmt.Errorf("file writer: wrote %d of %d bytes", n, s.sent)
+	}
+	s.done(false)
+	return n, nil
+}
+
+func (s *helperSink) abort() {
+	s.close()
+	s.done(s.dead)
+}
+
+func (s *helperSink) close() {
+	if s.stop != nil {
+		s.stop()
+	}
+	s.data.Close()
+	s.reply.Close()
+}
+
+// startFileWriter forks the file-writer helper (this binary, FileWriterArg)
+// from the spawner's thread, so it is born in the user cgroups, with sock as
+// its fd 3. The reaper collects it.
+func (s *Server) startFileWriter(sock int) error {
+	if err := s.lockdown(); err != nil {
+		return fmt.Errorf("not starting processes: %w", err)
+	}
+	null, err := devNull()
+	if err != nil {
+		return err
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: []uintptr{uintptr(null), uintptr(null), uintptr(null), uintptr(sock)},
+		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true},
+	}
+	_, done, err := s.reaper.start(func() (int, error) {
+		return s.spawner.fork(func() (int, error) {
+			return syscall.ForkExec("/proc/self/exe", []string{"sbx-agent", FileWriterArg}, attr)
+		})
+	})
+	if err != nil {
+		return err
+	}
+	go func() { <-done }() // reaped; the next write starts another
+	return nil
+}
+
+// FileWriterHelper is the helper's main: for each request on fd 3 it copies
+// the data pipe into the file and answers on the answer pipe, until the
+// agent closes the socket.
+func FileWriterHelper() error {
+	const ctl = 3
+	// Forked from the agent, it inherits PID 1's oom_score_adj, which user
+	// code may have raised to 1000: back to 0 (as low as it may go), so an
+	// OOM in the user cgroup chooses by size, like for user processes.
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0)
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("file writer: %w", err)
+		}
+		if n == 0 && oobn == 0 {
+			return nil // the agent closed the socket
+		}
+		var fds []int
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				if r, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, r...)
+				}
+			}
+		}
+		if len(fds) != 3 {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			continue
+		}
+		go copyForAgent(fds[0], fds[1], fds[2])
+	}
+}
+
+// copyForAgent copies the pipe src into the file dst and writes the answer
+// (bytes written, errno) on reply.
+func copyForAgent(dst, src, reply int) {
+	out, in, ans := os.NewFile(uintptr(dst), "file"), os.NewFile(uintptr(src), "data"), os.NewFile(uintptr(reply), "reply")
+	defer out.Close()
+	defer in.Close()
+	defer ans.Close()
+	if _, err := ans.Write([]byte{'+'}); err != nil { // taken (see newHelperSink)
+		return
+	}
+	n, err := io.Copy(out, in)
+	var errno syscall.Errno
+	if err != nil && !errors.As(err, &errno) {
+		errno = syscall.EIO
+	}
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], uint64(n))
+	binary.LittleEndian.PutUint64(b[8:], uint64(errno))
+	_, _ = ans.Write(b[:])
+}
