@@ -36,6 +36,7 @@ import (
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
+	"github.com/sbxdev/sbx/internal/ui"
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
@@ -379,6 +380,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
+		UI: ui.Handler(),
 	})
 	defer front.Close()
 	if boxAPI != "" {
@@ -404,6 +406,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
 		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
+	if uiURL := cfg.PublicURL; uiURL != "" {
+		if uiURL[len(uiURL)-1] != '/' {
+			uiURL += "/"
+		}
+		log.Info("web dashboard", "url", uiURL+ui.Prefix[1:])
+	} else if cfg.TLSCert != "" {
+		log.Info("web dashboard", "url", "https://"+ln.Addr().String()+ui.Prefix)
+	} else {
+		log.Info("web dashboard", "url", "http://"+ln.Addr().String()+ui.Prefix)
+	}
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
