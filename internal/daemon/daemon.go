@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,6 +99,10 @@ type Config struct {
 	// Tenants, when set, replaces AuthToken: every request carries one of
 	// a tenant's tokens and sees only that tenant's sandboxes.
 	Tenants *tenant.Registry
+	// TenantPullAllow lists the non-public addresses tenants' pulls may
+	// connect to (their registries; by default only public addresses
+	// other than the host's: image.PublicOnly).
+	TenantPullAllow []netip.Prefix
 	// TLSCert and TLSKey, when set, serve the API over TLS (PEM files).
 	TLSCert, TLSKey string
 	// BoxAPIPort is the port on the network gateway where sandboxes with
@@ -287,6 +292,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	stores := server.NewTenantStores(dataDir, imgCfg, images, vols, log)
+	stores.AllowTenantPulls(cfg.TenantPullAllow)
 	if err := stores.OpenExisting(ctx); err != nil {
 		return err
 	}

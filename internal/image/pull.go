@@ -68,6 +68,7 @@ func (s *Store) Pull(ctx context.Context, ref string, progress func(Progress)) (
 func (s *Store) pull(ctx context.Context, r name.Reference, progress func(Progress)) (*Image, error) {
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
+		remote.WithTransport(s.pullRT),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}),
 		remote.WithUserAgent("sbx"))
@@ -105,6 +106,9 @@ func parseRemoteRef(ref string) (name.Reference, error) {
 
 // remoteErr maps registry errors onto errdefs sentinels.
 func remoteErr(err error) error {
+	if refused := dialRefusal(err); refused != nil {
+		return refused // the address, not every attempt at it
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch te.StatusCode {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,9 +28,12 @@ import (
 type TenantStores struct {
 	dir    string       // <data dir>/tenants
 	imgCfg image.Config // the owner's, Dir replaced per tenant
-	log    *slog.Logger
-	owner  *tenantStore
-	mgr    *sandbox.Manager // set before serving
+	// tenantPulls is the PullAddrs of tenants' image stores (set by
+	// AllowTenantPulls before any is opened).
+	tenantPulls func(netip.Addr) error
+	log         *slog.Logger
+	owner       *tenantStore
+	mgr         *sandbox.Manager // set before serving
 	// codebases says what a tenant's codebases hold (nil: none).
 	codebases CodebaseBytes
 
@@ -112,6 +116,7 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	}
 	cfg := ts.imgCfg
 	cfg.Dir = filepath.Join(dir, "images")
+	cfg.PullAddrs = ts.tenantPulls
 	cfg.Logger = ts.log.With("component", "images", "tenant", t)
 	images, err := image.Open(ctx, cfg)
 	if err != nil {
@@ -128,6 +133,16 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	s := &tenantStore{images: images, imagesDir: cfg.Dir, vols: vols}
 	ts.byName[t] = s
 	return s, nil
+}
+
+// AllowTenantPulls sets where tenants' pulls (PullImage, a create's
+// auto-pull, a build's FROM) may connect: public addresses other than the
+// host's, and allow (image.PublicOnly). Call it before OpenExisting. The
+// single-user owner's pulls are not restricted.
+func (ts *TenantStores) AllowTenantPulls(allow []netip.Prefix) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.tenantPulls = image.PublicOnly(allow)
 }
 
 // SetManager lets the volumes ask which sandboxes use them.
