@@ -1,15 +1,25 @@
 package integration
 
 import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
@@ -92,5 +102,62 @@ func TestTenantPullsReachNoInternalAddress(t *testing.T) {
 		if got := hits.Load() - before; got != 0 {
 			t.Errorf("%s: creating from %s made the daemon send %d requests to an internal service", tc.name, tc.ref, got)
 		}
+	}
+}
+
+// TestTenantPullsUseNoOperatorLogin: the daemon pulled with its docker
+// config (the host user's `docker login`s, the operator's) for everyone, so
+// any tenant could pull an image only the operator's login may read. Now a
+// tenant's pull is anonymous (here: 401 from the registry, PermissionDenied)
+// unless the operator shares the logins with --tenant-pull-credentials.
+func TestTenantPullsUseNoOperatorLogin(t *testing.T) {
+	const user, pass = "operator", "s3cret-operator-pass"
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var authed atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
+			w.Header().Set("WWW-Authenticate", `Basic realm="private"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if strings.Contains(r.URL.Path, "/manifests/") && r.Method == http.MethodGet {
+			authed.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	ref := host + "/private/img:1"
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, tinyImage(t), remote.WithAuth(&authn.Basic{Username: user, Password: pass})); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's login, where the daemon's docker config is.
+	cfgDir := t.TempDir()
+	cred := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.json"), fmt.Appendf(nil, `{"auths": {%q: {"auth": %q}}}`, host, cred), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_CONFIG", cfgDir)
+	ctx := ctxT(t, 2*time.Minute)
+
+	_, a, _, _ := tenantDaemon(t)
+	_, err = a.Images().Pull(ctx, ref, nil)
+	if codeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("tenant pulling an image only the operator's login reads: got %v, want PermissionDenied", err)
+	}
+	if _, err := a.Create(ctx, sbx.CreateOptions{Image: ref}); err == nil {
+		t.Errorf("tenant creating from an image only the operator's login reads: got a sandbox")
+	}
+	if got := authed.Load(); got != 0 {
+		t.Errorf("the daemon sent the operator's login on a tenant's behalf (%d manifest GETs with it)", got)
+	}
+
+	_, shared, _, _ := tenantDaemonArgs(t, "--tenant-pull-allow", "127.0.0.1/32", "--tenant-pull-credentials")
+	if _, err := shared.Images().Pull(ctx, ref, nil); err != nil {
+		t.Errorf("with --tenant-pull-credentials: %v, want the pull to use the operator's login", err)
 	}
 }

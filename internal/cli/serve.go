@@ -118,6 +118,7 @@ func newServe(a *app) *cobra.Command {
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
 	f.StringSliceVar(&tenantPullAllow, "tenant-pull-allow", nil, "CIDR of non-public addresses (e.g. a registry mirror on the private network) tenants' pulls may connect to (repeatable); otherwise a tenant's pull, auto-pull or build FROM reaches only public addresses other than the host's")
+	f.BoolVar(&cfg.TenantPullCredentials, "tenant-pull-credentials", false, "let tenants' pulls use the daemon's registry logins (its docker config); otherwise they pull anonymously and no tenant gets an image only those logins can read")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")

@@ -103,6 +103,9 @@ type Config struct {
 	// connect to (their registries; by default only public addresses
 	// other than the host's: image.PublicOnly).
 	TenantPullAllow []netip.Prefix
+	// TenantPullCredentials lets tenants' pulls use the daemon's registry
+	// credentials (its docker config); otherwise they pull anonymously.
+	TenantPullCredentials bool
 	// TLSCert and TLSKey, when set, serve the API over TLS (PEM files).
 	TLSCert, TLSKey string
 	// BoxAPIPort is the port on the network gateway where sandboxes with
@@ -292,7 +295,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	stores := server.NewTenantStores(dataDir, imgCfg, images, vols, log)
-	stores.AllowTenantPulls(cfg.TenantPullAllow)
+	stores.AllowTenantPulls(cfg.TenantPullAllow, cfg.TenantPullCredentials)
 	if err := stores.OpenExisting(ctx); err != nil {
 		return err
 	}

@@ -65,6 +65,11 @@ type Config struct {
 	// error refuses the connection and fails the pull with it. Tenants'
 	// stores get PublicOnly (dial.go).
 	PullAddrs func(netip.Addr) error
+	// PullAnonymous pulls without credentials. Otherwise pulls use the
+	// daemon's docker config (the host user's `docker login`s), which is
+	// the operator's: tenants' stores pull anonymously unless the operator
+	// shares them (--tenant-pull-credentials).
+	PullAnonymous bool
 }
 
 // DefaultMaxLayerBytes is Config.MaxLayerBytes's default.
