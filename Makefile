@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X 
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
-.PHONY: all build deps run stop test test-python test-ts test-unit lint check-gen bench soak fuzz clean
+.PHONY: all build deps run stop test test-python test-ts test-ui test-unit lint check-gen check-ui ui screenshots bench soak fuzz clean
 
 all: build
 
@@ -40,6 +40,24 @@ lint: deps
 
 check-gen: deps
 	@./scripts/check-gen.sh
+	@./scripts/check-ui.sh
+
+# The web dashboard (web/, Vite + TypeScript) is built into internal/ui/dist,
+# which is committed and embedded in bin/sbx, so `go build` needs no npm;
+# check-ui (part of check-gen) fails when it does not match web/'s sources.
+ui:
+	cd web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build
+
+check-ui:
+	@./scripts/check-ui.sh
+
+# The dashboard in headless chromium against a real daemon (Playwright).
+test-ui: build
+	env -u SBX_ADDR ./scripts/test-web-ui.sh
+
+# Screenshots of every dashboard page into docs/ui/.
+screenshots: build
+	env -u SBX_ADDR SCREENSHOTS=$(CURDIR)/docs/ui ./scripts/test-web-ui.sh
 
 test: deps build lint check-gen
 	SBX_TEST_NETWORK_BUILD=1 SBX_TEST_DEBOOTSTRAP=1 $(GO) test -race -count=1 -timeout 25m ./...
@@ -49,6 +67,7 @@ test: deps build lint check-gen
 	FUZZTIME=3s ./scripts/fuzz.sh
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh
 	env -u SBX_ADDR ./scripts/test-ts-sdk.sh
+	env -u SBX_ADDR ./scripts/test-web-ui.sh
 
 test-python: build
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh

@@ -56,11 +56,12 @@ func upstreamCA(t *testing.T, names ...string) (caFile string, cert tls.Certific
 
 // startEgressDaemon is a network daemon whose test internet also serves
 // HTTPS (port 443, certificates of a test CA the daemon is told to trust).
-// d.tlsConns counts the connections open at each HTTPS server.
-func startEgressDaemon(t *testing.T) *netDaemon {
+// d.tlsConns counts the connections open at each HTTPS server. extraArgs go
+// to the daemon.
+func startEgressDaemon(t *testing.T, extraArgs ...string) *netDaemon {
 	t.Helper()
 	caFile, cert := upstreamCA(t, "api.secret.test", "other.test", "a.allowed.test", "public.test")
-	d := startNetDaemon(t, "--egress-ca", caFile)
+	d := startNetDaemon(t, append([]string{"--egress-ca", caFile}, extraArgs...)...)
 	d.tlsConns = map[string]*atomic.Int32{}
 	for _, a := range []string{inetPublic, inetAllowed, inetBlocked} {
 		ln := listenIn(t, "/run/netns/"+d.inet.ns, "tcp", a+":443").(net.Listener)

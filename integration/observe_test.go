@@ -64,10 +64,6 @@ func TestObserveEndToEnd(t *testing.T) {
 	})
 
 	// Both tenants follow their events from before anything happens.
-	type got struct {
-		evs []*sbxv1.Event
-		err error
-	}
 	follow := func(c *sbx.Client) (chan *sbxv1.Event, context.CancelFunc) {
 		sctx, stop := context.WithCancel(ctx)
 		ch := make(chan *sbxv1.Event, 1024)

@@ -17,12 +17,16 @@ import (
 )
 
 // sameAsMissing checks that err (an op on another tenant's object named
-// ref) is NotFound with exactly the message errMissing (the same op on a
-// missing object named missing) has, the name replaced.
+// ref) has the code (NotFound, or Unavailable for a failed pull) and exactly
+// the message errMissing (the same op on a missing object named missing)
+// has, the name replaced.
 func sameAsMissing(t *testing.T, what string, err, errMissing error, ref, missing string) {
 	t.Helper()
 	var se, sm *sbx.Error
-	if !errors.As(err, &se) || !errors.As(errMissing, &sm) || se.Code != connect.CodeNotFound || sm.Code != connect.CodeNotFound ||
+	// Usually NotFound; a create of a missing image tries a pull (auto-pull),
+	// which offline fails as Unavailable for both alike.
+	if !errors.As(err, &se) || !errors.As(errMissing, &sm) || se.Code != sm.Code ||
+		(sm.Code != connect.CodeNotFound && sm.Code != connect.CodeUnavailable) ||
 		se.Msg != strings.ReplaceAll(sm.Msg, missing, ref) {
 		t.Errorf("%s: got %v, want %v with %s for %s (what a missing one gets)", what, err, errMissing, ref, missing)
 	}

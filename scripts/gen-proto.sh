@@ -25,4 +25,6 @@ PATH="$tools:$PATH" protoc -I api/proto \
 # regenerating in place (scripts/check-gen.sh checks it on its own).
 if [[ -z "${1:-}" ]]; then
   (cd sdk/ts && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error; } && npm run -s gen)
+  # The dashboard's committed build embeds that code (scripts/check-ui.sh).
+  (cd web && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error; } && npm run -s build)
 fi

@@ -9,9 +9,10 @@ need=()
 # ruby, node-typescript and r-base-core let the tests run code in those languages (run_code);
 # python3-plotly and python3-seaborn (with pandas: ~10 MB of .debs, ~85 MB installed: plotly 44 MB, pandas 38 MB;
 # no recommends) let them test plot capture. nftables (the nft command) lets a test read set elements back.
+# chromium is the browser the dashboard's end-to-end test drives (scripts/test-web-ui.sh).
 for pkg in runc crun protobuf-compiler iproute2 python3 python3-pytest procps e2fsprogs python3-matplotlib python3-pip \
   python3-plotly python3-seaborn \
-  git ruby node-typescript r-base-core default-jdk-headless g++ nftables; do
+  git ruby node-typescript r-base-core default-jdk-headless g++ nftables chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

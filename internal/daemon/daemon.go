@@ -37,6 +37,7 @@ import (
 	"github.com/sbxdev/sbx/internal/server"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
+	"github.com/sbxdev/sbx/internal/ui"
 	"github.com/sbxdev/sbx/internal/volume"
 )
 
@@ -224,7 +225,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
 	gvCfg := gvisorPlace(dataDir)
-	gvCfg.RunscPath, gvCfg.AgentPath, gvCfg.Logger = findRunsc(cfg.RunscPath), agentPath, log.With("runtime", "gvisor")
+	gvCfg.RunscPath, gvCfg.AgentPath, gvCfg.Network = findRunsc(cfg.RunscPath), agentPath, cfg.Network
+	gvCfg.Logger = log.With("runtime", "gvisor")
 	gv, err := gvisor.New(gvCfg)
 	if err != nil {
 		return fmt.Errorf("gvisor runtime: %w", err)
@@ -387,6 +389,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, server.FrontConfig{
 		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
+		UI: ui.Handler(),
 	})
 	defer front.Close()
 	if boxAPI != "" {
@@ -412,6 +415,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
 		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
+	if uiURL := cfg.PublicURL; uiURL != "" {
+		if uiURL[len(uiURL)-1] != '/' {
+			uiURL += "/"
+		}
+		log.Info("web dashboard", "url", uiURL+ui.Prefix[1:])
+	} else if cfg.TLSCert != "" {
+		log.Info("web dashboard", "url", "https://"+ln.Addr().String()+ui.Prefix)
+	} else {
+		log.Info("web dashboard", "url", "http://"+ln.Addr().String()+ui.Prefix)
+	}
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

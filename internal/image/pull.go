@@ -77,20 +77,31 @@ func (s *Store) pull(ctx context.Context, r name.Reference, progress func(Progre
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}),
 		remote.WithUserAgent("sbx"))
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", r.Name(), remoteErr(err))
+		return nil, &PullError{Name: r.Name(), Err: remoteErr(err)}
 	}
 	src, err := remoteSource(img)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", r.Name(), remoteErr(err))
+		return nil, &PullError{Name: r.Name(), Err: remoteErr(err)}
 	}
 	s.gc.RLock()
 	defer s.gc.RUnlock()
 	rec, err := s.putLocked(ctx, src, []string{r.Name()}, nil, progress)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", r.Name(), remoteErr(err))
+		return nil, &PullError{Name: r.Name(), Err: remoteErr(err)}
 	}
 	return s.imageOf(rec, r.Name()), nil
 }
+
+// PullError is a pull that failed after its reference parsed: Name is the
+// full reference asked of the registry, Err why (wrapping NotFound,
+// PermissionDenied or Unavailable where the registry or network said so).
+type PullError struct {
+	Name string
+	Err  error
+}
+
+func (e *PullError) Error() string { return "pull " + e.Name + ": " + e.Err.Error() }
+func (e *PullError) Unwrap() error { return e.Err }
 
 // parseRemoteRef parses ref, allowing plain HTTP only for loopback registries.
 func parseRemoteRef(ref string) (name.Reference, error) {

@@ -48,6 +48,13 @@ const (
 	// (Network.NetNS: public, allow-listed and egress-proxied modes,
 	// ports). Without it a box has loopback only.
 	CapNetwork Capability = "network"
+	// CapNetworkReplug: a running (or paused) box picks up an interface
+	// added to or removed from its network namespace, so its network mode
+	// can switch between none and a connected mode in place (and a warm
+	// box, started connected, can be handed to a create asking for none).
+	// gvisor lacks it: runsc copies the namespace's interfaces into
+	// gVisor's netstack once, when the box starts.
+	CapNetworkReplug Capability = "network-replug"
 	// CapProcessLimits: Resources.Pids bounds the box's processes and a
 	// process that exhausts the box's memory or pids is what fails or is
 	// OOM-killed, never the box: the agent keeps serving (attack class 5).

@@ -23,7 +23,8 @@ const Directive = "//sbx:hostile-tree"
 var mustCarry = []string{
 	"internal/codebase/sync.go",
 	"internal/codebase/download_linux.go",
-	"internal/runtime/oci/snapshot.go",
+	"internal/runtime/ocibox/diff_linux.go",
+	"internal/runtime/gvisor/tmp_linux.go",
 	"internal/image/prune.go",
 }
 

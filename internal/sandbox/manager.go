@@ -288,7 +288,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
-	w, done := m.takeWarm(spec, drv)
+	w, done := m.takeWarm(ctx, spec, drv, pol)
 	defer done()
 	if w != nil {
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)

@@ -107,6 +107,16 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	if st := b.state(); st != sbxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sbxv1.SandboxState_SANDBOX_STATE_STOPPED {
 		return nil, b.notRunning(st)
 	}
+	b.mu.Lock()
+	connected := b.net.IP.IsValid()
+	b.mu.Unlock()
+	if connected != (pol.Mode != network.ModeNone) {
+		// The box's interface comes or goes: only runtimes whose boxes see
+		// that in place can (gvisor copies interfaces once, at start).
+		if err := b.require(ctx, runtime.CapNetworkReplug, "switching a sandbox between network mode none and a connected mode"); err != nil {
+			return nil, err
+		}
+	}
 	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec(), pol))
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", b.id, err)

@@ -272,12 +272,18 @@ func (m *Manager) destroyWarm(ctx context.Context, w *warmBox, drv runtime.Drive
 
 // takeWarm returns a warm box suitable for spec, or nil, and a func the
 // create calls when it ends (it counts toward the pool's demand until then).
-func (m *Manager) takeWarm(spec *sbxv1.CreateSandboxRequest, drv runtime.Driver) (*warmBox, func()) {
+func (m *Manager) takeWarm(ctx context.Context, spec *sbxv1.CreateSandboxRequest, drv runtime.Driver, pol network.Policy) (*warmBox, func()) {
 	// Domain secrets need a CA bundle mount, which a running box cannot get;
 	// codebase layers are mounted before the box starts; a scoped token is
 	// in the box's environment from its start: all cold create.
 	if m.pool == nil || spec.Image != HostImage || spec.Runtime != m.cfg.DefaultRuntime || len(spec.Volumes) > 0 ||
 		len(spec.DomainSecrets) > 0 || len(spec.Codebases) > 0 || spec.ScopedToken {
+		return nil, func() {}
+	}
+	// Warm boxes start connected: one can become a box with network mode
+	// none only on a runtime whose boxes drop an interface in place.
+	if info := drv.Info(ctx); m.cfg.Network != nil && info.Has(runtime.CapNetwork) &&
+		pol.Mode == network.ModeNone && !info.Has(runtime.CapNetworkReplug) {
 		return nil, func() {}
 	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {

@@ -67,6 +67,10 @@ func (p *Puller) AutoPull(ctx context.Context, ref string, notFound error) (*ima
 		if errors.Is(err, errdefs.ErrInvalidArgument) {
 			return nil, fmt.Errorf("image %q is not a valid reference and not in the image store: %w", ref, err)
 		}
+		// The pull's error names the full reference; say it once.
+		if pe := (*image.PullError)(nil); errors.As(err, &pe) {
+			return nil, fmt.Errorf("image %s is not in the image store and pulling it failed: %w", pe.Name, pe.Err)
+		}
 		return nil, fmt.Errorf("image %q is not in the image store and pulling it failed: %w", ref, err)
 	}
 	return img, nil

@@ -60,6 +60,10 @@ type FrontConfig struct {
 	// limits; share the API server's (nil: a Streams of the front's own,
 	// with the default limits).
 	Streams *Streams
+	// UI, when set, serves the web dashboard's static files under /ui/
+	// without auth (they hold no secrets; the page authenticates its API
+	// calls and ExecWSPath itself) and GET / redirects there.
+	UI http.Handler
 	// Observer, if set, is in every request's context (observe.go).
 	Observer *Observer
 	Logger   *slog.Logger
@@ -157,6 +161,19 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" {
 			f.api.ServeHTTP(w, r)
 			return
+		}
+		if f.cfg.UI != nil {
+			switch {
+			case r.URL.Path == ExecWSPath:
+				f.serveExecWS(w, r) // authenticates its first message
+				return
+			case r.URL.Path == "/" && r.Method == http.MethodGet:
+				http.Redirect(w, r, "/ui/", http.StatusFound)
+				return
+			case r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/"):
+				f.cfg.UI.ServeHTTP(w, r)
+				return
+			}
 		}
 		r, ok := f.authAPI(w, r)
 		if !ok {

@@ -60,8 +60,27 @@ func (f *Front) initProxy() {
 		// under path routing it shares the daemon's origin.
 		ModifyResponse: func(resp *http.Response) error {
 			dropTokenCookies(resp.Header)
+			if t, ok := resp.Request.Context().Value(routeKey{}).(*proxyTarget); ok && t.by == "path" {
+				dropOriginWideHeaders(resp.Header)
+			}
 			return nil
 		},
+	}
+}
+
+// originWideHeaders are response headers that act on a whole origin, not
+// on the path that sent them. Under path routing a sandbox's pages share the
+// daemon's origin (the API, the dashboard at /ui/), so a sandbox may not send
+// them: Service-Worker-Allowed would let a service worker it registers take
+// scope "/" and serve its own /ui/ to capture the token typed into the login
+// page; Clear-Site-Data would wipe the dashboard's session.
+var originWideHeaders = []string{"Service-Worker-Allowed", "Clear-Site-Data"}
+
+// dropOriginWideHeaders removes originWideHeaders from a path-routed
+// sandbox's response.
+func dropOriginWideHeaders(h http.Header) {
+	for _, k := range originWideHeaders {
+		h.Del(k)
 	}
 }
 

@@ -206,7 +206,7 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	obs := &Observer{Mgr: mgr, Bus: bus, Sampler: e.sampler, Metrics: metrics.New(metrics.Config{Sampler: e.sampler, Events: bus})}
 	api.AddObserve(obs)
 	mux := WithCodebases(WithVolumes(api.Handler(), NewVolumeServer(stores)), NewCodebaseServer(cbs, mgr))
-	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log, Observer: obs})
+	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log, Observer: obs, UI: http.NotFoundHandler()})
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
 	protos.SetHTTP1(true)

@@ -199,14 +199,16 @@ func (p *BackgroundProcess) Signal(ctx context.Context, sig int) error {
 // Kill SIGKILLs the process's group; its exit status stays to be waited for.
 func (p *BackgroundProcess) Kill(ctx context.Context) error { return p.Signal(ctx, 9) }
 
-// Wait returns the process's exit status once it has exited.
+// Wait returns the process's exit status once it has exited. It leaves p
+// as it was (p's fields are the record when p was made, so one handle can
+// be waited on, signalled and read from several goroutines at once); call
+// Sandbox.Process for a fresh record.
 func (p *BackgroundProcess) Wait(ctx context.Context) (*ExitStatus, error) {
 	resp, err := p.c.processes().WaitProcess(ctx, connect.NewRequest(&sbxv1.WaitProcessRequest{Sandbox: p.Sandbox, Process: p.ID}))
 	if err != nil {
 		return nil, wrap("wait process", err)
 	}
-	*p = *p.c.backgroundProcess(resp.Msg.GetProcess())
-	return p.Exit, nil
+	return p.c.backgroundProcess(resp.Msg.GetProcess()).Exit, nil
 }
 
 // Remove kills the process's group if it runs and forgets it.

@@ -71,7 +71,8 @@ func (d *Driver) Name() string { return "fake" }
 // "has" the host image and the host's network, and accepts mounts and path
 // policies it does not realise, so tests of the layers above can use them.
 var Capabilities = []runtime.Capability{runtime.CapPause, runtime.CapRecover, runtime.CapHostImage,
-	runtime.CapVolumes, runtime.CapCodebases, runtime.CapPathPolicies, runtime.CapNetwork}
+	runtime.CapVolumes, runtime.CapCodebases, runtime.CapPathPolicies, runtime.CapNetwork,
+	runtime.CapNetworkReplug}
 
 func (d *Driver) Info(context.Context) runtime.Info {
 	return runtime.Info{Name: "fake", Healthy: true, Detail: "no isolation: agents run as host processes",

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,9 +51,14 @@ type Driver struct {
 	agent    string
 	cgParent string
 	platform string
-	healthy  bool
-	detail   string
-	log      *slog.Logger
+	// agentSeccomp: the agent installs the seccomp profile, not runsc
+	// (seccomp_linux.go).
+	agentSeccomp bool
+	// caps are capabilities plus network with Config.Network.
+	caps    []runtime.Capability
+	healthy bool
+	detail  string
+	log     *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -76,6 +82,14 @@ func New(cfg Config) (*Driver, error) {
 		cgParent:  cfg.CgroupParent,
 		platform:  cfg.Platform,
 		log:       log.With("driver", name),
+		caps:      capabilities,
+	}
+	if cfg.Network {
+		d.caps = append(slices.Clone(capabilities), runtime.CapNetwork)
+	}
+	var err error
+	if d.agentSeccomp, err = agentSeccomp(); err != nil {
+		return nil, err
 	}
 	if d.cgParent == "" {
 		d.cgParent = defaultCgroupParent
@@ -91,7 +105,6 @@ func New(cfg Config) (*Driver, error) {
 			return nil, fmt.Errorf("gvisor: create %s: %w", dir, err)
 		}
 	}
-	var err error
 	if d.agent, err = installAgent(cfg.AgentPath, filepath.Join(d.stateDir, "agent")); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
@@ -173,7 +186,7 @@ func installAgent(src, dir string) (string, error) {
 func (d *Driver) Name() string { return name }
 
 func (d *Driver) Info(context.Context) runtime.Info {
-	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: capabilities,
+	return runtime.Info{Name: name, Healthy: d.healthy, Detail: d.detail, Capabilities: d.caps,
 		StoredIDs: idmap.Canonical}
 }
 
@@ -192,7 +205,6 @@ func checkID(id string) error { return ocibox.CheckID(id) }
 // Paths of a box.
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
 func rwDir(box string) string             { return filepath.Join(box, "rw") }
-func tmpDir(box string) string            { return filepath.Join(box, "rw", "tmp") }
 func rootfsDir(box string) string         { return filepath.Join(box, "rootfs") }
 func runDir(box string) string            { return filepath.Join(box, "run") }
 func mntDir(box string) string            { return filepath.Join(box, "mnt") }
@@ -243,10 +255,10 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
-	if spec.Network != nil {
-		return h, fmt.Errorf("gvisor: boxes have no network yet (got an attachment to %q): %w", spec.Network.NetNSPath(), errdefs.ErrFailedPrecondition)
-	}
 	if err := spec.Validate(); err != nil {
+		return h, err
+	}
+	if err := checkNetwork(spec.Network); err != nil {
 		return h, err
 	}
 	lowers, hostImage, err := d.lowers(spec.Image)
@@ -267,14 +279,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 
 	root := int(idmap.Canonical.Base)
-	// /tmp lives on the box's disk too (see mounts).
-	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo, filepath.Base(tmpDir(box)))
+	upper, work, err := ocibox.WritableLayer(rwDir(box), spec.Resources.DiskBytes, root, &undo)
 	if err != nil {
 		return h, err
-	}
-	tmp := tmpDir(box)
-	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
-		return h, fmt.Errorf("chmod tmp dir: %w", err)
 	}
 	rootfs := rootfsDir(box)
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
@@ -285,6 +292,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	undo.Add(func() error { return hostmount.Unmount(rootfs) })
 	if err := prepareRootfs(rootfs, spec, root, d.log); err != nil {
+		return h, err
+	}
+	// /tmp lives on the box's disk too (see mounts).
+	tmp, err := boxTmp(rootfs, root)
+	if err != nil {
 		return h, err
 	}
 	run := runDir(box)
@@ -300,7 +312,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	ociSpec := buildSpec(spec, specParams{
 		Rootfs: rootfs, HostImage: hostImage, Agent: d.agent, RunDir: run, TmpDir: tmp, Mounts: mounts,
-		CgroupsPath: "/" + d.cgParent + "/" + spec.ID,
+		CgroupsPath: "/" + d.cgParent + "/" + spec.ID, AgentSeccomp: d.agentSeccomp,
 	})
 	cfgJSON, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -313,7 +325,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	undo.Add(func() error {
 		return errors.Join(d.teardown(context.WithoutCancel(ctx), spec.ID), reapChildren(procs))
 	})
-	err = d.start(ctx, spec.ID, box)
+	err = d.start(ctx, spec.ID, box, runscNetwork(spec.Network))
 	sandbox, procs := d.runscProcs(spec.ID, box)
 	if err != nil {
 		return h, err
@@ -365,8 +377,17 @@ func (d *Driver) boxMounts(box string, ms []runtime.Mount, undo *cleanup.Stack) 
 
 // command is runsc with the flags every call for this driver's boxes takes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
-	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", "none",
-		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore", "--oci-seccomp"}
+	return d.commandNet(ctx, "none", args...)
+}
+
+// commandNet is command with runsc's --network set to network (only `run`
+// sets up a box's network: see runscNetwork).
+func (d *Driver) commandNet(ctx context.Context, network string, args ...string) *exec.Cmd {
+	base := []string{"--root", d.runscRoot, "--platform", d.platform, "--network", network,
+		"--host-uds", "create", "--overlay2", "none", "--host-settings", "ignore"}
+	if !d.agentSeccomp {
+		base = append(base, "--oci-seccomp")
+	}
 	return exec.CommandContext(ctx, d.runsc, append(base, args...)...)
 }
 
@@ -383,8 +404,9 @@ func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // start runs the box with the agent as init and waits until it serves. The
-// ready pipe's write end is the agent's fd 3 (--pass-fd).
-func (d *Driver) start(ctx context.Context, id, box string) error {
+// ready pipe's write end is the agent's fd 3 (--pass-fd). network is
+// runsc's --network for the box (runscNetwork).
+func (d *Driver) start(ctx context.Context, id, box, network string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("agent ready pipe: %w", err)
@@ -401,7 +423,7 @@ func (d *Driver) start(ctx context.Context, id, box string) error {
 	// a fraction of a second; a cancelled create is rolled back after it.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runtime.ProbeTimeout)
 	defer cancel()
-	cmd := d.command(rctx, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3",
+	cmd := d.commandNet(rctx, network, "--log", runscLog(box), "run", "--detach", "--pass-fd", "3:3",
 		"--pid-file", sandboxPidFile(box), "--bundle", box, id)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stdout, cmd.Stderr = logf, logf // the agent's stdio too: its log

@@ -47,6 +47,9 @@ type specParams struct {
 	TmpDir      string
 	Mounts      []ocibox.Bind
 	CgroupsPath string
+	// AgentSeccomp has the agent install the seccomp profile (--seccomp)
+	// rather than runsc (seccomp_linux.go).
+	AgentSeccomp bool
 }
 
 func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
@@ -56,11 +59,14 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 	}
 	args := []string{agentInBox, "--listen", "unix:" + runInBox + "/agent.sock", "--exec", "unix:" + runInBox + "/exec.sock",
 		"--ready-fd", "3", "--nofile", strconv.Itoa(noFile)}
+	if p.AgentSeccomp {
+		args = append(args, "--seccomp")
+	}
 	if len(spec.Command) > 0 {
 		args = append(append(args, "--"), spec.Command...)
 	}
 	c := idmap.Canonical
-	return &specs.Spec{
+	s := &specs.Spec{
 		Version:  "1.0.2",
 		Hostname: hostname,
 		Root:     &specs.Root{Path: p.Rootfs},
@@ -71,15 +77,18 @@ func buildSpec(spec runtime.Spec, p specParams) *specs.Spec {
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.Base, Size: c.Size}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace}, {Type: specs.NetworkNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.UserNamespace}, networkNamespace(spec.Network),
 			},
 			CgroupsPath: p.CgroupsPath,
 			Resources:   resources(spec.Resources),
-			// Installed in gVisor's kernel (runsc --oci-seccomp): the box's
-			// syscalls to the sentry are filtered as under oci.
-			Seccomp: ocibox.Seccomp(),
 		},
 	}
+	if !p.AgentSeccomp {
+		// Installed in gVisor's kernel by runsc (--oci-seccomp), with
+		// EPERM for every errno rule (seccomp_linux.go).
+		s.Linux.Seccomp = ocibox.Seccomp()
+	}
+	return s
 }
 
 func mounts(p specParams) []specs.Mount {
@@ -90,7 +99,7 @@ func mounts(p specParams) []specs.Mount {
 	}
 	// An explicit /tmp: runsc otherwise mounts a tmpfs of its own over an
 	// empty /tmp, in the sandbox's memory and outside the disk limit. This
-	// one lives on the box's disk tmpfs next to the writable layer.
+	// one is the rootfs overlay's own /tmp, on the box's disk (boxTmp).
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "bind", Source: p.TmpDir, Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		ocibox.AgentMount(p.Agent),

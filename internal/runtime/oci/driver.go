@@ -116,7 +116,7 @@ func New(cfg Config) (*Driver, error) {
 			runtime.CapDiskInMemory, runtime.CapProcessLimits},
 	}
 	if cfg.Network {
-		d.caps = append(d.caps, runtime.CapNetwork)
+		d.caps = append(d.caps, runtime.CapNetwork, runtime.CapNetworkReplug)
 	}
 	for _, dir := range []string{d.stateDir, d.boxesDir} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // The agent and user code in sibling cgroups (attack class 5). User code
@@ -132,9 +133,9 @@ func (l cgroupLayout) setUserLimits(ctrl, id string, r runtime.Resources, swapLi
 	set := func(file string, v int64) error {
 		path := filepath.Join(dir, file)
 		if undo != nil {
-			return setCgroupFile(path, strconv.FormatInt(v, 10), undo)
+			return ocibox.SetCgroupFile(path, strconv.FormatInt(v, 10), undo)
 		}
-		return writeCgroupFile(path, strconv.FormatInt(v, 10))
+		return ocibox.WriteCgroupFile(path, strconv.FormatInt(v, 10))
 	}
 	switch {
 	case ctrl == "memory" && r.MemoryBytes > 0:

@@ -181,6 +181,21 @@ for a in %q.split():
 		if r := sh("unshare -U true 2>/dev/null && echo unshared"); strings.Contains(r.Stdout, "unshared") {
 			t.Errorf("unshare -U succeeded in the box")
 		}
+		// Refused syscalls fail with the profile's errno, not always EPERM:
+		// clone3 must be ENOSYS, or libc does not fall back to clone and no
+		// thread starts (runsc's own OCI seccomp returns EPERM for every
+		// rule: every threaded program failed on gvisor).
+		threads := `import ctypes, errno, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(435, 0, 0)
+e = ctypes.get_errno()
+t = threading.Thread(target=print, args=("thread",))
+t.start()
+t.join()
+print(errno.errorcode.get(e, e))`
+		if r := MustExec(t, d, h, "/usr/bin/python3", "-c", threads); r.Stdout != "thread\nENOSYS\n" || r.ExitCode != 0 {
+			t.Errorf("a thread and clone3's errno in the box: got %q (stderr %q, exit %d), want \"thread\\nENOSYS\\n\"", r.Stdout, r.Stderr, r.ExitCode)
+		}
 	})
 	t.Run("HostProcessesConfined", func(t *testing.T) {
 		pids, err := prober(t, d).HostPids(context.Background(), h)

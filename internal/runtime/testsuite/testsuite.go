@@ -75,6 +75,7 @@ func Run(t *testing.T, c Config) {
 		{"Cleanup", "", testCleanup},
 		{"CreateFailsCleanly", "", testCreateFailsCleanly},
 		{"Update", "update", testUpdate},
+		{"Snapshot", runtime.CapSnapshot, testSnapshot},
 		{"Isolation", "", testIsolation},
 		{"MemoryBound", "", testMemoryBound},
 		{"ForkBomb", runtime.CapProcessLimits, testForkBomb},

@@ -1,4 +1,4 @@
-package oci
+package ocibox
 
 import (
 	"archive/tar"

@@ -1,6 +1,6 @@
 //go:build linux
 
-package oci
+package ocibox
 
 import (
 	"archive/tar"
