@@ -33,9 +33,16 @@ func sameAsMissing(t *testing.T, what string, err, errMissing error, ref, missin
 }
 
 // tenantDaemon starts a daemon (no networking) with tenants acme
-// (unlimited) and beta (storage_bytes 1 MiB). The harness's clients are
-// acme's.
+// (unlimited) and beta (storage_bytes 1 MiB), whose pulls may reach
+// registries on 127.0.0.1 (the tests'). The harness's clients are acme's.
 func tenantDaemon(t *testing.T) (d *daemon, a, b *sbx.Client, admin string) {
+	t.Helper()
+	return tenantDaemonArgs(t, "--tenant-pull-allow", "127.0.0.1/32")
+}
+
+// tenantDaemonArgs is tenantDaemon with extraArgs for the daemon instead
+// of the pull allowance.
+func tenantDaemonArgs(t *testing.T, extraArgs ...string) (d *daemon, a, b *sbx.Client, admin string) {
 	t.Helper()
 	dir := t.TempDir()
 	tokA, tokB, admin := tenant.NewToken(), tenant.NewToken(), tenant.NewToken()
@@ -46,7 +53,7 @@ func tenantDaemon(t *testing.T) (d *daemon, a, b *sbx.Client, admin string) {
 		tenant.HashToken(tokA), tenant.HashToken(tokB), tenant.HashToken(admin)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d = startDaemonOpts(t, daemonOpts{token: tokA}, "--tenants", tenants)
+	d = startDaemonOpts(t, daemonOpts{token: tokA}, append([]string{"--tenants", tenants}, extraArgs...)...)
 	a, b = d.client(), sbx.NewClient(d.url(), sbx.WithToken(tokB))
 	t.Cleanup(func() {
 		a.Close()

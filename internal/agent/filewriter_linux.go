@@ -21,6 +21,11 @@ const FileWriterArg = "sbx-file-writer"
 // fileWriterIdle is how long the helper is kept with no write under way.
 const fileWriterIdle = 10 * time.Second
 
+// fileWriterAck bounds how long the helper may take to take a request: user
+// code can stop it (SIGSTOP) as well as kill it, and a stopped helper never
+// answers. Past it the helper is dropped and the write goes to a new one.
+const fileWriterAck = 5 * time.Second
+
 // fileWriter writes the data of files written through the agent's file API
 // (WriteFile, UploadTar) from a helper process that lives in the box's user
 // cgroups, so the pages those files take (the box's disk is a tmpfs, charged
@@ -102,11 +107,17 @@ func (w *fileWriter) acquire() (*os.File, error) {
 		w.idle = nil
 	}
 	if w.ctl == nil {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		// Non-blocking: a helper that stopped reading fills the socket, and
+		// a send must then fail rather than wait for it (newHelperSink).
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		if err != nil {
 			return nil, fmt.Errorf("file writer: socketpair: %w", err)
 		}
-		err = w.start(fds[1])
+		// The helper's end blocks (its reads wait for requests).
+		err = unix.SetNonblock(fds[1], false)
+		if err == nil {
+			err = w.start(fds[1])
+		}
 		unix.Close(fds[1])
 		if err != nil {
 			unix.Close(fds[0])
@@ -187,18 +198,30 @@ func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) 
 		s.close()
 		return nil, err
 	}
+	// ctl.Fd() would make the socket blocking again: send through its
+	// RawConn, which leaves it as it is.
+	cc, err := ctl.SyscallConn()
+	if err != nil {
+		s.close()
+		return nil, err
+	}
 	var serr error
 	err = dfd.Control(func(fd uintptr) {
 		rights := unix.UnixRights(int(fd), data[0], reply[1])
-		serr = unix.Sendmsg(int(ctl.Fd()), []byte{1}, rights, nil, 0)
+		if cerr := cc.Control(func(c uintptr) { serr = unix.Sendmsg(int(c), []byte{1}, rights, nil, 0) }); cerr != nil {
+			serr = cerr
+		}
 	})
 	if err == nil {
 		err = serr
 	}
 	if err != nil {
 		s.close()
-		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) {
+		switch {
+		case errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED):
 			err = fmt.Errorf("%w (%w)", errHelperGone, err)
+		case errors.Is(err, syscall.EAGAIN):
+			err = fmt.Errorf("%w (it takes no more requests: stopped by user code?)", errHelperGone)
 		}
 		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
 	}
@@ -211,13 +234,24 @@ func newHelperSink(ctx context.Context, ctl, dst *os.File) (*helperSink, error) 
 	// died before (killed a moment ago, the request still queued to its
 	// socket) closes the answer pipe unread, and the caller retries with
 	// a new helper instead of failing a write no data was lost to.
+	// A helper that does not take it within fileWriterAck (stopped by user
+	// code) is dropped the same way.
 	var ack [1]byte
+	_ = s.reply.SetReadDeadline(time.Now().Add(fileWriterAck))
 	if _, err := io.ReadFull(s.reply, ack[:]); err != nil {
 		s.close()
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		switch {
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			err = errHelperGone
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil:
+			err = fmt.Errorf("%w (it did not take the request within %v: stopped by user code?)", errHelperGone, fileWriterAck)
 		}
 		return nil, fmt.Errorf("handing a file to the file writer: %w", err)
+	}
+	_ = s.reply.SetReadDeadline(time.Time{})
+	if ctx.Err() != nil { // cancelled meanwhile: its deadline was just undone
+		s.close()
+		return nil, ctx.Err()
 	}
 	return s, nil
 }

@@ -33,8 +33,20 @@ const MaxContextBytes = 48 << 20
 const maxContextEntries = 100_000
 
 // maxCopyTarBytes bounds what all COPY and ADD steps of one build hold
-// together (each packs its own tar of what it copies).
-const maxCopyTarBytes = 256 << 20
+// together (each packs its own tar of what it copies) whatever the context;
+// copyAllowance bounds it by the context's size too.
+const maxCopyTarBytes = 128 << 20
+
+// copyAllowance is what the COPY and ADD steps of a build whose context
+// tar has ctxBytes may pack in all: the tars live in the daemon's memory
+// for the whole build, so a small context copied again and again must not
+// make a small request hold hundreds of MiB (250 copies of a 1 MiB file
+// did). Four times the context (the whole context copied a few times over,
+// with the tar headers each copy adds) and 1 MiB of slack for many small
+// copies, at most maxCopyTarBytes.
+func copyAllowance(ctxBytes int) int64 {
+	return min(4*int64(ctxBytes)+1<<20, maxCopyTarBytes)
+}
 
 // ctxEntry is one file, directory or symlink of the build context.
 type ctxEntry struct {
@@ -47,12 +59,13 @@ type buildContext struct {
 	entries map[string]*ctxEntry
 	names   []string // sorted
 	copied  int64    // tar bytes made by copies so far
+	allowed int64    // most tar bytes copies may make (copyAllowance)
 }
 
 // readContext parses and checks a context tar. An empty context is valid
 // (a Dockerfile without COPY needs none).
 func readContext(data []byte) (*buildContext, error) {
-	bc := &buildContext{entries: map[string]*ctxEntry{}}
+	bc := &buildContext{entries: map[string]*ctxEntry{}, allowed: copyAllowance(len(data))}
 	if len(data) == 0 {
 		return bc, nil
 	}
@@ -265,8 +278,9 @@ func (bc *buildContext) copyTar(entries []copyEntry) ([]byte, error) {
 		if hdr.Typeflag == tar.TypeDir {
 			hdr.Name += "/"
 		}
-		if bc.copied+int64(buf.Len())+hdr.Size > maxCopyTarBytes {
-			return nil, fmt.Errorf("COPY and ADD steps copy more than %d bytes in all: %w", maxCopyTarBytes, errdefs.ErrInvalidArgument)
+		if bc.copied+int64(buf.Len())+hdr.Size > bc.allowed {
+			return nil, fmt.Errorf("COPY and ADD steps copy more than %d bytes in all (4 times the build context and 1 MiB, at most %d; "+
+				"the copies stay in the daemon's memory for the whole build): %w", bc.allowed, maxCopyTarBytes, errdefs.ErrInvalidArgument)
 		}
 		if err := tw.WriteHeader(&hdr); err != nil {
 			return nil, err

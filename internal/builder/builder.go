@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -58,6 +59,11 @@ type Config struct {
 	// Mirror is the Debian mirror debootstrap uses ("" = the one the
 	// host's apt sources name, else deb.debian.org).
 	Mirror string
+	// MemoryBudget and TenantMemoryBudget bound the bytes builds under way
+	// hold in the daemon's memory, all of them and one tenant's (0:
+	// DefaultMemoryBudget, DefaultTenantMemoryBudget; see budget.go).
+	MemoryBudget, TenantMemoryBudget int64
+
 	Logger *slog.Logger
 }
 
@@ -73,6 +79,8 @@ type Builder struct {
 	log *slog.Logger
 	// debianMu serialises making the debian base.
 	debianMu sync.Mutex
+	// mem is charged what each build under way holds.
+	mem *memoryBudget
 }
 
 // New returns a Builder.
@@ -86,7 +94,7 @@ func New(cfg Config) (*Builder, error) {
 	if cfg.StepTimeout == 0 {
 		cfg.StepTimeout = time.Hour
 	}
-	return &Builder{cfg: cfg, log: cfg.Logger}, nil
+	return &Builder{cfg: cfg, log: cfg.Logger, mem: newMemoryBudget(cfg.MemoryBudget, cfg.TenantMemoryBudget)}, nil
 }
 
 // build is one build's tenant's store and step cache.
@@ -112,6 +120,14 @@ func stepEvent(i int, desc, phase string, d time.Duration) *sbxv1.ImageProgress 
 // (statuses, step phases, step output) go to emit; the caller sends the
 // final `done` itself.
 func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit Emit) (*image.Image, error) {
+	// Charged before the context is parsed: a build that does not fit
+	// makes nothing of its request.
+	held := heldBytes(req)
+	who := tenant.FromContext(ctx).Tenant
+	if err := b.mem.charge(who, held); err != nil {
+		return nil, err
+	}
+	defer b.mem.release(who, held)
 	if req.GetDockerfile() != "" {
 		if req.GetRecipe() != nil {
 			return nil, fmt.Errorf("build: give a recipe or a Dockerfile, not both: %w", errdefs.ErrInvalidArgument)
@@ -141,6 +157,18 @@ func (b *Builder) Build(ctx context.Context, req *sbxv1.BuildImageRequest, emit 
 		return nil, fmt.Errorf("create build cache: %w", err)
 	}
 	return (&build{Builder: b, store: store, cacheDir: cacheDir}).run(ctx, req, emit)
+}
+
+// heldBytes is the most a build of req holds in the daemon's memory: the
+// request itself (the caller keeps it until the build ends) and, for a
+// Dockerfile, its context's parsed entries and the tars of its copies at
+// their bound.
+func heldBytes(req *sbxv1.BuildImageRequest) int64 {
+	n := int64(proto.Size(req))
+	if req.GetDockerfile() != "" {
+		n += int64(len(req.GetContext())) + copyAllowance(len(req.GetContext()))
+	}
+	return n
 }
 
 // run runs a validated request's recipe.

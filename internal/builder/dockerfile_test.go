@@ -189,6 +189,7 @@ func TestDockerfileRefusals(t *testing.T) {
 		{"context with dotdot", "FROM a", ctxTar(t, [2]string{"a/../../x", "x"}), `entry "a/../../x": ".." component`},
 		{"context not a tar", "FROM a", []byte(strings.Repeat("junk", 200)), "build context: not a tar"},
 		{"context too big", "FROM a", make([]byte, MaxContextBytes+1), "more than 50331648"},
+		{"copies amplify the context", "FROM a\n" + strings.Repeat("COPY ok.txt /x/\n", 990), context, "COPY and ADD steps copy more than"},
 		{"unterminated quote", "FROM a\nENV A=\"x", context, "line 2: ENV: unterminated \" quote"},
 		{"bad substitution", "FROM a\nENV A=${B:?x}", context, "bad substitution"},
 	} {

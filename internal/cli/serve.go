@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,6 +27,7 @@ import (
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
 	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits string
+	var tenantPullAllow []string
 	var boxAPIPort uint16
 	var egressPorts []uint
 	cmd := &cobra.Command{
@@ -59,6 +61,13 @@ func newServe(a *app) *cobra.Command {
 			}
 			if err := checkLimits(cfg); err != nil {
 				return err
+			}
+			for _, c := range tenantPullAllow {
+				p, err := netip.ParsePrefix(c)
+				if err != nil {
+					return fmt.Errorf("--tenant-pull-allow %q: want a CIDR such as 10.0.0.5/32: %w", c, err)
+				}
+				cfg.TenantPullAllow = append(cfg.TenantPullAllow, p.Masked())
 			}
 			if cfg.BoxLimits, err = idmap.ParseLimits(boxLimits); err != nil {
 				return fmt.Errorf("--box-kernel-limits: %w", err)
@@ -108,6 +117,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the API token every request must carry as Authorization: Bearer (default: $SBX_AUTH_TOKEN; none: no auth, loopback only)")
 	f.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without a token")
 	f.StringVar(&tenantsFile, "tenants", "", "JSON file of tenants, each with hashed API tokens (`sbx tenant hash-token`) and quotas; each token sees only its tenant's sandboxes (re-read on SIGHUP)")
+	f.StringSliceVar(&tenantPullAllow, "tenant-pull-allow", nil, "CIDR of non-public addresses (e.g. a registry mirror on the private network) tenants' pulls may connect to (repeatable); otherwise a tenant's pull, auto-pull or build FROM reaches only public addresses other than the host's")
+	f.BoolVar(&cfg.TenantPullCredentials, "tenant-pull-credentials", false, "let tenants' pulls use the daemon's registry logins (its docker config); otherwise they pull anonymously and no tenant gets an image only those logins can read")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,13 @@ type Config struct {
 	// Tenants, when set, replaces AuthToken: every request carries one of
 	// a tenant's tokens and sees only that tenant's sandboxes.
 	Tenants *tenant.Registry
+	// TenantPullAllow lists the non-public addresses tenants' pulls may
+	// connect to (their registries; by default only public addresses
+	// other than the host's: image.PublicOnly).
+	TenantPullAllow []netip.Prefix
+	// TenantPullCredentials lets tenants' pulls use the daemon's registry
+	// credentials (its docker config); otherwise they pull anonymously.
+	TenantPullCredentials bool
 	// TLSCert and TLSKey, when set, serve the API over TLS (PEM files).
 	TLSCert, TLSKey string
 	// BoxAPIPort is the port on the network gateway where sandboxes with
@@ -294,6 +302,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	stores := server.NewTenantStores(dataDir, imgCfg, images, vols, log)
+	stores.AllowTenantPulls(cfg.TenantPullAllow, cfg.TenantPullCredentials)
 	if err := stores.OpenExisting(ctx); err != nil {
 		return err
 	}

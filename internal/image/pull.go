@@ -51,8 +51,8 @@ const parallelLayers = 3
 // progressEvery is how often (in compressed bytes) "fetching" is reported.
 const progressEvery = 4 << 20
 
-// Pull fetches ref from its registry (credentials from the docker config,
-// plain HTTP allowed for loopback registries), picking the linux image for
+// Pull fetches ref from its registry (credentials from the docker config
+// unless Config.PullAnonymous, plain HTTP allowed for loopback registries), picking the linux image for
 // this host's architecture from a multi-arch index, and stores it. A Pull
 // of a ref whose pull is already under way joins it (see pullFlight): the
 // image is fetched once however many callers want it at the same time.
@@ -66,9 +66,14 @@ func (s *Store) Pull(ctx context.Context, ref string, progress func(Progress)) (
 
 // pull fetches and stores r (one pullFlight's work).
 func (s *Store) pull(ctx context.Context, r name.Reference, progress func(Progress)) (*Image, error) {
+	auth := remote.WithAuthFromKeychain(authn.DefaultKeychain)
+	if s.cfg.PullAnonymous {
+		auth = remote.WithAuth(authn.Anonymous)
+	}
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithTransport(s.pullRT),
+		auth,
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}),
 		remote.WithUserAgent("sbx"))
 	if err != nil {
@@ -116,6 +121,9 @@ func parseRemoteRef(ref string) (name.Reference, error) {
 
 // remoteErr maps registry errors onto errdefs sentinels.
 func remoteErr(err error) error {
+	if refused := dialRefusal(err); refused != nil {
+		return refused // the address, not every attempt at it
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch te.StatusCode {

@@ -25,9 +25,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sbxdev/sbx/internal/atomicfile"
 	"log/slog"
 	"maps"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/sbxdev/sbx/internal/atomicfile"
 	"github.com/sbxdev/sbx/internal/errdefs"
 )
 
@@ -58,6 +60,16 @@ type Config struct {
 	// MaxArchiveBytes bounds an imported archive, which is spooled to disk
 	// before it is read (default 32 GiB).
 	MaxArchiveBytes int64
+	// PullAddrs, when set, is asked about every address a pull is about
+	// to connect to (the registry, its redirects, its token realm); an
+	// error refuses the connection and fails the pull with it. Tenants'
+	// stores get PublicOnly (dial.go).
+	PullAddrs func(netip.Addr) error
+	// PullAnonymous pulls without credentials. Otherwise pulls use the
+	// daemon's docker config (the host user's `docker login`s), which is
+	// the operator's: tenants' stores pull anonymously unless the operator
+	// shares them (--tenant-pull-credentials).
+	PullAnonymous bool
 }
 
 // DefaultMaxLayerBytes is Config.MaxLayerBytes's default.
@@ -99,6 +111,9 @@ type Store struct {
 	cfg  Config
 	log  *slog.Logger
 	lock *os.File // flock on Dir/lock
+	// pullRT is the transport of pulls (pullTransport: checked by
+	// cfg.PullAddrs).
+	pullRT http.RoundTripper
 
 	// gc is held shared by operations that add content (pull, import,
 	// export) and exclusively by Prune.
@@ -170,7 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.MaxArchiveBytes <= 0 {
 		cfg.MaxArchiveBytes = DefaultMaxArchiveBytes
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, layerLocks: map[string]*keyLock{}, pulls: map[string]*pullFlight{}, refs: map[string]string{}, records: map[string]*record{}}
+	s := &Store{cfg: cfg, log: cfg.Logger, pullRT: pullTransport(cfg.PullAddrs), layerLocks: map[string]*keyLock{}, pulls: map[string]*pullFlight{}, refs: map[string]string{}, records: map[string]*record{}}
 	if err := os.MkdirAll(cfg.Dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create image store: %w", err)
 	}

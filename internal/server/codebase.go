@@ -106,8 +106,9 @@ func (s *CodebaseServer) SyncCodebase(ctx context.Context, req *connect.Request[
 // WithCodebases serves the codebase service next to h.
 func WithCodebases(h http.Handler, s *CodebaseServer) http.Handler {
 	mux := http.NewServeMux()
-	path, ch := sbxv1connect.NewCodebaseServiceHandler(s, handlerOpts...)
-	mux.Handle(path, ch)
+	serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+		return sbxv1connect.NewCodebaseServiceHandler(s, o...)
+	})
 	mux.Handle("/", h)
 	return mux
 }

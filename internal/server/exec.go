@@ -91,6 +91,7 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 	if err := as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, errEOF) {
 		return fmt.Errorf("exec: sending start to agent: %w", err)
 	}
+	start.Stdin = nil // sent: not held for the command's life
 	go func() {
 		for {
 			in, err := recv()
@@ -156,6 +157,7 @@ func execOnce(ctx context.Context, conn *agentconn.Conn, start *sbxv1.ExecReques
 	if err != nil {
 		return fmt.Errorf("exec: starting on agent: %w", err)
 	}
+	start.Stdin = nil // the agent has it: not held for the command's life
 	// Closing the response is what tells the agent (over HTTP/2) that we are
 	// gone, so it kills the command when the client disconnects.
 	defer st.Close() //nolint:errcheck

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/sbxdev/sbx/api/gen/sbx/v1/sbxv1connect"
 	"github.com/sbxdev/sbx/internal/connlimit"
 	"github.com/sbxdev/sbx/internal/sandbox"
@@ -119,8 +121,9 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 		f.token = f.hash(cfg.Token)
 	}
 	mux := http.NewServeMux()
-	path, h := sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, handlerOpts...)
-	mux.Handle(path, h)
+	serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+		return sbxv1connect.NewPortServiceHandler(&PortServer{mgr: mgr, domain: cfg.ProxyDomain, public: cfg.PublicURL}, o...)
+	})
 	mux.Handle("/", uncompressedData(api))
 	f.api = mux
 	f.initProxy()

@@ -182,9 +182,16 @@ func (s *ObserveServer) Events(ctx context.Context, req *connect.Request[sbxv1.E
 		}
 		return len(sel) == 0 || e.GetSandboxId() != "" && sandbox.Matches(sel, e.GetLabels())
 	}
+	// Streams count against a bucket per key (events.Config.MaxPerKey):
+	// the tenant's, the admin token's, and one that all the tenant's
+	// boxes' scoped tokens share, so that code in a box cannot take its
+	// tenant's (the single-user owner's too) streams.
 	key := p.Tenant
-	if p.Admin {
+	switch {
+	case p.Admin:
 		key = "\x00admin"
+	case p.Scope != "":
+		key = p.Tenant + "\x00boxes"
 	}
 	replay, sub, err := s.o.Bus.Subscribe(key, match, r.GetAfterSeq(), r.GetSinceMs())
 	if err != nil {

@@ -64,42 +64,40 @@ const compressMinBytes = 8 << 10
 // with their stdin, which the exec protocol bounds the same way.
 const maxRequestMessage = execframe.MaxPayload
 
-// handlerOpts are the options of every API service handler.
-// The tenancy interceptor is here so that no service can be served without it.
-var handlerOpts = []connect.HandlerOption{
-	connect.WithCompressMinBytes(compressMinBytes),
-	connect.WithReadMaxBytes(maxRequestMessage),
-	connect.WithInterceptors(tenancyInterceptor{}),
-}
-
-// Handler returns the HTTP handler serving the API (and /healthz).
+// Handler serves the API's services (each procedure with its message bound:
+// requestbounds.go), /metrics and /healthz.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	path, h := sbxv1connect.NewSandboxServiceHandler(s, handlerOpts...)
-	mux.Handle(path, h)
+	serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+		return sbxv1connect.NewSandboxServiceHandler(s, o...)
+	})
 	if s.images != nil {
-		path, h := sbxv1connect.NewImageServiceHandler(s.images, handlerOpts...)
-		mux.Handle(path, h)
+		serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+			return sbxv1connect.NewImageServiceHandler(s.images, o...)
+		})
 	}
 	if s.code != nil {
-		path, h := sbxv1connect.NewCodeServiceHandler(s.code, handlerOpts...)
-		mux.Handle(path, h)
+		serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+			return sbxv1connect.NewCodeServiceHandler(s.code, o...)
+		})
 	}
 	if s.sess != nil {
-		path, h := sbxv1connect.NewSessionServiceHandler(s.sess, handlerOpts...)
-		mux.Handle(path, h)
+		serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+			return sbxv1connect.NewSessionServiceHandler(s.sess, o...)
+		})
 	}
-	{
-		path, h := sbxv1connect.NewProcessServiceHandler(&ProcessServer{s: s}, handlerOpts...)
-		mux.Handle(path, h)
-	}
+	serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+		return sbxv1connect.NewProcessServiceHandler(&ProcessServer{s: s}, o...)
+	})
 	if s.tenants != nil {
-		path, h := sbxv1connect.NewTenantServiceHandler(s.tenants, handlerOpts...)
-		mux.Handle(path, h)
+		serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+			return sbxv1connect.NewTenantServiceHandler(s.tenants, o...)
+		})
 	}
 	if s.observe != nil {
-		path, h := sbxv1connect.NewObserveServiceHandler(s.observe, handlerOpts...)
-		mux.Handle(path, h)
+		serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+			return sbxv1connect.NewObserveServiceHandler(s.observe, o...)
+		})
 		if s.observe.o.Metrics != nil {
 			mux.Handle("/metrics", s.observe.o.Metrics.Handler())
 		}

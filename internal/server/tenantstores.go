@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,9 +28,14 @@ import (
 type TenantStores struct {
 	dir    string       // <data dir>/tenants
 	imgCfg image.Config // the owner's, Dir replaced per tenant
-	log    *slog.Logger
-	owner  *tenantStore
-	mgr    *sandbox.Manager // set before serving
+	// tenantPulls is the PullAddrs of tenants' image stores and
+	// tenantCreds whether they use the daemon's registry credentials (set
+	// by AllowTenantPulls before any is opened).
+	tenantPulls func(netip.Addr) error
+	tenantCreds bool
+	log         *slog.Logger
+	owner       *tenantStore
+	mgr         *sandbox.Manager // set before serving
 	// codebases says what a tenant's codebases hold (nil: none).
 	codebases CodebaseBytes
 
@@ -112,6 +118,7 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	}
 	cfg := ts.imgCfg
 	cfg.Dir = filepath.Join(dir, "images")
+	cfg.PullAddrs, cfg.PullAnonymous = ts.tenantPulls, !ts.tenantCreds
 	cfg.Logger = ts.log.With("component", "images", "tenant", t)
 	images, err := image.Open(ctx, cfg)
 	if err != nil {
@@ -128,6 +135,19 @@ func (ts *TenantStores) get(ctx context.Context, t string) (*tenantStore, error)
 	s := &tenantStore{images: images, imagesDir: cfg.Dir, vols: vols}
 	ts.byName[t] = s
 	return s, nil
+}
+
+// AllowTenantPulls sets where tenants' pulls (PullImage, a create's
+// auto-pull, a build's FROM) may connect: public addresses other than the
+// host's, and allow (image.PublicOnly); and whether they use the daemon's
+// registry credentials (the operator's docker config; without creds they
+// pull anonymously, so no tenant gets what the operator's logins can
+// read). Call it before OpenExisting. The single-user owner's pulls are
+// not restricted.
+func (ts *TenantStores) AllowTenantPulls(allow []netip.Prefix, creds bool) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.tenantPulls, ts.tenantCreds = image.PublicOnly(allow), creds
 }
 
 // SetManager lets the volumes ask which sandboxes use them.

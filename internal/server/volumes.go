@@ -88,8 +88,9 @@ func (s *VolumeServer) RemoveVolume(ctx context.Context, req *connect.Request[sb
 // WithVolumes serves the volume service next to h.
 func WithVolumes(h http.Handler, s *VolumeServer) http.Handler {
 	mux := http.NewServeMux()
-	path, vh := sbxv1connect.NewVolumeServiceHandler(s, handlerOpts...)
-	mux.Handle(path, vh)
+	serveService(mux, func(o ...connect.HandlerOption) (string, http.Handler) {
+		return sbxv1connect.NewVolumeServiceHandler(s, o...)
+	})
 	mux.Handle("/", h)
 	return mux
 }
