@@ -17,6 +17,7 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/fake"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
 
@@ -73,11 +74,17 @@ func (e *env) close() {
 	if e.mgr == nil {
 		return
 	}
-	ctx := context.Background()
-	// Whatever a test left running is destroyed here.
-	list, _ := e.mgr.List(ctx, nil)
-	for _, sb := range list {
-		_ = e.mgr.Destroy(ctx, sb.Id)
+	// Whatever a test left running is destroyed here, whichever tenant it
+	// is (the fake driver's agents are host processes: one left is a leak).
+	e.mgr.mu.RLock()
+	var left []*box
+	for _, b := range e.mgr.boxes {
+		left = append(left, b)
+	}
+	e.mgr.mu.RUnlock()
+	for _, b := range left {
+		ctx := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: b.tenant})
+		_ = e.mgr.Destroy(ctx, b.id)
 	}
 	e.mgr.Close()
 	e.store.Close()
