@@ -1,8 +1,6 @@
 package oci
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // cgroupLayout says where the host's cgroup hierarchies are mounted. The OCI
@@ -198,29 +197,29 @@ func (l cgroupLayout) stats(id string) (runtime.Stats, error) {
 		return st, fmt.Errorf("box cgroup: %w", err)
 	}
 	if v2 {
-		st.MemoryBytes = readInt(filepath.Join(mem, "memory.current"))
-		st.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.peak"))
-		st.OOMKills = readKey(filepath.Join(mem, "memory.events"), "oom_kill")
-		st.CPUUsageNs = readKey(filepath.Join(mem, "cpu.stat"), "usage_usec") * 1000
-		st.Pids = readInt(filepath.Join(mem, "pids.current"))
-		st.PidsLimitHits = readKey(filepath.Join(mem, "pids.events"), "max")
+		st.MemoryBytes = ocibox.ReadCgroupInt(filepath.Join(mem, "memory.current"))
+		st.MemoryPeakBytes = ocibox.ReadCgroupInt(filepath.Join(mem, "memory.peak"))
+		st.OOMKills = ocibox.ReadCgroupKey(filepath.Join(mem, "memory.events"), "oom_kill")
+		st.CPUUsageNs = ocibox.ReadCgroupKey(filepath.Join(mem, "cpu.stat"), "usage_usec") * 1000
+		st.Pids = ocibox.ReadCgroupInt(filepath.Join(mem, "pids.current"))
+		st.PidsLimitHits = ocibox.ReadCgroupKey(filepath.Join(mem, "pids.events"), "max")
 		return st, nil
 	}
-	st.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
-	st.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
+	st.MemoryBytes = ocibox.ReadCgroupInt(filepath.Join(mem, "memory.usage_in_bytes"))
+	st.MemoryPeakBytes = ocibox.ReadCgroupInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
 	// v1 counts OOM kills per cgroup, not up the tree: the user cgroup's
 	// are the box's too.
-	st.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
-		readKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
+	st.OOMKills = ocibox.ReadCgroupKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
+		ocibox.ReadCgroupKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
 	if dir, _ := l.controllerDir("cpuacct", id); dir != "" {
-		st.CPUUsageNs = readInt(filepath.Join(dir, "cpuacct.usage"))
+		st.CPUUsageNs = ocibox.ReadCgroupInt(filepath.Join(dir, "cpuacct.usage"))
 	}
 	if dir, _ := l.controllerDir("pids", id); dir != "" {
-		st.Pids = readInt(filepath.Join(dir, "pids.current"))
+		st.Pids = ocibox.ReadCgroupInt(filepath.Join(dir, "pids.current"))
 		// As for OOM kills: v1 counts a fork refused at the user cgroup's
 		// limit there only (user code's forks hit that one first).
-		st.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max") +
-			readKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
+		st.PidsLimitHits = ocibox.ReadCgroupKey(filepath.Join(dir, "pids.events"), "max") +
+			ocibox.ReadCgroupKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
 	}
 	return st, nil
 }
@@ -236,44 +235,17 @@ func (l cgroupLayout) limitEvents(id string) (runtime.LimitEvents, error) {
 		return ev, fmt.Errorf("box cgroup: %w", err)
 	}
 	if v2 {
-		ev.OOMKills = readKey(filepath.Join(mem, "memory.events"), "oom_kill")
-		ev.PidsLimitHits = readKey(filepath.Join(mem, "pids.events"), "max")
+		ev.OOMKills = ocibox.ReadCgroupKey(filepath.Join(mem, "memory.events"), "oom_kill")
+		ev.PidsLimitHits = ocibox.ReadCgroupKey(filepath.Join(mem, "pids.events"), "max")
 		return ev, nil
 	}
-	ev.OOMKills = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
-		readKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
+	ev.OOMKills = ocibox.ReadCgroupKey(filepath.Join(mem, "memory.oom_control"), "oom_kill") +
+		ocibox.ReadCgroupKey(filepath.Join(mem, userCgroup, "memory.oom_control"), "oom_kill")
 	if dir, _ := l.controllerDir("pids", id); dir != "" {
-		ev.PidsLimitHits = readKey(filepath.Join(dir, "pids.events"), "max") +
-			readKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
+		ev.PidsLimitHits = ocibox.ReadCgroupKey(filepath.Join(dir, "pids.events"), "max") +
+			ocibox.ReadCgroupKey(filepath.Join(dir, userCgroup, "pids.events"), "max")
 	}
 	return ev, nil
-}
-
-func readInt(path string) int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
-	return n
-}
-
-// readKey reads "key value" lines (memory.events, cpu.stat, oom_control).
-func readKey(path, key string) int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // boxesCPUWeight makes the parent cgroup in the cpu hierarchy (if
@@ -295,7 +267,7 @@ func (l cgroupLayout) boxesCPUWeight(shares uint64) error {
 		_ = os.WriteFile(filepath.Join(filepath.Dir(dir), "cgroup.subtree_control"), []byte("+cpu"), 0)
 	}
 	path := filepath.Join(dir, file)
-	if readInt(path) == int64(val) {
+	if ocibox.ReadCgroupInt(path) == int64(val) {
 		return nil
 	}
 	if err := os.WriteFile(path, []byte(strconv.FormatUint(val, 10)), 0); err != nil {

@@ -67,7 +67,7 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 	}
 	if r.Pids > 0 {
 		dir, _ := d.cg.controllerDir("pids", id)
-		if cur := readInt(filepath.Join(dir, "pids.current")); cur > r.Pids {
+		if cur := ocibox.ReadCgroupInt(filepath.Join(dir, "pids.current")); cur > r.Pids {
 			return fmt.Errorf("pids limit: cannot lower to %d, the box runs %d processes", r.Pids, cur)
 		}
 	}
@@ -75,7 +75,7 @@ func (d *Driver) update(id string, r runtime.Resources) (err error) {
 		if dir, v2 := d.cg.controllerDir("memory", id); v2 {
 			// cgroup v2 does not refuse a memory.max below usage, it OOM-kills
 			// the box's processes: refuse here what reclaim cannot free.
-			used := readInt(filepath.Join(dir, "memory.current")) - readKey(filepath.Join(dir, "memory.stat"), "inactive_file")
+			used := ocibox.ReadCgroupInt(filepath.Join(dir, "memory.current")) - ocibox.ReadCgroupKey(filepath.Join(dir, "memory.stat"), "inactive_file")
 			if used > r.MemoryBytes {
 				return fmt.Errorf("memory limit: cannot lower to %d bytes, the box uses %d bytes that cannot be reclaimed", r.MemoryBytes, used)
 			}
@@ -154,7 +154,7 @@ func (d *Driver) setMemory(id string, limit int64, undo *cleanup.Stack) error {
 	mem, memsw := filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.memsw.limit_in_bytes")
 	files := []string{mem}
 	if d.swapLimit {
-		if readInt(mem) <= limit {
+		if ocibox.ReadCgroupInt(mem) <= limit {
 			files = []string{memsw, mem}
 		} else {
 			files = []string{mem, memsw}
@@ -163,7 +163,7 @@ func (d *Driver) setMemory(id string, limit int64, undo *cleanup.Stack) error {
 	for _, f := range files {
 		if err := ocibox.SetCgroupFile(f, val, undo); err != nil {
 			if errors.Is(err, unix.EBUSY) {
-				used := readInt(filepath.Join(dir, "memory.usage_in_bytes"))
+				used := ocibox.ReadCgroupInt(filepath.Join(dir, "memory.usage_in_bytes"))
 				return fmt.Errorf("memory limit: cannot lower to %d bytes, the box uses %d bytes the kernel could not reclaim: %w", limit, used, err)
 			}
 			return fmt.Errorf("memory limit: %w", err)

@@ -144,7 +144,7 @@ func (l cgroupLayout) setUserLimits(ctrl, id string, r runtime.Resources, swapLi
 		files := []string{"memory.limit_in_bytes"}
 		if swapLimit {
 			files = []string{"memory.memsw.limit_in_bytes", "memory.limit_in_bytes"}
-			if readInt(filepath.Join(dir, "memory.limit_in_bytes")) > v {
+			if ocibox.ReadCgroupInt(filepath.Join(dir, "memory.limit_in_bytes")) > v {
 				files = []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"}
 			}
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/pidwatch"
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 var _ runtime.Watcher = (*Driver)(nil)
@@ -56,7 +57,7 @@ func (d *Driver) Watch(ctx context.Context, h runtime.Handle) (<-chan runtime.Ex
 func (l cgroupLayout) ownOOMKills(id string) int64 {
 	mem, v2 := l.controllerDir("memory", id)
 	if v2 {
-		return readKey(filepath.Join(mem, "memory.events.local"), "oom_kill")
+		return ocibox.ReadCgroupKey(filepath.Join(mem, "memory.events.local"), "oom_kill")
 	}
-	return readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	return ocibox.ReadCgroupKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
 }
