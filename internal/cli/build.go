@@ -74,15 +74,7 @@ recipe is treated as untrusted: it cannot read other host files.`,
 			}
 			p := &buildProgress{w: a.stderr, quiet: quiet, steps: len(recipe.GetSteps()), start: time.Now()}
 			img, err := a.client().Images().Build(cmd.Context(), recipe, tag, noCache, p.event)
-			p.endLine()
-			if err != nil {
-				return err
-			}
-			if !quiet {
-				fmt.Fprintf(a.stderr, "built in %s\n", fmtDuration(time.Since(p.start)))
-			}
-			fmt.Fprintf(a.stdout, "%s %s\n", img.GetRef(), img.GetDigest())
-			return nil
+			return p.done(a.stdout, img, err)
 		},
 	}
 	f := cmd.Flags()
@@ -117,15 +109,7 @@ func (a *app) buildDockerfile(ctx context.Context, dockerfile, contextDir string
 	p := &buildProgress{w: a.stderr, quiet: quiet, start: time.Now()}
 	img, err := a.client().Images().BuildDockerfile(ctx, dockerfile, contextDir, sbx.DockerfileOptions{
 		Tag: tag, BuildArgs: args, NoCache: noCache, Progress: p.event})
-	p.endLine()
-	if err != nil {
-		return err
-	}
-	if !quiet {
-		fmt.Fprintf(a.stderr, "built in %s\n", fmtDuration(time.Since(p.start)))
-	}
-	fmt.Fprintf(a.stdout, "%s %s\n", img.GetRef(), img.GetDigest())
-	return nil
+	return p.done(a.stdout, img, err)
 }
 
 // buildProgress prints one line per step phase and the step's output
@@ -189,6 +173,20 @@ func (p *buildProgress) log(b []byte) {
 		p.midLog = false
 		b = b[i+1:]
 	}
+}
+
+// done ends the progress display of a build that returned img and err,
+// says how long it took, and prints the image's ref and digest to out.
+func (p *buildProgress) done(out io.Writer, img *sbxv1.ImageInfo, err error) error {
+	p.endLine()
+	if err != nil {
+		return err
+	}
+	if !p.quiet {
+		fmt.Fprintf(p.w, "built in %s\n", fmtDuration(time.Since(p.start)))
+	}
+	fmt.Fprintf(out, "%s %s\n", img.GetRef(), img.GetDigest())
+	return nil
 }
 
 func (p *buildProgress) endLine() {
