@@ -1,9 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 
-import { FileType, WriteFileRequestSchema, type FileInfo as PbFileInfo, type WriteFileRequest } from "./gen/sbx/v1/files_pb.js";
+import {
+  FileType, UploadTarRequestSchema, WriteFileRequestSchema, type FileInfo as PbFileInfo, type UploadTarRequest, type WriteFileRequest,
+} from "./gen/sbx/v1/files_pb.js";
 import type { Client } from "./client.js";
 import { call, NotFoundError, toSbxError } from "./errors.js";
 import { concat } from "./process.js";
+import { packDir, safeExtract } from "./tar.js";
 
 /** Bytes of file data per uploaded message (as the Go and Python SDKs). */
 const CHUNK = 1 << 20;
@@ -124,5 +127,50 @@ export class Files {
   /** Rename (move) a path. */
   async rename(from: string, to: string): Promise<void> {
     await call(`rename ${from}`, () => this.c.rpc.sandboxes.rename({ sandbox: this.sandbox, from, to }));
+  }
+
+  /** Extract a tar archive into remoteDir (created if missing). */
+  async uploadTar(remoteDir: string, tar: Uint8Array): Promise<{ files: number; bytes: number }> {
+    const sandbox = this.sandbox;
+    async function* messages(): AsyncIterable<UploadTarRequest> {
+      yield create(UploadTarRequestSchema, { msg: { case: "header", value: { sandbox, path: remoteDir } } });
+      for (let off = 0; off < tar.length; off += CHUNK) {
+        yield create(UploadTarRequestSchema, { msg: { case: "data", value: tar.subarray(off, off + CHUNK) } });
+      }
+    }
+    const r = await call(`upload tar to ${remoteDir}`, () => this.c.rpc.sandboxes.uploadTar(messages()));
+    return { files: Number(r.files), bytes: Number(r.bytes) };
+  }
+
+  /** Copy the contents of localDir into remoteDir (created if missing); returns the files written. */
+  async uploadDir(localDir: string, remoteDir: string): Promise<number> {
+    return (await this.uploadTar(remoteDir, packDir(localDir))).files;
+  }
+
+  /** A tar of remotePath: a directory's contents, or one file. */
+  async downloadTar(remotePath: string): Promise<Uint8Array> {
+    const chunks: Uint8Array[] = [];
+    try {
+      for await (const m of this.c.rpc.sandboxes.downloadTar({ sandbox: this.sandbox, path: remotePath })) {
+        chunks.push(m.data);
+      }
+    } catch (e) {
+      throw toSbxError(`download ${remotePath}`, e);
+    }
+    return concat(chunks);
+  }
+
+  /**
+   * Copy the contents of remoteDir into localDir (created if missing);
+   * returns the entries extracted. The sandbox wrote that tree, so the
+   * extraction is safe: entries with absolute paths or "..", device nodes,
+   * FIFOs and entries below a symlink throw UnsafeArchiveError; symlinks
+   * whose target leaves localDir are not created and are listed in
+   * `skipped`.
+   */
+  async downloadDir(remoteDir: string, localDir: string): Promise<{ entries: number; skipped: string[] }> {
+    const skipped: string[] = [];
+    const entries = safeExtract(await this.downloadTar(remoteDir), localDir, skipped);
+    return { entries, skipped };
   }
 }

@@ -18,7 +18,12 @@ export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from
 export { Session, type SessionResult } from "./session.js";
 export { Volumes, type Volume } from "./volumes.js";
 export { Codebases, type Codebase, type SyncResult } from "./codebases.js";
-export { Images, type ImageInfo } from "./images.js";
+export { Images, MAX_CONTEXT_BYTES, type BuildOptions, type ImageInfo, type ImageProgress } from "./images.js";
+export { Recipe } from "./recipe.js";
+export { BackgroundProcess, Processes, signalNumber, type ProcessOutput, type StartProcessOptions } from "./processes.js";
+export { EVENT_TYPES, type EventsOptions, type EventTypeName, type SandboxUsage, type SbxEvent, type UsageSample } from "./observe.js";
+export { Tenants, type Tenant, type TenantQuotas, type TenantUsage } from "./tenants.js";
+export { DockerIgnore, packDir, safeExtract, UnsafeArchiveError } from "./tar.js";
 export { parseSize } from "./size.js";
 export {
   AlreadyExistsError,

@@ -8,6 +8,8 @@ import { call, NotFoundError, toSbxError } from "./errors.js";
 import { Files } from "./files.js";
 import { imageOf, type ImageInfo } from "./images.js";
 import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
+import { stats, type SandboxUsage } from "./observe.js";
+import { Processes } from "./processes.js";
 import { Session } from "./session.js";
 import { parseSize } from "./size.js";
 
@@ -161,12 +163,15 @@ function bytesOf(data: string | Uint8Array | undefined): Uint8Array {
  */
 export class Sandbox {
   readonly files: Files;
+  /** Background processes: commands that outlive their client. */
+  readonly processes: Processes;
   private _info: SandboxInfo;
 
   /** @internal */
   constructor(readonly client: Client, info: SandboxInfo) {
     this._info = info;
     this.files = new Files(client, info.id);
+    this.processes = new Processes(client, info.id);
   }
 
   /** Create a sandbox and return once it is ready for commands. */
@@ -238,6 +243,16 @@ export class Sandbox {
       this._info = infoOf(r.sandbox);
     }
     return this;
+  }
+
+  /** Its usage and limits now (memory, CPU, PIDs, disk, network), from the
+   * daemon's sampler; history adds the last 15 minutes of samples. */
+  async stats(opts: { history?: boolean } = {}): Promise<SandboxUsage> {
+    const [u] = await stats(this.client, [this.id], opts.history ?? false);
+    if (!u) {
+      throw new NotFoundError("not_found", `stats of ${this.id}: the daemon reported none`);
+    }
+    return u;
   }
 
   /** Freeze every process (memory and files are kept). */
