@@ -65,9 +65,13 @@ export interface EventsOptions {
   signal?: AbortSignal;
 }
 
-/** The daemon's events the token may see, in order, as an async iterator. */
-export async function* events(c: Client, opts: EventsOptions = {}): AsyncGenerator<SbxEvent> {
-  const types = (opts.types ?? []).map(typeOf);
+/** The daemon's events the token may see, in order, as an async iterator
+ * (a bad type throws here, before any call). */
+export function events(c: Client, opts: EventsOptions = {}): AsyncGenerator<SbxEvent> {
+  return follow(c, opts, (opts.types ?? []).map(typeOf));
+}
+
+async function* follow(c: Client, opts: EventsOptions, types: EventType[]): AsyncGenerator<SbxEvent> {
   try {
     for await (const m of c.rpc.observe.events({
       types, sandboxes: opts.sandboxes ?? [], labelSelectors: opts.labels ?? [],

@@ -75,8 +75,11 @@ export class BackgroundProcess {
   env: Record<string, string> = {};
   workdir = "";
 
+  readonly #c: Client;
+
   /** @internal */
-  constructor(private readonly c: Client, readonly sandbox: string, info: ProcessInfo | undefined) {
+  constructor(c: Client, readonly sandbox: string, info: ProcessInfo | undefined) {
+    this.#c = c;
     this.update(info);
   }
 
@@ -112,7 +115,7 @@ export class BackgroundProcess {
   async *output(opts: { follow?: boolean; tail?: number } = {}): AsyncGenerator<ProcessOutput> {
     const dec = { stdout: new TextDecoder(), stderr: new TextDecoder() };
     try {
-      for await (const m of this.c.rpc.processes.connectProcess(
+      for await (const m of this.#c.rpc.processes.connectProcess(
         { sandbox: this.sandbox, process: this.id, follow: opts.follow ?? true, tail: opts.tail },
         { timeoutMs: 0 },
       )) {
@@ -156,7 +159,7 @@ export class BackgroundProcess {
     do {
       const part = b.subarray(off, off + MAX_STDIN);
       await call(`send stdin to ${this.id}`, () =>
-        this.c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, stdin: part }));
+        this.#c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, stdin: part }));
       off += MAX_STDIN;
     } while (off < b.length);
   }
@@ -164,20 +167,20 @@ export class BackgroundProcess {
   /** Give it end-of-file on stdin (^D under a pty). */
   async closeStdin(): Promise<void> {
     await call(`close stdin of ${this.id}`, () =>
-      this.c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, stdinClose: true }));
+      this.#c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, stdinClose: true }));
     this.stdinOpen = false;
   }
 
   /** Resize its pseudo-terminal. */
   async resize(rows: number, cols: number): Promise<void> {
     await call(`resize ${this.id}`, () =>
-      this.c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, resize: { rows, cols } }));
+      this.#c.rpc.processes.sendProcessInput({ sandbox: this.sandbox, process: this.id, resize: { rows, cols } }));
   }
 
   /** Send a signal (a number or a name such as "TERM") to its process group. */
   async signal(sig: number | string): Promise<void> {
     const signal = signalNumber(sig);
-    await call(`signal ${this.id}`, () => this.c.rpc.processes.signalProcess({ sandbox: this.sandbox, process: this.id, signal }));
+    await call(`signal ${this.id}`, () => this.#c.rpc.processes.signalProcess({ sandbox: this.sandbox, process: this.id, signal }));
   }
 
   /** SIGKILL its process group; its exit status stays for wait(). */
@@ -187,7 +190,7 @@ export class BackgroundProcess {
 
   /** Wait for it to exit and return its exit code (see exitStatus). */
   async wait(opts: { timeout?: number } = {}): Promise<number> {
-    const r = await call(`wait for ${this.id}`, () => this.c.rpc.processes.waitProcess(
+    const r = await call(`wait for ${this.id}`, () => this.#c.rpc.processes.waitProcess(
       { sandbox: this.sandbox, process: this.id }, { timeoutMs: opts.timeout ? Math.round(opts.timeout * 1000) : 0 }));
     this.update(r.process);
     if (!this.exitStatus) {
@@ -198,14 +201,14 @@ export class BackgroundProcess {
 
   /** Fetch its current state. */
   async refresh(): Promise<this> {
-    const r = await call(`get process ${this.id}`, () => this.c.rpc.processes.getProcess({ sandbox: this.sandbox, process: this.id }));
+    const r = await call(`get process ${this.id}`, () => this.#c.rpc.processes.getProcess({ sandbox: this.sandbox, process: this.id }));
     this.update(r.process);
     return this;
   }
 
   /** Kill it (if it runs) and forget it. */
   async remove(): Promise<void> {
-    await call(`remove process ${this.id}`, () => this.c.rpc.processes.removeProcess({ sandbox: this.sandbox, process: this.id }));
+    await call(`remove process ${this.id}`, () => this.#c.rpc.processes.removeProcess({ sandbox: this.sandbox, process: this.id }));
   }
 }
 

@@ -8,7 +8,6 @@ import { call, NotFoundError, toSbxError } from "./errors.js";
 import { Files } from "./files.js";
 import { imageOf, type ImageInfo } from "./images.js";
 import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
-import { stats, type SandboxUsage } from "./observe.js";
 import { Processes } from "./processes.js";
 import { Session } from "./session.js";
 import { parseSize } from "./size.js";
@@ -88,6 +87,28 @@ export interface SandboxInfo {
   expiresAt?: Date;
   stateDetail: string;
   ipAddress: string;
+  /** Live usage when the daemon was last asked (fromId, refresh, stats). */
+  stats?: SandboxStats;
+}
+
+/** A sandbox's live usage. */
+export interface SandboxStats {
+  memoryBytes: number;
+  memoryPeakBytes: number;
+  cpuUsageNs: number;
+  pids: number;
+  diskUsedBytes: number;
+  netRxBytes: number;
+  netTxBytes: number;
+  netConnections: number;
+}
+
+function statsOf(st: PbSandbox["stats"]): SandboxStats {
+  return {
+    memoryBytes: Number(st?.memoryBytes ?? 0), memoryPeakBytes: Number(st?.memoryPeakBytes ?? 0), cpuUsageNs: Number(st?.cpuUsageNs ?? 0),
+    pids: Number(st?.pids ?? 0), diskUsedBytes: Number(st?.diskUsedBytes ?? 0), netRxBytes: Number(st?.netRxBytes ?? 0),
+    netTxBytes: Number(st?.netTxBytes ?? 0), netConnections: Number(st?.netConnections ?? 0),
+  };
 }
 
 function stateName(s: SandboxState): SandboxInfo["state"] {
@@ -113,7 +134,7 @@ function infoOf(s: PbSandbox): SandboxInfo {
   return {
     id: s.id, name: s.name, image: s.image, state: stateName(s.state), labels: s.labels,
     createdAt: new Date(Number(s.createdAtMs)), expiresAt: s.expiresAtMs > 0n ? new Date(Number(s.expiresAtMs)) : undefined,
-    stateDetail: s.stateDetail, ipAddress: s.ipAddress,
+    stateDetail: s.stateDetail, ipAddress: s.ipAddress, stats: s.stats ? statsOf(s.stats) : undefined,
   };
 }
 
@@ -245,14 +266,11 @@ export class Sandbox {
     return this;
   }
 
-  /** Its usage and limits now (memory, CPU, PIDs, disk, network), from the
-   * daemon's sampler; history adds the last 15 minutes of samples. */
-  async stats(opts: { history?: boolean } = {}): Promise<SandboxUsage> {
-    const [u] = await stats(this.client, [this.id], opts.history ?? false);
-    if (!u) {
-      throw new NotFoundError("not_found", `stats of ${this.id}: the daemon reported none`);
-    }
-    return u;
+  /** Live usage (memory, CPU, PIDs, disk, network), fetched from the
+   * daemon on each call (this also refreshes info). */
+  async stats(): Promise<SandboxStats> {
+    await this.refresh();
+    return this._info.stats ?? statsOf(undefined);
   }
 
   /** Freeze every process (memory and files are kept). */
