@@ -68,6 +68,12 @@ export interface EventsOptions {
 /** The daemon's events the token may see, in order, as an async iterator
  * (a bad type throws here, before any call). */
 export function events(c: Client, opts: EventsOptions = {}): AsyncGenerator<SbxEvent> {
+  if (opts.afterSeq !== undefined && !(Number.isInteger(opts.afterSeq) && opts.afterSeq >= 0)) {
+    throw new RangeError(`events: afterSeq ${opts.afterSeq}: want a whole number, 0 or more`);
+  }
+  if (opts.since !== undefined && Number.isNaN(opts.since.getTime())) {
+    throw new RangeError("events: since is an invalid Date");
+  }
   return follow(c, opts, (opts.types ?? []).map(typeOf));
 }
 
@@ -75,7 +81,8 @@ async function* follow(c: Client, opts: EventsOptions, types: EventType[]): Asyn
   try {
     for await (const m of c.rpc.observe.events({
       types, sandboxes: opts.sandboxes ?? [], labelSelectors: opts.labels ?? [],
-      sinceMs: BigInt(opts.since?.getTime() ?? 0), afterSeq: BigInt(opts.afterSeq ?? 0), noFollow: opts.follow === false,
+      // The daemon replays nothing for 0: since the epoch is "everything held".
+      sinceMs: BigInt(opts.since ? Math.max(1, opts.since.getTime()) : 0), afterSeq: BigInt(opts.afterSeq ?? 0), noFollow: opts.follow === false,
     }, { timeoutMs: 0, signal: opts.signal })) {
       if (m.kind.case === "event") {
         yield eventOf(m.kind.value);

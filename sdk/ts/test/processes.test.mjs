@@ -177,6 +177,12 @@ describe("events and stats", () => {
       replay.push(ev.seq);
     }
     assert.deepEqual(replay, seen.map((e) => e.seq));
+    const all = [];
+    for await (const ev of client.events({ sandboxes: [box.id], since: new Date(0), follow: false })) {
+      all.push(ev.type);
+    }
+    assert.ok(all.includes("created") && all.includes("destroyed"), `since the epoch replayed ${all}`);
+    assert.throws(() => client.events({ afterSeq: 0.5 }), /afterSeq 0.5: want a whole number/);
     assert.throws(() => client.events({ types: ["nope"] }).next(), /unknown event type "nope"/);
   });
 
