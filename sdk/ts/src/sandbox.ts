@@ -53,6 +53,8 @@ export interface CreateOptions {
   scopedToken?: boolean;
   /** Start the image's ENTRYPOINT/CMD (default true). */
   entrypoint?: boolean;
+  /** Start the stopped sandbox when it is used (exec, files, ports). */
+  autoResume?: boolean;
   client?: Client;
 }
 
@@ -87,6 +89,9 @@ export interface SandboxInfo {
   expiresAt?: Date;
   stateDetail: string;
   ipAddress: string;
+  /** Its limits (0: the daemon's default or none); cpu in CPUs. */
+  resources: { memoryBytes: number; cpu: number; pids: number; diskBytes: number };
+  autoResume: boolean;
   /** Live usage when the daemon was last asked (fromId, refresh, stats). */
   stats?: SandboxStats;
 }
@@ -135,6 +140,11 @@ function infoOf(s: PbSandbox): SandboxInfo {
     id: s.id, name: s.name, image: s.image, state: stateName(s.state), labels: s.labels,
     createdAt: new Date(Number(s.createdAtMs)), expiresAt: s.expiresAtMs > 0n ? new Date(Number(s.expiresAtMs)) : undefined,
     stateDetail: s.stateDetail, ipAddress: s.ipAddress, stats: s.stats ? statsOf(s.stats) : undefined,
+    resources: {
+      memoryBytes: Number(s.resources?.memoryBytes ?? 0), cpu: Number(s.resources?.cpuMillis ?? 0) / 1000,
+      pids: Number(s.resources?.pids ?? 0), diskBytes: Number(s.resources?.diskBytes ?? 0),
+    },
+    autoResume: s.autoResume,
   };
 }
 
@@ -213,7 +223,7 @@ export class Sandbox {
         name: ds.name, value: ds.value, domains: ds.domains, headers: ds.headers ?? [], allowQuery: ds.allowQuery ?? false,
       })),
       idleAction: opts.stopWhenIdle ? IdleAction.STOP : IdleAction.UNSPECIFIED,
-      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false,
+      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false, autoResume: opts.autoResume ?? false,
     }));
     if (!r.sandbox) {
       throw new NotFoundError("not_found", "create sandbox: the daemon returned no sandbox");
@@ -294,22 +304,43 @@ export class Sandbox {
    */
   async update(opts: {
     timeout?: number; idleTimeout?: number; stopWhenIdle?: boolean;
-    setLabels?: Record<string, string>; removeLabels?: string[];
-    memory?: number | string; cpu?: number; pids?: number;
+    setLabels?: Record<string, string>; removeLabels?: string[]; replaceLabels?: boolean;
+    memory?: number | string; cpu?: number; pids?: number; autoResume?: boolean;
   }): Promise<void> {
+    for (const [k, v] of [["timeout", opts.timeout], ["idleTimeout", opts.idleTimeout]] as const) {
+      if (v !== undefined && !(v >= 0)) {
+        throw new RangeError(`update: ${k} ${v}: want seconds, 0 or more`);
+      }
+    }
+    for (const [k, v] of [["cpu", opts.cpu], ["pids", opts.pids]] as const) {
+      if (v !== undefined && !(v > 0)) {
+        throw new RangeError(`update: ${k} ${v}: want a positive number`);
+      }
+    }
     const r = await call(`update ${this.id}`, () => this.client.rpc.sandboxes.updateSandbox({
       sandbox: this.id,
       timeoutMs: opts.timeout === undefined ? undefined : ms(opts.timeout),
       idleTimeoutMs: opts.idleTimeout === undefined ? undefined : ms(opts.idleTimeout),
       idleAction: opts.stopWhenIdle === undefined ? IdleAction.UNSPECIFIED : opts.stopWhenIdle ? IdleAction.STOP : IdleAction.DESTROY,
-      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [],
+      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [], replaceLabels: opts.replaceLabels ?? false,
       resources: {
         memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)), pids: BigInt(opts.pids ?? 0),
       },
+      autoResume: opts.autoResume,
     }));
     if (r.sandbox) {
       this._info = infoOf(r.sandbox);
     }
+  }
+
+  /** A new lifetime in seconds counted from now (E2B's setTimeout). */
+  setTimeout(seconds: number): Promise<void> {
+    return this.update({ timeout: seconds });
+  }
+
+  /** Add or replace labels. */
+  setLabels(labels: Record<string, string>): Promise<void> {
+    return this.update({ setLabels: labels });
   }
 
   /** Change the network policy of the running sandbox (open connections included). */

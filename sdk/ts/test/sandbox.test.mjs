@@ -73,6 +73,39 @@ describe("sandboxes", () => {
   });
 });
 
+describe("updates", () => {
+  it("change limits, labels and the lifetime, and refuse bad values naming them", async (t) => {
+    if (skip(t)) return;
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN, a: "1" }, memory: "128M", pids: 128 });
+    await box.update({ memory: "256M", cpu: 1, pids: 300 });
+    assert.deepEqual(box.info.resources, { memoryBytes: 256 * 2 ** 20, cpu: 1, pids: 300, diskBytes: box.info.resources.diskBytes });
+    await box.setLabels({ b: "2" });
+    assert.deepEqual([box.info.labels.a, box.info.labels.b], ["1", "2"]);
+    await box.update({ setLabels: { "sbx-ts-test": RUN, only: "me" }, replaceLabels: true });
+    assert.deepEqual(box.info.labels, { "sbx-ts-test": RUN, only: "me" });
+    await box.setTimeout(30);
+    assert.ok(box.info.expiresAt.getTime() - Date.now() <= 30_000, `expires ${box.info.expiresAt}`);
+    await assert.rejects(box.update({ memory: "1T" }), (e) => e instanceof InvalidArgumentError && /memory/.test(e.message));
+    await assert.rejects(box.update({ cpu: 0 }), (e) => e instanceof RangeError && /cpu 0/.test(e.message));
+    await assert.rejects(box.update({ timeout: -1 }), (e) => e instanceof RangeError && /timeout -1/.test(e.message));
+    await assert.rejects(box.update({ setLabels: { "bad key!": "x" } }), (e) => e instanceof InvalidArgumentError && /bad key/.test(e.message));
+    await box.terminate();
+  });
+
+  it("resume a stopped sandbox on use with autoResume", async (t) => {
+    if (skip(t)) return;
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN }, autoResume: true });
+    assert.equal(box.info.autoResume, true);
+    await box.stop();
+    assert.equal((await box.refresh()).state, "stopped");
+    assert.equal((await box.run("echo back")).stdout, "back\n");
+    assert.equal((await box.refresh()).state, "running");
+    await box.update({ autoResume: false });
+    assert.equal(box.info.autoResume, false);
+    await box.terminate();
+  });
+});
+
 describe("the sandbox's own command", () => {
   it("streams its logs and reports how it ended", async (t) => {
     if (skip(t)) return;
