@@ -255,6 +255,27 @@ function belowSymlink(dest: string, rel: string): boolean {
   return false;
 }
 
+/**
+ * linkInside reports whether a symlink at rel pointing to target stays
+ * inside the tree whatever the tree's other links are: relative, and its
+ * ".." only leading (they climb through the link's own parent directories,
+ * which are never links). A ".." after a name could climb out of a link
+ * made later ("l -> s/x/.." with "s/x -> ..": lexically "s", really the
+ * destination's parent).
+ */
+export function linkInside(rel: string, target: string): boolean {
+  if (!target || target.startsWith("/")) {
+    return false;
+  }
+  const parts = target.split("/").filter((p) => p !== "" && p !== ".");
+  const firstName = parts.findIndex((p) => p !== "..");
+  if (firstName >= 0 && parts.slice(firstName).includes("..")) {
+    return false;
+  }
+  const resolved = posix.normalize(posix.join(posix.dirname(rel), target));
+  return resolved !== ".." && !resolved.startsWith("../");
+}
+
 function clean(name: string): string {
   if (!name || name.startsWith("/") || /^[A-Za-z]:/.test(name)) {
     throw new UnsafeArchiveError(`${JSON.stringify(name)}: absolute path`);
@@ -354,8 +375,7 @@ export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = [
       }
     };
     if (type === "2") {
-      const resolved = posix.normalize(posix.join(posix.dirname(rel), link));
-      if (!link || link.startsWith("/") || resolved === ".." || resolved.startsWith("../")) {
+      if (!linkInside(rel, link)) {
         skipped.push(rel);
         continue;
       }
