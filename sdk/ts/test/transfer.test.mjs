@@ -83,6 +83,13 @@ describe("directories as tar", () => {
     assert.deepEqual(got.skipped.sort(), ["abs", "rel"]);
     assert.equal(readFileSync(join(dst, "fine"), "utf8"), "ok\n");
     assert.throws(() => lstatSync(join(dst, "abs")), /ENOENT/);
+    // A chain of links, each inside on its own: l -> s/x/.. reads as "s",
+    // but s/x -> .. makes it the destination's parent.
+    await sb.run("rm -rf /tmp/chain && mkdir -p /tmp/chain/s && cd /tmp/chain && ln -s s/x/.. l && ln -s .. s/x");
+    const chain = await sb.files.downloadDir("/tmp/chain", join(tmp, "chain"));
+    assert.deepEqual(chain.skipped, ["l"]);
+    assert.equal(readlinkSync(join(tmp, "chain/s/x")), "..");
+    assert.throws(() => lstatSync(join(tmp, "chain/l")), /ENOENT/);
     // An archive the box crafted: each entry tries another way out.
     const { safeExtract } = await import("@sbxdev/sbx");
     const cases = [
