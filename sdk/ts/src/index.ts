@@ -11,7 +11,7 @@
  * Client for what this surface does not wrap).
  */
 export { Client, DEFAULT_ADDR, getDefaultClient, type ClientOptions } from "./client.js";
-export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type Port, type SandboxInfo, type SandboxStats } from "./sandbox.js";
+export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type PathPolicy, type PermissionName, type PermissionRule, type Port, type SandboxInfo, type SandboxStats } from "./sandbox.js";
 export { Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
 export { Files, type FileInfo } from "./files.js";
 export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from "./code.js";

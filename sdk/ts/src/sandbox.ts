@@ -1,6 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 
 import { ExecRequestSchema, type ExecRequest } from "./gen/sbx/v1/process_pb.js";
+import { PatternType, Permission, type PathPolicy as PbPathPolicy } from "./gen/sbx/v1/permissions_pb.js";
 import { IdleAction, NetworkMode, SandboxState, type Sandbox as PbSandbox } from "./gen/sbx/v1/sandbox_pb.js";
 import { Client, getDefaultClient } from "./client.js";
 import { CodeContext, runCode, type CodeResult, type RunCodeOptions } from "./code.js";
@@ -11,6 +12,73 @@ import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, ty
 import { Processes } from "./processes.js";
 import { Session } from "./session.js";
 import { parseSize } from "./size.js";
+
+/** What a permission rule lets the sandbox do with the paths it matches:
+ * none (hidden), view (listed, not read), read, write. */
+export type PermissionName = "none" | "view" | "read" | "write";
+
+/** A rule of a guarded directory: a glob ("*.pem"), or a directory or file
+ * path relative to the guarded directory ("/docs"). */
+export interface PermissionRule {
+  pattern: string;
+  permission: PermissionName;
+  type?: "glob" | "directory" | "file";
+  priority?: number;
+  caseInsensitive?: boolean;
+}
+
+/** A directory of the sandbox seen through permission rules (a preset
+ * such as "development" or "agent-safe", rules, and a default). */
+export interface PathPolicy {
+  path: string;
+  preset?: string;
+  rules?: PermissionRule[];
+  default?: PermissionName;
+}
+
+const PERMISSIONS: Record<PermissionName, Permission> = {
+  none: Permission.NONE, view: Permission.VIEW, read: Permission.READ, write: Permission.WRITE,
+};
+const PATTERN_TYPES = { glob: PatternType.GLOB, directory: PatternType.DIRECTORY, file: PatternType.FILE };
+
+function permissionOf(p: string | undefined, what: string): Permission {
+  if (p === undefined) {
+    return Permission.UNSPECIFIED;
+  }
+  const v = PERMISSIONS[p as PermissionName];
+  if (v === undefined) {
+    throw new RangeError(`${what}: permission ${JSON.stringify(p)}: want one of ${Object.keys(PERMISSIONS).join(", ")}`);
+  }
+  return v;
+}
+
+function rulesOf(rules: PermissionRule[] | undefined) {
+  return (rules ?? []).map((r) => {
+    const type = r.type === undefined ? PatternType.UNSPECIFIED : PATTERN_TYPES[r.type];
+    if (type === undefined) {
+      throw new RangeError(`rule ${r.pattern}: type ${JSON.stringify(r.type)}: want glob, directory or file`);
+    }
+    return {
+      pattern: r.pattern, type, permission: permissionOf(r.permission, `rule ${r.pattern}`),
+      priority: r.priority ?? 0, caseInsensitive: r.caseInsensitive ?? false,
+    };
+  });
+}
+
+function permissionName(p: Permission): PermissionName | undefined {
+  return (Object.entries(PERMISSIONS) as [PermissionName, Permission][]).find(([, v]) => v === p)?.[0];
+}
+
+function pathPolicyOf(p: PbPathPolicy): PathPolicy {
+  return {
+    path: p.path, preset: p.preset || undefined, default: permissionName(p.defaultPermission),
+    rules: p.rules.map((r) => ({
+      pattern: r.pattern, permission: permissionName(r.permission) ?? "none",
+      type: r.type === PatternType.UNSPECIFIED ? undefined : (Object.entries(PATTERN_TYPES).find(([, v]) => v === r.type)?.[0] as PermissionRule["type"]),
+      priority: r.priority || undefined, caseInsensitive: r.caseInsensitive || undefined,
+    })),
+  };
+}
 
 /** Options of Sandbox.create. Unset ones take the daemon's defaults. */
 export interface CreateOptions {
@@ -42,7 +110,9 @@ export interface CreateOptions {
   /** "public" (default), "none", or an allowlist. */
   network?: "public" | "none" | { allowCidrs?: string[]; allowDomains?: string[] };
   volumes?: { volume: string; path: string; readOnly?: boolean }[];
-  codebases?: { codebase: string; path: string; preset?: string }[];
+  /** Directories guarded by permission rules (files there are seen through them). */
+  pathPolicies?: PathPolicy[];
+  codebases?: { codebase: string; path: string; preset?: string; rules?: PermissionRule[]; default?: PermissionName }[];
   /** Secrets kept out of the sandbox: it sees a placeholder in env `name`;
    * the egress proxy sends the value to the listed domains only (over
    * HTTPS, in the headers named; Authorization by default). */
@@ -92,6 +162,7 @@ export interface SandboxInfo {
   /** Its limits (0: the daemon's default or none); cpu in CPUs. */
   resources: { memoryBytes: number; cpu: number; pids: number; diskBytes: number };
   autoResume: boolean;
+  pathPolicies: PathPolicy[];
   /** Live usage when the daemon was last asked (fromId, refresh, stats). */
   stats?: SandboxStats;
 }
@@ -145,6 +216,7 @@ function infoOf(s: PbSandbox): SandboxInfo {
       pids: Number(s.resources?.pids ?? 0), diskBytes: Number(s.resources?.diskBytes ?? 0),
     },
     autoResume: s.autoResume,
+    pathPolicies: s.pathPolicies.map(pathPolicyOf),
   };
 }
 
@@ -218,7 +290,13 @@ export class Sandbox {
       },
       timeoutMs: ms(opts.timeout), idleTimeoutMs: ms(opts.idleTimeout), network,
       volumes: (opts.volumes ?? []).map((v) => ({ volume: v.volume, path: v.path, readOnly: v.readOnly ?? false })),
-      codebases: (opts.codebases ?? []).map((cb) => ({ codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "" })),
+      codebases: (opts.codebases ?? []).map((cb) => ({
+        codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "", rules: rulesOf(cb.rules),
+        defaultPermission: permissionOf(cb.default, `codebase ${cb.codebase}`),
+      })),
+      pathPolicies: (opts.pathPolicies ?? []).map((p) => ({
+        path: p.path, preset: p.preset ?? "", rules: rulesOf(p.rules), defaultPermission: permissionOf(p.default, `path policy ${p.path}`),
+      })),
       domainSecrets: (opts.domainSecrets ?? []).map((ds) => ({
         name: ds.name, value: ds.value, domains: ds.domains, headers: ds.headers ?? [], allowQuery: ds.allowQuery ?? false,
       })),

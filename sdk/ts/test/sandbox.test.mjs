@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 
-import { Client, InvalidArgumentError, NotFoundError, Sandbox, UnauthenticatedError } from "@sbxdev/sbx";
+import { Client, InvalidArgumentError, NotFoundError, Sandbox, SbxError, UnauthenticatedError } from "@sbxdev/sbx";
 
 import { startDaemon } from "./daemon.mjs";
 
@@ -103,6 +103,28 @@ describe("updates", () => {
     await box.update({ autoResume: false });
     assert.equal(box.info.autoResume, false);
     await box.terminate();
+  });
+});
+
+describe("permission rules", () => {
+  it("guard a directory as the rules say and refuse bad ones naming them", async (t) => {
+    if (skip(t)) return;
+    const policy = { path: "/workspace", preset: "development", rules: [{ pattern: "/docs", permission: "read", type: "directory" }] };
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN }, pathPolicies: [policy] });
+    assert.deepEqual(box.info.pathPolicies, [{ ...policy, default: undefined, rules: [{ ...policy.rules[0], priority: undefined, caseInsensitive: undefined }] }]);
+    const r = await box.run("cd /workspace && echo s > .env; echo rc=$?; echo ok > a.txt && cat a.txt && mkdir docs");
+    assert.doesNotMatch(r.stdout, /rc=0/); // .env is hidden: it cannot be created
+    assert.match(r.stderr, /cannot create .env: Permission denied/);
+    assert.notEqual(r.exitCode, 0); // docs/ is read-only: mkdir fails
+    assert.deepEqual((await box.files.list("/workspace")).map((f) => f.name), ["a.txt"]);
+    await assert.rejects(box.files.write("/workspace/.env", "x"), SbxError);
+    await box.terminate();
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "/workspace", preset: "nope" }] }),
+      (e) => e instanceof InvalidArgumentError && /nope/.test(e.message));
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "relative" }] }),
+      (e) => e instanceof InvalidArgumentError && /relative/.test(e.message));
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "/w", rules: [{ pattern: "*.pem", permission: "hidden" }] }] }),
+      (e) => e instanceof RangeError && /"hidden"/.test(e.message));
   });
 });
 
