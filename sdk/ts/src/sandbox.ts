@@ -1,3 +1,6 @@
+import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
+
 import { create } from "@bufbuild/protobuf";
 
 import { ExecRequestSchema, type ExecRequest } from "./gen/sbx/v1/process_pb.js";
@@ -125,6 +128,12 @@ export interface CreateOptions {
   entrypoint?: boolean;
   /** Start the stopped sandbox when it is used (exec, files, ports). */
   autoResume?: boolean;
+  /** Instead of image: the path of a Dockerfile to build first (its
+   * directory is the context; see images.build), tagged
+   * localhost/sbx-dockerfile/<hash of it and its args>. */
+  dockerfile?: string;
+  /** The Dockerfile's ARGs. */
+  buildArgs?: Record<string, string>;
   client?: Client;
 }
 
@@ -281,8 +290,23 @@ export class Sandbox {
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const c = opts.client ?? getDefaultClient();
     const network = networkOf(opts.network);
+    let image = opts.image ?? "";
+    if (opts.dockerfile !== undefined) {
+      if (image) {
+        throw new RangeError("create: give an image or a dockerfile, not both");
+      }
+      // Named by the Dockerfile and its args: an unchanged one runs no step.
+      const h = createHash("sha256").update(readFileSync(opts.dockerfile));
+      for (const k of Object.keys(opts.buildArgs ?? {}).sort()) {
+        h.update(`\0${k}=${opts.buildArgs?.[k]}`);
+      }
+      image = `localhost/sbx-dockerfile/${h.digest("hex").slice(0, 16)}:latest`;
+      await c.images.build({ dockerfile: opts.dockerfile, buildArgs: opts.buildArgs }, { tag: image });
+    } else if (opts.buildArgs) {
+      throw new RangeError("create: buildArgs go with a dockerfile");
+    }
     const r = await call("create sandbox", () => c.rpc.sandboxes.createSandbox({
-      image: opts.image ?? "", name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
+      image, name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
       command: opts.command ?? [], workdir: opts.workdir ?? "", user: opts.user ?? "", runtime: opts.runtime ?? "",
       resources: {
         memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)),

@@ -186,6 +186,13 @@ describe("images", () => {
     assert.equal((await dbox.run("sh run.sh; cat who; ls")).stdout, "from dockerfile\nts\nrun.sh\nwho\n");
     await dbox.terminate();
 
+    // Sandbox.create builds it itself (from the cache: the same steps).
+    const made = await Sandbox.create({ client, dockerfile: join(ctx, "Dockerfile"), buildArgs: { BASE: base, WHO: "ts" }, labels: { "sbx-ts-test": RUN } });
+    assert.match(made.info.image, /^localhost\/sbx-dockerfile\/[0-9a-f]{16}:latest$/);
+    assert.equal((await made.run("cat who")).stdout, "ts\n");
+    await made.terminate();
+    await assert.rejects(Sandbox.create({ client, image: base, dockerfile: join(ctx, "Dockerfile") }), /an image or a dockerfile, not both/);
+
     const tarball = await client.images.export(dtag);
     assert.ok(tarball.length > 1000, `export gave ${tarball.length} bytes`);
     const copy = `localhost/ts/copy-${process.pid}:v1`;
