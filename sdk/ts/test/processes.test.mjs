@@ -130,11 +130,14 @@ describe("background processes", () => {
 describe("exec output as an async iterator", () => {
   it("yields stdout and stderr as printed, in order, and again from the start", async (t) => {
     if (skip(t)) return;
-    const p = sb.exec(["sh", "-c", "echo a; echo b >&2; read x; echo $x"]);
+    // Each line waits for the test to have seen the one before: the order is the program's.
+    const p = sb.exec(["sh", "-c", "echo a; read x; echo b >&2; read y; echo $y"]);
     const got = [];
     for await (const o of p.output()) {
       got.push(`${o.stream}:${o.text}`);
-      if (o.text === "b\n") {
+      if (o.text === "a\n") {
+        p.writeStdin("go\n");
+      } else if (o.text === "b\n") {
         p.writeStdin("c\n");
         p.closeStdin();
       }
