@@ -236,7 +236,20 @@ describe("tenants", () => {
       assert.deepEqual([mine.name, mine.quotas.maxSandboxes], ["acme", 8]);
       const box = await Sandbox.create({ client: acme });
       assert.equal((await acme.tenants.current()).usage.sandboxes, 1);
-      await assert.rejects(Sandbox.fromId(box.id, { client: beta }), NotFoundError);
+      // Another tenant's sandbox reads exactly as a missing one (no oracle).
+      const other = await Sandbox.fromId(box.id, { client: beta }).catch((e) => e);
+      const missing = await Sandbox.fromId("sb-0000000000ff", { client: beta }).catch((e) => e);
+      assert.ok(other instanceof NotFoundError, String(other));
+      assert.equal(other.message.replaceAll(box.id, "X"), missing.message.replaceAll("sb-0000000000ff", "X"));
+      // Names are per tenant.
+      const named = await Sandbox.create({ client: acme, name: "dev" });
+      const bnamed = await Sandbox.create({ client: beta, name: "dev" });
+      assert.notEqual(named.id, bnamed.id);
+      await bnamed.terminate();
+      await named.terminate();
+      // Scoped tokens reach the daemon through the network gateway: none here.
+      await assert.rejects(Sandbox.create({ client: acme, scopedToken: true }),
+        (e) => e instanceof FailedPreconditionError && /scoped_token/.test(e.message));
       await assert.rejects(beta.tenants.get("acme"), (e) => e instanceof PermissionDeniedError || e instanceof NotFoundError);
       await assert.rejects(beta.tenants.list(), PermissionDeniedError);
       assert.deepEqual((await admin.tenants.list()).map((x) => x.name).sort(), ["acme", "beta"]);
