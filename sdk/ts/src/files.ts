@@ -44,6 +44,14 @@ export function fileInfoOf(f: PbFileInfo): FileInfo {
   };
 }
 
+/** A change watch() saw in a directory. */
+export interface WatchEvent {
+  type: "create" | "write" | "remove";
+  path: string;
+  /** The entry as listed (the last listing's, for a remove). */
+  info: FileInfo;
+}
+
 /** A sandbox's filesystem (sandbox.files). */
 export class Files {
   /** @internal */
@@ -172,5 +180,54 @@ export class Files {
     const skipped: string[] = [];
     const entries = safeExtract(await this.downloadTar(remoteDir), localDir, skipped);
     return { entries, skipped };
+  }
+
+  /**
+   * Watch a directory (its subtree with recursive): an async iterator of
+   * the creates, writes (size or mtime changed) and removes seen. The sbx
+   * API has no change stream, so this lists the directory every
+   * `intervalMs` (default 500, at least 100) and reports the differences,
+   * as sbx's E2B watchDir does: a change undone within one interval is not
+   * seen, and a rename is a remove and a create. It ends when `signal`
+   * aborts (or the caller stops iterating); a missing directory throws.
+   * `onReady` is called once the first listing is taken: changes after it
+   * are reported.
+   */
+  async *watch(path: string, opts: { recursive?: boolean; intervalMs?: number; signal?: AbortSignal; onReady?: () => void } = {}): AsyncGenerator<WatchEvent> {
+    const interval = opts.intervalMs ?? 500;
+    if (!(interval >= 100)) {
+      throw new RangeError(`watch: intervalMs ${interval}: want 100 or more`);
+    }
+    const snapshot = async () => new Map((await this.list(path, { recursive: opts.recursive ?? false })).map((f) => [f.path, f]));
+    let before = await snapshot();
+    opts.onReady?.();
+    while (!opts.signal?.aborted) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, interval);
+        opts.signal?.addEventListener("abort", () => {
+          clearTimeout(t);
+          resolve();
+        }, { once: true });
+      });
+      if (opts.signal?.aborted) {
+        return;
+      }
+      const now = await snapshot();
+      for (const [p, f] of now) {
+        const old = before.get(p);
+        if (!old) {
+          yield { type: "create", path: p, info: f };
+        } else if (old.type !== f.type || (f.type !== "dir" && (old.size !== f.size || old.mtime.getTime() !== f.mtime.getTime()))) {
+          // (A directory's own mtime moves with its entries, reported themselves.)
+          yield { type: "write", path: p, info: f };
+        }
+      }
+      for (const [p, f] of before) {
+        if (!now.has(p)) {
+          yield { type: "remove", path: p, info: f };
+        }
+      }
+      before = now;
+    }
   }
 }

@@ -13,7 +13,7 @@
 export { Client, DEFAULT_ADDR, getDefaultClient, type ClientOptions } from "./client.js";
 export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type PathPolicy, type PermissionName, type PermissionRule, type Port, type SandboxInfo, type SandboxStats } from "./sandbox.js";
 export { Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
-export { Files, type FileInfo } from "./files.js";
+export { Files, type FileInfo, type WatchEvent } from "./files.js";
 export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from "./code.js";
 export { Session, type SessionResult } from "./session.js";
 export { Volumes, type Volume } from "./volumes.js";

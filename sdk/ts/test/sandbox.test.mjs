@@ -216,6 +216,36 @@ describe("files", () => {
   });
 });
 
+describe("watching a directory", () => {
+  it("yields creates, writes and removes as an async iterator", async (t) => {
+    if (skip(t)) return;
+    // Each change is one rename or unlink in the box (atomic: a poll sees
+    // before or after), and waits for the watcher to report the one before.
+    await sb.run("mkdir -p /tmp/watched/sub /tmp/staging && echo one > /tmp/staging/a && echo one-more > /tmp/staging/b");
+    const ac = new AbortController();
+    const seen = [];
+    let ready;
+    const listed = new Promise((r) => (ready = r));
+    const it = sb.files.watch("/tmp/watched", { recursive: true, intervalMs: 100, signal: ac.signal, onReady: ready });
+    const first = it.next(); // the first listing is taken on the first next()
+    await listed;
+    await sb.run("mv /tmp/staging/a /tmp/watched/sub/a.txt");
+    seen.push((await first).value);
+    await sb.run("mv /tmp/staging/b /tmp/watched/sub/a.txt");
+    seen.push((await it.next()).value);
+    await sb.run("rm /tmp/watched/sub/a.txt");
+    seen.push((await it.next()).value);
+    ac.abort();
+    assert.equal((await it.next()).done, true);
+    assert.deepEqual(seen.map((e) => [e.type, e.path]), [
+      ["create", "/tmp/watched/sub/a.txt"], ["write", "/tmp/watched/sub/a.txt"], ["remove", "/tmp/watched/sub/a.txt"],
+    ]);
+    assert.equal(seen[1].info.size, 9);
+    await assert.rejects(sb.files.watch("/tmp/no-such-dir").next(), NotFoundError);
+    await assert.rejects(sb.files.watch("/tmp", { intervalMs: 1 }).next(), /intervalMs 1: want 100 or more/);
+  });
+});
+
 describe("code", () => {
   it("runs python and returns a matplotlib figure as a PNG artifact", async (t) => {
     if (skip(t)) return;
