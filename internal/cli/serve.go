@@ -122,6 +122,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")
+	f.StringVar(&cfg.UIListen, "ui-listen", "auto", "address of the web dashboard (and the API it calls), an origin of its own that never serves sandbox ports: auto (--listen's host, the next port; none if taken) or off")
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.BoolVar(&cfg.NoE2B, "no-e2b-api", false, "do not serve the E2B-compatible API (E2B's SDKs with E2B_API_URL/E2B_SANDBOX_URL pointing here; docs/E2B.md); with it on, ports 49983 and 49999 routed by header or host name are E2B's envd and code interpreter, not the sandbox's")
 	f.StringVar(&cfg.E2BImage, "e2b-image", "", "sbx image for E2B's stock templates (base, code-interpreter-v1) (default: the daemon's default image)")

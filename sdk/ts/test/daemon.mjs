@@ -33,13 +33,22 @@ function freePort() {
   });
 }
 
+// nextPort is host:port's host with the port after it (the daemon's
+// default --ui-listen).
+function nextPort(addr) {
+  const i = addr.lastIndexOf(":");
+  return `${addr.slice(0, i)}:${Number(addr.slice(i + 1)) + 1}`;
+}
+
 /**
- * startDaemon returns { addr, token, stop() }, or { skip: reason } when no
- * daemon can be had (not root and no $SBX_ADDR).
+ * startDaemon returns { addr, uiAddr, token, stop() }, or { skip: reason }
+ * when no daemon can be had (not root and no $SBX_ADDR). uiAddr is the web
+ * dashboard's listener ($SBX_UI_ADDR, default the port after $SBX_ADDR's).
  */
 export async function startDaemon() {
   if (process.env.SBX_ADDR && (await healthy(process.env.SBX_ADDR))) {
-    return { addr: process.env.SBX_ADDR, token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
+    return { addr: process.env.SBX_ADDR, uiAddr: process.env.SBX_UI_ADDR || nextPort(process.env.SBX_ADDR),
+      token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
   }
   if (process.getuid?.() !== 0) {
     return { skip: "the sbx daemon needs root (namespaces, cgroups, mounts): run as root or set SBX_ADDR" };
@@ -49,10 +58,11 @@ export async function startDaemon() {
   const token = randomBytes(24).toString("hex");
   writeFileSync(join(dir, "token"), token + "\n", { mode: 0o600 });
   const addr = `127.0.0.1:${await freePort()}`;
+  const uiAddr = `127.0.0.1:${await freePort()}`;
   const log = join(dir, "daemon.log");
   const fd = openSync(log, "a");
   const proc = spawn(SBX_BIN, ["serve", "--listen", addr, "--data-dir", join(dir, "data"), "--warm-pool", "0",
-    "--network=false", "--auth-token-file", join(dir, "token")], { stdio: ["ignore", fd, fd], detached: true });
+    "--network=false", "--auth-token-file", join(dir, "token"), "--ui-listen", uiAddr], { stdio: ["ignore", fd, fd], detached: true });
   let exited = false;
   proc.on("exit", () => (exited = true));
   const deadline = Date.now() + 30_000;
@@ -66,7 +76,7 @@ export async function startDaemon() {
     await new Promise((r) => setTimeout(r, 100));
   }
   return {
-    addr, token, log,
+    addr, uiAddr, token, log,
     async stop(destroyAll) {
       // Sandboxes outlive the daemon: destroy them before stopping it.
       if (destroyAll) {
