@@ -417,7 +417,12 @@ func Run(ctx context.Context, cfg Config) error {
 		fcfg.DashboardPort = uiLn.Addr().(*net.TCPAddr).Port
 	}
 	if !cfg.NoE2B {
-		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, log)
+		envdKey, err := server.LoadEnvdKey(dataDir)
+		if err != nil {
+			return err
+		}
+		fcfg.EnvdKey = envdKey
+		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, func(id string) string { return server.EnvdToken(envdKey, id) }, log)
 		if err != nil {
 			return err
 		}

@@ -22,20 +22,22 @@ type E2BAPI interface {
 
 // Headers carrying E2B credentials: the API key on the control plane, the
 // sandbox's access tokens on envd and the code interpreter (the E2B API
-// hands out the caller's own key as both).
+// hands out the sandbox's envd token as both: envdtoken.go; the owner's API
+// key is accepted there too).
 const (
 	HeaderE2BAPIKey        = "X-Api-Key"
 	HeaderE2BAccessToken   = "X-Access-Token"
 	HeaderE2BTrafficAccess = "E2b-Traffic-Access-Token"
 )
 
-// e2bAuth returns who the first accepted token among toks acts as.
-func (f *Front) e2bAuth(r *http.Request, toks ...string) (*http.Request, string, bool) {
+// e2bAuth returns who the first accepted token among toks acts as. A
+// sandbox's envd token (envdtoken.go) counts only where envd is true.
+func (f *Front) e2bAuth(r *http.Request, envd bool, toks ...string) (*http.Request, string, bool) {
 	if f.openAccess() {
 		return r, "", true
 	}
 	for _, tok := range toks {
-		if p, ok := f.authenticate(r, tok); ok {
+		if p, ok := f.authenticate(r, tok); ok && (envd || p.Only == "") {
 			return admitted(r, p, tok), tok, true
 		}
 	}
@@ -44,7 +46,7 @@ func (f *Front) e2bAuth(r *http.Request, toks ...string) (*http.Request, string,
 
 // serveE2BAPI serves E2B's control plane (X-API-Key, or a bearer token).
 func (f *Front) serveE2BAPI(w http.ResponseWriter, r *http.Request) {
-	r, tok, ok := f.e2bAuth(r, r.Header.Get(HeaderE2BAPIKey), bearer(r))
+	r, tok, ok := f.e2bAuth(r, false, r.Header.Get(HeaderE2BAPIKey), bearer(r))
 	if !ok {
 		f.cfg.E2B.WriteError(w, http.StatusUnauthorized, "invalid or missing API key: send X-API-Key (E2B_API_KEY) with an sbx token")
 		return
@@ -56,7 +58,7 @@ func (f *Front) serveE2BAPI(w http.ResponseWriter, r *http.Request) {
 // sandbox. Authorization is not a credential here: envd's carries the
 // user name (Basic).
 func (f *Front) serveE2BSandbox(w http.ResponseWriter, r *http.Request, rt route) {
-	r, tok, ok := f.e2bAuth(r, r.Header.Get(HeaderE2BAccessToken), r.Header.Get(HeaderE2BTrafficAccess), r.Header.Get(HeaderToken))
+	r, tok, ok := f.e2bAuth(r, true, r.Header.Get(HeaderE2BAccessToken), r.Header.Get(HeaderE2BTrafficAccess), r.Header.Get(HeaderToken))
 	if !ok {
 		f.cfg.E2B.WriteError(w, http.StatusUnauthorized, "invalid or missing access token: send X-Access-Token (the envdAccessToken the E2B API returned)")
 		return

@@ -62,6 +62,9 @@ type FrontConfig struct {
 	Streams *Streams
 	// E2B, when set, serves the E2B-compatible API (e2b.go).
 	E2B E2BAPI
+	// EnvdKey, when set, makes sandboxes' E2B envd tokens (EnvdToken)
+	// credentials: each acts on its own sandbox alone (envdtoken.go).
+	EnvdKey []byte
 	// DashboardPort is the port of the dashboard's own listener (Dashboard);
 	// GET / and /ui/ on this front redirect there (0: no dashboard, 404).
 	// The dashboard is never served here: this front serves sandbox ports,
@@ -242,6 +245,9 @@ func (f *Front) authenticate(r *http.Request, tok string) (tenant.Principal, boo
 		} else if f.validToken(tok) {
 			return tenant.Principal{}, true
 		}
+		if p, ok := f.envdPrincipal(tok); ok {
+			return p, true
+		}
 	}
 	if f.mgr == nil || !f.cfg.BoxEndpoint && !f.cfg.ScopedTokens {
 		return tenant.Principal{}, false
@@ -295,6 +301,13 @@ func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) (*http.Request, 
 	}
 	tok := bearer(r)
 	if p, ok := f.authenticate(r, tok); ok {
+		if p.Only != "" && !envdPathAllowed(r.URL.Path) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_ = json.NewEncoder(w).Encode(map[string]string{"code": "permission_denied",
+				"message": "a sandbox's E2B envd token reaches that sandbox's envd and code interpreter only, not " + r.URL.Path})
+			return nil, false
+		}
 		return admitted(r, p, tok), true
 	}
 	msg := "missing API token: send Authorization: Bearer <token> (SBX_TOKEN for the CLI and SDKs)"
@@ -316,10 +329,11 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request, cookiePath str
 	if f.openAccess() {
 		return r, true
 	}
-	// The admin token reaches no sandbox: it is not a proxy credential.
+	// The admin token reaches no sandbox, and an E2B envd token only its
+	// sandbox's envd: neither is a proxy credential.
 	auth := func(tok string) (tenant.Principal, bool) {
 		p, ok := f.authenticate(r, tok)
-		return p, ok && !p.Admin
+		return p, ok && !p.Admin && p.Only == ""
 	}
 	for _, tok := range []string{bearer(r), r.Header.Get(HeaderToken)} {
 		if p, ok := auth(tok); ok {
