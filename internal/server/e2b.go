@@ -58,10 +58,20 @@ func (f *Front) serveE2BAPI(w http.ResponseWriter, r *http.Request) {
 // sandbox. Authorization is not a credential here: envd's carries the
 // user name (Basic).
 func (f *Front) serveE2BSandbox(w http.ResponseWriter, r *http.Request, rt route) {
-	r, tok, ok := f.e2bAuth(r, true, r.Header.Get(HeaderE2BAccessToken), r.Header.Get(HeaderE2BTrafficAccess), r.Header.Get(HeaderToken))
+	toks := []string{r.Header.Get(HeaderE2BAccessToken), r.Header.Get(HeaderE2BTrafficAccess), r.Header.Get(HeaderToken)}
+	r2, tok, ok := f.e2bAuth(r, true, toks...)
 	if !ok {
+		// The envd token of a sandbox that is gone: answer as E2B's proxy
+		// does for a sandbox that is not running (the SDKs' isRunning reads
+		// 502 as false), not as for a bad credential.
+		for _, t := range toks {
+			if id, valid := envdSandbox(f.cfg.EnvdKey, t); valid && id == rt.sandbox {
+				f.cfg.E2B.WriteError(w, http.StatusBadGateway, "sandbox "+id+" is not running")
+				return
+			}
+		}
 		f.cfg.E2B.WriteError(w, http.StatusUnauthorized, "invalid or missing access token: send X-Access-Token (the envdAccessToken the E2B API returned)")
 		return
 	}
-	f.cfg.E2B.ServeSandbox(w, r, tok, rt.sandbox, rt.port)
+	f.cfg.E2B.ServeSandbox(w, r2, tok, rt.sandbox, rt.port)
 }
