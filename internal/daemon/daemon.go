@@ -118,6 +118,10 @@ type Config struct {
 	// BoxAPIPort is the port on the network gateway where sandboxes with
 	// a scoped token reach the API (0: DefaultBoxAPIPort; needs networking).
 	BoxAPIPort uint16
+	// RequestBytesPerTenant and RequestBytesTotal bound the bytes of API
+	// requests being read at once, for one tenant and in all (0: the
+	// defaults, server.DefaultRequestBytesPerTenant and ...Total).
+	RequestBytesPerTenant, RequestBytesTotal int64
 	// ProxyDomain turns on routing to sandbox ports by host name
 	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
 	ProxyDomain string
@@ -410,7 +414,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	fcfg := server.FrontConfig{
-		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+		Requests: server.NewRequestBudget(cfg.RequestBytesPerTenant, cfg.RequestBytesTotal),
+		Token:    cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
 	}
 	if uiLn != nil {
@@ -432,7 +437,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, fcfg)
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, fcfg.Requests, cfg, log)
 		if err != nil {
 			return err
 		}

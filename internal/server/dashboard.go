@@ -57,6 +57,7 @@ func (f *Front) Dashboard(ui http.Handler) http.Handler {
 			http.Error(w, "sbx: "+r.URL.Path+" is served on the API address, not the dashboard's", http.StatusNotFound)
 			return
 		}
+		defer f.cfg.Requests.wrap(r)()
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, f.publicBase(r))))
 	})
 }

@@ -62,6 +62,10 @@ type FrontConfig struct {
 	Streams *Streams
 	// E2B, when set, serves the E2B-compatible API (e2b.go).
 	E2B E2BAPI
+	// Requests bounds the bytes of API requests being read, per tenant and
+	// in all (requestbudget.go); nil: NewRequestBudget(0, 0). Share one
+	// between the fronts of a daemon.
+	Requests *RequestBudget
 	// EnvdKey, when set, makes sandboxes' E2B envd tokens (EnvdToken)
 	// credentials: each acts on its own sandbox alone (envdtoken.go).
 	EnvdKey []byte
@@ -111,6 +115,9 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	}
 	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
 	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
+	if cfg.Requests == nil {
+		cfg.Requests = NewRequestBudget(0, 0)
+	}
 	if cfg.MaxConnsPerSandbox <= 0 {
 		cfg.MaxConnsPerSandbox = DefaultMaxConnsPerSandbox
 	}
@@ -188,6 +195,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.cfg.MCP.ServeHTTP(w, r)
 			return
 		}
+		defer f.cfg.Requests.wrap(r)()
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, f.publicBase(r))))
 	case routeHTTP:
 		if f.cfg.E2B != nil && rt.by != "path" && f.cfg.E2B.Serves(rt.port) {
