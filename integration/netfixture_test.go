@@ -225,9 +225,11 @@ func removeNetworking(bridge, table string) {
 	_ = os.Remove("/run/sbx/table-" + table + ".lock")
 	tryRun("ip", "link", "del", bridge)
 	if c, err := nftables.New(); err == nil {
-		t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
-		c.AddTable(t)
-		c.DelTable(t)
+		for _, f := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+			t := &nftables.Table{Name: table, Family: f}
+			c.AddTable(t)
+			c.DelTable(t)
+		}
 		_ = c.Flush()
 	}
 }
