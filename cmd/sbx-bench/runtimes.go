@@ -14,7 +14,7 @@ import (
 )
 
 // runRuntimes measures the two isolation tiers side by side on one daemon:
-// create→ready, exec `true`, exec `python3 -c pass`, a 100 MiB file written
+// create→ready, create→first command, exec `true`, exec `python3 -c pass`, a 100 MiB file written
 // and read back, and a new sandbox's memory, oci and gvisor taking turns;
 // and `runsc run` of /bin/true on a trivial bundle, gVisor's own floor.
 // runsc is .tools/runsc (scripts/install-runsc.sh), $SBX_RUNSC or on PATH.
@@ -57,6 +57,19 @@ func runRuntimes(n int, agentPath, runtimeBin string) error {
 				return err
 			}
 			return sb.Destroy(ctx)
+		}})
+	}
+	for _, rt := range runtimes {
+		tasks = append(tasks, task{"create→first command " + rt, func() error {
+			sb, err := c.Create(ctx, sbx.CreateOptions{Runtime: rt})
+			if err != nil {
+				return err
+			}
+			res, err := sb.Run(ctx, "true")
+			if err == nil && res.Code != 0 {
+				err = fmt.Errorf("true exited %d: %s", res.Code, res.Stderr)
+			}
+			return errors.Join(err, sb.Destroy(ctx))
 		}})
 	}
 	creates, err := measureTogether(n, tasks...)
@@ -122,6 +135,7 @@ func runRuntimes(n int, agentPath, runtimeBin string) error {
 	}
 	all := append(append(append(append(creates, execs...), pys...), files...), floor)
 	printResults(all...)
+	mem := map[string]float64{}
 	for _, rt := range runtimes {
 		fresh, err := c.Create(ctx, sbx.CreateOptions{Runtime: rt})
 		if err != nil {
@@ -129,12 +143,17 @@ func runRuntimes(n int, agentPath, runtimeBin string) error {
 		}
 		got, err := c.Get(ctx, fresh.Info.GetId())
 		if err == nil {
-			fmt.Printf("memory of a new %s sandbox: %.1f MiB\n", rt, float64(got.Info.GetStats().GetMemoryBytes())/(1<<20))
+			mem[rt] = float64(got.Info.GetStats().GetMemoryBytes()) / (1 << 20)
+			fmt.Printf("memory of a new idle %s sandbox: %.1f MiB\n", rt, mem[rt])
 		}
 		_ = fresh.Destroy(ctx)
 	}
-	fmt.Printf("create→ready gvisor / oci = %.2fx; gvisor create / runsc run true = %.2fx; exec true gvisor / oci = %.2fx\n",
-		ratio(creates[1], creates[0]), ratio(creates[1], floor), ratio(execs[1], execs[0]))
+	if mem["oci"] > 0 {
+		fmt.Printf("idle memory gvisor / oci = %.2fx\n", mem["gvisor"]/mem["oci"])
+	}
+	fmt.Printf("gvisor / oci: create→ready %.2fx, create→first command %.2fx, exec true %.2fx, exec python3 %.2fx, write+read 100 MiB %.2fx\n",
+		ratio(creates[1], creates[0]), ratio(creates[3], creates[2]), ratio(execs[1], execs[0]), ratio(pys[1], pys[0]), ratio(files[1], files[0]))
+	fmt.Printf("gvisor create→ready / runsc run true = %.2fx\n", ratio(creates[1], floor))
 	return nil
 }
 
