@@ -30,7 +30,7 @@ import (
 // host kernel escape. The test writes frames on eth0 in the attacker box's
 // own network namespace with the addresses of a public neighbour: a UDP
 // datagram as the neighbour to a public address the attacker's allow-list
-// does not cover, a gratuitous ARP claiming the neighbour's address, and a
+// does not cover, an ARP request claiming the neighbour's address, and a
 // frame from the neighbour's MAC. The host must not forward the datagram
 // (no conntrack entry for it, nothing at the server), keep the neighbour's
 // ARP entry and keep the neighbour's MAC on the neighbour's bridge port.
@@ -75,6 +75,7 @@ func TestSpoofedFramesDropped(t *testing.T) {
 			raw := packetSocket(t, aNS)
 			aAddr, vAddr := netip.MustParseAddr(aIP), netip.MustParseAddr(vIP)
 			gw := netip.MustParseAddr(d.gateway)
+			bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 			// As the victim, to where the attacker may not go.
 			udp := ipv4UDP(vAddr, netip.MustParseAddr(in.public), 5353, uint16(port), []byte("spoofed-"+rt))
@@ -87,15 +88,17 @@ func TestSpoofedFramesDropped(t *testing.T) {
 				t.Errorf("the server at %s got a %d-byte datagram sent as the victim", in.public, n)
 			}
 
-			// ARP: "the victim's address is at the attacker's MAC".
-			garp := arp(2, aMAC, vAddr, br.HardwareAddr, gw)
-			raw.sendThenSync(t, ether(br.HardwareAddr, aMAC, unix.ETH_P_ARP, garp), aMAC, aAddr, gw)
+			// ARP: a request for the gateway "from" the victim's address at
+			// the attacker's MAC (the host takes the sender's pair from a
+			// request, whatever its ARP locktime).
+			req := arp(1, aMAC, vAddr, make(net.HardwareAddr, 6), gw)
+			raw.sendThenSync(t, ether(bcast, aMAC, unix.ETH_P_ARP, req), aMAC, aAddr, gw)
 			if got := hostNeigh(t, d.bridge, vIP); got != vMAC.String() {
 				t.Errorf("host's ARP entry for the victim %s after the attacker's ARP: %q, want %s", vIP, got, vMAC)
 			}
 			// The victim's MAC from the attacker's port: the bridge must not
 			// learn it there.
-			raw.sendThenSync(t, ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, vMAC, unix.ETH_P_IP, udp), aMAC, aAddr, gw)
+			raw.sendThenSync(t, ether(bcast, vMAC, unix.ETH_P_IP, udp), aMAC, aAddr, gw)
 			if out := fdbOf(t, d.bridge, vMAC); strings.Contains(out, aVeth) || !strings.Contains(out, vVeth) {
 				t.Errorf("bridge fdb for the victim's MAC %s: %q, want it on %s, not %s", vMAC, out, vVeth, aVeth)
 			}
