@@ -18,7 +18,7 @@ import (
 // and read back, and a new sandbox's memory, oci and gvisor taking turns;
 // and `runsc run` of /bin/true on a trivial bundle, gVisor's own floor.
 // runsc is .tools/runsc (scripts/install-runsc.sh), $SBX_RUNSC or on PATH.
-func runRuntimes(n int, agentPath, runtimeBin string) error {
+func runRuntimes(n int, agentPath, runtimeBin string, boxesShares uint64) error {
 	runsc := os.Getenv("SBX_RUNSC")
 	if runsc == "" {
 		if abs, err := filepath.Abs(".tools/runsc"); err == nil {
@@ -32,7 +32,13 @@ func runRuntimes(n int, agentPath, runtimeBin string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0, func(cfg *daemon.Config) { cfg.RunscPath = runsc })
+	// -boxes-cpu-shares: both runtimes' boxes weigh that much together
+	// (the default, an eighth of a host process, leaves them little CPU on
+	// a machine other load keeps busy, and gVisor's boot runs in the box's
+	// cgroup while runc's does not).
+	c, stop, err := startDaemon(filepath.Join(tmp, "data"), agentPath, runtimeBin, 0, func(cfg *daemon.Config) {
+		cfg.RunscPath, cfg.BoxesCPUShares = runsc, boxesShares
+	})
 	if err != nil {
 		return err
 	}
