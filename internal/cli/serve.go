@@ -143,7 +143,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
 	f.StringVar(&boxLimits, "box-kernel-limits", "", "what all of one sandbox's processes together may hold of the kernel's per-user counters, as name=value,... over the defaults "+
 		idmap.DefaultLimits().String()+" (values above the host's are lowered to them)")
-	f.Uint64Var(&cfg.BoxesCPUShares, "boxes-cpu-shares", daemon.DefaultBoxesCPUShares, "CPU weight of all sandboxes together against each host process, the daemon's threads included (cgroup cpu.shares, 1024 = one process; cpu.weight shares*100/1024 on cgroup v2): low, so the daemon and exec requests get the CPU at once while sandboxes are busy; an idle host's CPU still goes to sandboxes")
+	f.Uint64Var(&cfg.BoxesCPUShares, "boxes-cpu-shares", daemon.DefaultBoxesCPUShares, "CPU weight of all sandboxes of each runtime (oci, gvisor) together against each host process, the daemon's threads included (cgroup cpu.shares, 1024 = one process; cpu.weight shares*100/1024 on cgroup v2): low, so the daemon and exec requests get the CPU at once while sandboxes are busy; an idle host's CPU still goes to sandboxes")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -253,7 +253,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
 	gvCfg := gvisorPlace(dataDir)
 	gvCfg.RunscPath, gvCfg.AgentPath, gvCfg.Network = findRunsc(cfg.RunscPath), agentPath, cfg.Network
-	gvCfg.Logger = log.With("runtime", "gvisor")
+	gvCfg.BoxesCPUShares, gvCfg.Logger = cfg.BoxesCPUShares, log.With("runtime", "gvisor")
 	gv, err := gvisor.New(gvCfg)
 	if err != nil {
 		return fmt.Errorf("gvisor runtime: %w", err)
