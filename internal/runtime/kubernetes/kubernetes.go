@@ -147,14 +147,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	if err != nil {
 		return runtime.Handle{}, err
 	}
-	var stack cleanup.Stack
-	defer func() { _ = stack.Run() }()
-	// The API calls that make objects run to their end whatever ctx does,
-	// so the rollback knows what exists: a create cut off by its context
-	// leaves nothing (an object created by a request whose client gave up
-	// would outlive the rollback's delete).
+	// The API calls that make objects, and the rollback, run to their end
+	// whatever ctx does, so the rollback knows what exists: a create cut
+	// off by its context leaves nothing (an object created by a request
+	// whose client gave up would outlive the rollback's delete).
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
+	var stack cleanup.Stack
+	defer func() { _ = stack.Run() }() // before cancel
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {

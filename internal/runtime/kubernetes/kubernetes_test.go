@@ -19,6 +19,7 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 	c := k8stest.Get(t)
 	ns := c.Namespace(t, "sbx-k8sdrv")
 	img := c.AgentImage(t)
+	c.EnsurePyImage(t)
 	return func(t *testing.T) runtime.Driver {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -36,8 +37,10 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 	}
 }
 
-// podImage is the suite's image: preloaded busybox + python3.
-var podImage = &runtime.Image{Ref: k8stest.PyImage}
+// podImage is the suite's image: preloaded busybox + python3. The daemon
+// hands every driver the layers it unpacked; the kubernetes driver runs
+// the reference and never reads them, so the dir is a stand-in.
+var podImage = &runtime.Image{Ref: k8stest.PyImage, Layers: []runtime.Layer{{Dir: "/unused-by-kubernetes"}}}
 
 // knownGaps are the suite's checks the kubernetes driver fails, and why.
 var knownGaps = map[string]string{
