@@ -66,8 +66,8 @@ for name, f in (("plain", plain), ("tls-no-cert", tls)):
 // stealSh looks, as box root, for the key material the agent was given:
 // its TLS files, its environment and memory, a service account token.
 const stealSh = `
-ls -A /.sbx/run/tls 2>&1 | sed 's/^/tlsdir: /'
-grep -rl "PRIVATE KEY" /.sbx /etc /tmp /root 2>/dev/null | sed 's/^/key file: /'
+ls -A /.sbx/run/tls 2>/dev/null | sed 's/^/tlsdir: /'
+find /.sbx /etc /tmp /root -type f ! -path /.sbx/sbx-agent -exec grep -l "PRIVATE KEY" {} + 2>/dev/null | sed 's/^/key file: /'
 cat /proc/1/environ >/dev/null 2>&1 && echo "read: /proc/1/environ"
 dd if=/proc/1/mem bs=1 count=1 skip=4194304 >/dev/null 2>&1 && echo "read: /proc/1/mem"
 ls /var/run/secrets/kubernetes.io 2>/dev/null | sed 's/^/sa: /'

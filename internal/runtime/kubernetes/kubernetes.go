@@ -370,11 +370,16 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	return d.deletePod(ctx, h.ID, uid)
 }
 
-// deletePod deletes the box's pod (only the one with uid, if given) at
-// once and waits until it is gone.
+// deletePod deletes the box's pod (only the one with uid, if given) and
+// waits until it is gone. The grace period is 1 s, not 0: 0 is a forced
+// delete, which removes the API object at once while the kubelet is still
+// to kill the containers (a destroyed box answered its Dial); with 1 the
+// object goes only once the kubelet has killed them (the agent ignores
+// SIGTERM, so it is SIGKILLed after the second).
 func (d *Driver) deletePod(ctx context.Context, id, uid string) error {
 	pods := d.client.CoreV1().Pods(d.cfg.Namespace)
-	opts := metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+	grace := int64(1)
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
 	if uid != "" {
 		u := types(uid)
 		opts.Preconditions = &metav1.Preconditions{UID: &u}
