@@ -50,12 +50,12 @@ def talk(s, id):
             return data
         data += b
 def plain(port):
-    return talk(socket.create_connection((host, port), 5), "pwn-plain-%d" % port)
+    return talk(socket.create_connection((host, port), 5), "pwn-plain-%s-%d-%s" % (host, port, marker[-9:]))
 def tls(port):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    return talk(ctx.wrap_socket(socket.create_connection((host, port), 5)), "pwn-tls-%d" % port)
+    return talk(ctx.wrap_socket(socket.create_connection((host, port), 5)), "pwn-tls-%s-%d-%s" % (host, port, marker[-9:]))
 for name, f in (("plain", plain), ("tls-no-cert", tls)):
     for port in (7700, 7701):
         try:

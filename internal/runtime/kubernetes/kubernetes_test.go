@@ -2,10 +2,12 @@ package kubernetes_test
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes"
@@ -51,4 +53,19 @@ var knownGaps = map[string]string{
 
 func TestConformance(t *testing.T) {
 	testsuite.Run(t, testsuite.Config{NewDriver: newDriverFunc(t, ""), Image: podImage, Skip: knownGaps})
+}
+
+// TestConformanceGvisor runs the suite on pods of RuntimeClass gvisor
+// (runsc), where the cluster has it.
+func TestConformanceGvisor(t *testing.T) {
+	c := k8stest.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
+		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
+	}
+	gaps := maps.Clone(knownGaps)
+	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
+		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"
+	testsuite.Run(t, testsuite.Config{NewDriver: newDriverFunc(t, "gvisor"), Image: podImage, Skip: gaps})
 }
