@@ -189,6 +189,12 @@ func New(cfg Config) (*Manager, error) {
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
 	}
+	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
+		// The pool keeps host-image boxes: a default runtime without the
+		// host image (kubernetes) would fail every refill.
+		cfg.Logger.Warn("no warm pool: the default runtime cannot run the host image", "runtime", cfg.DefaultRuntime)
+		cfg.WarmPool = 0
+	}
 	if cfg.WarmPool > 0 {
 		if cfg.WarmPoolMax == 0 {
 			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)
