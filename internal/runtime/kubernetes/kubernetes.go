@@ -143,6 +143,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	if d.health != "" {
 		return runtime.Handle{}, fmt.Errorf("kubernetes runtime is unhealthy: %s: %w", d.health, errdefs.ErrUnavailable)
 	}
+	t0 := time.Now()
 	box, err := newBoxCert(spec.ID)
 	if err != nil {
 		return runtime.Handle{}, err
@@ -179,10 +180,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
 	stack.Add(func() error { return d.deletePod(bg, spec.ID, string(created.UID)) })
+	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
 		return runtime.Handle{}, err
 	}
+	tRunning := time.Now()
 	hd := handleData{V: handleVersion, Namespace: d.cfg.Namespace, Pod: created.Name, UID: string(created.UID),
 		IP: running.Status.PodIP, AgentCert: box.pin}
 	h, err := encodeHandle(spec.ID, d.cfg.Name, hd)
@@ -192,8 +195,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	if err := d.awaitAgent(ctx, h, hd); err != nil {
 		return runtime.Handle{}, err
 	}
+	tAgent := time.Now()
 	d.deleteSecret(bg, spec.ID)
 	stack.Release()
+	d.log.Debug("box created", "box", spec.ID, "objects", tPod.Sub(t0), "pod running", tRunning.Sub(tPod),
+		"agent answers", tAgent.Sub(tRunning), "secret deleted", time.Since(tAgent))
 	return h, nil
 }
 

@@ -2,7 +2,9 @@ package kubernetes_test
 
 import (
 	"context"
+	"log/slog"
 	"maps"
+	"os"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 		defer cancel()
 		d, err := kubernetes.New(ctx, kubernetes.Config{
 			Client: c.Client, Namespace: ns, AgentImage: img, RuntimeClass: class,
-			PullPolicy: corev1.PullNever, UserNamespaces: false,
+			PullPolicy: corev1.PullNever, UserNamespaces: false, Logger: testLogger(),
 		})
 		if err != nil {
 			t.Fatalf("kubernetes.New: %v", err)
@@ -68,4 +70,13 @@ func TestConformanceGvisor(t *testing.T) {
 	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
 		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"
 	testsuite.Run(t, testsuite.Config{NewDriver: newDriverFunc(t, "gvisor"), Image: podImage, Skip: gaps})
+}
+
+// testLogger logs at debug level (Create's phase timings) with
+// SBX_K8S_DEBUG set, else at the default level.
+func testLogger() *slog.Logger {
+	if os.Getenv("SBX_K8S_DEBUG") == "" {
+		return slog.Default()
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
