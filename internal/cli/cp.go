@@ -234,6 +234,28 @@ func linkInside(name, target string) bool {
 	return p != ".." && !strings.HasPrefix(p, "../")
 }
 
+// climbsAfterName reports whether a symlink target has a ".." after a
+// name ("s/x/.."). Lexically such a target may stay inside, but ".." after
+// s/x climbs from wherever s/x leads, and the same archive can make s/x a
+// link later ("s/x -> .." makes "l -> s/x/.." the destination's parent).
+// Leading ".."s climb through the link's own parent directories, which
+// are never links (underSymlink), so they resolve as they read.
+func climbsAfterName(target string) bool {
+	named := false
+	for _, p := range strings.Split(target, "/") {
+		switch p {
+		case "", ".":
+		case "..":
+			if named {
+				return true
+			}
+		default:
+			named = true
+		}
+	}
+	return false
+}
+
 // underSymlink reports whether a directory above name in root is a symlink
 // (one the destination held before): the lexical check of linkInside
 // would not hold for a link made below it.
@@ -249,7 +271,8 @@ func underSymlink(root *os.Root, name string) bool {
 // extractTar unpacks a tar that came from a sandbox — hostile by definition —
 // into dst. os.Root confines every operation to dst, so absolute names and
 // ".." cannot reach outside it. Symlinks whose target leaves dst (absolute,
-// or climbing out with "..") are not created: they are returned as
+// or climbing out with "..", or with a ".." after a name: climbsAfterName)
+// are not created: they are returned as
 // "name -> target" for a warning. Symlinks that stay inside are kept, but
 // no later entry is written through one (an entry below a symlink of this
 // archive is an error naming it), and an entry replaces what is at its
@@ -310,7 +333,7 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 				return skipped, fmt.Errorf("write %s: %w", name, err)
 			}
 		case tar.TypeSymlink:
-			if !linkInside(name, hdr.Linkname) || underSymlink(root, name) {
+			if !linkInside(name, hdr.Linkname) || climbsAfterName(hdr.Linkname) || underSymlink(root, name) {
 				skipped = append(skipped, name+" -> "+hdr.Linkname)
 				continue
 			}

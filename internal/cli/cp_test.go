@@ -53,8 +53,21 @@ func TestExtractTarSymlinks(t *testing.T) {
 				{name: "d/in", link: "f", typ: tar.TypeSymlink},
 				{name: "in2", link: "d/../d/f", typ: tar.TypeSymlink},
 			},
-			wantSkipped: []string{"abs -> /etc/passwd", "up -> ../outside", "d/up2 -> ../../outside"},
-			wantLinks:   map[string]string{"d/in": "f", "in2": "d/../d/f"},
+			wantSkipped: []string{"abs -> /etc/passwd", "up -> ../outside", "d/up2 -> ../../outside", "in2 -> d/../d/f"},
+			wantLinks:   map[string]string{"d/in": "f"},
+		},
+		{
+			// "s" lexically, but through s/x -> .. (made after it) the
+			// destination's parent.
+			name: "a chain of links out",
+			entries: []cpEntry{
+				{name: "l", link: "s/x/..", typ: tar.TypeSymlink},
+				{name: "s/x", link: "..", typ: tar.TypeSymlink},
+				{name: "d/", typ: tar.TypeDir},
+				{name: "d/up", link: "../s", typ: tar.TypeSymlink},
+			},
+			wantSkipped: []string{"l -> s/x/.."},
+			wantLinks:   map[string]string{"s/x": "..", "d/up": "../s"},
 		},
 		{
 			name: "no write through an escaping link of the archive",

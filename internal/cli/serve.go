@@ -26,7 +26,7 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits string
+	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits, reqPerTenant, reqTotal string
 	var tenantPullAllow []string
 	var boxAPIPort uint16
 	var egressPorts []uint
@@ -74,6 +74,17 @@ func newServe(a *app) *cobra.Command {
 			}
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
+			}
+			for _, b := range []struct {
+				flag, val string
+				dst       *int64
+			}{{"--request-bytes-per-tenant", reqPerTenant, &cfg.RequestBytesPerTenant}, {"--request-bytes-total", reqTotal, &cfg.RequestBytesTotal}} {
+				if *b.dst, err = parseSize(b.val); err != nil || *b.dst < 64<<20 {
+					return fmt.Errorf("%s %q: want a size of at least 64M (the largest request message), such as 256M", b.flag, b.val)
+				}
+			}
+			if cfg.RequestBytesTotal < cfg.RequestBytesPerTenant {
+				return fmt.Errorf("--request-bytes-total %s is below --request-bytes-per-tenant %s", reqTotal, reqPerTenant)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -128,10 +139,13 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")
+	f.StringVar(&cfg.UIListen, "ui-listen", "auto", "address of the web dashboard (and the API it calls), an origin of its own that never serves sandbox ports: auto (--listen's host, the next port; none if taken) or off")
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.BoolVar(&cfg.NoE2B, "no-e2b-api", false, "do not serve the E2B-compatible API (E2B's SDKs with E2B_API_URL/E2B_SANDBOX_URL pointing here; docs/E2B.md); with it on, ports 49983 and 49999 routed by header or host name are E2B's envd and code interpreter, not the sandbox's")
 	f.StringVar(&cfg.E2BImage, "e2b-image", "", "sbx image for E2B's stock templates (base, code-interpreter-v1) (default: the daemon's default image)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
+	f.StringVar(&reqPerTenant, "request-bytes-per-tenant", "256M", "bytes of API requests one tenant (or the single user) may have the daemon reading at once; a request past it gets ResourceExhausted")
+	f.StringVar(&reqTotal, "request-bytes-total", "1G", "bytes of API requests the daemon reads at once, all tenants together; a request past it gets ResourceExhausted")
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
 	f.StringVar(&boxLimits, "box-kernel-limits", "", "what all of one sandbox's processes together may hold of the kernel's per-user counters, as name=value,... over the defaults "+
 		idmap.DefaultLimits().String()+" (values above the host's are lowered to them)")

@@ -48,6 +48,12 @@ import (
 type Config struct {
 	// Listen is the API address, host:port.
 	Listen string
+	// UIListen is the web dashboard's own address, host:port: an origin
+	// that never serves sandbox content (server.Front.Dashboard). "" or
+	// "auto": the API listener's host and the port after its own, and no
+	// dashboard, with a warning, when that port is taken; "off":
+	// no dashboard. An address given explicitly must be free.
+	UIListen string
 	// DataDir holds the state database and every sandbox's files.
 	DataDir string
 	// OCIRuntime is the OCI runtime binary ("" = auto: crun where it works, else runc).
@@ -118,6 +124,10 @@ type Config struct {
 	// BoxAPIPort is the port on the network gateway where sandboxes with
 	// a scoped token reach the API (0: DefaultBoxAPIPort; needs networking).
 	BoxAPIPort uint16
+	// RequestBytesPerTenant and RequestBytesTotal bound the bytes of API
+	// requests being read at once, for one tenant and in all (0: the
+	// defaults, server.DefaultRequestBytesPerTenant and ...Total).
+	RequestBytesPerTenant, RequestBytesTotal int64
 	// ProxyDomain turns on routing to sandbox ports by host name
 	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
 	ProxyDomain string
@@ -176,6 +186,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := server.CheckListen(cfg.Listen, authed, cfg.InsecureNoAuth); err != nil {
 		return err
 	}
+	if cfg.UIListen != "" && cfg.UIListen != "auto" && cfg.UIListen != "off" {
+		if err := server.CheckListen(cfg.UIListen, authed, cfg.InsecureNoAuth); err != nil {
+			return fmt.Errorf("--ui-listen: %w", err)
+		}
+	}
 	boxPort := cfg.BoxAPIPort
 	if boxPort == 0 {
 		boxPort = DefaultBoxAPIPort
@@ -212,6 +227,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	uiLn, err := listenUI(cfg.UIListen, ln.Addr(), log)
+	if err != nil {
+		return err
+	}
+	if uiLn != nil {
+		defer uiLn.Close()
+	}
 
 	var netMgr *network.Manager
 	if cfg.Network {
@@ -401,12 +423,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	fcfg := server.FrontConfig{
-		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+		Requests: server.NewRequestBudget(cfg.RequestBytesPerTenant, cfg.RequestBytesTotal),
+		Token:    cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
-		UI: ui.Handler(),
+	}
+	if uiLn != nil {
+		fcfg.DashboardPort = uiLn.Addr().(*net.TCPAddr).Port
 	}
 	if !cfg.NoE2B {
-		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, log)
+		envdKey, err := server.LoadEnvdKey(dataDir)
+		if err != nil {
+			return err
+		}
+		fcfg.EnvdKey = envdKey
+		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, func(id string) string { return server.EnvdToken(envdKey, id) }, log)
 		if err != nil {
 			return err
 		}
@@ -416,7 +446,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, fcfg)
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, fcfg.Requests, cfg, log)
 		if err != nil {
 			return err
 		}
@@ -430,23 +460,36 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	srv.RegisterOnShutdown(stopObserving) // ends the event streams
 	errc := make(chan error, 1)
+	var uiSrv *http.Server
+	if uiLn != nil {
+		uiSrv = &http.Server{
+			Handler:           front.Dashboard(ui.Handler()),
+			Protocols:         &protos,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		uiSrv.RegisterOnShutdown(stopObserving)
+	}
 	if cfg.TLSCert != "" {
 		protos.SetHTTP2(true)
 		go func() { errc <- srv.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey) }()
+		if uiSrv != nil {
+			go func() { errc <- uiSrv.ServeTLS(uiLn, cfg.TLSCert, cfg.TLSKey) }()
+		}
 	} else {
 		go func() { errc <- srv.Serve(ln) }()
+		if uiSrv != nil {
+			go func() { errc <- uiSrv.Serve(uiLn) }()
+		}
 	}
 	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
 		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
-	if uiURL := cfg.PublicURL; uiURL != "" {
-		if uiURL[len(uiURL)-1] != '/' {
-			uiURL += "/"
+	if uiLn != nil {
+		scheme := "http://"
+		if cfg.TLSCert != "" {
+			scheme = "https://"
 		}
-		log.Info("web dashboard", "url", uiURL+ui.Prefix[1:])
-	} else if cfg.TLSCert != "" {
-		log.Info("web dashboard", "url", "https://"+ln.Addr().String()+ui.Prefix)
-	} else {
-		log.Info("web dashboard", "url", "http://"+ln.Addr().String()+ui.Prefix)
+		log.Info("web dashboard", "url", scheme+uiLn.Addr().String()+ui.Prefix)
 	}
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
@@ -458,9 +501,41 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if uiSrv != nil {
+		_ = uiSrv.Shutdown(sctx)
+	}
 	_ = srv.Shutdown(sctx)
 	log.Info("sbx daemon stopped; sandboxes keep running")
 	return nil
+}
+
+// listenUI opens the dashboard's listener (Config.UIListen); nil: none.
+func listenUI(addr string, api net.Addr, log *slog.Logger) (net.Listener, error) {
+	if addr == "off" {
+		return nil, nil
+	}
+	if addr != "" && addr != "auto" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s for the web dashboard (--ui-listen): %w", addr, err)
+		}
+		return ln, nil
+	}
+	ta, ok := api.(*net.TCPAddr)
+	if !ok {
+		return nil, nil
+	}
+	port := 0
+	if ta.Port != 0 && ta.Port < 65535 {
+		port = ta.Port + 1
+	}
+	auto := net.JoinHostPort(ta.IP.String(), strconv.Itoa(port))
+	ln, err := net.Listen("tcp", auto)
+	if err != nil {
+		log.Warn("no web dashboard: its default address is taken; give one with --ui-listen", "addr", auto, "err", err)
+		return nil, nil
+	}
+	return ln, nil
 }
 
 func fill(v *int64, def int64) {

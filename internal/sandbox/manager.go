@@ -593,15 +593,15 @@ func (m *Manager) lookup(ctx context.Context, ref string) (*box, error) {
 	p := tenant.FromContext(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if b, ok := m.boxes[ref]; ok && visible(p, b.tenant, b.parent) {
+	if b, ok := m.boxes[ref]; ok && visible(p, b.id, b.tenant, b.parent) {
 		return b, nil
 	}
 	if id, ok := m.names[nameKey(p.Tenant, ref)]; ok {
-		if b := m.boxes[id]; visible(p, b.tenant, b.parent) {
+		if b := m.boxes[id]; visible(p, b.id, b.tenant, b.parent) {
 			return b, nil
 		}
 	}
-	if t, ok := m.tombstones[ref]; ok && visible(p, t.tenant, t.parent) {
+	if t, ok := m.tombstones[ref]; ok && visible(p, ref, t.tenant, t.parent) {
 		return nil, fmt.Errorf("sandbox %s is gone (%s at %s): %w", ref, t.reason, t.at.Format(time.RFC3339), errdefs.ErrNotFound)
 	}
 	return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
@@ -696,7 +696,7 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 	var out []*sbxv1.Sandbox
 	p := tenant.FromContext(ctx)
 	for _, b := range boxes {
-		if visible(p, b.tenant, b.parent) && Matches(sel, b.spec().Labels) {
+		if visible(p, b.id, b.tenant, b.parent) && Matches(sel, b.spec().Labels) {
 			out = append(out, m.toProto(b, nil))
 		}
 	}

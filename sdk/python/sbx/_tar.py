@@ -52,6 +52,24 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _climbs_after_name(target: str) -> bool:
+    """Whether a link target has a ".." after a name ("s/x/.."): it climbs
+    from wherever s/x leads, and a later member can make s/x a link
+    ("s/x -> .." turns "l -> s/x/.." into the destination's parent after
+    l's check passed). Leading ".."s climb through the link's own parent
+    directories, which are never links, so they resolve as they read."""
+    named = False
+    for part in target.replace("\\", "/").split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if named:
+                return True
+        else:
+            named = True
+    return False
+
+
 class _SkipLink(Exception):
     """A symlink whose target leaves the destination: not created."""
 
@@ -73,7 +91,7 @@ def _check_member(member: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
         raise UnsafeArchiveError(f"{name!r}: leaves the destination")
     if member.issym():
         link = member.linkname
-        if not link or os.path.isabs(link):
+        if not link or os.path.isabs(link) or _climbs_after_name(link):
             raise _SkipLink()
         resolved = os.path.realpath(os.path.join(os.path.dirname(os.path.join(dest_real, name)), link))
         if not _inside(dest_real, resolved):

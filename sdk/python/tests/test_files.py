@@ -286,6 +286,8 @@ def test_safe_extract_refuses(tmp_path, members) -> None:
         ([_link("d/l", "../../outside")], ["d/l -> ../../outside"]),
         ([_link("l", "."), _link("l2", "l/..")], ["l2 -> l/.."]),
         ([_link("dir", ".."), _file("dir/escaped.txt")], ["dir -> .."]),
+        # "s" when made, but s/x -> .. (made after it) turns it into dest's parent.
+        ([_link("l", "s/x/.."), _link("s/x", "..")], ["l -> s/x/.."]),
     ],
 )
 def test_safe_extract_skips_escaping_links(tmp_path, members, want_skipped) -> None:

@@ -5,6 +5,9 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { CodeService } from "./gen/sbx/v1/code_pb.js";
 import { CodebaseService } from "./gen/sbx/v1/codebase_pb.js";
 import { ImageService } from "./gen/sbx/v1/images_pb.js";
+import { ObserveService } from "./gen/sbx/v1/observe_pb.js";
+import { ProcessService } from "./gen/sbx/v1/processes_pb.js";
+import { TenantService } from "./gen/sbx/v1/tenants_pb.js";
 import { PortService } from "./gen/sbx/v1/ports_pb.js";
 import { SandboxService } from "./gen/sbx/v1/sandbox_pb.js";
 import { SessionService } from "./gen/sbx/v1/session_pb.js";
@@ -12,6 +15,8 @@ import { VolumeService } from "./gen/sbx/v1/volumes_pb.js";
 import { Codebases } from "./codebases.js";
 import { call } from "./errors.js";
 import { Images } from "./images.js";
+import { events, stats, type EventsOptions, type SandboxUsage, type SbxEvent } from "./observe.js";
+import { Tenants, type Tenant } from "./tenants.js";
 import { Volumes } from "./volumes.js";
 
 /** Where the daemon listens unless told otherwise. */
@@ -41,11 +46,15 @@ export class Client {
     volumes: RpcClient<typeof VolumeService>;
     codebases: RpcClient<typeof CodebaseService>;
     images: RpcClient<typeof ImageService>;
+    processes: RpcClient<typeof ProcessService>;
+    observe: RpcClient<typeof ObserveService>;
+    tenants: RpcClient<typeof TenantService>;
   };
   readonly transport: Transport;
   readonly volumes: Volumes;
   readonly codebases: Codebases;
   readonly images: Images;
+  readonly tenants: Tenants;
 
   constructor(opts: ClientOptions = {}) {
     const addr = opts.addr || process.env.SBX_ADDR || DEFAULT_ADDR;
@@ -77,10 +86,37 @@ export class Client {
       volumes: createClient(VolumeService, this.transport),
       codebases: createClient(CodebaseService, this.transport),
       images: createClient(ImageService, this.transport),
+      processes: createClient(ProcessService, this.transport),
+      observe: createClient(ObserveService, this.transport),
+      tenants: createClient(TenantService, this.transport),
     };
     this.volumes = new Volumes(this);
     this.codebases = new Codebases(this);
     this.images = new Images(this);
+    this.tenants = new Tenants(this);
+  }
+
+  /** The token's tenant: its quotas and what it uses against them. */
+  tenant(): Promise<Tenant> {
+    return this.tenants.current();
+  }
+
+  /**
+   * The daemon's events the token may see, in order:
+   *
+   *     for await (const ev of client.events({ types: ["oom", "destroyed"] })) { ... }
+   *
+   * `since` or `afterSeq` first replays the held events; follow: false
+   * stops after that replay; abort `signal` to stop following.
+   */
+  events(opts: EventsOptions = {}): AsyncGenerator<SbxEvent> {
+    return events(this, opts);
+  }
+
+  /** Current usage of the sandboxes named (ids or names; every one the
+   * token may see when none); history adds the last 15 minutes of samples. */
+  stats(sandboxes: string[] = [], opts: { history?: boolean } = {}): Promise<SandboxUsage[]> {
+    return stats(this, sandboxes, opts.history ?? false);
   }
 
   /** The daemon's version and runtimes. */

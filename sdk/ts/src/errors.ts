@@ -72,11 +72,15 @@ export function toSbxError(op: string, err: unknown): SbxError {
   }
 }
 
-/** call runs fn and converts what it throws with toSbxError. */
+/** call runs fn and converts what it throws with toSbxError, except a
+ * RangeError: a bad argument found before any call, which names itself. */
 export async function call<T>(op: string, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
   } catch (err) {
+    if (err instanceof RangeError) {
+      throw err;
+    }
     throw toSbxError(op, err);
   }
 }

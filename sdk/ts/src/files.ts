@@ -1,9 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 
-import { FileType, WriteFileRequestSchema, type FileInfo as PbFileInfo, type WriteFileRequest } from "./gen/sbx/v1/files_pb.js";
+import {
+  FileType, UploadTarRequestSchema, WriteFileRequestSchema, type FileInfo as PbFileInfo, type UploadTarRequest, type WriteFileRequest,
+} from "./gen/sbx/v1/files_pb.js";
 import type { Client } from "./client.js";
 import { call, NotFoundError, toSbxError } from "./errors.js";
 import { concat } from "./process.js";
+import { packDir, safeExtract } from "./tar.js";
 
 /** Bytes of file data per uploaded message (as the Go and Python SDKs). */
 const CHUNK = 1 << 20;
@@ -39,6 +42,14 @@ export function fileInfoOf(f: PbFileInfo): FileInfo {
     path: f.path, name: f.name, type: typeName(f.type), size: Number(f.size), mode: f.mode,
     mtime: new Date(Number(f.mtimeMs)), symlinkTarget: f.symlinkTarget, uid: f.uid, gid: f.gid,
   };
+}
+
+/** A change watch() saw in a directory. */
+export interface WatchEvent {
+  type: "create" | "write" | "remove";
+  path: string;
+  /** The entry as listed (the last listing's, for a remove). */
+  info: FileInfo;
 }
 
 /** A sandbox's filesystem (sandbox.files). */
@@ -124,5 +135,99 @@ export class Files {
   /** Rename (move) a path. */
   async rename(from: string, to: string): Promise<void> {
     await call(`rename ${from}`, () => this.c.rpc.sandboxes.rename({ sandbox: this.sandbox, from, to }));
+  }
+
+  /** Extract a tar archive into remoteDir (created if missing). */
+  async uploadTar(remoteDir: string, tar: Uint8Array): Promise<{ files: number; bytes: number }> {
+    const sandbox = this.sandbox;
+    async function* messages(): AsyncIterable<UploadTarRequest> {
+      yield create(UploadTarRequestSchema, { msg: { case: "header", value: { sandbox, path: remoteDir } } });
+      for (let off = 0; off < tar.length; off += CHUNK) {
+        yield create(UploadTarRequestSchema, { msg: { case: "data", value: tar.subarray(off, off + CHUNK) } });
+      }
+    }
+    const r = await call(`upload tar to ${remoteDir}`, () => this.c.rpc.sandboxes.uploadTar(messages()));
+    return { files: Number(r.files), bytes: Number(r.bytes) };
+  }
+
+  /** Copy the contents of localDir into remoteDir (created if missing); returns the files written. */
+  async uploadDir(localDir: string, remoteDir: string): Promise<number> {
+    return (await this.uploadTar(remoteDir, packDir(localDir))).files;
+  }
+
+  /** A tar of remotePath: a directory's contents, or one file. */
+  async downloadTar(remotePath: string): Promise<Uint8Array> {
+    const chunks: Uint8Array[] = [];
+    try {
+      for await (const m of this.c.rpc.sandboxes.downloadTar({ sandbox: this.sandbox, path: remotePath })) {
+        chunks.push(m.data);
+      }
+    } catch (e) {
+      throw toSbxError(`download ${remotePath}`, e);
+    }
+    return concat(chunks);
+  }
+
+  /**
+   * Copy the contents of remoteDir into localDir (created if missing);
+   * returns the entries extracted. The sandbox wrote that tree, so the
+   * extraction is safe: entries with absolute paths or "..", device nodes,
+   * FIFOs and entries below a symlink throw UnsafeArchiveError; symlinks
+   * whose target leaves localDir are not created and are listed in
+   * `skipped`.
+   */
+  async downloadDir(remoteDir: string, localDir: string): Promise<{ entries: number; skipped: string[] }> {
+    const skipped: string[] = [];
+    const entries = safeExtract(await this.downloadTar(remoteDir), localDir, skipped);
+    return { entries, skipped };
+  }
+
+  /**
+   * Watch a directory (its subtree with recursive): an async iterator of
+   * the creates, writes (size or mtime changed) and removes seen. The sbx
+   * API has no change stream, so this lists the directory every
+   * `intervalMs` (default 500, at least 100) and reports the differences,
+   * as sbx's E2B watchDir does: a change undone within one interval is not
+   * seen, and a rename is a remove and a create. It ends when `signal`
+   * aborts (or the caller stops iterating); a missing directory throws.
+   * `onReady` is called once the first listing is taken: changes after it
+   * are reported.
+   */
+  async *watch(path: string, opts: { recursive?: boolean; intervalMs?: number; signal?: AbortSignal; onReady?: () => void } = {}): AsyncGenerator<WatchEvent> {
+    const interval = opts.intervalMs ?? 500;
+    if (!(interval >= 100)) {
+      throw new RangeError(`watch: intervalMs ${interval}: want 100 or more`);
+    }
+    const snapshot = async () => new Map((await this.list(path, { recursive: opts.recursive ?? false })).map((f) => [f.path, f]));
+    let before = await snapshot();
+    opts.onReady?.();
+    while (!opts.signal?.aborted) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, interval);
+        opts.signal?.addEventListener("abort", () => {
+          clearTimeout(t);
+          resolve();
+        }, { once: true });
+      });
+      if (opts.signal?.aborted) {
+        return;
+      }
+      const now = await snapshot();
+      for (const [p, f] of now) {
+        const old = before.get(p);
+        if (!old) {
+          yield { type: "create", path: p, info: f };
+        } else if (old.type !== f.type || (f.type !== "dir" && (old.size !== f.size || old.mtime.getTime() !== f.mtime.getTime()))) {
+          // (A directory's own mtime moves with its entries, reported themselves.)
+          yield { type: "write", path: p, info: f };
+        }
+      }
+      for (const [p, f] of before) {
+        if (!now.has(p)) {
+          yield { type: "remove", path: p, info: f };
+        }
+      }
+      before = now;
+    }
   }
 }

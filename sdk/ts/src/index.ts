@@ -11,14 +11,19 @@
  * Client for what this surface does not wrap).
  */
 export { Client, DEFAULT_ADDR, getDefaultClient, type ClientOptions } from "./client.js";
-export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type Port, type SandboxInfo } from "./sandbox.js";
+export { Sandbox, type CreateOptions, type ExecOptions, type LogChunk, type PathPolicy, type PermissionName, type PermissionRule, type Port, type SandboxInfo, type SandboxStats } from "./sandbox.js";
 export { Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
-export { Files, type FileInfo } from "./files.js";
+export { Files, type FileInfo, type WatchEvent } from "./files.js";
 export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from "./code.js";
 export { Session, type SessionResult } from "./session.js";
 export { Volumes, type Volume } from "./volumes.js";
 export { Codebases, type Codebase, type SyncResult } from "./codebases.js";
-export { Images, type ImageInfo } from "./images.js";
+export { Images, MAX_CONTEXT_BYTES, type BuildOptions, type ImageInfo, type ImageProgress } from "./images.js";
+export { Recipe } from "./recipe.js";
+export { BackgroundProcess, Processes, signalNumber, type ProcessOutput, type StartProcessOptions } from "./processes.js";
+export { EVENT_TYPES, type EventsOptions, type EventTypeName, type SandboxUsage, type SbxEvent, type UsageSample } from "./observe.js";
+export { Tenants, type Tenant, type TenantQuotas, type TenantUsage } from "./tenants.js";
+export { DockerIgnore, packDir, safeExtract, UnsafeArchiveError } from "./tar.js";
 export { parseSize } from "./size.js";
 export {
   AlreadyExistsError,

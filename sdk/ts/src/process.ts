@@ -134,6 +134,10 @@ export class Process {
   private readonly input = new InputQueue();
   private readonly done: Promise<CommandResult & { pid: number }>;
   private readonly abort = new AbortController();
+  // Output so far, for output(): what has come and a wake-up for more.
+  private readonly seen: { stream: "stdout" | "stderr"; data: Uint8Array }[] = [];
+  private ended = false;
+  private wake: (() => void)[] = [];
 
   /** @internal */
   constructor(
@@ -142,7 +146,19 @@ export class Process {
     h: OutputHandlers,
   ) {
     this.input.push(create(ExecInputSchema, { event: { case: "start", value: start } }));
-    this.done = collect("exec", open(this.input, this.abort.signal), h).finally(() => this.input.end());
+    const note = (stream: "stdout" | "stderr", data: Uint8Array) => {
+      this.seen.push({ stream, data });
+      this.wake.splice(0).forEach((w) => w());
+    };
+    const handlers: OutputHandlers = {
+      onStdout: (c) => (note("stdout", c), h.onStdout?.(c)),
+      onStderr: (c) => (note("stderr", c), h.onStderr?.(c)),
+    };
+    this.done = collect("exec", open(this.input, this.abort.signal), handlers).finally(() => {
+      this.input.end();
+      this.ended = true;
+      this.wake.splice(0).forEach((w) => w());
+    });
     // wait() reports the error; this keeps an unawaited failure from
     // becoming an unhandled rejection.
     this.done.catch(() => undefined);
@@ -162,6 +178,25 @@ export class Process {
   /** Send a signal (default SIGKILL, 9) to the command. */
   kill(signal = 9): void {
     this.input.push(create(ExecInputSchema, { event: { case: "signal", value: signal } }));
+  }
+
+  /**
+   * Its output from the start, then as it comes, until it ends:
+   * `for await (const o of p.output()) process.stdout.write(o.text)`.
+   * Iterating again starts from the start again.
+   */
+  async *output(): AsyncGenerator<{ stream: "stdout" | "stderr"; data: Uint8Array; text: string }> {
+    const dec = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+    for (let i = 0; ; i++) {
+      while (i >= this.seen.length && !this.ended) {
+        await new Promise<void>((r) => this.wake.push(r));
+      }
+      if (i >= this.seen.length) {
+        return;
+      }
+      const { stream, data } = this.seen[i];
+      yield { stream, data, text: dec[stream].decode(data, { stream: true }) };
+    }
   }
 
   /** Wait for the command to end and return its status and output. */

@@ -1,6 +1,10 @@
+import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
+
 import { create } from "@bufbuild/protobuf";
 
 import { ExecRequestSchema, type ExecRequest } from "./gen/sbx/v1/process_pb.js";
+import { PatternType, Permission, type PathPolicy as PbPathPolicy } from "./gen/sbx/v1/permissions_pb.js";
 import { IdleAction, NetworkMode, SandboxState, type Sandbox as PbSandbox } from "./gen/sbx/v1/sandbox_pb.js";
 import { Client, getDefaultClient } from "./client.js";
 import { CodeContext, runCode, type CodeResult, type RunCodeOptions } from "./code.js";
@@ -8,8 +12,76 @@ import { call, NotFoundError, toSbxError } from "./errors.js";
 import { Files } from "./files.js";
 import { imageOf, type ImageInfo } from "./images.js";
 import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
+import { Processes } from "./processes.js";
 import { Session } from "./session.js";
 import { parseSize } from "./size.js";
+
+/** What a permission rule lets the sandbox do with the paths it matches:
+ * none (hidden), view (listed, not read), read, write. */
+export type PermissionName = "none" | "view" | "read" | "write";
+
+/** A rule of a guarded directory: a glob ("*.pem"), or a directory or file
+ * path relative to the guarded directory ("/docs"). */
+export interface PermissionRule {
+  pattern: string;
+  permission: PermissionName;
+  type?: "glob" | "directory" | "file";
+  priority?: number;
+  caseInsensitive?: boolean;
+}
+
+/** A directory of the sandbox seen through permission rules (a preset
+ * such as "development" or "agent-safe", rules, and a default). */
+export interface PathPolicy {
+  path: string;
+  preset?: string;
+  rules?: PermissionRule[];
+  default?: PermissionName;
+}
+
+const PERMISSIONS: Record<PermissionName, Permission> = {
+  none: Permission.NONE, view: Permission.VIEW, read: Permission.READ, write: Permission.WRITE,
+};
+const PATTERN_TYPES = { glob: PatternType.GLOB, directory: PatternType.DIRECTORY, file: PatternType.FILE };
+
+function permissionOf(p: string | undefined, what: string): Permission {
+  if (p === undefined) {
+    return Permission.UNSPECIFIED;
+  }
+  const v = PERMISSIONS[p as PermissionName];
+  if (v === undefined) {
+    throw new RangeError(`${what}: permission ${JSON.stringify(p)}: want one of ${Object.keys(PERMISSIONS).join(", ")}`);
+  }
+  return v;
+}
+
+function rulesOf(rules: PermissionRule[] | undefined) {
+  return (rules ?? []).map((r) => {
+    const type = r.type === undefined ? PatternType.UNSPECIFIED : PATTERN_TYPES[r.type];
+    if (type === undefined) {
+      throw new RangeError(`rule ${r.pattern}: type ${JSON.stringify(r.type)}: want glob, directory or file`);
+    }
+    return {
+      pattern: r.pattern, type, permission: permissionOf(r.permission, `rule ${r.pattern}`),
+      priority: r.priority ?? 0, caseInsensitive: r.caseInsensitive ?? false,
+    };
+  });
+}
+
+function permissionName(p: Permission): PermissionName | undefined {
+  return (Object.entries(PERMISSIONS) as [PermissionName, Permission][]).find(([, v]) => v === p)?.[0];
+}
+
+function pathPolicyOf(p: PbPathPolicy): PathPolicy {
+  return {
+    path: p.path, preset: p.preset || undefined, default: permissionName(p.defaultPermission),
+    rules: p.rules.map((r) => ({
+      pattern: r.pattern, permission: permissionName(r.permission) ?? "none",
+      type: r.type === PatternType.UNSPECIFIED ? undefined : (Object.entries(PATTERN_TYPES).find(([, v]) => v === r.type)?.[0] as PermissionRule["type"]),
+      priority: r.priority || undefined, caseInsensitive: r.caseInsensitive || undefined,
+    })),
+  };
+}
 
 /** Options of Sandbox.create. Unset ones take the daemon's defaults. */
 export interface CreateOptions {
@@ -41,7 +113,9 @@ export interface CreateOptions {
   /** "public" (default), "none", or an allowlist. */
   network?: "public" | "none" | { allowCidrs?: string[]; allowDomains?: string[] };
   volumes?: { volume: string; path: string; readOnly?: boolean }[];
-  codebases?: { codebase: string; path: string; preset?: string }[];
+  /** Directories guarded by permission rules (files there are seen through them). */
+  pathPolicies?: PathPolicy[];
+  codebases?: { codebase: string; path: string; preset?: string; rules?: PermissionRule[]; default?: PermissionName }[];
   /** Secrets kept out of the sandbox: it sees a placeholder in env `name`;
    * the egress proxy sends the value to the listed domains only (over
    * HTTPS, in the headers named; Authorization by default). */
@@ -52,6 +126,14 @@ export interface CreateOptions {
   scopedToken?: boolean;
   /** Start the image's ENTRYPOINT/CMD (default true). */
   entrypoint?: boolean;
+  /** Start the stopped sandbox when it is used (exec, files, ports). */
+  autoResume?: boolean;
+  /** Instead of image: the path of a Dockerfile to build first (its
+   * directory is the context; see images.build), tagged
+   * localhost/sbx-dockerfile/<hash of it and its args>. */
+  dockerfile?: string;
+  /** The Dockerfile's ARGs. */
+  buildArgs?: Record<string, string>;
   client?: Client;
 }
 
@@ -86,6 +168,32 @@ export interface SandboxInfo {
   expiresAt?: Date;
   stateDetail: string;
   ipAddress: string;
+  /** Its limits (0: the daemon's default or none); cpu in CPUs. */
+  resources: { memoryBytes: number; cpu: number; pids: number; diskBytes: number };
+  autoResume: boolean;
+  pathPolicies: PathPolicy[];
+  /** Live usage when the daemon was last asked (fromId, refresh, stats). */
+  stats?: SandboxStats;
+}
+
+/** A sandbox's live usage. */
+export interface SandboxStats {
+  memoryBytes: number;
+  memoryPeakBytes: number;
+  cpuUsageNs: number;
+  pids: number;
+  diskUsedBytes: number;
+  netRxBytes: number;
+  netTxBytes: number;
+  netConnections: number;
+}
+
+function statsOf(st: PbSandbox["stats"]): SandboxStats {
+  return {
+    memoryBytes: Number(st?.memoryBytes ?? 0), memoryPeakBytes: Number(st?.memoryPeakBytes ?? 0), cpuUsageNs: Number(st?.cpuUsageNs ?? 0),
+    pids: Number(st?.pids ?? 0), diskUsedBytes: Number(st?.diskUsedBytes ?? 0), netRxBytes: Number(st?.netRxBytes ?? 0),
+    netTxBytes: Number(st?.netTxBytes ?? 0), netConnections: Number(st?.netConnections ?? 0),
+  };
 }
 
 function stateName(s: SandboxState): SandboxInfo["state"] {
@@ -111,7 +219,13 @@ function infoOf(s: PbSandbox): SandboxInfo {
   return {
     id: s.id, name: s.name, image: s.image, state: stateName(s.state), labels: s.labels,
     createdAt: new Date(Number(s.createdAtMs)), expiresAt: s.expiresAtMs > 0n ? new Date(Number(s.expiresAtMs)) : undefined,
-    stateDetail: s.stateDetail, ipAddress: s.ipAddress,
+    stateDetail: s.stateDetail, ipAddress: s.ipAddress, stats: s.stats ? statsOf(s.stats) : undefined,
+    resources: {
+      memoryBytes: Number(s.resources?.memoryBytes ?? 0), cpu: Number(s.resources?.cpuMillis ?? 0) / 1000,
+      pids: Number(s.resources?.pids ?? 0), diskBytes: Number(s.resources?.diskBytes ?? 0),
+    },
+    autoResume: s.autoResume,
+    pathPolicies: s.pathPolicies.map(pathPolicyOf),
   };
 }
 
@@ -161,20 +275,38 @@ function bytesOf(data: string | Uint8Array | undefined): Uint8Array {
  */
 export class Sandbox {
   readonly files: Files;
+  /** Background processes: commands that outlive their client. */
+  readonly processes: Processes;
   private _info: SandboxInfo;
 
   /** @internal */
   constructor(readonly client: Client, info: SandboxInfo) {
     this._info = info;
     this.files = new Files(client, info.id);
+    this.processes = new Processes(client, info.id);
   }
 
   /** Create a sandbox and return once it is ready for commands. */
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const c = opts.client ?? getDefaultClient();
     const network = networkOf(opts.network);
+    let image = opts.image ?? "";
+    if (opts.dockerfile !== undefined) {
+      if (image) {
+        throw new RangeError("create: give an image or a dockerfile, not both");
+      }
+      // Named by the Dockerfile and its args: an unchanged one runs no step.
+      const h = createHash("sha256").update(readFileSync(opts.dockerfile));
+      for (const k of Object.keys(opts.buildArgs ?? {}).sort()) {
+        h.update(`\0${k}=${opts.buildArgs?.[k]}`);
+      }
+      image = `localhost/sbx-dockerfile/${h.digest("hex").slice(0, 16)}:latest`;
+      await c.images.build({ dockerfile: opts.dockerfile, buildArgs: opts.buildArgs }, { tag: image });
+    } else if (opts.buildArgs) {
+      throw new RangeError("create: buildArgs go with a dockerfile");
+    }
     const r = await call("create sandbox", () => c.rpc.sandboxes.createSandbox({
-      image: opts.image ?? "", name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
+      image, name: opts.name ?? "", labels: opts.labels ?? {}, env: opts.env ?? {}, secrets: opts.secrets ?? {},
       command: opts.command ?? [], workdir: opts.workdir ?? "", user: opts.user ?? "", runtime: opts.runtime ?? "",
       resources: {
         memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)),
@@ -182,12 +314,18 @@ export class Sandbox {
       },
       timeoutMs: ms(opts.timeout), idleTimeoutMs: ms(opts.idleTimeout), network,
       volumes: (opts.volumes ?? []).map((v) => ({ volume: v.volume, path: v.path, readOnly: v.readOnly ?? false })),
-      codebases: (opts.codebases ?? []).map((cb) => ({ codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "" })),
+      codebases: (opts.codebases ?? []).map((cb) => ({
+        codebase: cb.codebase, path: cb.path, preset: cb.preset ?? "", rules: rulesOf(cb.rules),
+        defaultPermission: permissionOf(cb.default, `codebase ${cb.codebase}`),
+      })),
+      pathPolicies: (opts.pathPolicies ?? []).map((p) => ({
+        path: p.path, preset: p.preset ?? "", rules: rulesOf(p.rules), defaultPermission: permissionOf(p.default, `path policy ${p.path}`),
+      })),
       domainSecrets: (opts.domainSecrets ?? []).map((ds) => ({
         name: ds.name, value: ds.value, domains: ds.domains, headers: ds.headers ?? [], allowQuery: ds.allowQuery ?? false,
       })),
       idleAction: opts.stopWhenIdle ? IdleAction.STOP : IdleAction.UNSPECIFIED,
-      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false,
+      scopedToken: opts.scopedToken ?? false, noEntrypoint: opts.entrypoint === false, autoResume: opts.autoResume ?? false,
     }));
     if (!r.sandbox) {
       throw new NotFoundError("not_found", "create sandbox: the daemon returned no sandbox");
@@ -240,6 +378,13 @@ export class Sandbox {
     return this;
   }
 
+  /** Live usage (memory, CPU, PIDs, disk, network), fetched from the
+   * daemon on each call (this also refreshes info). */
+  async stats(): Promise<SandboxStats> {
+    await this.refresh();
+    return this._info.stats ?? statsOf(undefined);
+  }
+
   /** Freeze every process (memory and files are kept). */
   async stop(): Promise<void> {
     await call(`stop ${this.id}`, () => this.client.rpc.sandboxes.stopSandbox({ sandbox: this.id }));
@@ -261,22 +406,43 @@ export class Sandbox {
    */
   async update(opts: {
     timeout?: number; idleTimeout?: number; stopWhenIdle?: boolean;
-    setLabels?: Record<string, string>; removeLabels?: string[];
-    memory?: number | string; cpu?: number; pids?: number;
+    setLabels?: Record<string, string>; removeLabels?: string[]; replaceLabels?: boolean;
+    memory?: number | string; cpu?: number; pids?: number; autoResume?: boolean;
   }): Promise<void> {
+    for (const [k, v] of [["timeout", opts.timeout], ["idleTimeout", opts.idleTimeout]] as const) {
+      if (v !== undefined && !(v >= 0)) {
+        throw new RangeError(`update: ${k} ${v}: want seconds, 0 or more`);
+      }
+    }
+    for (const [k, v] of [["cpu", opts.cpu], ["pids", opts.pids]] as const) {
+      if (v !== undefined && !(v > 0)) {
+        throw new RangeError(`update: ${k} ${v}: want a positive number`);
+      }
+    }
     const r = await call(`update ${this.id}`, () => this.client.rpc.sandboxes.updateSandbox({
       sandbox: this.id,
       timeoutMs: opts.timeout === undefined ? undefined : ms(opts.timeout),
       idleTimeoutMs: opts.idleTimeout === undefined ? undefined : ms(opts.idleTimeout),
       idleAction: opts.stopWhenIdle === undefined ? IdleAction.UNSPECIFIED : opts.stopWhenIdle ? IdleAction.STOP : IdleAction.DESTROY,
-      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [],
+      setLabels: opts.setLabels ?? {}, removeLabels: opts.removeLabels ?? [], replaceLabels: opts.replaceLabels ?? false,
       resources: {
         memoryBytes: BigInt(parseSize(opts.memory)), cpuMillis: BigInt(Math.round((opts.cpu ?? 0) * 1000)), pids: BigInt(opts.pids ?? 0),
       },
+      autoResume: opts.autoResume,
     }));
     if (r.sandbox) {
       this._info = infoOf(r.sandbox);
     }
+  }
+
+  /** A new lifetime in seconds counted from now (E2B's setTimeout). */
+  setTimeout(seconds: number): Promise<void> {
+    return this.update({ timeout: seconds });
+  }
+
+  /** Add or replace labels. */
+  setLabels(labels: Record<string, string>): Promise<void> {
+    return this.update({ setLabels: labels });
   }
 
   /** Change the network policy of the running sandbox (open connections included). */

@@ -3,7 +3,7 @@
 // with a token, a temporary data dir and no warm pool (needs root). The
 // repository is $SBX_REPO (scripts/test-ts-sdk.sh sets it), else ../../..
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { chmodSync, mkdtempSync, openSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -33,26 +33,56 @@ function freePort() {
   });
 }
 
+// nextPort is host:port's host with the port after it (the daemon's
+// default --ui-listen).
+function nextPort(addr) {
+  const i = addr.lastIndexOf(":");
+  return `${addr.slice(0, i)}:${Number(addr.slice(i + 1)) + 1}`;
+}
+
 /**
- * startDaemon returns { addr, token, stop() }, or { skip: reason } when no
- * daemon can be had (not root and no $SBX_ADDR).
+ * startDaemon returns { addr, uiAddr, token, stop() }, or { skip: reason }
+ * when no daemon can be had (not root and no $SBX_ADDR). uiAddr is the web
+ * dashboard's listener ($SBX_UI_ADDR, default the port after $SBX_ADDR's).
+ * With opts.tenants (names), it always starts its own daemon with a tenants
+ * file: then `tokens` maps each name to its token, `admin` is an admin token
+ * and `token` is the first tenant's.
  */
-export async function startDaemon() {
-  if (process.env.SBX_ADDR && (await healthy(process.env.SBX_ADDR))) {
-    return { addr: process.env.SBX_ADDR, token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
+export async function startDaemon(opts = {}) {
+  if (!opts.tenants && process.env.SBX_ADDR && (await healthy(process.env.SBX_ADDR))) {
+    return { addr: process.env.SBX_ADDR, uiAddr: process.env.SBX_UI_ADDR || nextPort(process.env.SBX_ADDR),
+      token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
   }
   if (process.getuid?.() !== 0) {
     return { skip: "the sbx daemon needs root (namespaces, cgroups, mounts): run as root or set SBX_ADDR" };
   }
   const dir = mkdtempSync(join(tmpdir(), "sbx-ts-test-"));
   chmodSync(dir, 0o711); // sandbox roots must be reachable by the mapped uids
-  const token = randomBytes(24).toString("hex");
-  writeFileSync(join(dir, "token"), token + "\n", { mode: 0o600 });
+  let token = randomBytes(24).toString("hex");
+  let auth = ["--auth-token-file", join(dir, "token")];
+  const tokens = {};
+  let admin;
+  if (opts.tenants) {
+    const hash = (t) => "sha256:" + createHash("sha256").update(t).digest("hex");
+    for (const name of opts.tenants) {
+      tokens[name] = randomBytes(24).toString("hex");
+    }
+    admin = randomBytes(24).toString("hex");
+    token = tokens[opts.tenants[0]];
+    writeFileSync(join(dir, "tenants.json"), JSON.stringify({
+      admin_tokens: [hash(admin)],
+      tenants: opts.tenants.map((name) => ({ name, tokens: [hash(tokens[name])], quotas: { max_sandboxes: 8 } })),
+    }), { mode: 0o600 });
+    auth = ["--tenants", join(dir, "tenants.json")];
+  } else {
+    writeFileSync(join(dir, "token"), token + "\n", { mode: 0o600 });
+  }
   const addr = `127.0.0.1:${await freePort()}`;
+  const uiAddr = `127.0.0.1:${await freePort()}`;
   const log = join(dir, "daemon.log");
   const fd = openSync(log, "a");
   const proc = spawn(SBX_BIN, ["serve", "--listen", addr, "--data-dir", join(dir, "data"), "--warm-pool", "0",
-    "--network=false", "--auth-token-file", join(dir, "token")], { stdio: ["ignore", fd, fd], detached: true });
+    "--network=false", ...auth, "--ui-listen", uiAddr], { stdio: ["ignore", fd, fd], detached: true });
   let exited = false;
   proc.on("exit", () => (exited = true));
   const deadline = Date.now() + 30_000;
@@ -66,7 +96,7 @@ export async function startDaemon() {
     await new Promise((r) => setTimeout(r, 100));
   }
   return {
-    addr, token, log,
+    addr, uiAddr, token, tokens, admin, log,
     async stop(destroyAll) {
       // Sandboxes outlive the daemon: destroy them before stopping it.
       if (destroyAll) {

@@ -64,6 +64,23 @@ async function session(mcp) {
   const ls = json(await mcp.callTool({ name: "list_files", arguments: { sandbox: sb.id, path: "/tmp/m" } }));
   assert.deepEqual(ls.entries.map((e) => e.type), ["file"]);
 
+  // expose_port: a server started in the box answers at the URL it gives.
+  const box = await Sandbox.fromId(sb.id, { client });
+  await box.files.write("/tmp/www/index.html", "served to mcp");
+  const server = await box.processes.start(["python3", "-m", "http.server", "8124", "--bind", "127.0.0.1", "--directory", "/tmp/www"]);
+  const deadline = Date.now() + 20_000;
+  while (!(await box.ports()).some((p) => p.port === 8124)) {
+    assert.ok(Date.now() < deadline, "the server never listened on 8124");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const port = json(await mcp.callTool({ name: "expose_port", arguments: { sandbox: sb.id, port: 8124 } }));
+  assert.equal(port.port, 8124);
+  const res = await fetch(port.url, { headers: { Authorization: `Bearer ${d.token}` } });
+  assert.equal(await res.text(), "served to mcp");
+  await server.remove();
+  const badPort = await mcp.callTool({ name: "expose_port", arguments: { sandbox: sb.id, port: 70000 } });
+  assert.ok(badPort.isError && /port/.test(badPort.content[0].text), JSON.stringify(badPort));
+
   const list = json(await mcp.callTool({ name: "list_sandboxes", arguments: {} }));
   assert.ok(list.sandboxes.some((s) => s.id === sb.id));
   const destroyed = await mcp.callTool({ name: "destroy_sandbox", arguments: { sandbox: sb.id } });
@@ -72,6 +89,31 @@ async function session(mcp) {
 }
 
 describe("mcp", () => {
+  it("destroys what a stdio session created when its client goes away", async (t) => {
+    if (d.skip) return t.skip(d.skip);
+    const mcp = new McpClient({ name: "sbx-ts-test", version: "1" });
+    await mcp.connect(new StdioClientTransport({
+      command: SBX_BIN, args: ["--addr", d.addr, "mcp"], env: { ...process.env, SBX_TOKEN: d.token }, stderr: "ignore",
+    }));
+    const kept = await Sandbox.create({ client, labels: { "sbx-mcp": "1" } });
+    const sb = json(await mcp.callTool({ name: "create_sandbox", arguments: {} }));
+    await mcp.close();
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      try {
+        await Sandbox.fromId(sb.id, { client });
+      } catch (e) {
+        assert.equal(e.code, "not_found");
+        break;
+      }
+      assert.ok(Date.now() < deadline, `the session's sandbox ${sb.id} outlived it`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    // Only its own: a sandbox it did not create is still there.
+    assert.equal((await Sandbox.fromId(kept.id, { client })).state, "running");
+    await kept.terminate();
+  });
+
   it("serves the tools over stdio (sbx mcp)", async (t) => {
     if (d.skip) return t.skip(d.skip);
     const mcp = new McpClient({ name: "sbx-ts-test", version: "1" });
@@ -97,5 +139,88 @@ describe("mcp", () => {
     }
     const anon = new McpClient({ name: "sbx-ts-test", version: "1" });
     await assert.rejects(anon.connect(new StreamableHTTPClientTransport(url)), /401|nauthorized|token/);
+  });
+});
+
+// One tenant's MCP session, over either transport, is an attacker against
+// another tenant's sandbox: it must neither see it nor act on it, and the
+// victim's box must come out untouched.
+describe("mcp tenancy", () => {
+  let td;
+  let acme;
+  before(async () => {
+    if (d.skip) return;
+    td = await startDaemon({ tenants: ["acme", "beta"] });
+    acme = new Client({ addr: td.addr, token: td.tokens.acme });
+  });
+  after(async () => {
+    if (td) {
+      await td.stop(async () => {
+        for (const s of await Sandbox.list({ client: acme })) await s.terminate().catch(() => undefined);
+      });
+    }
+  });
+
+  async function attack(mcp, victim) {
+    const list = json(await mcp.callTool({ name: "list_sandboxes", arguments: {} }));
+    assert.ok(!list.sandboxes.some((s) => s.id === victim.id), "the attacker lists the victim's sandbox");
+    const tries = [
+      ["exec", { sandbox: victim.id, command: "echo pwned > /tmp/secret" }],
+      ["run_code", { sandbox: victim.id, code: "open('/tmp/secret', 'w').write('pwned')" }],
+      ["read_file", { sandbox: victim.id, path: "/tmp/secret" }],
+      ["write_file", { sandbox: victim.id, path: "/tmp/secret", content: "pwned" }],
+      ["list_files", { sandbox: victim.id, path: "/tmp" }],
+      ["expose_port", { sandbox: victim.id, port: 8000 }],
+      ["destroy_sandbox", { sandbox: victim.id }],
+      // By name too.
+      ["exec", { sandbox: victim.name, command: "true" }],
+    ];
+    for (const [name, args] of tries) {
+      const r = await mcp.callTool({ name, arguments: args });
+      assert.ok(r.isError, `${name} on the victim's sandbox succeeded: ${JSON.stringify(r.content)}`);
+      assert.match(r.content[0].text, /not.found|no such/i, `${name}: ${r.content[0].text}`);
+      assert.doesNotMatch(r.content[0].text, /acme-secret/, `${name} leaked the victim's data`);
+    }
+  }
+
+  async function untouched(victim) {
+    const box = await Sandbox.fromId(victim.id, { client: acme });
+    assert.equal(box.state, "running");
+    assert.equal(await box.files.readText("/tmp/secret"), "acme-secret");
+  }
+
+  it("keeps one tenant's stdio session away from another tenant's sandboxes", async (t) => {
+    if (d.skip) return t.skip(d.skip);
+    const victim = await Sandbox.create({ client: acme, name: "acme-victim-stdio" });
+    await victim.files.write("/tmp/secret", "acme-secret");
+    const mcp = new McpClient({ name: "sbx-ts-attacker", version: "1" });
+    await mcp.connect(new StdioClientTransport({
+      command: SBX_BIN, args: ["--addr", td.addr, "mcp"], env: { ...process.env, SBX_TOKEN: td.tokens.beta }, stderr: "ignore",
+    }));
+    try {
+      await attack(mcp, victim);
+    } finally {
+      await mcp.close();
+    }
+    await untouched(victim);
+  });
+
+  it("keeps one tenant's HTTP session away from another tenant's sandboxes", async (t) => {
+    if (d.skip) return t.skip(d.skip);
+    const victim = await Sandbox.create({ client: acme, name: "acme-victim-http" });
+    await victim.files.write("/tmp/secret", "acme-secret");
+    const mcp = new McpClient({ name: "sbx-ts-attacker", version: "1" });
+    await mcp.connect(new StreamableHTTPClientTransport(new URL(`http://${td.addr}/mcp`),
+      { requestInit: { headers: { Authorization: `Bearer ${td.tokens.beta}` } } }));
+    try {
+      await attack(mcp, victim);
+      // Its own sandboxes are its tenant's: the victim's tenant does not see them.
+      const own = json(await mcp.callTool({ name: "create_sandbox", arguments: {} }));
+      await assert.rejects(Sandbox.fromId(own.id, { client: acme }), (e) => e.code === "not_found");
+      assert.ok(!(await mcp.callTool({ name: "destroy_sandbox", arguments: { sandbox: own.id } })).isError);
+    } finally {
+      await mcp.close();
+    }
+    await untouched(victim);
   });
 });

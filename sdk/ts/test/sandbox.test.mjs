@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 
-import { Client, InvalidArgumentError, NotFoundError, Sandbox, UnauthenticatedError } from "@sbxdev/sbx";
+import { Client, InvalidArgumentError, NotFoundError, Sandbox, SbxError, UnauthenticatedError } from "@sbxdev/sbx";
 
 import { startDaemon } from "./daemon.mjs";
 
@@ -70,6 +70,61 @@ describe("sandboxes", () => {
     const bad = new Client({ addr: d.addr, token: "not-the-token" });
     await assert.rejects(Sandbox.list({ client: bad }), UnauthenticatedError);
     await assert.rejects(Sandbox.create({ client, name: "Not A Valid Name!" }), (e) => e instanceof InvalidArgumentError && /name/.test(e.message));
+  });
+});
+
+describe("updates", () => {
+  it("change limits, labels and the lifetime, and refuse bad values naming them", async (t) => {
+    if (skip(t)) return;
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN, a: "1" }, memory: "128M", pids: 128 });
+    await box.update({ memory: "256M", cpu: 1, pids: 300 });
+    assert.deepEqual(box.info.resources, { memoryBytes: 256 * 2 ** 20, cpu: 1, pids: 300, diskBytes: box.info.resources.diskBytes });
+    await box.setLabels({ b: "2" });
+    assert.deepEqual([box.info.labels.a, box.info.labels.b], ["1", "2"]);
+    await box.update({ setLabels: { "sbx-ts-test": RUN, only: "me" }, replaceLabels: true });
+    assert.deepEqual(box.info.labels, { "sbx-ts-test": RUN, only: "me" });
+    await box.setTimeout(30);
+    assert.ok(box.info.expiresAt.getTime() - Date.now() <= 30_000, `expires ${box.info.expiresAt}`);
+    await assert.rejects(box.update({ memory: "1T" }), (e) => e instanceof InvalidArgumentError && /memory/.test(e.message));
+    await assert.rejects(box.update({ cpu: 0 }), (e) => e instanceof RangeError && /cpu 0/.test(e.message));
+    await assert.rejects(box.update({ timeout: -1 }), (e) => e instanceof RangeError && /timeout -1/.test(e.message));
+    await assert.rejects(box.update({ setLabels: { "bad key!": "x" } }), (e) => e instanceof InvalidArgumentError && /bad key/.test(e.message));
+    await box.terminate();
+  });
+
+  it("resume a stopped sandbox on use with autoResume", async (t) => {
+    if (skip(t)) return;
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN }, autoResume: true });
+    assert.equal(box.info.autoResume, true);
+    await box.stop();
+    assert.equal((await box.refresh()).state, "stopped");
+    assert.equal((await box.run("echo back")).stdout, "back\n");
+    assert.equal((await box.refresh()).state, "running");
+    await box.update({ autoResume: false });
+    assert.equal(box.info.autoResume, false);
+    await box.terminate();
+  });
+});
+
+describe("permission rules", () => {
+  it("guard a directory as the rules say and refuse bad ones naming them", async (t) => {
+    if (skip(t)) return;
+    const policy = { path: "/workspace", preset: "development", rules: [{ pattern: "/docs", permission: "read", type: "directory" }] };
+    const box = await Sandbox.create({ client, labels: { "sbx-ts-test": RUN }, pathPolicies: [policy] });
+    assert.deepEqual(box.info.pathPolicies, [{ ...policy, default: undefined, rules: [{ ...policy.rules[0], priority: undefined, caseInsensitive: undefined }] }]);
+    const r = await box.run("cd /workspace && echo s > .env; echo rc=$?; echo ok > a.txt && cat a.txt && mkdir docs");
+    assert.doesNotMatch(r.stdout, /rc=0/); // .env is hidden: it cannot be created
+    assert.match(r.stderr, /cannot create .env: Permission denied/);
+    assert.notEqual(r.exitCode, 0); // docs/ is read-only: mkdir fails
+    assert.deepEqual((await box.files.list("/workspace")).map((f) => f.name), ["a.txt"]);
+    await assert.rejects(box.files.write("/workspace/.env", "x"), SbxError);
+    await box.terminate();
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "/workspace", preset: "nope" }] }),
+      (e) => e instanceof InvalidArgumentError && /nope/.test(e.message));
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "relative" }] }),
+      (e) => e instanceof InvalidArgumentError && /relative/.test(e.message));
+    await assert.rejects(Sandbox.create({ client, pathPolicies: [{ path: "/w", rules: [{ pattern: "*.pem", permission: "hidden" }] }] }),
+      (e) => e instanceof RangeError && /"hidden"/.test(e.message));
   });
 });
 
@@ -158,6 +213,36 @@ describe("files", () => {
     await sb.files.remove("/tmp/ts", { recursive: true });
     assert.equal(await sb.files.exists("/tmp/ts"), false);
     await assert.rejects(sb.files.read("/tmp/nope"), NotFoundError);
+  });
+});
+
+describe("watching a directory", () => {
+  it("yields creates, writes and removes as an async iterator", async (t) => {
+    if (skip(t)) return;
+    // Each change is one rename or unlink in the box (atomic: a poll sees
+    // before or after), and waits for the watcher to report the one before.
+    await sb.run("mkdir -p /tmp/watched/sub /tmp/staging && echo one > /tmp/staging/a && echo one-more > /tmp/staging/b");
+    const ac = new AbortController();
+    const seen = [];
+    let ready;
+    const listed = new Promise((r) => (ready = r));
+    const it = sb.files.watch("/tmp/watched", { recursive: true, intervalMs: 100, signal: ac.signal, onReady: ready });
+    const first = it.next(); // the first listing is taken on the first next()
+    await listed;
+    await sb.run("mv /tmp/staging/a /tmp/watched/sub/a.txt");
+    seen.push((await first).value);
+    await sb.run("mv /tmp/staging/b /tmp/watched/sub/a.txt");
+    seen.push((await it.next()).value);
+    await sb.run("rm /tmp/watched/sub/a.txt");
+    seen.push((await it.next()).value);
+    ac.abort();
+    assert.equal((await it.next()).done, true);
+    assert.deepEqual(seen.map((e) => [e.type, e.path]), [
+      ["create", "/tmp/watched/sub/a.txt"], ["write", "/tmp/watched/sub/a.txt"], ["remove", "/tmp/watched/sub/a.txt"],
+    ]);
+    assert.equal(seen[1].info.size, 9);
+    await assert.rejects(sb.files.watch("/tmp/no-such-dir").next(), NotFoundError);
+    await assert.rejects(sb.files.watch("/tmp", { intervalMs: 1 }).next(), /intervalMs 1: want 100 or more/);
   });
 });
 
