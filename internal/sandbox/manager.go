@@ -189,6 +189,12 @@ func New(cfg Config) (*Manager, error) {
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
 	}
+	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
+		// The pool keeps host-image boxes: a default runtime without the
+		// host image (kubernetes) would fail every refill.
+		cfg.Logger.Warn("no warm pool: the default runtime cannot run the host image", "runtime", cfg.DefaultRuntime)
+		cfg.WarmPool = 0
+	}
 	if cfg.WarmPool > 0 {
 		if cfg.WarmPoolMax == 0 {
 			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)
@@ -340,6 +346,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 
 	rs := runtimeSpec(b.id, spec, img)
 	rs.Env = append(rs.Env, m.scopedEnv(b)...)
+	rs.Meta = runtime.Meta{Name: spec.Name, Tenant: b.tenant, Labels: spec.Labels}
+	b.mu.Lock()
+	if ms := b.rec.ExpiresAtMs; ms > 0 {
+		rs.Meta.Expires = time.UnixMilli(ms)
+	}
+	b.mu.Unlock()
 	cbMounts, err := m.mountCodebases(ctx, b.id, spec)
 	if err != nil {
 		return fail(err)
