@@ -20,18 +20,12 @@ import (
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/store"
+	"github.com/sbxdev/sbx/internal/testutil"
 )
-
-// KubeconfigEnv names the kubeconfig of a real cluster the tests use (each
-// test in a namespace of its own, deleted at its end); unset, they skip.
-const KubeconfigEnv = "SBX_TEST_KUBECONFIG"
 
 func clientset(t testing.TB) kubernetes.Interface {
 	t.Helper()
-	path := os.Getenv(KubeconfigEnv)
-	if path == "" {
-		t.Skipf("no cluster: set %s to a kubeconfig", KubeconfigEnv)
-	}
+	path := testutil.RequiresKube(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
 		t.Fatalf("load %s: %v", path, err)
@@ -440,7 +434,7 @@ func TestMain(m *testing.M) {
 }
 
 func writer(ns string) int {
-	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(KubeconfigEnv))
+	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testutil.KubeconfigEnv))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
