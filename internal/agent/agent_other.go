@@ -28,6 +28,8 @@ type Options struct {
 	// UserCgroupFDs are unused outside Linux.
 	UserCgroupFDs []int
 	Listen        string
+	ExecListen    string
+	TLSDir        string
 	Entrypoint    []string
 	Logger        *slog.Logger
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -17,7 +18,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +60,9 @@ type Config struct {
 	// DefaultRuntime names the runtime of sandboxes whose create names none
 	// ("" = "oci").
 	DefaultRuntime string
+	// Kubernetes, when Namespace is set, adds the kubernetes runtime
+	// (sandboxes as Pods in that namespace).
+	Kubernetes KubernetesConfig
 	// DefaultTimeout is the lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
@@ -238,13 +244,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer gv.Close()
 	drivers := map[string]runtime.Driver{drv.Name(): drv, gv.Name(): gv}
+	if err := addKubernetes(ctx, cfg.Kubernetes, drivers, log); err != nil {
+		return err
+	}
 	defaultRuntime := cfg.DefaultRuntime
 	if defaultRuntime == "" {
 		defaultRuntime = drv.Name()
 	}
 	def, ok := drivers[defaultRuntime]
 	if !ok {
-		return fmt.Errorf("--default-runtime %q: no such runtime (have oci, gvisor)", defaultRuntime)
+		return fmt.Errorf("--default-runtime %q: no such runtime (have %s)", defaultRuntime, strings.Join(slices.Sorted(maps.Keys(drivers)), ", "))
 	}
 	for _, d := range drivers {
 		info := d.Info(ctx)

@@ -348,6 +348,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 
 	rs := runtimeSpec(b.id, spec, img)
 	rs.Env = append(rs.Env, m.scopedEnv(b)...)
+	rs.Meta = runtime.Meta{Name: spec.Name, Tenant: b.tenant, Labels: spec.Labels}
+	b.mu.Lock()
+	if ms := b.rec.ExpiresAtMs; ms > 0 {
+		rs.Meta.Expires = time.UnixMilli(ms)
+	}
+	b.mu.Unlock()
 	cbMounts, err := m.mountCodebases(ctx, b.id, spec)
 	if err != nil {
 		return fail(err)
