@@ -10,15 +10,11 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/fake"
+	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/store/kubestore"
 	"github.com/sbxdev/sbx/internal/testutil"
@@ -137,28 +133,13 @@ func sharedBackends(t *testing.T) map[string]func(t *testing.T) SharedStore {
 	out := map[string]func(t *testing.T) SharedStore{
 		"memory": func(*testing.T) SharedStore { return newMemShared() },
 	}
-	path := os.Getenv(testutil.KubeconfigEnv)
-	if path == "" {
-		t.Logf("no %s: the replica tests run on the in-memory store only", testutil.KubeconfigEnv)
+	if os.Getenv(k8stest.DirEnv) == "" {
+		t.Logf("no %s: the replica tests run on the in-memory store only", k8stest.DirEnv)
 		return out
 	}
 	out["kubernetes"] = func(t *testing.T) SharedStore {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.QPS, cfg.Burst = 200, 400
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ns, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "sbx-replicas-"}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
-		s, err := kubestore.New(cs, ns.Name)
+		c := k8stest.Get(t)
+		s, err := kubestore.New(c.Client, c.Namespace(t, "sbx-replicas"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,6 +45,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -275,12 +276,17 @@ func (s *Store) holds(ctx context.Context, id, tenant, name string) (bool, error
 	return r.Tenant == tenant && r.Name == name, nil
 }
 
+// conflictBackoff paces the retries of a write that lost a race: replicas
+// touching and updating one busy record may collide several times in a row,
+// so it tries for about 3 s, spread with jitter, before giving up.
+var conflictBackoff = wait.Backoff{Steps: 25, Duration: 2 * time.Millisecond, Factor: 1.6, Jitter: 1, Cap: 250 * time.Millisecond}
+
 // modify applies change to the stored record of id, as a read-check-write
 // retried on conflicts. change returns an error to give up (nothing is
 // written). r, if not nil, gets the written record's version.
 func (s *Store) modify(ctx context.Context, id string, r *store.Record, change func(cur *store.Record) error) error {
 	var written *corev1.Secret
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(conflictBackoff, func() error {
 		sec, err := s.secrets().Get(ctx, recordObject(id), metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -302,6 +308,9 @@ func (s *Store) modify(ctx context.Context, id string, r *store.Record, change f
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("still contended after %d attempts: %w: %w", conflictBackoff.Steps, err, errdefs.ErrUnavailable)
+		}
 		return wrap(err)
 	}
 	if r != nil {
@@ -319,13 +328,16 @@ func notDestroying(cur *store.Record) error {
 }
 
 // Update rewrites the mutable fields of a record (state, handle, detail,
-// timestamps), unless another writer marked it destroying.
+// deadline; the last activity only forward), unless another writer marked
+// it destroying.
 func (s *Store) Update(ctx context.Context, r *store.Record) error {
 	err := s.modify(ctx, r.ID, r, func(cur *store.Record) error {
 		if err := notDestroying(cur); err != nil {
 			return err
 		}
-		cur.State, cur.Handle, cur.ExpiresAtMs, cur.LastActiveAtMs, cur.StateDetail = r.State, r.Handle, r.ExpiresAtMs, r.LastActiveAtMs, r.StateDetail
+		cur.State, cur.Handle, cur.ExpiresAtMs, cur.StateDetail = r.State, r.Handle, r.ExpiresAtMs, r.StateDetail
+		// Replicas see activity each on their own: the latest wins.
+		cur.LastActiveAtMs = max(cur.LastActiveAtMs, r.LastActiveAtMs)
 		return nil
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,13 +20,19 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
 	"github.com/sbxdev/sbx/internal/store"
-	"github.com/sbxdev/sbx/internal/testutil"
 )
 
-func clientset(t testing.TB) kubernetes.Interface {
+// kubeconfig returns the test cluster's kubeconfig (k8stest skips the
+// test without one).
+func kubeconfig(t testing.TB) string {
 	t.Helper()
-	path := testutil.RequiresKube(t)
+	return filepath.Join(k8stest.Get(t).Dir, "pki", "admin.kubeconfig")
+}
+
+func clientFor(t testing.TB, path string) kubernetes.Interface {
+	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
 		t.Fatalf("load %s: %v", path, err)
@@ -38,29 +45,14 @@ func clientset(t testing.TB) kubernetes.Interface {
 	return cs
 }
 
-// namespace makes a namespace for one test and deletes it at the end.
-func namespace(t *testing.T, cs kubernetes.Interface) string {
-	t.Helper()
-	ns, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "sbx-kubestore-"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cs.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	return ns.Name
-}
-
 // newStores returns n Stores on one fresh namespace, each with a client of
 // its own (as separate replicas have).
 func newStores(t *testing.T, n int) []*Store {
 	t.Helper()
-	ns := namespace(t, clientset(t))
+	ns := k8stest.Get(t).Namespace(t, "sbx-kubestore")
 	out := make([]*Store, n)
 	for i := range out {
-		s, err := New(clientset(t), ns)
+		s, err := New(clientFor(t, kubeconfig(t)), ns)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,7 +353,7 @@ func TestNoLostWrites(t *testing.T) {
 	want := *r
 	want.State, want.StateDetail, want.Handle = "running", fmt.Sprintf("detail-%d", n-1), json.RawMessage(fmt.Sprintf(`{"n":%d}`, n-1))
 	want.Labels, want.Spec = map[string]string{"round": fmt.Sprint(n - 1)}, json.RawMessage(fmt.Sprintf(`{"round":%d}`, n-1))
-	// Update writes its own last-active (1000); a touch only moves it forward.
+	// Update's last-active (1000) is older than the touches': the latest wins.
 	want.LastActiveAtMs = int64(5000 + n - 1)
 	if d := cmp.Diff(&want, got, ignoreVersion); d != "" {
 		t.Errorf("final record lost a write (-want +got):\n%s", d)
@@ -434,11 +426,12 @@ func TestMain(m *testing.M) {
 }
 
 func writer(ns string) int {
-	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testutil.KubeconfigEnv))
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(os.Getenv(k8stest.DirEnv), "pki", "admin.kubeconfig"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	cfg.QPS, cfg.Burst = 500, 1000
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
