@@ -568,3 +568,58 @@ func TestProcesses(t *testing.T) {
 		t.Errorf("GetProcess after delete: got %v, want not found", err)
 	}
 }
+
+// BenchmarkOps measures what shared state adds to a replica's calls: a
+// lookup by id (Get) or by name (ByName: claim, then record), and a state
+// change (Update: read-check-write).
+func BenchmarkOps(b *testing.B) {
+	c := k8stest.Get(b)
+	ns := c.Namespace(b, "sbx-kubestore-bench")
+	s, err := New(clientFor(b, kubeconfig(b)), ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	r := record("sb-benchmark001", "", "bench")
+	if err := s.Insert(ctx, r); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Get", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.Get(ctx, r.ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ByName", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.ByName(ctx, "", "bench"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Update", func(b *testing.B) {
+		for b.Loop() {
+			if err := s.Update(ctx, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("InsertDestroyDelete", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			n := record(fmt.Sprintf("sb-bench%07d", i), "", fmt.Sprintf("b-%d", i))
+			if err := s.Insert(ctx, n); err != nil {
+				b.Fatal(err)
+			}
+			n.State = "destroying"
+			if err := s.MarkDestroying(ctx, n); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Delete(ctx, n.ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
