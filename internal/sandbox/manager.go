@@ -196,6 +196,12 @@ func New(cfg Config) (*Manager, error) {
 	if s, ok := cfg.Store.(SharedStore); ok {
 		m.shared = s
 	}
+	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
+		// The pool keeps host-image boxes: a default runtime without the
+		// host image (kubernetes) would fail every refill.
+		cfg.Logger.Warn("no warm pool: the default runtime cannot run the host image", "runtime", cfg.DefaultRuntime)
+		cfg.WarmPool = 0
+	}
 	if cfg.WarmPool > 0 {
 		if cfg.WarmPoolMax == 0 {
 			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)

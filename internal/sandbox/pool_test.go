@@ -301,3 +301,39 @@ func TestWarmPoolRefillsInParallel(t *testing.T) {
 		t.Errorf("after Close: got %d live boxes, want 0", n)
 	}
 }
+
+// noHostImage is a driver that cannot run the host image (kubernetes).
+type noHostImage struct{ runtime.Driver }
+
+func (d noHostImage) Info(ctx context.Context) runtime.Info {
+	info := d.Driver.Info(ctx)
+	info.Capabilities = slices.DeleteFunc(slices.Clone(info.Capabilities), func(c runtime.Capability) bool { return c == runtime.CapHostImage })
+	return info
+}
+
+// TestNoWarmPoolWithoutHostImage: a default runtime that cannot run the
+// host image gets no warm pool (its refills of host-image boxes would all
+// fail), and no box is started for one.
+func TestNoWarmPoolWithoutHostImage(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	drv, err := fake.New(fake.Config{StateDir: dir + "/fake", AgentPath: testutil.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{
+		Store: st, Drivers: map[string]runtime.Driver{"fake": noHostImage{drv}}, DefaultRuntime: "fake",
+		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
+		Limits:   testLimits, WarmPool: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.pool != nil {
+		t.Errorf("warm pool made for a default runtime without the host image, want none")
+	}
+}

@@ -91,7 +91,7 @@ podLogsDir: $K/kubelet/pod-logs
 volumePluginDir: $K/kubelet/volume-plugins
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%"}
+evictionHard: {memory.available: "100Mi", nodefs.available: "256Mi", nodefs.inodesFree: "1%", imagefs.available: "256Mi"}
 EOC
 }
 up() {

@@ -39,8 +39,8 @@ echo hello-from-pod > rfs-bb/www/index.html
 mkimage rfs-bb docker.io/library/busybox:local busybox.tar null '["sh"]'
 # pybox: busybox plus Debian's python3 (binary, its libraries and the standard library without tests): the
 # conformance suite's isolation checks run python3 in the box.
-PY=$(readlink -f /usr/bin/python3); PYV=$(basename $PY); mkdir -p rfs-py
-cp -a rfs-bb/. rfs-py/; mkdir -p rfs-py/usr/bin rfs-py/usr/lib; cp $PY rfs-py/usr/bin/$PYV; ln -s $PYV rfs-py/usr/bin/python3
+PY=$(readlink -f /usr/bin/python3); PYV=$(basename $PY); mkdir -p rfs-py/root rfs-py/home
+cp -a rfs-bb/. rfs-py/; chmod 700 rfs-py/root; mkdir -p rfs-py/usr/bin rfs-py/usr/lib; cp $PY rfs-py/usr/bin/$PYV; ln -s $PYV rfs-py/usr/bin/python3
 tar -C /usr/lib --exclude=test --exclude=__pycache__ --exclude=idlelib --exclude=tkinter --exclude=ensurepip -cf - $PYV | tar -C rfs-py/usr/lib -xf -
 for f in $PY /usr/lib/$PYV/lib-dynload/*.so; do ldd $f 2>/dev/null; done | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | sort -u |
   while read l; do mkdir -p rfs-py$(dirname $l); cp -L $l rfs-py$l; d=$(readlink -f $l); done

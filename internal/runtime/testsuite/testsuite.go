@@ -235,8 +235,11 @@ func MustExec(t testing.TB, d runtime.Driver, h runtime.Handle, argv ...string) 
 	return res
 }
 
+// ctxT bounds a subtest's driver calls: a minute, for drivers whose boxes
+// take seconds to start and go (Kubernetes pods, three of them in
+// NothingLeftAfterDestroy, on a loaded machine).
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -91,6 +91,19 @@ func (c *Cluster) Namespace(t testing.TB, prefix string) string {
 	return got.Name
 }
 
+// EnsurePyImage imports PyImage from images.sh's tarball unless the
+// node's containerd has it (the kubelet removes images under disk pressure).
+func (c *Cluster) EnsurePyImage(t testing.TB) string {
+	t.Helper()
+	if out, err := c.ctr("images", "ls", "-q", "name=="+PyImage); err == nil && strings.TrimSpace(out) == PyImage {
+		return PyImage
+	}
+	if out, err := c.ctr("images", "import", filepath.Join(c.Dir, "images", "pybox.tar")); err != nil {
+		t.Fatalf("importing %s (scripts/k8s/images.sh makes it): %v: %s", PyImage, err, out)
+	}
+	return PyImage
+}
+
 var agentImage struct {
 	sync.Once
 	ref string
