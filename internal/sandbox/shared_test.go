@@ -385,3 +385,30 @@ func TestReplicaGoneOthersServe(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaNameFreedElsewhere: a name destroyed through one replica is
+// free at once through another that still holds the old sandbox in its
+// memory (no lookup in between to drop it).
+func TestReplicaNameFreedElsewhere(t *testing.T) {
+	for name, mk := range sharedBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			r := newReplicas(t, mk(t), 2)
+			a, b := r.mgrs[0], r.mgrs[1]
+			ctx := context.Background()
+			old, err := a.Create(ctx, &sbxv1.CreateSandboxRequest{Name: "reused"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Destroy(ctx, "reused"); err != nil {
+				t.Fatalf("destroy through B: %v", err)
+			}
+			sb, err := a.Create(ctx, &sbxv1.CreateSandboxRequest{Name: "reused"})
+			if err != nil {
+				t.Fatalf("create of the freed name through A: %v", err)
+			}
+			if sb.Id == old.Id {
+				t.Errorf("new sandbox has the old id %s", old.Id)
+			}
+		})
+	}
+}
