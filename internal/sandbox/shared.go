@@ -104,9 +104,19 @@ func (m *Manager) dropStaleRef(tenantName, ref string) {
 		}
 	}
 	m.mu.RUnlock()
-	if ok && !b.creatingHere() {
+	if ok && b.persisted() && !b.creatingHere() {
 		m.dropStale(b, "destroyed through another replica")
 	}
+}
+
+// persisted reports whether b's record has been in the shared store as
+// this replica knows (it wrote or read a version of it): only then does
+// the record's absence mean that another replica destroyed b. A warm box
+// being handed over is registered, running, before its record is written.
+func (b *box) persisted() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rec.Version != ""
 }
 
 // creatingHere reports whether b is being created by this replica (its
@@ -276,7 +286,7 @@ func (m *Manager) syncAll(ctx context.Context) error {
 	m.mu.RLock()
 	var gone []*box
 	for id, b := range m.boxes {
-		if !seen[id] && !b.creatingHere() {
+		if !seen[id] && b.persisted() && !b.creatingHere() {
 			gone = append(gone, b)
 		}
 	}
