@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,11 +62,21 @@ func TestKubernetesReplicas(t *testing.T) {
 	}
 	id := sbA.ID
 	step("created through A")
-	// B: by name and by id, exec and files.
+	// B: by name and by id, exec and files. The first look through B adopts
+	// the sandbox (reads its record, re-attaches its agent); later ones
+	// read the record only.
+	adoptStart := time.Now()
 	sbB, err := b.client().Get(ctx, "shared")
 	if err != nil {
 		t.Fatalf("get by name through B: %v", err)
 	}
+	adopt := time.Since(adoptStart)
+	getStart := time.Now()
+	if _, err := b.client().Get(ctx, "shared"); err != nil {
+		t.Fatalf("second get through B: %v", err)
+	}
+	t.Logf("through B: first get (adoption) %v, second get %v; exec true p50 through A %v, through B %v",
+		adopt, time.Since(getStart), execP50(t, sbA), execP50(t, sbB))
 	if sbB.ID != id {
 		t.Fatalf("B resolves shared to %s, want %s", sbB.ID, id)
 	}
@@ -161,4 +172,19 @@ func stdout(r *sbx.Result) string {
 		return ""
 	}
 	return string(r.Stdout)
+}
+
+// execP50 is the median of 20 `true` round trips through s.
+func execP50(t *testing.T, s *sbx.Sandbox) time.Duration {
+	t.Helper()
+	var ds []time.Duration
+	for range 20 {
+		start := time.Now()
+		if _, err := s.Run(context.Background(), "true"); err != nil {
+			t.Fatalf("exec true: %v", err)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
