@@ -623,3 +623,20 @@ func BenchmarkOps(b *testing.B) {
 		}
 	})
 }
+
+// TestOversizedRecord: a record past the API server's object size (a spec
+// of 3 MiB) is refused as invalid argument, naming the sandbox,
+// and leaves nothing behind.
+func TestOversizedRecord(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	r := record("sb-oversized001", "", "big")
+	r.Spec = json.RawMessage(`{"env":{"A":"` + strings.Repeat("x", 3<<20) + `"}}`)
+	err := s.Insert(ctx, r)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), r.ID) {
+		t.Fatalf("got %v, want invalid argument naming %s", err, r.ID)
+	}
+	if _, err := s.Get(ctx, r.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("record after the refused insert: got %v, want not found", err)
+	}
+}
