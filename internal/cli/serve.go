@@ -108,6 +108,8 @@ func newServe(a *app) *cobra.Command {
 	f.StringToStringVar(&cfg.Kubernetes.RuntimeClasses, "k8s-runtime-class", nil, "extra kubernetes runtime NAME=RUNTIMECLASS (e.g. kubernetes-gvisor=gvisor: sandboxes created with --runtime NAME get that runtimeClassName; repeatable)")
 	f.StringVar(&cfg.Kubernetes.Instance, "k8s-instance", "", "label separating daemons that share a namespace: each cleans up only its own pods (replicas of one daemon share it; default \"default\")")
 	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")
+	f.StringVar(&cfg.State, "state", daemon.StateSQLite, "where sandbox records live: sqlite (a file in --data-dir, one daemon) or kubernetes (Secrets in --state-namespace, shared by replicas of the daemon behind one address; only the kubernetes runtimes)")
+	f.StringVar(&cfg.StateNamespace, "state-namespace", "", "namespace of the records with --state kubernetes (default: --k8s-namespace)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
 	f.DurationVar(&cfg.StatsInterval, "stats-interval", metrics.DefaultInterval, "how often the daemon samples every sandbox's usage for /metrics and `sbx stats` (each sandbox keeps 15 minutes of samples)")

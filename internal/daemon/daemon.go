@@ -69,6 +69,12 @@ type Config struct {
 	// Kubernetes, when Namespace is set, adds the kubernetes runtime
 	// (sandboxes as Pods in that namespace).
 	Kubernetes KubernetesConfig
+	// State is where sandbox records live: StateSQLite ("" too) or
+	// StateKubernetes (replicas sharing them; kubestate.go).
+	State string
+	// StateNamespace holds the records with StateKubernetes ("" = the
+	// kubernetes runtime's namespace).
+	StateNamespace string
 	// DefaultTimeout is the lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
@@ -346,13 +352,30 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("codebase store: %w", err)
 	}
 	stores.SetCodebases(cbs)
+	// Records, sessions and contexts: in the SQLite file, or shared by
+	// replicas in the Kubernetes API (then only runtimes every replica
+	// reaches are served).
+	var records sandbox.Store = st
+	var processes codeexec.ProcessStore = st
+	switch cfg.State {
+	case "", StateSQLite:
+	case StateKubernetes:
+		kst, shared, err := sharedState(ctx, cfg, drivers, defaultRuntime)
+		if err != nil {
+			return err
+		}
+		records, processes, drivers = kst, kst, shared
+		log.Info("sandbox state in the Kubernetes API: replicas share it", "runtimes", slices.Sorted(maps.Keys(shared)))
+	default:
+		return fmt.Errorf("--state %q: want %s or %s: %w", cfg.State, StateSQLite, StateKubernetes, errdefs.ErrInvalidArgument)
+	}
 	bus := events.New(events.Config{})
 	mgr, err := sandbox.New(sandbox.Config{
 		Events:         bus,
 		Codebases:      cbs,
 		Volumes:        stores,
 		Network:        sbNet,
-		Store:          st,
+		Store:          records,
 		Drivers:        drivers,
 		DefaultRuntime: defaultRuntime,
 		Defaults:       defaults,
@@ -397,10 +420,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// sandboxes are recovered. On the way out, detach without stopping them
 	// (before mgr.Close drops the agent connections).
 	code := codeexec.New(mgr, log)
-	code.UseStore(st)
+	code.UseStore(processes)
 	code.SetLimit(streams.HoldExec)
 	sessions := codeexec.NewSessions(mgr, log)
-	sessions.UseStore(st)
+	sessions.UseStore(processes)
 	sessions.SetLimit(streams.HoldExec)
 	if err := code.RestoreContexts(ctx); err != nil {
 		return err
@@ -408,8 +431,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sessions.Restore(ctx); err != nil {
 		return err
 	}
-	if err := codeexec.ReapUnrecorded(ctx, mgr, st, mgr.IDs(), log); err != nil {
-		log.Error("removing unrecorded sessions and contexts", "err", err)
+	// With shared state another replica may be starting a session right
+	// now (unrecorded until it answers): only a lone daemon reaps.
+	if cfg.State != StateKubernetes {
+		if err := codeexec.ReapUnrecorded(ctx, mgr, processes, mgr.IDs(), log); err != nil {
+			log.Error("removing unrecorded sessions and contexts", "err", err)
+		}
 	}
 	defer code.Shutdown()
 	defer sessions.Shutdown()

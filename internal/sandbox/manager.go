@@ -35,7 +35,9 @@ import (
 
 // Config wires a Manager.
 type Config struct {
-	Store *store.Store
+	// Store keeps the records: the SQLite store, or a SharedStore
+	// (shared.go) when several replicas serve the same sandboxes.
+	Store Store
 	// Drivers by name; DefaultRuntime names the one used when a request says none.
 	Drivers        map[string]runtime.Driver
 	DefaultRuntime string
@@ -79,6 +81,8 @@ type Config struct {
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	// shared is cfg.Store when several replicas share it (nil otherwise).
+	shared SharedStore
 
 	mu sync.RWMutex
 	// boxes holds every sandbox not yet destroyed, by id. Guarded by mu.
@@ -188,6 +192,9 @@ func New(cfg Config) (*Manager, error) {
 		scoped:     map[string]string{},
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
+	}
+	if s, ok := cfg.Store.(SharedStore); ok {
+		m.shared = s
 	}
 	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
 		// The pool keeps host-image boxes: a default runtime without the
@@ -318,6 +325,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	// here on leaves a record that Recover cleans up.
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	m.refreshName(ctx, b.tenant, spec.Name)
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		return nil, err
 	}
@@ -590,6 +598,14 @@ func (m *Manager) lookup(ctx context.Context, ref string) (*box, error) {
 	if ref == "" {
 		return nil, invalid("no sandbox id or name given")
 	}
+	if m.shared != nil {
+		return m.lookupShared(ctx, ref)
+	}
+	return m.lookupLocal(ctx, ref)
+}
+
+// lookupLocal is lookup in memory only.
+func (m *Manager) lookupLocal(ctx context.Context, ref string) (*box, error) {
 	p := tenant.FromContext(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -689,6 +705,11 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 	sel, err := ParseSelectors(selectors)
 	if err != nil {
 		return nil, err
+	}
+	if m.shared != nil {
+		if err := m.syncAll(ctx); err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
 	}
 	m.mu.RLock()
 	boxes := slices.Collect(maps.Values(m.boxes))
@@ -878,6 +899,10 @@ func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) err
 	}
 	rec.Handle = hjson
 	if err := m.cfg.Store.MarkDestroying(ctx, &rec); err != nil {
+		if m.shared != nil && errdefs.IsNotFound(err) {
+			// Another replica destroyed it first.
+			m.dropStale(b, "destroyed through another replica")
+		}
 		return err
 	}
 	b.mu.Lock()

@@ -360,6 +360,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	m.refreshName(ctx, b.tenant, spec.Name)
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		// A name clash is the user's error, not the pool's: put the box back.
 		m.putBackWarm(context.WithoutCancel(ctx), w, drv)

@@ -36,6 +36,9 @@ const recoverConcurrency = 16
 // are finished off, dead ones are removed, and each driver then removes any
 // host resource no record accounts for. Call it once, before serving.
 func (m *Manager) Recover(ctx context.Context) error {
+	if m.shared != nil {
+		return m.recoverShared(ctx)
+	}
 	recs, err := m.cfg.Store.List(ctx)
 	if err != nil {
 		return err
@@ -261,6 +264,10 @@ func (m *Manager) Run() {
 		m.wg.Add(1)
 		go m.fillPool()
 		m.pool.wakeUp()
+	}
+	if m.shared != nil {
+		m.wg.Add(1)
+		go m.sweepShared()
 	}
 	m.wg.Add(1)
 	go func() {
