@@ -38,5 +38,9 @@ cd "$ROOT"
 # shellcheck disable=SC2086
 SBX_K8S_DIR=$K go test -race -count=1 -timeout 20m ${K8S_TEST_FLAGS:-} ./internal/runtime/kubernetes/...
 # shellcheck disable=SC2086
+SBX_K8S_DIR=$K go test -race -count=1 -timeout 10m ${K8S_TEST_FLAGS:-} ./internal/store/kubestore/
+# shellcheck disable=SC2086
+SBX_K8S_DIR=$K go test -race -count=1 -timeout 10m -run 'TestReplica|TestSharedState' ${K8S_TEST_FLAGS:-} ./internal/sandbox/ ./internal/daemon/
+# shellcheck disable=SC2086
 SBX_K8S_DIR=$K go test -race -count=1 -timeout 10m -run 'TestKubernetes' ${K8S_TEST_FLAGS:-} ./integration/
 ts done
