@@ -28,6 +28,7 @@ type Options struct {
 	// UserCgroupFDs are unused outside Linux.
 	UserCgroupFDs []int
 	Listen        string
+	ExecListen    string
 	Entrypoint    []string
 	Logger        *slog.Logger
 }
