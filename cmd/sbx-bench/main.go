@@ -47,8 +47,8 @@ func main() {
 	scaleNet := flag.String("scale-net", "sbxsc0,sbxscale,10.214.0.0/16,7491", "with -only scale: the daemons' bridge, nftables table, subnet and box API port (comma-separated), so runs beside other daemons do not collide")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	var nbOpts neighbourOpts
-	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours and runtimes: the daemon's --boxes-cpu-shares (0: its default)")
-	flag.Uint64Var(&nbOpts.benchShares, "bench-cpu-shares", 0, "neighbours: run the bench and its daemon in a cgroup v1 cpu group of these shares (e.g. 262144 with -boxes-cpu-shares 262144 or 32768), so that other load on the machine weighs little against the daemon and the boxes")
+	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours, runtimes, files: the daemon's --boxes-cpu-shares (0: its default)")
+	flag.Uint64Var(&nbOpts.benchShares, "bench-cpu-shares", 0, "neighbours, files: run the bench and its daemon in a cgroup v1 cpu group of these shares (e.g. 262144 with -boxes-cpu-shares 262144 or 32768), so that other load on the machine weighs little against the daemon and the boxes")
 	rounds := flag.Int("rounds", 0, "neighbours: instead of each bomb alone and all together once, alternate this many rounds of at rest and all bombs together, pooled (steadier on a machine with other load)")
 	flag.Parse()
 	if *codebaseOnly {
@@ -60,7 +60,7 @@ func main() {
 		"exec":     runExec,
 		"network":  runNetwork,
 		"codebase": runCodebase,
-		"files":    runFiles,
+		"files":    func(n int, agentPath, _ string) error { return runFiles(n, agentPath, nbOpts) },
 		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.

@@ -129,6 +129,14 @@ type box struct {
 	// OOMKilled): 0 for a new box, read at recovery for an old one.
 	oomSeen atomic.Int64
 
+	// entryMu guards entryBase and entryMark (MarkEntrypoint).
+	entryMu sync.Mutex
+	// entryBase is the box's limit counters as its own command started:
+	// zero for a new box, read at recovery for an old one.
+	entryBase runtime.LimitEvents
+	// entryMark is what the exit of the box's command was told, once seen.
+	entryMark *entryMark
+
 	// opMu serialises lifecycle operations (create, stop, start, destroy).
 	opMu sync.Mutex
 
@@ -937,12 +945,9 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
 }
 
-// OOMKilled reports whether the sandbox's own command (its entrypoint),
-// or an exec of a driver without LimitEvents, that just ended by SIGKILL
-// (its own death, or a shell's exit code 137 for a child's) was killed by
-// the sandbox's memory limit: the sandbox's count of OOM kills rose since
-// it was last looked at. Execs of other drivers use LimitWatch, which
-// counts over the exec's own life.
+// OOMKilled is oomKilled for sandbox ref: the background processes'
+// exits use it (the daemon does not see them start, so it has no count from
+// their start to compare with).
 func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -951,6 +956,11 @@ func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	return m.oomKilled(ctx, b)
 }
 
+// oomKilled reports whether a command of a driver without LimitEvents
+// that just ended by SIGKILL (its own death, or a shell's exit code 137
+// for a child's) was killed by the sandbox's memory limit: the sandbox's
+// count of OOM kills rose since it was last looked at. Commands of other
+// drivers count over their own life (LimitWatch, MarkEntrypoint).
 func (m *Manager) oomKilled(ctx context.Context, b *box) bool {
 	b.mu.Lock()
 	h := b.handle

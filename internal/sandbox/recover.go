@@ -196,6 +196,11 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) recovery {
 	if st, err := drv.Stats(ctx, nh); err == nil {
 		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
 	}
+	if le, ok := drv.(runtime.LimitEventer); ok {
+		if ev, err := le.LimitEvents(ctx, nh); err == nil {
+			b.entryBase = ev // nor for the box's own command
+		}
+	}
 	b.conn = agentConn(drv, nh)
 	if dead {
 		if err := m.reserve(b, nil); err != nil {
