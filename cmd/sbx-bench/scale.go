@@ -570,9 +570,17 @@ func waitWarm(logPath string, k int) error {
 }
 
 // warmCount counts creates the daemon's log says were served warm.
+// (its "sandbox created" lines; the debug "create phases" lines say warm
+// too).
 func warmCount(logPath string) int {
 	b, _ := os.ReadFile(logPath)
-	return strings.Count(string(b), "warm=true")
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `msg="sandbox created"`) && strings.Contains(l, " warm=true") {
+			n++
+		}
+	}
+	return n
 }
 
 // scaleWarm measures creates with the warm pool on: bursts of scaleClients
