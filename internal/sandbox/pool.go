@@ -10,6 +10,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
@@ -270,6 +271,7 @@ func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, 
 		m.detachNetwork(context.Background(), id)
 		return nil, err
 	}
+	crashpoint.Pause(ctx, "warm-started", id)
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
 	w.conn = agentConn(drv, h)
 	// The agent serves (the driver contract); connect now, off the claim's

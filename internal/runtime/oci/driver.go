@@ -488,6 +488,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	crashpoint.Hit("oci-create-started")
+	crashpoint.Pause(ctx, "oci-create-starting", spec.ID)
 	if testHookStarted != nil {
 		testHookStarted(spec.ID)
 	}
