@@ -486,8 +486,10 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 		fmt.Printf("  first failure: %v\n", su.firstErr)
 	}
 	printPhases(warm.logPath, warm.sustainFrom, warm.sustainTo, "true")
-	fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (%d in a row after the bursts; %d served warm)\n",
-		scaleClients, n, warm.sustainedRate, n, warm.sustainedWarm)
+	if warm.inARow > 0 {
+		fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (%d in a row after the bursts, up to N boxes; %d served warm)\n",
+			scaleClients, n, warm.sustainedRate, warm.inARow, warm.sustainedWarm)
+	}
 	if warm.claimFailures > 0 {
 		fmt.Printf("  warm hand-overs that failed (went cold): %d; first: %s\n", warm.claimFailures, warm.firstClaimFailure)
 	}
@@ -511,6 +513,9 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 
 type warmResults struct {
 	rounds, burstWarm, sustainedWarm int
+	// inARow is how many creates in a row took the daemon to N boxes
+	// after the bursts (0 when the bursts made N already).
+	inARow int
 	// claimFailures counts warm boxes whose hand-over failed (the create
 	// then went cold); firstClaimFailure is the first such log line.
 	claimFailures                         int
@@ -645,6 +650,7 @@ func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, bundle, sbxBin, ag
 	su.runcBefore = r.sustained.runcBefore
 	r.sustained = su
 	rest := max(n-len(boxes), 0)
+	r.inARow = rest
 	before = warmCount(d.logPath)
 	wall, _, err := concurrently(rest, create)
 	if err != nil {

@@ -5,6 +5,7 @@ package oci
 import (
 	"fmt"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"sync"
 
@@ -25,9 +26,10 @@ import (
 //     CPUs) once its agent is ready, before Create returns: among the boxes
 //     a starting one comes first;
 //   - while boxes start, the parent weighs boxesShares plus one busy host
-//     process (1024) per start in flight, and goes back to boxesShares when
-//     none is: the starts get their share of the host, and what busy boxes
-//     gain meanwhile is bounded by the weight the starting ones leave idle.
+//     process (1024) per start in flight (up to the host's CPUs), and goes
+//     back to boxesShares when none is: the starts get their share of the
+//     host, and what busy boxes gain meanwhile is bounded by the weight the
+//     starting ones leave idle.
 //
 // The CPU quota (the box's CPUs) holds throughout.
 
@@ -50,8 +52,13 @@ type startBoost struct {
 	n int
 }
 
-// sharesLocked is the parent's weight for the starts in flight.
-func (b *startBoost) sharesLocked() uint64 { return min(startShares, b.base+1024*uint64(b.n)) }
+// sharesLocked is the parent's weight for the starts in flight: one busy
+// host process more per start, for at most as many starts as the host has
+// CPUs (more could not run at once anyway), so that a flood of creates
+// cannot lift the boxes' weight further.
+func (b *startBoost) sharesLocked() uint64 {
+	return min(startShares, b.base+1024*uint64(min(b.n, goruntime.NumCPU())))
+}
 
 // begin counts a start and raises the parent's weight; call end after it,
 // whatever happened.
