@@ -158,6 +158,9 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("oci: boxes' cpu shares %d: want 2 to 262144: %w", d.boxesShares, errdefs.ErrInvalidArgument)
 	}
 	d.boost = &startBoost{cg: d.cg, base: d.boxesShares}
+	if err := d.boost.reset(); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
 	var fallback string
 	path := cfg.RuntimePath
 	if path == "" {

@@ -4,6 +4,7 @@ package oci
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
@@ -58,6 +59,19 @@ type startBoost struct {
 // cannot lift the boxes' weight further.
 func (b *startBoost) sharesLocked() uint64 {
 	return min(startShares, b.base+1024*uint64(min(b.n, goruntime.NumCPU())))
+}
+
+// reset puts the parent's weight back to base if the parent exists: a
+// daemon killed during a start left it lifted, and it stays so until a
+// create ends otherwise.
+func (b *startBoost) reset() error {
+	dir, _ := b.cg.controllerDir("cpu", "")
+	if _, err := os.Stat(dir); err != nil {
+		return nil // made with the first create's weight
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cg.boxesCPUWeight(b.sharesLocked())
 }
 
 // begin counts a start and raises the parent's weight; call end after it,

@@ -63,3 +63,27 @@ func TestBoxStartsAtFullWeight(t *testing.T) {
 		}
 	}
 }
+
+// A daemon killed during a start leaves the boxes' parent lifted: the next
+// driver over the same parent puts it back at once, not at its first create.
+func TestStartBoostResetAtNew(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err != nil {
+		t.Skip("no cgroup v1 cpu controller")
+	}
+	dir := stateRoot(t)
+	d := newDriver(t, dir)
+	h := testsuite.Create(t, d, testsuite.NewSpec("reset"))
+	parent := filepath.Join("/sys/fs/cgroup/cpu", cgroupParent(dir), "cpu.shares")
+	if err := os.WriteFile(parent, []byte("5248"), 0); err != nil { // as a kill -9 mid-start leaves it
+		t.Fatal(err)
+	}
+	newDriver(t, dir)
+	b, _ := os.ReadFile(parent)
+	if got := strings.TrimSpace(string(b)); got != "128" {
+		t.Errorf("boxes' parent cpu.shares after a new driver: got %s, want 128", got)
+	}
+	if err := d.Destroy(context.Background(), h); err != nil {
+		t.Fatal(err)
+	}
+}
