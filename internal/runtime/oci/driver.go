@@ -46,12 +46,17 @@ type Driver struct {
 	// agentLayer is the image layer holding .sbx/sbx-agent, the topmost
 	// lower layer of every box (installAgentLayer).
 	agentLayer string
-	rt         *ociRuntime
-	cg         cgroupLayout
-	detail     string
-	healthy    bool
-	swapLimit  bool // the host can limit memory+swap
-	noFile     uint64
+	// nsHelper is the binary that makes boxes' user namespaces: the small
+	// helper if it lies beside the agent, else the agent layer's agent
+	// (nshelper_linux.go).
+	nsHelper string
+
+	rt        *ociRuntime
+	cg        cgroupLayout
+	detail    string
+	healthy   bool
+	swapLimit bool // the host can limit memory+swap
+	noFile    uint64
 	// files says whether struct files are a per-box cost (prepareFileTable).
 	files fileTable
 	// fuse: the kernel has FUSE, so every box gets a /dev/fuse of its own
@@ -180,6 +185,12 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
 	d.removeUnusedAgentLayers()
+	d.nsHelper = filepath.Join(d.agentLayer, agentInBox)
+	if p, err := installNSHelper(cfg.AgentPath, filepath.Join(d.stateDir, "nshelper")); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	} else if p != "" {
+		d.nsHelper = p
+	}
 	// Where earlier versions kept the agent and the one /dev/fuse node all
 	// boxes shared; boxes still running with them keep their binds.
 	_ = os.RemoveAll(filepath.Join(d.stateDir, "bin"))

@@ -16,3 +16,6 @@ func OnStarted(f func(id string)) (restore func()) {
 	testHookStarted = f
 	return func() { testHookStarted = nil }
 }
+
+// NSHelper is the binary d runs to make boxes' user namespaces.
+func NSHelper(d *Driver) string { return d.nsHelper }
