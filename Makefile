@@ -17,6 +17,7 @@ deps:
 build:
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx-agent ./cmd/sbx-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/sbx-userns-helper ./cmd/sbx-userns-helper
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx ./cmd/sbx
 
 # Start the daemon in the background (log in .sbx/daemon.log) and run the quickstart.

@@ -44,6 +44,8 @@ func main() {
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale or metrics: the numbers of sandboxes to measure at (comma-separated)")
 	sbxBin := flag.String("sbx", "bin/sbx", "with -only scale or metrics: the sbx binary run as the daemon")
+	scaleSustain := flag.Duration("scale-sustain", 30*time.Second, "with -only scale: how long the sustained warm creates run")
+	scaleCold := flag.Int("scale-cold", 20, "with -only scale: cold creates taking turns with runc run, one at a time")
 	scaleNet := flag.String("scale-net", "sbxsc0,sbxscale,10.214.0.0/16,7491", "with -only scale: the daemons' bridge, nftables table, subnet and box API port (comma-separated), so runs beside other daemons do not collide")
 	codebaseOnly := flag.Bool("codebase-only", false, "same as -only codebase")
 	var nbOpts neighbourOpts
@@ -95,7 +97,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			return runScale(sizes, net, *sbxBin, agentPath, runtimeBin)
+			return runScale(sizes, net, *sbxBin, agentPath, runtimeBin, scaleOpts{sustain: *scaleSustain, coldRounds: *scaleCold})
 		},
 	}
 	f, ok := runs[*only]

@@ -28,6 +28,7 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/phases"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
@@ -258,6 +259,7 @@ func isUserError(err error) bool {
 
 // Create validates req, starts a sandbox and returns it once its agent answers.
 func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*sbxv1.Sandbox, error) {
+	pt := phases.Start()
 	if err := validateCreate(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
@@ -309,12 +311,16 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
+	pt.Mark("validate")
 	w, done := m.takeWarm(ctx, spec, drv, pol)
 	defer done()
 	if w != nil {
+		pt.Mark("take")
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil {
+			pt.Mark("claim")
 			m.emitCreated(sb.GetId(), "warm")
+			m.log.Debug("create phases", "sandbox", sb.GetId(), "warm", true, "phases", pt)
 		}
 		if err == nil || isUserError(err) {
 			return sb, err
@@ -343,6 +349,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 	crashpoint.Hit("create-recorded")
+	pt.Mark("record")
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		// Clean up with a fresh context: the caller's may be what failed.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -390,11 +397,13 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Unlock()
 		rs.Network = netAttachment(att)
 	}
+	pt.Mark("network")
 	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
+	pt.Mark("driver")
 	// Create returned with the agent serving (the driver contract).
 	conn := agentConn(drv, h)
 	b.mu.Lock()
@@ -416,8 +425,10 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return fail(err)
 	}
 	crashpoint.Hit("create-running")
+	pt.Mark("running")
 	m.watch(b, "agent died")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
+	m.log.Debug("create phases", "sandbox", b.id, "warm", false, "phases", pt)
 	m.emit(b, sbxv1.EventType_EVENT_TYPE_CREATED, "cold", "")
 	m.emit(b, sbxv1.EventType_EVENT_TYPE_STARTED, "", "")
 	return m.toProto(b, nil), nil
