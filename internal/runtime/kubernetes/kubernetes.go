@@ -59,7 +59,10 @@ type Config struct {
 	UserNamespaces bool
 	// PullPolicy of the box's image ("" = IfNotPresent).
 	PullPolicy corev1.PullPolicy
-	Logger     *slog.Logger
+	// Pool is the warm pool: pods started ahead per image and limits, which
+	// a matching Create claims (warmpool.go). Start it with StartPool.
+	Pool   []PoolSpec
+	Logger *slog.Logger
 }
 
 // Driver is the kubernetes runtime driver.
@@ -69,6 +72,7 @@ type Driver struct {
 	id     *identity
 	log    *slog.Logger
 	health string // "" when healthy
+	pool   *pool  // nil without Config.Pool
 }
 
 // handleData is what a Handle carries (version 1). All of it is public:
@@ -105,6 +109,13 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("kubernetes runtime: need a client, a namespace and an agent image: %w", errdefs.ErrInvalidArgument)
 	}
 	d := &Driver{cfg: cfg, client: cfg.Client, log: cfg.Logger}
+	if len(cfg.Pool) > 0 {
+		specs, err := poolSpecs(cfg.Pool)
+		if err != nil {
+			return nil, err
+		}
+		d.pool = &pool{specs: specs, owner: randHex(8), wake: make(chan struct{}, 1), creating: map[string]int{}}
+	}
 	id, err := loadIdentity(ctx, cfg.Client, cfg.Namespace, cfg.Instance)
 	if err != nil {
 		d.health = err.Error()
@@ -134,8 +145,10 @@ func (d *Driver) Info(context.Context) runtime.Info {
 func podName(id string) string    { return "sbx-" + id }
 func secretName(id string) string { return "sbx-" + id + "-tls" }
 
-// Create makes the box's TLS Secret and Pod, waits for the agent to answer
-// and removes the Secret (the agent has read and deleted its copy).
+// Create claims a ready pod of the warm pool that matches spec, if there
+// is one (warmpool.go); else it makes the box's TLS Secret and Pod, waits
+// for the agent to answer and removes the Secret (the agent has read and
+// deleted its copy).
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle, error) {
 	if err := d.check(spec); err != nil {
 		return runtime.Handle{}, err
@@ -143,6 +156,15 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	if d.health != "" {
 		return runtime.Handle{}, fmt.Errorf("kubernetes runtime is unhealthy: %s: %w", d.health, errdefs.ErrUnavailable)
 	}
+	if h, ok, err := d.claim(ctx, spec); ok || err != nil {
+		return h, err
+	}
+	return d.create(ctx, spec, nil)
+}
+
+// create makes a pod for spec (decorate, if set, adds to its object) and
+// waits for its agent.
+func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*corev1.Pod)) (runtime.Handle, error) {
 	t0 := time.Now()
 	box, err := newBoxCert(spec.ID)
 	if err != nil {
@@ -169,6 +191,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 		return runtime.Handle{}, fmt.Errorf("creating box %s: %w", spec.ID, err)
 	}
 	pod := d.pod(spec)
+	if decorate != nil {
+		decorate(pod)
+	}
 	created, err := d.client.CoreV1().Pods(d.cfg.Namespace).Create(bg, pod, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
@@ -179,7 +204,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 		}
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
-	stack.Add(func() error { return d.deletePod(bg, spec.ID, string(created.UID)) })
+	stack.Add(func() error { return d.deletePod(bg, created.Name, string(created.UID)) })
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
@@ -366,46 +391,64 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 }
 
 // Destroy deletes the box's pod and Secret and waits until the pod is
-// gone. Idempotent; works from the id alone (a handle it cannot read).
+// gone. Idempotent; works from the id alone (a handle it cannot read): the
+// pod named for the box, and any pod labelled with its id (a pod claimed
+// from the warm pool keeps its pool name).
 func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
-	uid := ""
-	if hd, err := d.decode(h); err == nil {
-		uid = hd.UID
-	}
 	d.deleteSecret(ctx, h.ID)
-	return d.deletePod(ctx, h.ID, uid)
+	if hd, err := d.decode(h); err == nil {
+		return d.deletePod(ctx, hd.Pod, hd.UID)
+	}
+	var errs []error
+	names := []string{podName(h.ID)}
+	if idRe.MatchString(h.ID) {
+		pods, err := d.client.CoreV1().Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: d.selector() + "," + labelID + "=" + h.ID})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing pods of box %s: %w", h.ID, err))
+		} else {
+			for _, p := range pods.Items {
+				if p.Name != names[0] {
+					names = append(names, p.Name)
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		errs = append(errs, d.deletePod(ctx, name, ""))
+	}
+	return errors.Join(errs...)
 }
 
-// deletePod deletes the box's pod (only the one with uid, if given) and
-// waits until it is gone.
-func (d *Driver) deletePod(ctx context.Context, id, uid string) error {
-	gone, err := d.requestDelete(ctx, id, uid)
+// deletePod deletes the pod called name (only the one with uid, if given)
+// and waits until it is gone.
+func (d *Driver) deletePod(ctx context.Context, name, uid string) error {
+	gone, err := d.requestDelete(ctx, name, uid)
 	if err != nil || gone {
 		return err
 	}
-	return d.waitGone(ctx, podName(id))
+	return d.waitGone(ctx, name)
 }
 
-// requestDelete asks for the deletion of the box's pod (only the one with
-// uid, if given); gone says there is none to wait for. The grace period is
+// requestDelete asks for the deletion of the pod called name (only the one
+// with uid, if given); gone says there is none to wait for. The grace period is
 // 1 s, not 0: 0 is a forced delete, which removes the API object at once
 // while the kubelet is still to kill the containers (a destroyed box
 // answered its Dial); with 1 the object goes only once the kubelet has
 // killed them (the agent ignores SIGTERM, so it is SIGKILLed after the
 // second).
-func (d *Driver) requestDelete(ctx context.Context, id, uid string) (gone bool, err error) {
+func (d *Driver) requestDelete(ctx context.Context, name, uid string) (gone bool, err error) {
 	grace := int64(1)
 	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
 	if uid != "" {
 		u := types(uid)
 		opts.Preconditions = &metav1.Preconditions{UID: &u}
 	}
-	err = d.client.CoreV1().Pods(d.cfg.Namespace).Delete(ctx, podName(id), opts)
+	err = d.client.CoreV1().Pods(d.cfg.Namespace).Delete(ctx, name, opts)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return true, nil // gone, or another pod of that name (not ours)
 	}
 	if err != nil {
-		return false, fmt.Errorf("deleting pod of box %s: %w", id, err)
+		return false, fmt.Errorf("deleting pod %s: %w", name, err)
 	}
 	return false, nil
 }
@@ -451,7 +494,7 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 			d.deleteSecret(ctx, l.id)
 			continue
 		}
-		gone, err := d.requestDelete(ctx, l.id, "")
+		gone, err := d.requestDelete(ctx, l.name, "")
 		errs = append(errs, err)
 		if err == nil && !gone {
 			waits = append(waits, l.name)
