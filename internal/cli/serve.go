@@ -107,6 +107,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding this build's static sbx-agent at /sbx-agent, which each pod's init container installs")
 	f.StringToStringVar(&cfg.Kubernetes.RuntimeClasses, "k8s-runtime-class", nil, "extra kubernetes runtime NAME=RUNTIMECLASS (e.g. kubernetes-gvisor=gvisor: sandboxes created with --runtime NAME get that runtimeClassName; repeatable)")
 	f.StringVar(&cfg.Kubernetes.Instance, "k8s-instance", "", "label separating daemons that share a namespace: each cleans up only its own pods (replicas of one daemon share it; default \"default\")")
+	f.StringArrayVar(&cfg.Kubernetes.WarmPool, "k8s-warm-pool", nil, "keep N pods of IMAGE ready for creates of that image with the default limits, on the kubernetes runtime or RUNTIME: [RUNTIME=]IMAGE=N (repeatable; replicas claim from each other's pods)")
 	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")
 	f.StringVar(&cfg.State, "state", daemon.StateSQLite, "where sandbox records live: sqlite (a file in --data-dir, one daemon) or kubernetes (Secrets in --state-namespace, shared by replicas of the daemon behind one address; only the kubernetes runtimes)")
 	f.StringVar(&cfg.StateNamespace, "state-namespace", "", "namespace of the records with --state kubernetes (default: --k8s-namespace)")

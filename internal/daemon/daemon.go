@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -272,7 +273,18 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer gv.Close()
 	drivers := map[string]runtime.Driver{drv.Name(): drv, gv.Name(): gv}
-	if err := addKubernetes(ctx, cfg.Kubernetes, drivers, log); err != nil {
+	defaults := cfg.Defaults
+	fill(&defaults.MemoryBytes, DefaultResources.MemoryBytes)
+	fill(&defaults.CPUMillis, DefaultResources.CPUMillis)
+	fill(&defaults.Pids, DefaultResources.Pids)
+	fill(&defaults.DiskBytes, DefaultResources.DiskBytes)
+	// Kubernetes warm pods have the limits the manager gives a create that
+	// names none (sandbox.Manager caps the disk as below).
+	poolLimits := defaults
+	if d, ok := drivers[cmp.Or(cfg.DefaultRuntime, drv.Name())]; ok && d.Info(ctx).Has(runtime.CapDiskInMemory) {
+		poolLimits.DiskBytes = min(poolLimits.DiskBytes, sandbox.MaxDiskInMemory(poolLimits.MemoryBytes))
+	}
+	if err := addKubernetes(ctx, cfg.Kubernetes, poolLimits, drivers, log); err != nil {
 		return err
 	}
 	defaultRuntime := cfg.DefaultRuntime
@@ -321,12 +333,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("image store: %w", err)
 	}
 	defer images.Close()
-
-	defaults := cfg.Defaults
-	fill(&defaults.MemoryBytes, DefaultResources.MemoryBytes)
-	fill(&defaults.CPUMillis, DefaultResources.CPUMillis)
-	fill(&defaults.Pids, DefaultResources.Pids)
-	fill(&defaults.DiskBytes, DefaultResources.DiskBytes)
 
 	var sbNet sandbox.Network // stays a nil interface when off
 	var boxAPI string
@@ -394,6 +400,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	defer startK8sPools(drivers, log)() // after mgr.Close
 	stores.SetManager(mgr)
 	if netMgr != nil {
 		netMgr.Start()

@@ -33,12 +33,15 @@ type KubernetesConfig struct {
 	Instance string
 	// UserNamespaces runs pods with hostUsers: false.
 	UserNamespaces bool
+	// WarmPool is the pods kept ready per image: `[RUNTIME=]IMAGE=N`
+	// values (kubepool.go).
+	WarmPool []string
 }
 
 // addKubernetes adds the kubernetes runtimes to drivers when configured.
 // A cluster that cannot be reached leaves them unhealthy (sbx info says
 // why), not the daemon down.
-func addKubernetes(ctx context.Context, kc KubernetesConfig, drivers map[string]runtime.Driver, log *slog.Logger) error {
+func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Resources, drivers map[string]runtime.Driver, log *slog.Logger) error {
 	if kc.Namespace == "" {
 		return nil
 	}
@@ -61,6 +64,10 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, drivers map[string]
 	}
 	classes := map[string]string{k8sdriver.Name: ""}
 	maps.Copy(classes, kc.RuntimeClasses)
+	pools, err := k8sWarmPools(kc.WarmPool, classes, defaults)
+	if err != nil {
+		return err
+	}
 	for _, name := range slices.Sorted(maps.Keys(classes)) {
 		if _, taken := drivers[name]; taken {
 			return fmt.Errorf("kubernetes runtime %q: the name is taken by another runtime: %w", name, errdefs.ErrInvalidArgument)
@@ -68,7 +75,7 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, drivers map[string]
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
 			RuntimeClass: classes[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
-			Logger: log.With("runtime", name),
+			Pool: pools[name], Logger: log.With("runtime", name),
 		})
 		if err != nil {
 			return fmt.Errorf("kubernetes runtime %q: %w", name, err)
