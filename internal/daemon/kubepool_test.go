@@ -1,0 +1,50 @@
+package daemon
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+	k8sdriver "github.com/sbxdev/sbx/internal/runtime/kubernetes"
+)
+
+func TestK8sWarmPools(t *testing.T) {
+	lim := runtime.Resources{MemoryBytes: 512 << 20, CPUMillis: 1000, Pids: 512, DiskBytes: 1 << 30}
+	runtimes := map[string]string{"kubernetes": "", "kubernetes-gvisor": "gvisor"}
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   map[string][]k8sdriver.PoolSpec
+		err    string // in the error, which wraps ErrInvalidArgument
+	}{
+		{name: "none", want: map[string][]k8sdriver.PoolSpec{}},
+		{name: "default runtime", values: []string{"reg.local/py:3.12=4"},
+			want: map[string][]k8sdriver.PoolSpec{"kubernetes": {{Image: "reg.local/py:3.12", Resources: lim, Size: 4}}}},
+		{name: "named runtime", values: []string{"kubernetes-gvisor=py@sha256:ab=2", "py=0"},
+			want: map[string][]k8sdriver.PoolSpec{"kubernetes-gvisor": {{Image: "py@sha256:ab", Resources: lim, Size: 2}}, "kubernetes": {{Image: "py", Resources: lim, Size: 0}}}},
+		{name: "no count", values: []string{"py"}, err: `"py": want [RUNTIME=]IMAGE=N`},
+		{name: "no image", values: []string{"=3"}, err: `"=3": want [RUNTIME=]IMAGE=N`},
+		{name: "bad count", values: []string{"py=-1"}, err: `"-1" is not a count of pods`},
+		{name: "unknown runtime", values: []string{"oci=py=1"}, err: `"oci" is not a kubernetes runtime`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := k8sWarmPools(tc.values, runtimes, lim)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("got error %v, want InvalidArgument containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got error %v, want none", err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("pools (-want +got):\n%s", d)
+			}
+		})
+	}
+}
