@@ -265,6 +265,13 @@ func (d *Driver) claim(ctx context.Context, spec runtime.Spec) (h runtime.Handle
 			continue // another claim (or a delete) won it
 		}
 		if err != nil {
+			// The update may have been applied (a cut-off request): a pod
+			// labelled as this box must not outlive the failed create.
+			bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+			if cur, gerr := pods.Get(bg, cand.Name, metav1.GetOptions{}); gerr == nil && cur.Labels[labelID] == spec.ID {
+				_ = d.deletePod(bg, cur.Name, string(cur.UID))
+			}
+			cancel()
 			return runtime.Handle{}, false, fmt.Errorf("claiming warm pod %s for box %s: %w", cand.Name, spec.ID, err)
 		}
 		hd := handleData{V: handleVersion, Namespace: d.cfg.Namespace, Pod: got.Name, UID: string(got.UID),
