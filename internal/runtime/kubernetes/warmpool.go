@@ -230,8 +230,10 @@ func (d *Driver) fillOne(ctx context.Context, key string, ps PoolSpec) {
 // cold).
 func (d *Driver) claim(ctx context.Context, spec runtime.Spec) (h runtime.Handle, ok bool, err error) {
 	p := d.pool
-	if p == nil || len(spec.Command) > 0 {
-		return runtime.Handle{}, false, nil // the pool's agents run no command
+	// The pool's agents run no command, and its pods were made for no
+	// network of the box's: such creates are made cold.
+	if p == nil || len(spec.Command) > 0 || spec.Network != nil {
+		return runtime.Handle{}, false, nil
 	}
 	key := poolKey(spec.Image.Ref, spec.Resources)
 	if _, pooled := p.specs[key]; !pooled {
