@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _proto
+from ._tar import open_walked
 from ._transport import ChunkStream, Transport
 from .types import PathPolicy, PermissionRule
 
@@ -338,7 +339,8 @@ def _write_tar(root: str, files: List[Tuple[str, os.stat_result]], out: IO[bytes
                 tf.addfile(ti)
             else:
                 ti.size = st.st_size
-                with open(full, "rb") as f:
+                # The very file walked: not one swapped for a link since.
+                with open_walked(root, rel, st) as f:
                     tf.addfile(ti, f)
 
 
