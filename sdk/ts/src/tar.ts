@@ -1,6 +1,7 @@
 // Tar archives of local directories: packed for uploads and builds,
 // extracted safely from what a sandbox sent (its contents are hostile).
-import { closeSync, constants, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, constants, fstatSync, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
+import type { BigIntStats } from "node:fs";
 import { join, posix } from "node:path";
 
 import { concat } from "./process.js";
@@ -8,6 +9,12 @@ import { concat } from "./process.js";
 /** A tar entry would escape the destination or is of a forbidden kind. */
 export class UnsafeArchiveError extends Error {
   override readonly name = "UnsafeArchiveError";
+}
+
+/** A file of a directory being packed is no longer the one the walk saw:
+ * it, or a directory above it, became a symlink or another file. */
+export class ReplacedFileError extends Error {
+  override readonly name = "ReplacedFileError";
 }
 
 const BLOCK = 512;
@@ -78,7 +85,8 @@ function pad(data: Uint8Array): Uint8Array {
 
 /**
  * packDir returns a tar of the contents of dir (entries named relative to
- * it), in name order. Symlinks are archived as links, never followed;
+ * it), in name order. Symlinks are archived as links, never followed (a
+ * file swapped for one while packing is refused: readWalked);
  * sockets, devices and FIFOs are left out, and so is what ignore
  * excludes. maxBytes bounds the archive (an Error names the entry past it).
  */
@@ -94,16 +102,17 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
       throw new RangeError(`packing ${dir}: more than ${maxBytes} bytes (at ${rel}): list what is not needed in .dockerignore`);
     }
   };
+  const rootReal = realpathSync(dir);
   const walk = (rel: string) => {
     for (const name of readdirSync(join(dir, rel)).sort()) {
       const r = rel ? `${rel}/${name}` : name;
       const p = join(dir, r);
-      const st = lstatSync(p);
-      const mtime = st.mtimeMs / 1000;
+      const st = lstatSync(p, { bigint: true });
+      const mtime = Number(st.mtimeMs) / 1000;
       const excluded = ignore?.excluded(r) ?? false;
       if (st.isDirectory()) {
         if (!excluded) {
-          add(r, ...header(`${r}/`, "5", 0, st.mode, mtime));
+          add(r, ...header(`${r}/`, "5", 0, Number(st.mode), mtime));
         }
         if (!excluded || ignore?.negations) {
           walk(r);
@@ -113,14 +122,55 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
       } else if (st.isSymbolicLink()) {
         add(r, ...header(r, "2", 0, 0o777, mtime, readlinkSync(p)));
       } else if (st.isFile()) {
-        const data = readFileSync(p);
-        add(r, ...header(r, "0", data.length, st.mode, mtime), pad(new Uint8Array(data.buffer, data.byteOffset, data.length)));
+        const data = readWalked(rootReal, p, r, st);
+        add(r, ...header(r, "0", data.length, Number(st.mode), mtime), pad(new Uint8Array(data.buffer, data.byteOffset, data.length)));
       }
     }
   };
   walk("");
   parts.push(new Uint8Array(2 * BLOCK));
   return concat(parts);
+}
+
+/**
+ * readWalked reads the regular file at p (rel inside the directory whose
+ * real path is rootReal) only if it is the very file the walk saw (st: its
+ * lstat). A directory packed for upload may be reshaped by someone else (a
+ * cloned repository's scripts, a tree a sandbox shares) while it is read:
+ * a file swapped for a symlink since the walk is refused by O_NOFOLLOW and
+ * the device and inode check, and where /proc tells where the opened file
+ * really is (Linux), a file reached through a directory swapped for a
+ * symlink is refused unless it lies under rootReal.
+ */
+function readWalked(rootReal: string, p: string, rel: string, st: BigIntStats): Buffer {
+  let fd: number;
+  try {
+    fd = openSync(p, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (e) {
+    throw new ReplacedFileError(`${rel}: replaced during the walk (${(e as NodeJS.ErrnoException).code ?? e}); not read`);
+  }
+  try {
+    const now = fstatSync(fd, { bigint: true });
+    if (!now.isFile() || now.dev !== st.dev || now.ino !== st.ino) {
+      throw new ReplacedFileError(`${rel}: replaced by another file during the walk; not read`);
+    }
+    let real: string | undefined;
+    try {
+      real = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      // no /proc (macOS): the checks above only
+    }
+    if (real !== undefined && !real.startsWith(rootReal.endsWith("/") ? rootReal : `${rootReal}/`)) {
+      throw new ReplacedFileError(`${rel}: is ${real}, outside ${rootReal} (a directory above it was swapped for a symlink); not read`);
+    }
+    const data = readFileSync(fd);
+    if (BigInt(data.length) !== st.size) {
+      throw new ReplacedFileError(`${rel}: changed size while being packed`);
+    }
+    return data;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 function patternRegexp(p: string): string {
