@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -120,53 +121,81 @@ func cpInto(dst, src string, join func(...string) string) string {
 }
 
 // writeTar writes the tree at dir (without following symlinks) as a tar.
+// The tree may be reshaped while it is read (a cloned repository's
+// scripts, a directory a sandbox shares): it is read through an os.Root
+// (nothing outside dir is ever opened) and each regular file through
+// writeTarFile, which reads only the very file the walk saw.
 func writeTar(w io.Writer, dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer root.Close()
+	fsys := root.FS().(fs.ReadLinkFS)
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(fsys, ".", func(rel string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
+		if rel == "." {
+			return nil
 		}
-		info, err := d.Info()
+		info, err := fsys.Lstat(rel)
 		if err != nil {
 			return err
 		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
+		return writeTarEntry(tw, root, rel, info)
 	})
 	if err != nil {
 		return err
 	}
 	return tw.Close()
+}
+
+// writeTarEntry writes rel (slash-separated, inside root) as the walk saw
+// it (info: its lstat): a symlink as a link, a regular file with exactly
+// its walked size from the very same file (opened O_NOFOLLOW through root
+// and checked to have info's device and inode), so one swapped for a
+// symlink since the walk fails the copy instead of sending what it leads to.
+func writeTarEntry(tw *tar.Writer, root *os.Root, rel string, info fs.FileInfo) error {
+	link := ""
+	if info.Mode()&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = root.Readlink(rel); err != nil {
+			return err
+		}
+	}
+	hdr, err := tar.FileInfoHeader(info, link)
+	if err != nil {
+		return err
+	}
+	hdr.Name = rel
+	if info.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
+	if !info.Mode().IsRegular() {
+		return tw.WriteHeader(hdr)
+	}
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("%s: replaced during the copy: %w", rel, err)
+	}
+	defer f.Close()
+	now, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !now.Mode().IsRegular() || !os.SameFile(now, info) {
+		return fmt.Errorf("%s: replaced by another file during the copy; not read", rel)
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		return fmt.Errorf("%s: %w (it shrank during the copy?)", rel, err)
+	}
+	return nil
 }
 
 // copyOut copies src in sb to dst on the host, counting the bytes read in

@@ -153,3 +153,77 @@ func TestCpInto(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTarSwappedAfterWalk: sbx cp of a local directory into a box,
+// with a file (or a directory above it) swapped for a symlink to a secret
+// outside the directory between the walk's lstat and the read (as a
+// cloned repository's scripts or a sandbox sharing the tree could). The
+// copy must fail naming the file, and no byte of the secret may reach the
+// tar sent to the box.
+func TestWriteTarSwappedAfterWalk(t *testing.T) {
+	const secret = "SECRET-OUTSIDE-THE-DIRECTORY"
+	tests := []struct {
+		name string
+		rel  string
+		swap func(t *testing.T, dir, outside string)
+	}{
+		{"file replaced by a link", "f", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "f"), filepath.Join(outside, "secret"))
+		}},
+		{"directory above replaced by a link", "d/secret", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "d"), outside)
+		}},
+		{"file replaced by a relative link out", "d/secret", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "d", "secret"), "../../outside/secret")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := t.TempDir()
+			dir, outside := filepath.Join(base, "dir"), filepath.Join(base, "outside")
+			pad := strings.Repeat("x", len(secret)) // as long as the secret: a size check alone passes
+			for p, data := range map[string]string{
+				filepath.Join(dir, "f"):            pad,
+				filepath.Join(dir, "d", "secret"): pad,
+				filepath.Join(outside, "secret"):   secret,
+			} {
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			root, err := os.OpenRoot(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			info, err := root.Lstat(tt.rel) // what the walk saw
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.swap(t, dir, outside)
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			err = writeTarEntry(tw, root, tt.rel, info)
+			tw.Flush()
+			if err == nil || !strings.Contains(err.Error(), tt.rel) {
+				t.Errorf("writeTarEntry: got error %v, want one naming %s", err, tt.rel)
+			}
+			if bytes.Contains(b.Bytes(), []byte(secret)) {
+				t.Errorf("the tar (%d bytes) holds the secret from outside the directory", b.Len())
+			}
+		})
+	}
+}
+
+func swapForLink(t *testing.T, p, target string) {
+	t.Helper()
+	if err := os.RemoveAll(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, p); err != nil {
+		t.Fatal(err)
+	}
+}
