@@ -183,9 +183,9 @@ func TestWriteTarSwappedAfterWalk(t *testing.T) {
 			dir, outside := filepath.Join(base, "dir"), filepath.Join(base, "outside")
 			pad := strings.Repeat("x", len(secret)) // as long as the secret: a size check alone passes
 			for p, data := range map[string]string{
-				filepath.Join(dir, "f"):            pad,
+				filepath.Join(dir, "f"):           pad,
 				filepath.Join(dir, "d", "secret"): pad,
-				filepath.Join(outside, "secret"):   secret,
+				filepath.Join(outside, "secret"):  secret,
 			} {
 				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 					t.Fatal(err)
