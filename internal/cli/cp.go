@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -297,6 +299,27 @@ func underSymlink(root *os.Root, name string) bool {
 	return false
 }
 
+// checkLinksResolve resolves, once the whole archive is extracted, every
+// symlink it made through root (os.Root follows links only while they stay
+// inside dst), and removes and lists as skipped each one that leads out:
+// the per-link rules read one target alone, so a link going through a
+// link dst already held (the user's "p -> /home/u" makes "l -> p/.ssh"
+// lead there) passes them. A dangling link stays.
+func checkLinksResolve(root *os.Root, links map[string]string, skipped []string) ([]string, error) {
+	names := slices.Sorted(maps.Keys(links))
+	for _, name := range names {
+		_, err := root.Stat(name)
+		if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			continue
+		}
+		if rerr := root.Remove(name); rerr != nil {
+			return skipped, fmt.Errorf("remove %s -> %s, which leads out of the destination: %w", name, links[name], rerr)
+		}
+		skipped = append(skipped, name+" -> "+links[name])
+	}
+	return skipped, nil
+}
+
 // extractTar unpacks a tar that came from a sandbox — hostile by definition —
 // into dst. os.Root confines every operation to dst, so absolute names and
 // ".." cannot reach outside it. Symlinks whose target leaves dst (absolute,
@@ -313,12 +336,12 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 		return nil, err
 	}
 	defer root.Close()
-	links := map[string]bool{} // symlinks this archive created
+	links := map[string]string{} // symlinks this archive created, to their targets
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return skipped, nil
+			return checkLinksResolve(root, links, skipped)
 		}
 		if err != nil {
 			return skipped, fmt.Errorf("reading tar from sandbox: %w", err)
@@ -328,14 +351,14 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 			continue
 		}
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			if links[d] {
+			if _, ok := links[d]; ok {
 				return skipped, fmt.Errorf("tar entry %q: below %q, a symlink of the same archive; refusing to write through it", hdr.Name, d)
 			}
 		}
 		mode := fs.FileMode(hdr.Mode) & 0o777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if links[name] {
+			if _, ok := links[name]; ok {
 				return skipped, fmt.Errorf("tar entry %q: a directory over a symlink of the same archive", hdr.Name)
 			}
 			if err := root.MkdirAll(name, mode|0o700); err != nil {
@@ -375,7 +398,7 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return skipped, fmt.Errorf("symlink %s: %w", name, err)
 			}
-			links[name] = true
+			links[name] = hdr.Linkname
 		default:
 			// Hard links, devices, FIFOs: not copied out.
 		}

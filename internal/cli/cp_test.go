@@ -227,3 +227,52 @@ func swapForLink(t *testing.T, p, target string) {
 		t.Fatal(err)
 	}
 }
+
+// TestExtractTarLinkThroughExistingLink: sbx cp out of a box into a
+// directory that already holds the user's own links (p -> a directory
+// outside it). The box's l -> p/x reads as inside on its own; resolved, it
+// leads out, so it is not left behind (it is listed as skipped). A link
+// through an existing link that stays inside, and a dangling one, are kept.
+func TestExtractTarLinkThroughExistingLink(t *testing.T) {
+	for _, existing := range []string{"abs", "../outside"} {
+		t.Run(existing, func(t *testing.T) {
+			top := t.TempDir()
+			dst, outside := filepath.Join(top, "dst"), filepath.Join(top, "outside")
+			for _, d := range []string{filepath.Join(dst, "in"), outside} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			target := existing
+			if existing == "abs" {
+				target = outside
+			}
+			if err := os.Symlink(target, filepath.Join(dst, "p")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("in", filepath.Join(dst, "q")); err != nil {
+				t.Fatal(err)
+			}
+			skipped, err := extractTar(cpTar(t,
+				cpEntry{name: "l", link: "p/x", typ: tar.TypeSymlink},
+				cpEntry{name: "m", link: "q/y", typ: tar.TypeSymlink},
+				cpEntry{name: "in/y", data: "y", typ: tar.TypeReg},
+				cpEntry{name: "dangling", link: "nothing/here", typ: tar.TypeSymlink},
+			), dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"l -> p/x"}; !slices.Equal(skipped, want) {
+				t.Errorf("skipped: got %q, want %q", skipped, want)
+			}
+			if _, err := os.Lstat(filepath.Join(dst, "l")); !os.IsNotExist(err) {
+				t.Errorf("l: got %v, want it removed", err)
+			}
+			for _, n := range []string{"m", "dangling"} {
+				if _, err := os.Readlink(filepath.Join(dst, n)); err != nil {
+					t.Errorf("%s: got %v, want the link kept", n, err)
+				}
+			}
+		})
+	}
+}
