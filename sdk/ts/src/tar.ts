@@ -2,7 +2,7 @@
 // extracted safely from what a sandbox sent (its contents are hostile).
 import { closeSync, constants, fstatSync, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
 import type { BigIntStats } from "node:fs";
-import { join, posix } from "node:path";
+import { dirname, join, posix, resolve } from "node:path";
 
 import { concat } from "./process.js";
 
@@ -341,12 +341,14 @@ function clean(name: string): string {
  * safeExtract writes the entries of tar into dest (created if missing) and
  * returns how many it extracted. Entries with absolute paths or "..",
  * device nodes and FIFOs, entries below a symlink and hard links leaving
- * dest throw UnsafeArchiveError; symlinks whose target leaves dest are not
- * created and their names are pushed on skipped. Files get the owner's
+ * dest throw UnsafeArchiveError; symlinks whose target leaves dest (read
+ * alone, or resolved once every entry is in: dropEscapingLinks) are not
+ * kept and their names are pushed on skipped. Files get the owner's
  * uid, no setuid/setgid/sticky bits and no group/other write.
  */
 export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = []): number {
   mkdirSync(dest, { recursive: true });
+  const made = new Map<string, string>(); // symlinks created, to their targets
   let off = 0;
   let count = 0;
   let pax: Record<string, string> = {};
@@ -431,6 +433,7 @@ export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = [
       }
       removeOld();
       symlinkSync(link, target);
+      made.set(rel, link);
     } else if (type === "1") {
       const lrel = clean(link);
       if (belowSymlink(dest, `${lrel}/x`)) {
@@ -452,5 +455,57 @@ export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = [
     }
     count++;
   }
-  return count;
+  return count - dropEscapingLinks(dest, made, skipped);
+}
+
+/**
+ * dropEscapingLinks resolves, once the whole archive is extracted, every
+ * symlink it made and removes (pushing its name on skipped) each one whose
+ * real path leaves dest, returning how many: linkInside reads one target
+ * alone, so a link through a link dest already held (the user's
+ * "p -> /home/u" makes "l -> p/.ssh" lead there) passes it. A dangling link
+ * stays if what exists of its path is inside dest.
+ */
+/** existingPrefix is the real path of the longest existing prefix of p. */
+function existingPrefix(p: string): string {
+  for (let q = p; ; q = dirname(q)) {
+    try {
+      return realpathSync(q);
+    } catch {
+      if (q === dirname(q)) {
+        return "";
+      }
+    }
+  }
+}
+
+function dropEscapingLinks(dest: string, made: Map<string, string>, skipped: string[]): number {
+  const root = realpathSync(dest);
+  const under = root.endsWith("/") ? root : `${root}/`;
+  let dropped = 0;
+  for (const rel of [...made.keys()].sort()) {
+    const p = join(dest, rel);
+    let real: string;
+    try {
+      if (!lstatSync(p).isSymbolicLink()) {
+        continue; // replaced by a later entry
+      }
+      real = realpathSync(p);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== "ENOENT" && code !== "ENOTDIR") {
+        real = ""; // a loop: refused as well
+      } else {
+        // Dangling: where its existing part leads (linkInside has refused
+        // a ".." after a name, so the rest only descends).
+        real = existingPrefix(resolve(dirname(p), made.get(rel) ?? ""));
+      }
+    }
+    if (real !== root && !real.startsWith(under)) {
+      unlinkSync(p);
+      skipped.push(rel);
+      dropped++;
+    }
+  }
+  return dropped;
 }
