@@ -124,14 +124,11 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		f, err := bc.root.Open(filepath.FromSlash(p))
+		f, err := openWalked(bc.root, p, fi)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		if now, err := f.Stat(); err != nil || !now.Mode().IsRegular() {
-			return fmt.Errorf("%s: changed while being read", p)
-		}
 		// Exactly the size the header says, whatever the file does meanwhile.
 		if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
 			return fmt.Errorf("%s: %w", p, err)

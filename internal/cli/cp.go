@@ -179,18 +179,11 @@ func writeTarEntry(tw *tar.Writer, root *os.Root, rel string, info fs.FileInfo) 
 	if !info.Mode().IsRegular() {
 		return tw.WriteHeader(hdr)
 	}
-	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return fmt.Errorf("%s: replaced during the copy: %w", rel, err)
-	}
-	defer f.Close()
-	now, err := f.Stat()
+	f, err := openWalked(root, rel, info)
 	if err != nil {
 		return err
 	}
-	if !now.Mode().IsRegular() || !os.SameFile(now, info) {
-		return fmt.Errorf("%s: replaced by another file during the copy; not read", rel)
-	}
+	defer f.Close()
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}
@@ -198,6 +191,28 @@ func writeTarEntry(tw *tar.Writer, root *os.Root, rel string, info fs.FileInfo) 
 		return fmt.Errorf("%s: %w (it shrank during the copy?)", rel, err)
 	}
 	return nil
+}
+
+// openWalked opens the regular file rel of root for reading only if it is
+// the very file a walk saw (info: its lstat): not followed if it became a
+// symlink (O_NOFOLLOW; os.Root keeps any directory swapped for one inside
+// root), and of info's device and inode, so neither a file outside nor
+// another file of the tree (one a .dockerignore leaves out, say) is read
+// in its place.
+func openWalked(root *os.Root, rel string, info fs.FileInfo) (*os.File, error) {
+	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: replaced while being read: %w", rel, err)
+	}
+	now, err := f.Stat()
+	if err == nil && (!now.Mode().IsRegular() || !os.SameFile(now, info)) {
+		err = fmt.Errorf("%s: replaced by another file while being read; not read", rel)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // copyOut copies src in sb to dst on the host, counting the bytes read in

@@ -154,9 +154,11 @@ func TestCpInto(t *testing.T) {
 	}
 }
 
-// TestWriteTarSwappedAfterWalk: sbx cp of a local directory into a box,
-// with a file (or a directory above it) swapped for a symlink to a secret
-// outside the directory between the walk's lstat and the read (as a
+// TestWriteTarSwappedAfterWalk: sbx cp of a local directory into a box
+// (and a recipe's copy: both read files through openWalked), with a file
+// (or a directory above it) swapped for a symlink to a secret outside the
+// directory, or to a file inside it the walk left out, between the walk's
+// lstat and the read (as a
 // cloned repository's scripts or a sandbox sharing the tree could). The
 // copy must fail naming the file, and no byte of the secret may reach the
 // tar sent to the box.
@@ -175,6 +177,14 @@ func TestWriteTarSwappedAfterWalk(t *testing.T) {
 		}},
 		{"file replaced by a relative link out", "d/secret", func(t *testing.T, dir, outside string) {
 			swapForLink(t, filepath.Join(dir, "d", "secret"), "../../outside/secret")
+		}},
+		// A file of the tree the walk left out (a recipe's .dockerignore,
+		// say) read in place of a walked one.
+		{"file replaced by a link to another file inside", "f", func(t *testing.T, dir, outside string) {
+			if err := os.WriteFile(filepath.Join(dir, ".env"), []byte(secret), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			swapForLink(t, filepath.Join(dir, "f"), ".env")
 		}},
 	}
 	for _, tt := range tests {
@@ -212,7 +222,7 @@ func TestWriteTarSwappedAfterWalk(t *testing.T) {
 				t.Errorf("writeTarEntry: got error %v, want one naming %s", err, tt.rel)
 			}
 			if bytes.Contains(b.Bytes(), []byte(secret)) {
-				t.Errorf("the tar (%d bytes) holds the secret from outside the directory", b.Len())
+				t.Errorf("the tar (%d bytes) holds the secret the swapped link leads to", b.Len())
 			}
 		})
 	}
