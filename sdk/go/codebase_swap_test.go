@@ -28,6 +28,13 @@ func TestWriteCodebaseTarSwappedDuringWalk(t *testing.T) {
 		{"file replaced by a relative link out", func(t *testing.T, dir, outside string) {
 			replaceWithLink(t, filepath.Join(dir, "d", "secret"), "../../outside/secret")
 		}},
+		// A file the walk left out (ignored) read in place of a walked one.
+		{"file replaced by a link to an ignored file inside", func(t *testing.T, dir, outside string) {
+			if err := os.WriteFile(filepath.Join(dir, ".env"), []byte(secret), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			replaceWithLink(t, filepath.Join(dir, "f"), ".env")
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
