@@ -46,7 +46,20 @@ def _swap_relative(code, outside):
     os.symlink("../../outside/secret", os.path.join(code, "d", "secret"))
 
 
-SWAPS = {"file": ("f", _swap_file), "dir": ("d/secret", _swap_dir), "relative link": ("d/secret", _swap_relative)}
+def _swap_inside(code, outside):
+    # A file the walk left out (ignored) read in place of a walked one.
+    with open(os.path.join(code, ".env"), "wb") as f:
+        f.write(SECRET)
+    os.unlink(os.path.join(code, "f"))
+    os.symlink(".env", os.path.join(code, "f"))
+
+
+SWAPS = {
+    "file": ("f", _swap_file),
+    "dir": ("d/secret", _swap_dir),
+    "relative link": ("d/secret", _swap_relative),
+    "link to a file inside": ("f", _swap_inside),
+}
 
 
 @pytest.mark.parametrize("swap", SWAPS, ids=str)

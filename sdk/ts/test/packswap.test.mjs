@@ -45,6 +45,12 @@ const swaps = {
     unlinkSync(join(code, "d", "secret"));
     symlinkSync("../../outside/secret", join(code, "d", "secret"));
   }],
+  // A file the walk left out (.dockerignore) read in place of a walked one.
+  "file replaced by a link to a file inside": ["f", (code) => {
+    writeFileSync(join(code, ".env"), SECRET);
+    unlinkSync(join(code, "f"));
+    symlinkSync(".env", join(code, "f"));
+  }],
 };
 
 describe("packDir while the directory is reshaped", () => {
