@@ -24,7 +24,10 @@ func TestExtractTarChainOfLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type entry struct{ name, link string }
+	type entry struct {
+		name, link string
+		hard       bool // a hard link (to link), not a symlink
+	}
 	tests := []struct {
 		name    string
 		entries []entry
@@ -34,30 +37,36 @@ func TestExtractTarChainOfLinks(t *testing.T) {
 	}{
 		{
 			name:    "link made before the link it climbs through",
-			entries: []entry{{"l", "s/x/.."}, {"s/x", ".."}},
+			entries: []entry{{name: "l", link: "s/x/.."}, {name: "s/x", link: ".."}},
 			wantErr: `tar entry "l"`,
 			gone:    []string{"l"},
 		},
 		{
 			name:    "link made after the link it climbs through",
-			entries: []entry{{"s/x", ".."}, {"l", "s/x/.."}},
+			entries: []entry{{name: "s/x", link: ".."}, {name: "l", link: "s/x/.."}},
 			wantErr: `tar entry "l"`,
 			gone:    []string{"l"},
 		},
 		{
 			name:    "two hops then up",
-			entries: []entry{{"a/b", "../c/d"}, {"c/d", ".."}, {"l", "a/b/../../etc"}},
+			entries: []entry{{name: "a/b", link: "../c/d"}, {name: "c/d", link: ".."}, {name: "l", link: "a/b/../../etc"}},
 			wantErr: `tar entry "l"`,
 			gone:    []string{"l"},
 		},
 		{
+			name:    "hard link to a link that leads out",
+			entries: []entry{{name: "l", link: "s/x/.."}, {name: "h", link: "l", hard: true}, {name: "s/x", link: ".."}},
+			wantErr: `tar entry "`,
+			gone:    []string{"l", "h"},
+		},
+		{
 			name:    "chain that stays inside",
-			entries: []entry{{"s/x", "../t"}, {"t/y", "."}, {"l", "s/x/y/.."}},
+			entries: []entry{{name: "s/x", link: "../t"}, {name: "t/y", link: "."}, {name: "l", link: "s/x/y/.."}},
 			kept:    []string{"s/x", "t/y", "l"},
 		},
 		{
 			name:    "dangling link",
-			entries: []entry{{"d/l", "missing/file"}},
+			entries: []entry{{name: "d/l", link: "missing/file"}},
 			kept:    []string{"d/l"},
 		},
 	}
@@ -71,7 +80,11 @@ func TestExtractTarChainOfLinks(t *testing.T) {
 			var b bytes.Buffer
 			tw := tar.NewWriter(&b)
 			for _, e := range tt.entries {
-				if err := tw.WriteHeader(&tar.Header{Name: e.name, Linkname: e.link, Typeflag: tar.TypeSymlink, Mode: 0o777}); err != nil {
+				typ := byte(tar.TypeSymlink)
+				if e.hard {
+					typ = tar.TypeLink
+				}
+				if err := tw.WriteHeader(&tar.Header{Name: e.name, Linkname: e.link, Typeflag: typ, Mode: 0o777}); err != nil {
 					t.Fatal(err)
 				}
 			}

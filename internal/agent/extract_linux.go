@@ -122,6 +122,12 @@ func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r i
 			if err := unix.Linkat(tparent, tbase, parent, base, 0); err != nil {
 				return files, bytes, entryError(hdr.Name, err)
 			}
+			// A hard link to a symlink is that symlink under a second
+			// name: checked at the end like it.
+			var st unix.Stat_t
+			if err := unix.Fstatat(parent, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				links = append(links, name)
+			}
 		}
 		files++
 	}
@@ -131,10 +137,12 @@ func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r i
 // entries exist, by the kernel from the destination with RESOLVE_BENEATH:
 // symlinkInside reads a target alone, and "l -> s/x/.." is inside by
 // itself but the destination's parent once "s/x -> .." exists (an entry
-// that may come after l). A link whose resolution leaves the destination
-// is removed and fails the upload with its name; a dangling one stays
-// (nothing it names exists to lead anywhere).
+// that may come after l). Every link whose resolution leaves the
+// destination is removed (a hard link to a symlink is listed too) and the
+// first fails the upload with its name; a dangling one stays (nothing it
+// names exists to lead anywhere).
 func (x *extractor) checkLinks(links []string) error {
+	var first error // every escaping link is removed; the first one is named
 	for _, name := range links {
 		how := unix.OpenHow{
 			Flags:   unix.O_PATH | unix.O_CLOEXEC,
@@ -157,12 +165,16 @@ func (x *extractor) checkLinks(links []string) error {
 		if parent, derr := x.dir(strings.TrimSuffix(dir, "/")); derr == nil {
 			unix.Unlinkat(parent, base, 0)
 		}
-		if errors.Is(err, unix.EXDEV) {
-			return badEntry(name, fmt.Sprintf("symlink target %q leads out of the destination through other links", target))
+		if first != nil {
+			continue
 		}
-		return entryError(name, fmt.Errorf("resolving symlink target %q: %w", target, err))
+		if errors.Is(err, unix.EXDEV) {
+			first = badEntry(name, fmt.Sprintf("symlink target %q leads out of the destination through other links", target))
+		} else {
+			first = entryError(name, fmt.Errorf("resolving symlink target %q: %w", target, err))
+		}
 	}
-	return nil
+	return first
 }
 
 // extractor holds fds of directories already walked to, relative to root.
