@@ -108,3 +108,34 @@ def test_pack_context_swapped_while_packing(tmp_path, monkeypatch, swap) -> None
     with pytest.raises(ReplacedFileError):
         pack_context(code)  # on success it would return the tar, secret included
     assert done, "the swap was never made"
+
+
+def test_codebase_walk_dir_swapped_while_walking(tmp_path, monkeypatch) -> None:
+    """A directory swapped for a symlink to one outside just after the walk
+    looked at it (and before listing it) must not be listed: the walk fails,
+    and no name from outside is in what it would upload."""
+    import sbx.codebase as cb
+
+    code, outside = _tree(tmp_path)
+    with open(os.path.join(outside, "outside-only-name"), "wb") as f:
+        f.write(SECRET)
+    orig = cb._Matcher.ignored
+    done = []
+
+    def ignored(self, rel, is_dir):
+        got = orig(self, rel, is_dir)
+        if rel == "d" and not done:
+            done.append(True)
+            _swap_dir(code, outside)
+        return got
+
+    monkeypatch.setattr(cb._Matcher, "ignored", ignored)
+    files: list = []
+    raised = False
+    try:
+        files, _ = walk_codebase(code, use_ignore_files=False)
+    except ReplacedFileError:
+        raised = True
+    assert done, "the swap was never made"
+    assert [rel for rel, _ in files if "outside-only-name" in rel] == []
+    assert raised, "walk_codebase listed the swapped directory without an error"
