@@ -15,7 +15,7 @@ import re
 import tarfile
 from typing import List, Tuple
 
-from ._tar import ReplacedFileError, open_walked
+from ._tar import ReplacedFileError, open_walked, walk_tree
 
 __all__ = ["MAX_CONTEXT_BYTES", "pack_context", "DockerIgnore"]
 
@@ -106,7 +106,7 @@ def pack_context(context_dir: "os.PathLike[str] | str") -> bytes:
         ign = DockerIgnore()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for cur, dirs, files in os.walk(root, followlinks=False):
+        for cur, dirs, files in walk_tree(root):
             rel = os.path.relpath(cur, root).replace(os.sep, "/")
             rel = "" if rel == "." else rel + "/"
             keep = []

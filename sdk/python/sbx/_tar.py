@@ -10,13 +10,17 @@ import copy
 import os
 import stat
 import tarfile
-from typing import IO, Callable, List, Optional
+from typing import IO, Callable, Iterator, List, Optional, Tuple
 
-__all__ = ["pack_dir", "safe_extract", "open_walked", "UnsafeArchiveError", "ReplacedFileError"]
+__all__ = ["pack_dir", "safe_extract", "open_walked", "walk_tree", "UnsafeArchiveError", "ReplacedFileError"]
 
 
 class UnsafeArchiveError(ValueError):
     """A tar entry would escape the destination or is of a forbidden kind."""
+
+
+#: Whether directories can be walked and files opened by handle (POSIX).
+_BY_FD = os.scandir in os.supports_fd and os.open in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW")
 
 
 class ReplacedFileError(OSError):
@@ -40,7 +44,7 @@ def open_walked(root: str, rel: str, st: os.stat_result) -> IO[bytes]:
     """
     parts = rel.split("/")
     nofollow = getattr(os, "O_NOFOLLOW", 0)
-    if os.open in os.supports_dir_fd and nofollow:
+    if _BY_FD:
         dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts[:-1]:
@@ -67,6 +71,19 @@ def open_walked(root: str, rel: str, st: os.stat_result) -> IO[bytes]:
     return f
 
 
+def walk_tree(top: str) -> Iterator[Tuple[str, List[str], List[str]]]:
+    """``os.walk(top)`` (top-down; prune by editing the directory list), but
+    where the OS allows through ``os.fwalk``: each directory is entered by
+    a handle from its parent's and only if it is the very directory its
+    ``lstat`` saw, so one swapped for a symlink during the walk is not
+    entered and the names of what it leads to are never listed."""
+    if _BY_FD:
+        for root, dirs, files, _ in os.fwalk(top):
+            yield root, dirs, files
+    else:  # pragma: no cover - not POSIX
+        yield from os.walk(top)
+
+
 def pack_dir(local_dir: str, out: IO[bytes]) -> int:
     """Write a tar of the *contents* of ``local_dir`` to ``out`` (entries named
     relative to it). Symlinks are archived as links, never followed; a file
@@ -74,7 +91,7 @@ def pack_dir(local_dir: str, out: IO[bytes]) -> int:
     Returns the number of entries."""
     count = 0
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tf:
-        for root, dirs, files in os.walk(local_dir):
+        for root, dirs, files in walk_tree(local_dir):
             dirs.sort()
             rel_root = os.path.relpath(root, local_dir)
             for name in sorted(dirs) + sorted(files):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _proto
-from ._tar import ReplacedFileError, open_walked
+from ._tar import _BY_FD, ReplacedFileError, open_walked
 from ._transport import ChunkStream, Transport
 from .types import PathPolicy, PermissionRule
 
@@ -293,7 +293,7 @@ def walk_codebase(
     # is opened from its parent's handle with O_NOFOLLOW and must be the one
     # just listed, so one swapped for a symlink is never listed (and its
     # outside names never sent); _write_tar then reads only walked files.
-    by_fd = os.scandir in os.supports_fd and os.open in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW")
+    by_fd = _BY_FD
 
     def walk(abs_dir: str, rel_dir: str, m: _Matcher, fd: Optional[int]) -> None:
         if use_ignore_files:

@@ -139,3 +139,59 @@ def test_codebase_walk_dir_swapped_while_walking(tmp_path, monkeypatch) -> None:
     assert done, "the swap was never made"
     assert [rel for rel, _ in files if "outside-only-name" in rel] == []
     assert raised, "walk_codebase listed the swapped directory without an error"
+
+
+@pytest.mark.parametrize("packer", ["pack_dir", "pack_context"])
+def test_pack_dir_swapped_before_listing(tmp_path, monkeypatch, packer) -> None:
+    """A directory swapped for a symlink to one outside after the walk made
+    sure it is no link and before it lists it (os.walk: between islink and
+    scandir; os.fwalk: between lstat and open): nothing of the outside
+    directory, not even a name, may be packed."""
+    import posixpath
+
+    code, _ = _tree(tmp_path)
+    # Only names and a link target outside: packing them reads no file, so
+    # nothing fails and only the listing decides whether they go out.
+    outside = str(tmp_path / "names")
+    os.makedirs(os.path.join(outside, "outside-only-name"))
+    os.symlink(SECRET.decode(), os.path.join(outside, "outside-link"))
+    d = os.path.join(code, "d")
+    done = []
+    orig_islink, orig_open = posixpath.islink, os.open
+
+    # os.walk's own islink before it lists d: pack_context asks islink(d)
+    # once itself first.
+    calls = []
+    walk_call = 2 if packer == "pack_context" else 1
+
+    def islink(p):
+        got = orig_islink(p)
+        if os.fspath(p) == d:
+            calls.append(p)
+        if len(calls) == walk_call and not done:
+            done.append("islink")
+            _swap_dir(code, outside)
+        return got
+
+    def os_open(p, flags, mode=0o777, *, dir_fd=None):
+        if p == "d" and dir_fd is not None and not done:
+            done.append("open")
+            _swap_dir(code, outside)
+        return orig_open(p, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(posixpath, "islink", islink)
+    monkeypatch.setattr(os, "open", os_open)
+    got = b""
+    out = io.BytesIO()
+    try:
+        if packer == "pack_dir":
+            pack_dir(code, out)
+        else:
+            got = pack_context(code)
+    except ReplacedFileError:
+        pass
+    got = got or out.getvalue()
+    assert done, "the swap was never made"
+    assert b"outside-only-name" not in got, done
+    assert b"outside-link" not in got, done
+    assert SECRET not in got
