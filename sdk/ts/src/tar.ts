@@ -103,8 +103,18 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
     }
   };
   const rootReal = realpathSync(dir);
-  const walk = (rel: string) => {
-    for (const name of readdirSync(join(dir, rel)).sort()) {
+  const walk = (rel: string, seen?: BigIntStats) => {
+    const names = readdirSync(join(dir, rel)).sort();
+    if (seen) {
+      // Listed by path: the directory must still be the one the parent's
+      // listing saw, or the names may be those of what a symlink swapped
+      // in for it leads to.
+      const now = lstatSync(join(dir, rel), { bigint: true });
+      if (!now.isDirectory() || now.dev !== seen.dev || now.ino !== seen.ino) {
+        throw new ReplacedFileError(`${rel}: replaced during the walk; not listed`);
+      }
+    }
+    for (const name of names) {
       const r = rel ? `${rel}/${name}` : name;
       const p = join(dir, r);
       const st = lstatSync(p, { bigint: true });
@@ -115,7 +125,7 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
           add(r, ...header(`${r}/`, "5", 0, Number(st.mode), mtime));
         }
         if (!excluded || ignore?.negations) {
-          walk(r);
+          walk(r, st);
         }
       } else if (excluded) {
         continue;

@@ -57,9 +57,12 @@ describe("packDir while the directory is reshaped", () => {
   for (const [name, [rel, swap]] of Object.entries(swaps)) {
     it(name, () => {
       const { base, code, outside } = tree();
+      writeFileSync(join(outside, "outside-only-name"), SECRET);
       const orig = fs.lstatSync;
       let done = false;
+      const listed = []; // every path packDir looked at
       fs.lstatSync = function (p, ...rest) {
+        listed.push(String(p));
         const st = orig.call(this, p, ...rest);
         if (!done && p === join(code, rel)) {
           done = true;
@@ -75,6 +78,7 @@ describe("packDir while the directory is reshaped", () => {
         }, ReplacedFileError);
         assert.ok(done, "the swap was never made");
         assert.equal(got, undefined);
+        assert.ok(!listed.some((n) => n.includes("outside-only-name")), `listed ${listed}`);
       } finally {
         fs.lstatSync = orig;
         syncBuiltinESMExports();
