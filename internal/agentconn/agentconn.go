@@ -153,6 +153,29 @@ type ExecStream interface {
 	Close() error
 }
 
+// DataStream is an ExecStream that can hand over the command's output
+// undecoded: the framed transport's. A relay whose client speaks the
+// framed protocol too passes the data on as it came (see
+// execframe.IsData) and decodes only the other events.
+type DataStream interface {
+	ExecStream
+	// ReceiveData is Receive, except that a stdout or stderr event is
+	// not decoded: data is its frame's payload, valid until the next
+	// call, and Msg is left alone. more reports that (part of) the next
+	// frame has already arrived, so a relay may hold its write back.
+	ReceiveData() (data []byte, more, ok bool)
+}
+
+// ExecConn is a command started with ExecInteractive: its output, and its
+// input after the start message.
+type ExecConn interface {
+	ExecStream
+	// Send sends an input event: stdin, its end, a resize or a signal.
+	Send(*sbxv1.ExecInput) error
+	// CloseSend says no more input comes (it does not close stdin).
+	CloseSend() error
+}
+
 // ExecOnce runs a command that takes no input after its start message
 // (stdin given up front or none, no signals or resizes). With an exec
 // dialer it takes the agent's framed exec protocol, one Unix connection per
@@ -171,6 +194,75 @@ func (c *Conn) ExecOnce(ctx context.Context, start *sbxv1.ExecRequest) (ExecStre
 	}
 	return c.execOnce.CallServerStream(ctx, connect.NewRequest(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}))
 }
+
+// ExecInteractive starts a command that takes input after its start
+// message (stdin, resizes, signals). It takes the same framed transport as
+// ExecOnce, on which the agent has always read input frames after the
+// start; only a box whose agent has no exec socket falls back to the Exec
+// RPC as a bidi stream. Cancelling ctx (or closing the stream) makes the
+// agent kill the command.
+func (c *Conn) ExecInteractive(ctx context.Context, start *sbxv1.ExecRequest) (ExecConn, error) {
+	if c.execDial != nil {
+		st, err := c.execFramed(ctx, start)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			if err != nil {
+				return nil, err
+			}
+			return st, nil
+		}
+	}
+	bs := &bidiStream{s: c.AgentServiceClient.Exec(ctx)}
+	if err := bs.s.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, io.EOF) {
+		_ = bs.Close()
+		return nil, fmt.Errorf("sending exec start to agent: %w", err)
+	}
+	return bs, nil
+}
+
+// bidiStream is the Exec RPC as an ExecConn, for agents without an exec
+// socket. A send that finds the agent gone (io.EOF) succeeds: Receive then
+// says why.
+type bidiStream struct {
+	s    *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	msg  *sbxv1.ExecOutput
+	err  error
+	done bool
+}
+
+func (b *bidiStream) Receive() bool {
+	if b.done {
+		return false
+	}
+	m, err := b.s.Receive()
+	if err != nil {
+		b.done = true
+		if !errors.Is(err, io.EOF) {
+			b.err = err
+		}
+		return false
+	}
+	b.msg = m
+	return true
+}
+
+func (b *bidiStream) Msg() *sbxv1.ExecOutput { return b.msg }
+func (b *bidiStream) Err() error             { return b.err }
+
+// Close tells the agent (over HTTP/2) that the daemon is gone, so that it
+// kills a command that is still running.
+func (b *bidiStream) Close() error { return b.s.CloseResponse() }
+
+func (b *bidiStream) Send(in *sbxv1.ExecInput) error {
+	if err := b.s.Send(in); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// CloseSend closes the request side: until it is closed the HTTP/2
+// transport is busy sending its body and does not watch the call's
+// context.
+func (b *bidiStream) CloseSend() error { return b.s.CloseRequest() }
 
 // Close drops idle connections to the agent.
 func (c *Conn) Close() {
