@@ -68,11 +68,12 @@ type dataSink func(payload []byte, more bool) error
 // it). With a data sink, the command's stdout and stderr frames go to it
 // undecoded, and only the other events (started, keepalive, exited, which
 // the daemon marks and observes) are decoded and sent. Output is relayed
-// one event at a time: a send that blocks (a slow client) stops the
+// one event at a time, within the sandbox's relay budget (relaybudget.go):
+// a send that blocks (a slow client) or waits for the budget stops the
 // reading from the agent, whose socket then fills and stops the command's
 // output; nothing queues up in between.
 func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error, data dataSink) error {
-	conn, release, err := streams.exec(ctx, start.GetSandbox())
+	conn, budget, release, err := streams.execRelay(ctx, start.GetSandbox())
 	if err != nil {
 		return err
 	}
@@ -116,6 +117,9 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 			var more bool
 			payload, more, ok = ds.ReceiveData()
 			if payload != nil {
+				if err := budget.spend(ctx, len(payload)); err != nil {
+					return err
+				}
 				if err := data(payload, more); err != nil {
 					return err
 				}
@@ -128,6 +132,9 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 			break
 		}
 		msg := st.Msg()
+		if err := budget.spend(ctx, len(msg.GetStdout())+len(msg.GetStderr())); err != nil {
+			return err
+		}
 		if err := send(msg); err != nil {
 			return err
 		}
