@@ -25,6 +25,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,9 @@ type Config struct {
 	// passwdFile and groupFile are where users are looked up; "" means
 	// /etc/passwd and /etc/group (tests point them elsewhere).
 	passwdFile, groupFile string
+	// outputLimit is Server.outputLimit; 0 means defaultOutputLimit
+	// (tests make it small).
+	outputLimit int
 }
 
 // Server implements agentv1connect.AgentServiceHandler.
@@ -89,6 +93,10 @@ type Server struct {
 
 	// passwdFile and groupFile are where users are looked up (fixed).
 	passwdFile, groupFile string
+	// outputLimit is how much of each stream the entrypoint's ring and a
+	// detached process's buffer keep (fixed; each process takes it when
+	// it starts).
+	outputLimit int
 
 	// mu guards the defaults. Configure replaces them (never mutates the
 	// slice in place), so a snapshot taken under mu stays valid.
@@ -148,13 +156,14 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		files:      files,
-		env:        env,
-		workdir:    wd,
-		log:        log,
-		reaper:     newReaper(cfg.ReapAll, log),
-		passwdFile: cfg.passwdFile,
-		groupFile:  cfg.groupFile,
+		files:       files,
+		env:         env,
+		workdir:     wd,
+		log:         log,
+		reaper:      newReaper(cfg.ReapAll, log),
+		passwdFile:  cfg.passwdFile,
+		outputLimit: cmp.Or(cfg.outputLimit, defaultOutputLimit),
+		groupFile:   cfg.groupFile,
 	}
 	s.lock.enabled = cfg.Lockdown
 	if s.passwdFile == "" {
