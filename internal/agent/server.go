@@ -52,8 +52,10 @@ var Version = "dev"
 // ProtocolVersion is the highest daemon↔agent protocol version this agent speaks.
 // Version 2 added Attach, ListDetached and RemoveDetached; 3 added Logs and
 // Wait; 4 added background processes (StartProcess, ProcessLogs,
-// ProcessInput, WaitProcess, and their fields in DetachedProcess).
-const ProtocolVersion = 4
+// ProcessInput, WaitProcess, and their fields in DetachedProcess); 5 serves
+// framed execs on the API endpoint too (mux_linux.go), so a driver needs
+// to give the agent one endpoint only.
+const ProtocolVersion = 5
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
@@ -224,8 +226,10 @@ func holderFrom(ctx context.Context) flushHolder {
 	return h
 }
 
-// Serve serves AgentService on ln until ctx ends.
+// Serve serves AgentService on ln until ctx ends, and framed execs on the
+// connections that start with one (mux_linux.go).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ln = s.muxExec(ctx, ln)
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)

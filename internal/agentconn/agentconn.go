@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -24,8 +25,15 @@ import (
 // ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
 // Version 2 added detached processes (Attach, ListDetached, RemoveDetached);
 // 3 added the entrypoint's Logs and Wait; 4 added background processes
-// (StartProcess, ProcessLogs, ProcessInput, WaitProcess).
-const ProtocolVersion = 4
+// (StartProcess, ProcessLogs, ProcessInput, WaitProcess); 5 has the agent
+// take framed execs on its API endpoint too (a connection whose first
+// byte is execframe.FrameInput), which the daemon uses for a box whose
+// driver gives it no exec socket of its own.
+const ProtocolVersion = 5
+
+// protocolFramedOnAPI is the first protocol version whose agent takes
+// framed execs on its API endpoint.
+const protocolFramedOnAPI = 5
 
 // ReadyByte is what an agent started with --ready-fd writes on that fd once it
 // serves; drivers wait for it instead of polling with Hello.
@@ -94,8 +102,13 @@ type DialFunc func(ctx context.Context) (net.Conn, error)
 type Conn struct {
 	agentv1connect.AgentServiceClient
 	transport *http.Transport
+	// dial connects to the agent's API endpoint.
+	dial DialFunc
 	// execDial, if set, connects to the agent's framed exec socket.
 	execDial DialFunc
+	// version is the protocol version the agent's Hello answered; 0 until
+	// then.
+	version atomic.Uint32
 	// execOnce calls the agent's Exec (a bidi stream) as a server stream:
 	// one start message, then the request ends (see ExecOnce).
 	execOnce *connect.Client[sbxv1.ExecInput, sbxv1.ExecOutput]
@@ -138,7 +151,7 @@ func New(dial DialFunc, opts ...Option) *Conn {
 	client := agentv1connect.NewAgentServiceClient(hc, "http://agent", connect.WithReadMaxBytes(MaxMessageBytes))
 	execOnce := connect.NewClient[sbxv1.ExecInput, sbxv1.ExecOutput](hc, "http://agent"+agentv1connect.AgentServiceExecProcedure,
 		connect.WithReadMaxBytes(MaxMessageBytes))
-	c := &Conn{AgentServiceClient: client, transport: tr, execOnce: execOnce}
+	c := &Conn{AgentServiceClient: client, transport: tr, dial: dial, execOnce: execOnce}
 	for _, o := range opts {
 		o(c)
 	}
@@ -186,11 +199,9 @@ type ExecConn interface {
 // cancelling ctx (or closing the stream early) makes the agent kill the
 // command.
 func (c *Conn) ExecOnce(ctx context.Context, start *sbxv1.ExecRequest) (ExecStream, error) {
-	if c.execDial != nil {
-		st, err := c.execFramed(ctx, start)
-		if !errors.Is(err, errors.ErrUnsupported) {
-			return st, err
-		}
+	st, err := c.execFramed(ctx, start)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		return st, err
 	}
 	return c.execOnce.CallServerStream(ctx, connect.NewRequest(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}))
 }
@@ -202,14 +213,12 @@ func (c *Conn) ExecOnce(ctx context.Context, start *sbxv1.ExecRequest) (ExecStre
 // RPC as a bidi stream. Cancelling ctx (or closing the stream) makes the
 // agent kill the command.
 func (c *Conn) ExecInteractive(ctx context.Context, start *sbxv1.ExecRequest) (ExecConn, error) {
-	if c.execDial != nil {
-		st, err := c.execFramed(ctx, start)
-		if !errors.Is(err, errors.ErrUnsupported) {
-			if err != nil {
-				return nil, err
-			}
-			return st, nil
+	st, err := c.execFramed(ctx, start)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		if err != nil {
+			return nil, err
 		}
+		return st, nil
 	}
 	bs := &bidiStream{s: c.AgentServiceClient.Exec(ctx)}
 	if err := bs.s.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, io.EOF) {
@@ -283,8 +292,10 @@ func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
-	if v := resp.Msg.GetProtocolVersion(); v == 0 || v > ProtocolVersion {
+	v := resp.Msg.GetProtocolVersion()
+	if v == 0 || v > ProtocolVersion {
 		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ProtocolVersion)
 	}
+	c.version.Store(v)
 	return resp.Msg, nil
 }

@@ -15,7 +15,10 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
-// execFramed starts a command over the agent's framed exec protocol.
+// execFramed starts a command over the agent's framed exec protocol. It is
+// errors.ErrUnsupported for an agent that takes framed execs nowhere the
+// daemon can reach: no exec socket, and a protocol older than
+// protocolFramedOnAPI (or no Hello yet).
 func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
 	nc, err := c.execConn(ctx)
 	if err != nil {
@@ -50,7 +53,22 @@ func (c *Conn) execConn(ctx context.Context) (net.Conn, error) {
 	if nc != nil {
 		return nc, nil
 	}
-	return c.execDial(ctx)
+	return c.dialExec(ctx)
+}
+
+// dialExec connects to where the agent takes framed execs: its exec
+// socket, else (from protocol 5) its API endpoint.
+func (c *Conn) dialExec(ctx context.Context) (net.Conn, error) {
+	if c.execDial != nil {
+		nc, err := c.execDial(ctx)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return nc, err
+		}
+	}
+	if c.version.Load() < protocolFramedOnAPI {
+		return nil, fmt.Errorf("agent protocol %d takes framed execs on no endpoint the daemon has: %w", c.version.Load(), errors.ErrUnsupported)
+	}
+	return c.dial(ctx)
 }
 
 // spareDialTimeout bounds the background dial of a spare connection.
@@ -69,7 +87,7 @@ func (c *Conn) refill() {
 	c.spareMu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), spareDialTimeout)
-		nc, err := c.execDial(ctx)
+		nc, err := c.dialExec(ctx)
 		cancel()
 		c.spareMu.Lock()
 		defer c.spareMu.Unlock()
