@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -22,11 +23,26 @@ import (
 //     (less sensitive to other load than latencies);
 //   - with rounds > 0, a neighbour's `exec true` at rest and while all six
 //     bombs run (see neighbours.go), each daemon in turn, rounds times.
-func runAB(n int, agentPath, baseDir string, rounds int) error {
+//
+// With o.benchShares the bench and both daemons run in a cpu group of
+// those shares, and o.boxesShares is both daemons' --boxes-cpu-shares (see
+// neighbourOpts).
+func runAB(n int, agentPath, baseDir string, rounds int, o neighbourOpts) error {
 	if baseDir == "" {
 		return fmt.Errorf("-only ab needs -baseline DIR (a directory holding the old build's sbx and sbx-agent)")
 	}
 	fmt.Printf("load average at start: %s", loadAvg())
+	if o.benchShares > 0 {
+		undo, err := cpuGroup(o.benchShares)
+		if err != nil {
+			return err
+		}
+		defer undo()
+	}
+	var extra []string
+	if o.boxesShares > 0 {
+		extra = append(extra, "--boxes-cpu-shares", strconv.FormatUint(o.boxesShares, 10))
+	}
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -52,7 +68,7 @@ func runAB(n int, agentPath, baseDir string, rounds int) error {
 	}()
 	ctx := context.Background()
 	for _, b := range []struct{ name, dir string }{{"old", baseDir}, {"new", filepath.Dir(agentPath)}} {
-		d, err := startDaemonProc(filepath.Join(b.dir, "sbx"), filepath.Join(tmp, b.name))
+		d, err := startDaemonProc(filepath.Join(b.dir, "sbx"), filepath.Join(tmp, b.name), extra...)
 		if err != nil {
 			return fmt.Errorf("%s daemon: %w", b.name, err)
 		}

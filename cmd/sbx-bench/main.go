@@ -71,7 +71,7 @@ func main() {
 		},
 		// The new build against an old one (-baseline DIR) in one run:
 		// `make bench ARGS="-only ab -baseline /tmp/main/bin -rounds 2"`.
-		"ab": func(n int, agentPath, _ string) error { return runAB(n, agentPath, *baseline, *rounds) },
+		"ab": func(n int, agentPath, _ string) error { return runAB(n, agentPath, *baseline, *rounds, nbOpts) },
 		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
 		// (-load-clients, -load-duration).
 		"load": runLoad,
