@@ -205,12 +205,23 @@ const (
 // followed by an exited one (which a decoder would read as exited), is not
 // data.
 func IsData(payload []byte) bool {
+	_, _, ok := DataOf(payload)
+	return ok
+}
+
+// DataOf returns the command's bytes of a payload IsData accepts (a slice
+// of payload, not a copy) and whether they are stderr; ok is false for
+// any other payload, which the caller decodes instead.
+func DataOf(payload []byte) (data []byte, stderr, ok bool) {
 	num, typ, n := protowire.ConsumeTag(payload)
 	if n < 0 || typ != protowire.BytesType || (num != fieldStdout && num != fieldStderr) {
-		return false
+		return nil, false, false
 	}
-	_, m := protowire.ConsumeBytes(payload[n:])
-	return m >= 0 && n+m == len(payload)
+	data, m := protowire.ConsumeBytes(payload[n:])
+	if m < 0 || n+m != len(payload) {
+		return nil, false, false
+	}
+	return data, num == fieldStderr, true
 }
 
 // Writer writes frames into a buffer; Flush sends them.
