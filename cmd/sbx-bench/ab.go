@@ -143,7 +143,13 @@ func runAB(n int, agentPath, baseDir string, rounds int, o neighbourOpts) error 
 	rest := map[string]*result{"old": {}, "new": {}}
 	busy := map[string]*result{"old": {}, "new": {}}
 	for i := range rounds {
-		for _, s := range sides {
+		// Alternate which goes first: the one after the other's bombs
+		// meets their teardown.
+		order := sides
+		if i%2 == 1 {
+			order = []*side{sides[1], sides[0]}
+		}
+		for _, s := range order {
 			r, err := measure("rest", n, execTrue(s.sb))
 			if err != nil {
 				return err
