@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -26,7 +28,8 @@ import (
 //
 // With o.benchShares the bench and both daemons run in a cpu group of
 // those shares, and o.boxesShares is both daemons' --boxes-cpu-shares (see
-// neighbourOpts).
+// neighbourOpts); o.bombs, if given, names the bombs the neighbour rounds
+// run (all six otherwise).
 func runAB(n int, agentPath, baseDir string, rounds int, o neighbourOpts) error {
 	if baseDir == "" {
 		return fmt.Errorf("-only ab needs -baseline DIR (a directory holding the old build's sbx and sbx-agent)")
@@ -140,6 +143,16 @@ func runAB(n int, agentPath, baseDir string, rounds int, o neighbourOpts) error 
 	// Neighbours: each daemon's at-rest and all-bombs samples, pooled over
 	// rounds, the two daemons taking turns. Only one daemon's bombs run at
 	// a time.
+	var which []int
+	for i, b := range bombs {
+		if len(o.bombs) == 0 || slices.Contains(o.bombs, b.name) {
+			which = append(which, i)
+		}
+	}
+	if len(which) == 0 {
+		return fmt.Errorf("-bombs %q names no bomb (have fork, memory, disk, fds, stdout, cpu)", strings.Join(o.bombs, ","))
+	}
+	fmt.Printf("bombs: %d of %d\n", len(which), len(bombs))
 	rest := map[string]*result{"old": {}, "new": {}}
 	busy := map[string]*result{"old": {}, "new": {}}
 	for i := range rounds {
@@ -154,11 +167,7 @@ func runAB(n int, agentPath, baseDir string, rounds int, o neighbourOpts) error 
 			if err != nil {
 				return err
 			}
-			all := make([]int, len(bombs))
-			for j := range all {
-				all[j] = j
-			}
-			b, err := underBombs(ctx, s.d.c, all, n, execTrue(s.sb))
+			b, err := underBombs(ctx, s.d.c, which, n, execTrue(s.sb))
 			if err != nil {
 				return err
 			}
