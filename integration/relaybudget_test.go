@@ -24,7 +24,7 @@ const ticksPerSecond = 100
 func TestOutputFloodDaemonCPU(t *testing.T) {
 	const (
 		flood        = 512 << 20
-		maxCPUPerGiB = 1.2 // seconds
+		maxCPUPerGiB = 1.3 // seconds: the old relay measured 1.57-2.12, the new 0.51-1.00
 	)
 	d := startDaemon(t)
 	ctx := context.Background()

@@ -120,7 +120,9 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 				if err := budget.spend(ctx, len(payload)); err != nil {
 					return err
 				}
-				if err := data(payload, more); err != nil {
+				// Held back for the next frame only if that need not
+				// wait for the budget.
+				if err := data(payload, more && !budget.short(len(payload))); err != nil {
 					return err
 				}
 				continue

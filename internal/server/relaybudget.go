@@ -80,6 +80,13 @@ func (b *relayBudgets) acquire(id string) (*relayBudget, func()) {
 	}
 }
 
+// short reports whether the budget lacks what an event of n bytes costs
+// right now: a relay holding output back for the next frame sends it
+// instead of letting it wait out the budget.
+func (rb *relayBudget) short(n int) bool {
+	return rb != nil && rb.lim.TokensAt(time.Now()) < float64(n+RelayFrameCost)
+}
+
 // spend takes an event of n bytes from the budget, waiting until it has
 // them or ctx ends (a wait is never refused for ending after ctx's
 // deadline, as rate.Limiter.WaitN would: the deadline is the command's to

@@ -71,3 +71,23 @@ func TestRelayBudgetSpend(t *testing.T) {
 		t.Error("nil budgets: no release func")
 	}
 }
+
+// TestRelayBudgetShort: short says when the next event of a size would
+// wait, so that a relay sends what it holds first.
+func TestRelayBudgetShort(t *testing.T) {
+	b := newRelayBudgets(1)
+	rb, done := b.acquire("box")
+	defer done()
+	if rb.short(relayBurst - RelayFrameCost) {
+		t.Errorf("a full bucket: short(%d) = true, want false", relayBurst-RelayFrameCost)
+	}
+	if err := rb.spend(context.Background(), relayBurst/2); err != nil {
+		t.Fatal(err)
+	}
+	if !rb.short(relayBurst / 2) {
+		t.Errorf("half a bucket and the frame cost spent: short(%d) = false, want true", relayBurst/2)
+	}
+	if (*relayBudget)(nil).short(1 << 30) {
+		t.Error("no budget: short = true, want false")
+	}
+}
