@@ -147,7 +147,9 @@ func TestFramedExecCancelKills(t *testing.T) {
 	}
 }
 
-// A box without an exec socket (its agent predates it) gets the Exec RPC.
+// A box without an exec socket still runs commands: this agent (protocol
+// 5) takes them framed on its API endpoint; an older one gets the Exec RPC
+// (agentconn's TestOldAgentGetsExecRPC).
 func TestFramedExecFallsBackToRPC(t *testing.T) {
 	a := newTestAgent(t)
 	conn := agentconn.New(a.dial, agentconn.WithExecDial(func(context.Context) (net.Conn, error) {
@@ -264,8 +266,8 @@ func (c *firstByteConn) Write(p []byte) (int, error) {
 // TestFramedExecOnAPIEndpoint: an agent of protocol 5 takes framed execs on
 // its API endpoint too, beside the AgentService's HTTP/2, so a driver that
 // gives it one endpoint only (no exec socket) still gets the framed
-// transport. The daemon takes it only once the agent's Hello said so;
-// before, it uses the Exec RPC.
+// transport. The daemon asks the agent's protocol (Hello) first if it does
+// not know it yet.
 func TestFramedExecOnAPIEndpoint(t *testing.T) {
 	a := newTestAgent(t)
 	var framed atomic.Int32
@@ -277,32 +279,22 @@ func TestFramedExecOnAPIEndpoint(t *testing.T) {
 		return &firstByteConn{Conn: c, first: &framed}, nil
 	})
 	defer conn.Close()
-	res, err := collectFramed(t, conn, &sbxv1.ExecRequest{Shell: "echo before hello"})
-	if err != nil || res.stdout != "before hello\n" {
-		t.Fatalf("before Hello: got %q, %v", res.stdout, err)
-	}
-	if n := framed.Load(); n != 0 {
-		t.Errorf("before Hello: %d framed connections, want 0 (the agent's protocol is not known yet)", n)
-	}
-	hello, err := conn.Hello(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := hello.GetProtocolVersion(), uint32(5); got != want {
-		t.Fatalf("Hello: protocol %d, want %d", got, want)
-	}
 	for i := range 3 {
 		want := fmt.Sprintf("framed %d\n", i)
 		res, err := collectFramed(t, conn, &sbxv1.ExecRequest{Shell: "echo " + strings.TrimSpace(want) + "; exit 2"})
 		if err != nil || res.stdout != want || res.exited.GetExitCode() != 2 {
-			t.Fatalf("after Hello, command %d: got %q exit %d, %v; want %q exit 2", i, res.stdout, res.exited.GetExitCode(), err, want)
+			t.Fatalf("command %d: got %q exit %d, %v; want %q exit 2", i, res.stdout, res.exited.GetExitCode(), err, want)
+		}
+		if n := framed.Load(); n < int32(i+1) {
+			t.Errorf("after command %d: %d framed connections on the API endpoint, want at least %d", i, n, i+1)
 		}
 	}
-	if n := framed.Load(); n < 3 {
-		t.Errorf("after Hello: %d framed connections on the API endpoint for 3 commands, want at least 3", n)
-	}
 	// The AgentService still answers on the same endpoint.
-	if _, err := conn.Hello(context.Background()); err != nil {
-		t.Errorf("Hello after framed execs: %v", err)
+	hello, err := conn.Hello(context.Background())
+	if err != nil {
+		t.Fatalf("Hello after framed execs: %v", err)
+	}
+	if got, want := hello.GetProtocolVersion(), uint32(5); got != want {
+		t.Errorf("Hello: protocol %d, want %d", got, want)
 	}
 }

@@ -18,7 +18,7 @@ import (
 // execFramed starts a command over the agent's framed exec protocol. It is
 // errors.ErrUnsupported for an agent that takes framed execs nowhere the
 // daemon can reach: no exec socket, and a protocol older than
-// protocolFramedOnAPI (or no Hello yet).
+// protocolFramedOnAPI (asked with Hello if not known yet).
 func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
 	nc, err := c.execConn(ctx)
 	if err != nil {
@@ -64,6 +64,11 @@ func (c *Conn) dialExec(ctx context.Context) (net.Conn, error) {
 		if !errors.Is(err, errors.ErrUnsupported) {
 			return nc, err
 		}
+	}
+	if c.version.Load() == 0 {
+		// Not said yet (the daemon's Hello at create or recovery may
+		// still be on its way): ask, once.
+		_, _ = c.Hello(ctx)
 	}
 	if c.version.Load() < protocolFramedOnAPI {
 		return nil, fmt.Errorf("agent protocol %d takes framed execs on no endpoint the daemon has: %w", c.version.Load(), errors.ErrUnsupported)

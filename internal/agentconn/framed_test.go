@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -13,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sbxdev/sbx/api/execframe"
+	agentv1 "github.com/sbxdev/sbx/api/gen/agent/v1"
+	"github.com/sbxdev/sbx/api/gen/agent/v1/agentv1connect"
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
@@ -185,4 +192,94 @@ func TestFramedErrorFrame(t *testing.T) {
 		}
 		st.Close()
 	}
+}
+
+// oldAgent answers Hello with protocol 4 (an agent from before framed
+// execs on the API endpoint) and refuses Exec with a code of its own.
+type oldAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+}
+
+func (oldAgent) Hello(context.Context, *connect.Request[agentv1.HelloRequest]) (*connect.Response[agentv1.HelloResponse], error) {
+	return connect.NewResponse(&agentv1.HelloResponse{ProtocolVersion: 4}), nil
+}
+
+func (oldAgent) Exec(context.Context, *connect.BidiStream[sbxv1.ExecInput, sbxv1.ExecOutput]) error {
+	return connect.NewError(connect.CodeDataLoss, errors.New("old agent's Exec RPC"))
+}
+
+// TestOldAgentGetsExecRPC: a box without an exec socket whose agent says
+// protocol 4 at Hello is driven through the Exec RPC (both ways of
+// starting a command); nothing framed is sent to its API endpoint, which
+// would not understand it.
+func TestOldAgentGetsExecRPC(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, h := agentv1connect.NewAgentServiceHandler(oldAgent{})
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: &protos}
+	go srv.Serve(ln) //nolint:errcheck
+	defer srv.Close()
+	var framed atomic.Int32
+	c := New(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "unix", path)
+		if err != nil {
+			return nil, err
+		}
+		return &firstByte{Conn: nc, framed: &framed}, nil
+	}, WithExecDial(func(context.Context) (net.Conn, error) {
+		return nil, fmt.Errorf("no exec socket: %w", errors.ErrUnsupported)
+	}))
+	defer c.Close()
+	ctx := context.Background()
+	start := &sbxv1.ExecRequest{Argv: []string{"true"}}
+	st, err := c.ExecOnce(ctx, start)
+	if err == nil {
+		if st.Receive() {
+			t.Errorf("ExecOnce: got %v, want the RPC's error", st.Msg())
+		}
+		err = st.Err()
+		st.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeDataLoss {
+		t.Errorf("ExecOnce: got %v, want the old agent's Exec RPC answer (data_loss)", err)
+	}
+	ic, err := c.ExecInteractive(ctx, start)
+	if err == nil {
+		if ic.Receive() {
+			t.Errorf("ExecInteractive: got %v, want the RPC's error", ic.Msg())
+		}
+		err = ic.Err()
+		ic.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeDataLoss {
+		t.Errorf("ExecInteractive: got %v, want the old agent's Exec RPC answer (data_loss)", err)
+	}
+	if n := framed.Load(); n != 0 {
+		t.Errorf("%d framed connections to an agent of protocol 4, want 0", n)
+	}
+}
+
+// firstByte counts connections whose first byte written starts a framed
+// exec.
+type firstByte struct {
+	net.Conn
+	once   sync.Once
+	framed *atomic.Int32
+}
+
+func (c *firstByte) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		c.once.Do(func() {
+			if p[0] == execframe.FrameInput {
+				c.framed.Add(1)
+			}
+		})
+	}
+	return c.Conn.Write(p)
 }

@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/sbxdev/sbx/api/execframe"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/fake"
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -124,4 +126,91 @@ func TestExecOneTransport(t *testing.T) {
 			})
 		}
 	}
+}
+
+// oneEndpointDriver is the fake driver as a driver that gives the agent a
+// single endpoint: no ExecDialer, and its API connections record whether
+// their first byte started a framed exec.
+type oneEndpointDriver struct {
+	runtime.Driver
+	framed atomic.Int64
+}
+
+func (d *oneEndpointDriver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	c, err := d.Driver.Dial(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	return &firstByteConn{Conn: c, framed: &d.framed}, nil
+}
+
+type firstByteConn struct {
+	net.Conn
+	once   sync.Once
+	framed *atomic.Int64
+}
+
+func (c *firstByteConn) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		c.once.Do(func() {
+			if p[0] == execframe.FrameInput {
+				c.framed.Add(1)
+			}
+		})
+	}
+	return c.Conn.Write(p)
+}
+
+// TestExecOneEndpoint: for a driver that gives the agent one endpoint
+// (no exec socket), every exec path reaches the agent (protocol 5) with
+// framed connections on that endpoint, next to the AgentService.
+func TestExecOneEndpoint(t *testing.T) {
+	ctx := context.Background()
+	var drv *oneEndpointDriver
+	e := newExecEnvDriver(t, nil, func(d *fake.Driver) runtime.Driver {
+		drv = &oneEndpointDriver{Driver: d}
+		return drv
+	})
+	if _, ok := runtime.Driver(drv).(runtime.ExecDialer); ok {
+		t.Fatal("the test driver has an ExecDialer")
+	}
+	_, sb := e.client(t)
+	_, rpc := e.client(t, sbx.WithoutExecUpgrade())
+	var stdout bytes.Buffer
+	runs := []func() (int, error){
+		func() (int, error) { res, err := sb.RunShell(ctx, "echo one; exit 3"); return codeOf(res, err) },
+		func() (int, error) { res, err := rpc.RunShell(ctx, "echo one; exit 3"); return codeOf(res, err) },
+		func() (int, error) {
+			stdout.Reset()
+			p, err := sb.StartExec(ctx, sbx.ExecOptions{Shell: "cat; exit 3", Stdin: strings.NewReader("one\n"), Stdout: &stdout})
+			if err != nil {
+				return 0, err
+			}
+			st, err := p.Wait()
+			if err == nil && stdout.String() != "one\n" {
+				err = fmt.Errorf("stdout %q, want \"one\\n\"", stdout.String())
+			}
+			if err != nil {
+				return 0, err
+			}
+			return st.Code, nil
+		},
+	}
+	for i, run := range runs {
+		before := drv.framed.Load()
+		code, err := run()
+		if err != nil || code != 3 {
+			t.Fatalf("path %d: exit %d, %v; want exit 3", i, code, err)
+		}
+		if drv.framed.Load() == before {
+			t.Errorf("path %d: no framed connection on the agent's endpoint", i)
+		}
+	}
+}
+
+func codeOf(res *sbx.Result, err error) (int, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.Code, nil
 }
