@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/sbxdev/sbx/internal/server.Version=$(VERSION) -X 
 DATA_DIR ?= $(CURDIR)/.sbx/data
 SBX_ADDR ?= 127.0.0.1:7777
 
-.PHONY: all build deps run stop test test-python test-ts test-ui test-unit lint check-gen check-ui ui screenshots bench soak fuzz clean
+.PHONY: all build deps run stop test test-k8s test-python test-ts test-ui test-unit lint check-gen check-ui ui screenshots bench soak fuzz clean
 
 all: build
 
@@ -17,6 +17,7 @@ deps:
 build:
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx-agent ./cmd/sbx-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/sbx-userns-helper ./cmd/sbx-userns-helper
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sbx ./cmd/sbx
 
 # Start the daemon in the background (log in .sbx/daemon.log) and run the quickstart.
@@ -37,6 +38,10 @@ lint: deps
 	./.tools/staticcheck ./...
 	cd api && ../.tools/staticcheck ./execframe/...
 	cd sdk/go && ../../.tools/staticcheck ./...
+	@# The CLI and the SDK build on macOS too (the daemon and agent are Linux-only:
+	@# their packages have _other.go stubs or linux build tags).
+	GOOS=darwin $(GO) build ./...
+	cd sdk/go && GOOS=darwin $(GO) build ./...
 
 check-gen: deps
 	@./scripts/check-gen.sh
@@ -68,6 +73,11 @@ test: deps build lint check-gen
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh
 	env -u SBX_ADDR ./scripts/test-ts-sdk.sh
 	env -u SBX_ADDR ./scripts/test-web-ui.sh
+
+# The kubernetes runtime on a real single-node cluster built from the Go module proxy (scripts/k8s; the
+# build is cached in K=/var/cache/sbx-k8s, a running healthy cluster is reused and left running).
+test-k8s:
+	./scripts/k8s/test.sh
 
 test-python: build
 	env -u SBX_ADDR ./scripts/test-python-sdk.sh

@@ -46,7 +46,7 @@ func binaries(t *testing.T) string {
 			return
 		}
 		_ = os.Chmod(dir, 0o755)
-		for _, pkg := range []string{"sbx", "sbx-agent"} {
+		for _, pkg := range []string{"sbx", "sbx-agent", "sbx-userns-helper"} {
 			// With crash points compiled in (inert unless a test arms them
 			// through the daemon's environment; see internal/crashpoint).
 			cmd := exec.Command("go", "build", "-tags", "sbxcrashpoints", "-o", filepath.Join(dir, pkg), "../cmd/"+pkg)

@@ -225,15 +225,18 @@ func removeNetworking(bridge, table string) {
 	_ = os.Remove("/run/sbx/table-" + table + ".lock")
 	tryRun("ip", "link", "del", bridge)
 	if c, err := nftables.New(); err == nil {
-		t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
-		c.AddTable(t)
-		c.DelTable(t)
+		for _, f := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+			t := &nftables.Table{Name: table, Family: f}
+			c.AddTable(t)
+			c.DelTable(t)
+		}
 		_ = c.Flush()
 	}
 }
 
 // nftElementsOf lists the elements of a table's sets that are the box at
-// ip's ("set key" for each; the table keys every box's state by address).
+// ip's ("set key" for each; the table keys every box's state by address),
+// and its port guard binding in the bridge table of the same name.
 func nftElementsOf(t *testing.T, table, ip string) []string {
 	t.Helper()
 	a, err := netip.ParseAddr(ip)
@@ -258,6 +261,18 @@ func nftElementsOf(t *testing.T, table, ip string) []string {
 		for _, el := range els {
 			if len(el.Key) >= 4 && string(el.Key[:4]) == string(key[:]) {
 				out = append(out, s.Name+" "+hex.EncodeToString(el.Key))
+			}
+		}
+	}
+	// The port guard's binding (bridge table, veth . MAC . address).
+	if ports, err := c.GetSetByName(&nftables.Table{Name: table, Family: nftables.TableFamilyBridge}, "ports"); err == nil {
+		els, err := c.GetSetElements(ports)
+		if err != nil {
+			t.Fatalf("elements of the bridge table's ports: %v", err)
+		}
+		for _, el := range els {
+			if len(el.Key) == 28 && string(el.Key[24:]) == string(key[:]) {
+				out = append(out, "bridge ports "+hex.EncodeToString(el.Key))
 			}
 		}
 	}

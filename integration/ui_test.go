@@ -34,14 +34,17 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 `
 
 // TestUIProxyAndTerminal: against a real daemon and sandbox, (1) a sandbox
-// page proxied by path, which shares the dashboard's origin, cannot send
-// Service-Worker-Allowed (a service worker over "/" could serve its own
-// login page) or Clear-Site-Data, while its other headers pass and host
-// routing (its own origin) is untouched; (2) the dashboard's terminal
-// WebSocket runs an interactive shell in the sandbox for the right token
-// only, and only for the daemon's own Origin.
+// page proxied by path, which shares the API listener's origin with other
+// sandboxes' pages, cannot send Service-Worker-Allowed (a service worker
+// over "/" would capture them) or Clear-Site-Data, while its other headers
+// pass and host routing (its own origin) is untouched; (2) the dashboard's
+// terminal WebSocket, on the dashboard's own listener, runs an interactive
+// shell in the sandbox for the right token only, and only for the
+// dashboard's own Origin: not a foreign site's, not the API listener's
+// (where sandboxes' pages are), and the API listener serves no terminal.
 func TestUIProxyAndTerminal(t *testing.T) {
-	d := startDaemonToken(t, portToken, "--proxy-domain", "sbx.test")
+	uiAddr := freeAddr(t)
+	d := startDaemonToken(t, portToken, "--proxy-domain", "sbx.test", "--ui-listen", uiAddr)
 	ctx := ctxT(t, 2*time.Minute)
 	sb, err := d.client().Create(ctx, sbx.CreateOptions{Command: []string{"/usr/bin/python3", "-c", originWideServer}, MemoryBytes: 256 << 20})
 	if err != nil {
@@ -94,7 +97,8 @@ func TestUIProxyAndTerminal(t *testing.T) {
 		}
 	})
 
-	wsURL := "ws://" + d.url() + "/ui/exec"
+	wsURL := "ws://" + uiAddr + "/ui/exec"
+	dash := "http://" + uiAddr
 	dial := func(origin string) (*websocket.Conn, *http.Response, error) {
 		return websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {origin}}})
 	}
@@ -104,13 +108,19 @@ func TestUIProxyAndTerminal(t *testing.T) {
 	}
 
 	t.Run("terminal refusals", func(t *testing.T) {
-		if c, resp, err := dial("http://evil.test"); err == nil {
-			c.CloseNow() //nolint:errcheck
-			t.Fatal("a foreign Origin got a terminal")
-		} else if resp == nil || resp.StatusCode != http.StatusForbidden {
-			t.Fatalf("a foreign Origin: got %v, want 403", resp)
+		for _, origin := range []string{"http://evil.test", base, "null"} {
+			if c, resp, err := dial(origin); err == nil {
+				c.CloseNow() //nolint:errcheck
+				t.Fatalf("Origin %s got a terminal", origin)
+			} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+				t.Fatalf("Origin %s: got %v, want 403", origin, resp)
+			}
 		}
-		c, _, err := dial(base)
+		if c, _, err := websocket.Dial(ctx, "ws://"+d.url()+"/ui/exec", &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {base}}}); err == nil {
+			c.CloseNow() //nolint:errcheck
+			t.Fatal("the API listener served a terminal")
+		}
+		c, _, err := dial(dash)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +134,7 @@ func TestUIProxyAndTerminal(t *testing.T) {
 	})
 
 	t.Run("terminal", func(t *testing.T) {
-		c, _, err := dial(base)
+		c, _, err := dial(dash)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,9 +42,11 @@ bin/sbx --addr "$addr" version
 echo
 CGO_ENABLED=0 go run ./examples/quickstart -addr "$addr"
 echo
-echo "The daemon keeps running at $addr. Try:"
+echo "The daemon keeps running at $addr; its web dashboard is at http://${addr%:*}:$(( ${addr##*:} + 1 ))/ui/"
+echo "(its own port: sandboxes' pages proxied on $addr cannot reach it). Try:"
 echo "  export SBX_ADDR=$addr"
 echo "  bin/sbx run -- python3 -c 'import sys; print(sys.version)'"
 echo "  bin/sbx run --runtime gvisor -- dmesg        # the same on gVisor's kernel (scripts/install-runsc.sh builds runsc)"
+echo "  bin/sbx info                                 # both tiers: health, capabilities, the default"
 echo "  id=\$(bin/sbx create --name demo --memory 256M) && bin/sbx exec -it demo -- bash"
 echo "Stop it with: make stop"

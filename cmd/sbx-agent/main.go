@@ -2,7 +2,10 @@
 // agent API to the sbx daemon and runs commands, terminals and file
 // operations inside the sandbox. See internal/agent.
 //
-//	sbx-agent [--listen-fd N | --listen unix:/path] [--ready-fd N] [--exec-fd N | --exec unix:/path] [--seccomp] [--nofile N] [--user-cgroup-fd N]... [-- CMD ARGS...]
+//	sbx-agent [--listen-fd N | --listen unix:/path | --listen tls:host:port] [--ready-fd N] [--exec-fd N | --exec unix:/path | --exec tls:host:port] [--tls-dir DIR] [--seccomp] [--nofile N] [--user-cgroup-fd N]... [-- CMD ARGS...]
+//
+// Run as `sbx-agent sbx-install BINDIR TLSSRC TLSDST` (a Kubernetes pod's
+// init container) it installs itself for the box's container (agent.Install).
 //
 // Run by the daemon on the host as `sbx-agent sbx-box-userns-helper ...`,
 // it makes a box's user namespace instead (idmap.Helper).
@@ -23,6 +26,13 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == agent.FileWriterArg {
 		if err := agent.FileWriterHelper(); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-agent: file writer:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == agent.InstallArg {
+		if err := agent.Install(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-agent: install:", err)
 			os.Exit(1)
 		}
 		return
@@ -61,8 +71,9 @@ func parseArgs(args []string) (agent.Options, error) {
 		opts.UserCgroupFDs = append(opts.UserCgroupFDs, fd)
 		return nil
 	})
-	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path)")
-	fs.StringVar(&opts.ExecListen, "exec", "", "serve framed execs on this `address` (unix:/path)")
+	fs.StringVar(&opts.Listen, "listen", "", "serve on this `address` (unix:/path, tls:host:port)")
+	fs.StringVar(&opts.ExecListen, "exec", "", "serve framed execs on this `address` (unix:/path, tls:host:port)")
+	fs.StringVar(&opts.TLSDir, "tls-dir", "", "read (and remove) the tls: listeners' certificates and key from `dir`")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return opts, err

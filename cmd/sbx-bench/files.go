@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"time"
 
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -58,16 +59,32 @@ const (
 // when run from the repository with /usr/bin/python3 present) and `sbx cp`,
 // beside two floors measured in the same run: the same bytes over a plain
 // loopback TCP connection, and `cat` of the file through exec (the exec
-// output relay). The daemon runs as its own process (bin/sbx next to the
-// agent) so that the client's CPU is not its own.
-func runFiles(n int, agentPath, _ string) error {
+// output relay), and `cp` of the file on the host. The daemon runs as its
+// own process (bin/sbx next to the agent) so that the client's CPU is not
+// its own. On a shared machine, -bench-cpu-shares and -boxes-cpu-shares
+// (as for neighbours) keep other load from setting the figures: the load
+// average is printed before and after.
+func runFiles(n int, agentPath string, o neighbourOpts) error {
+	fmt.Printf("load average at start: %s", loadAvg())
+	defer func() { fmt.Printf("load average at end: %s", loadAvg()) }()
+	if o.benchShares > 0 {
+		undo, err := cpuGroup(o.benchShares)
+		if err != nil {
+			return err
+		}
+		defer undo()
+	}
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	sbxBin := filepath.Join(filepath.Dir(agentPath), "sbx")
-	d, err := startDaemonProc(sbxBin, filepath.Join(tmp, "data"))
+	var extra []string
+	if o.boxesShares > 0 {
+		extra = append(extra, "--boxes-cpu-shares", strconv.FormatUint(o.boxesShares, 10))
+	}
+	d, err := startDaemonProc(sbxBin, filepath.Join(tmp, "data"), extra...)
 	if err != nil {
 		return err
 	}
@@ -91,6 +108,7 @@ func runFiles(n int, agentPath, _ string) error {
 	rs := []*throughput{
 		{name: "loopback TCP copy (floor)"},
 		{name: "exec cat, stdout relay (floor)"},
+		{name: "host cp of the file (floor)"},
 		{name: "Go SDK upload"},
 		{name: "Go SDK download"},
 		{name: "sbx cp host→box"},
@@ -99,13 +117,13 @@ func runFiles(n int, agentPath, _ string) error {
 		{name: "Python SDK download (download_file)"},
 		{name: "Python SDK read() to bytes"},
 	}
-	loop, execCat, up, down, cpIn, cpOut := rs[0], rs[1], rs[2], rs[3], rs[4], rs[5]
-	pyUp, pyDown, pyRead := rs[6], rs[7], rs[8]
+	loop, execCat, hostCp, up, down, cpIn, cpOut := rs[0], rs[1], rs[2], rs[3], rs[4], rs[5], rs[6]
+	pyUp, pyDown, pyRead := rs[7], rs[8], rs[9]
 	var pyCPU pythonCPU
 	py := pythonBenchAvailable()
 	if !py {
 		fmt.Printf("(Python SDK not measured: %s or %s missing; run from the repository root)\n", pythonBin, pythonBench)
-		rs = rs[:6]
+		rs = rs[:7]
 	}
 	cp := func(from, to string) func() error {
 		return func() error {
@@ -148,6 +166,12 @@ func runFiles(n int, agentPath, _ string) error {
 				}
 				return err
 			}},
+			{hostCp, func() error {
+				if out, err := exec.Command("cp", src, filepath.Join(tmp, "hostcp.bin")).CombinedOutput(); err != nil {
+					return fmt.Errorf("cp: %w: %s", err, out)
+				}
+				return nil
+			}},
 			{cpIn, cp(src, sb.ID+":"+boxPath)},
 			{cpOut, cp(sb.ID+":"+boxPath, dst)},
 		}
@@ -187,14 +211,14 @@ func printFiles(samples int, rs ...*throughput) {
 	for _, r := range rs {
 		fmt.Printf("  %-34s %8.0f MiB/s\n", r.name, r.p50())
 	}
-	loop := rs[0].p50()
-	fmt.Printf("SDK upload / download             = %.0f / %.0f MiB/s  (target ≥ 500; %.2f / %.2f of loopback TCP)\n",
-		rs[2].p50(), rs[3].p50(), rs[2].p50()/loop, rs[3].p50()/loop)
+	loop, hostCp, up, down, cpIn, cpOut := rs[0].p50(), rs[2].p50(), rs[3].p50(), rs[4].p50(), rs[5].p50(), rs[6].p50()
+	fmt.Printf("SDK upload / download             = %.0f / %.0f MiB/s  (target ≥ 500; %.2f / %.2f of loopback TCP, %.2f / %.2f of host cp)\n",
+		up, down, up/loop, down/loop, up/hostCp, down/hostCp)
 	fmt.Printf("sbx cp in / out                   = %.0f / %.0f MiB/s  (%.2f / %.2f of the SDK)\n",
-		rs[4].p50(), rs[5].p50(), rs[4].p50()/rs[2].p50(), rs[5].p50()/rs[3].p50())
-	if len(rs) > 7 {
+		cpIn, cpOut, cpIn/up, cpOut/down)
+	if len(rs) > 8 {
 		fmt.Printf("Python SDK upload / download      = %.0f / %.0f MiB/s  (target ≥ 500; %.2f / %.2f of the Go SDK)\n",
-			rs[6].p50(), rs[7].p50(), rs[6].p50()/rs[2].p50(), rs[7].p50()/rs[3].p50())
+			rs[7].p50(), rs[8].p50(), rs[7].p50()/up, rs[8].p50()/down)
 	}
 }
 

@@ -56,6 +56,14 @@ func sandboxRuncBundles(tmp, dataDir, id string) (hardened, noSeccomp string, er
 		}
 		proc["args"] = []string{"/usr/bin/true"}
 		linux["cgroupsPath"] = "/sbx-bench-" + name
+		// The box's config starts it at the most weight (the driver lowers
+		// it once the agent is ready); at the root that would outweigh the
+		// host: run the floor at a host process's weight.
+		if res, ok := linux["resources"].(map[string]any); ok {
+			if cpu, ok := res["cpu"].(map[string]any); ok {
+				cpu["shares"] = 1024
+			}
+		}
 		_, hasSeccomp = linux["seccomp"]
 		if !seccomp {
 			delete(linux, "seccomp")

@@ -48,7 +48,7 @@ type scaleDaemon struct {
 
 func (d *scaleDaemon) args() []string {
 	a := []string{"serve", "--listen", d.addr, "--data-dir", d.dataDir, "--agent", d.agent,
-		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0"}
+		"--warm-pool", strconv.Itoa(d.warmPool), "--default-timeout", "0", "--log-level", "debug"}
 	if d.net.bridge == "" {
 		a = append(a, "--network=false")
 	} else {
@@ -356,7 +356,7 @@ func freePort() (string, error) {
 }
 
 // runScale runs the scale measurements for each size in sizes.
-func runScale(sizes []int, net scaleNet, sbxBin, agentPath, runtimeBin string) error {
+func runScale(sizes []int, net scaleNet, sbxBin, agentPath, runtimeBin string, opts scaleOpts) error {
 	agentPath, tmp, err := benchSetup(agentPath)
 	if err != nil {
 		return err
@@ -370,14 +370,14 @@ func runScale(sizes []int, net scaleNet, sbxBin, agentPath, runtimeBin string) e
 		return err
 	}
 	for _, n := range sizes {
-		if err := scaleOnce(n, net, tmp, bundle, sbxBin, agentPath, runtimeBin); err != nil {
+		if err := scaleOnce(n, net, tmp, bundle, sbxBin, agentPath, runtimeBin, opts); err != nil {
 			return fmt.Errorf("at %d sandboxes: %w", n, err)
 		}
 	}
 	return nil
 }
 
-func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin string) error {
+func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin string, opts scaleOpts) error {
 	ctx := context.Background()
 	addr, err := freePort()
 	if err != nil {
@@ -416,6 +416,12 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 	if err != nil {
 		return err
 	}
+	coldFrom := logSize(d.logPath)
+	cold1, err := coldVsRunc(ctx, d, runtimeBin, bundle, runcRoot(tmp), opts.coldRounds)
+	if err != nil {
+		return fmt.Errorf("cold creates beside runc run: %w", err)
+	}
+	coldTo := logSize(d.logPath)
 	runcRate, err := runcThroughput(runtimeBin, bundle, filepath.Join(tmp, "runc-root"), 64)
 	if err != nil {
 		return err
@@ -459,18 +465,31 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 	}
 	d.stop(syscall.SIGTERM)
 
-	warm, err := scaleWarm(ctx, n, net, tmp, sbxBin, agentPath, runtimeBin)
+	warm, err := scaleWarm(ctx, n, net, tmp, bundle, sbxBin, agentPath, runtimeBin, opts)
 	if err != nil {
 		return fmt.Errorf("warm: %w", err)
 	}
 
 	mib := func(kib int64) float64 { return float64(kib) / 1024 }
+	fmt.Printf("cold create→ready, one at a time    = %s p50  (runc run /bin/true taking turns: %s; %.2fx; %d rounds)\n",
+		ms(cold1.create.p(0.5)), ms(cold1.runc.p(0.5)), ratio(cold1.create, cold1.runc), opts.coldRounds)
+	printPhases(d.logPath, coldFrom, coldTo, "false")
 	fmt.Printf("creates/s, %d clients, cold         = %6.1f  (runc run /bin/true at %d clients: %.1f/s before, %.1f/s after; %.2fx)\n",
 		scaleClients, coldRate, scaleClients, runcRate, runcAfter, coldRate/((runcRate+runcAfter)/2))
 	fmt.Printf("creates/s, %d clients, warm burst   = %6.1f  (%d rounds of %d, pool refilled between; %d of %d served warm)\n",
 		scaleClients, warm.burstRate, warm.rounds, scaleClients, warm.burstWarm, warm.rounds*scaleClients)
-	fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (sustained: the pool refills at the cold rate; %d served warm)\n",
-		scaleClients, n, warm.sustainedRate, warm.sustainedWarm)
+	su := warm.sustained
+	fmt.Printf("creates/s, %d clients, warm, %2.0f s   = %6.1f  (create+destroy loops; %d of %d served warm, %d failed; create p50 %s, p99 %s; runc run at %d clients: %.1f/s before, %.1f/s after; %.2fx)\n",
+		scaleClients, su.wall.Seconds(), rate(su.creates, su.wall), su.warm, su.creates, su.failed, ms(su.create.p(0.5)), ms(su.create.p(0.99)),
+		scaleClients, su.runcBefore, su.runcAfter, rate(su.creates, su.wall)/((su.runcBefore+su.runcAfter)/2))
+	if su.firstErr != nil {
+		fmt.Printf("  first failure: %v\n", su.firstErr)
+	}
+	printPhases(warm.logPath, warm.sustainFrom, warm.sustainTo, "true")
+	if warm.inARow > 0 {
+		fmt.Printf("creates/s, %d clients, warm, N=%d   = %6.1f  (%d in a row after the bursts, up to N boxes; %d served warm)\n",
+			scaleClients, n, warm.sustainedRate, warm.inARow, warm.sustainedWarm)
+	}
 	if warm.claimFailures > 0 {
 		fmt.Printf("  warm hand-overs that failed (went cold): %d; first: %s\n", warm.claimFailures, warm.firstClaimFailure)
 	}
@@ -494,11 +513,19 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 
 type warmResults struct {
 	rounds, burstWarm, sustainedWarm int
+	// inARow is how many creates in a row took the daemon to N boxes
+	// after the bursts (0 when the bursts made N already).
+	inARow int
 	// claimFailures counts warm boxes whose hand-over failed (the create
 	// then went cold); firstClaimFailure is the first such log line.
 	claimFailures                         int
 	firstClaimFailure                     string
 	burstRate, sustainedRate, destroyRate float64
+	// sustained are the create+destroy loops over opts.sustain; its
+	// phases are in logPath between sustainFrom and sustainTo.
+	sustained              sustainedResult
+	logPath                string
+	sustainFrom, sustainTo int64
 }
 
 // warmIdle is how many boxes the daemon's warm pool holds: the idle count
@@ -548,15 +575,23 @@ func waitWarm(logPath string, k int) error {
 }
 
 // warmCount counts creates the daemon's log says were served warm.
+// (its "sandbox created" lines; the debug "create phases" lines say warm
+// too).
 func warmCount(logPath string) int {
 	b, _ := os.ReadFile(logPath)
-	return strings.Count(string(b), "warm=true")
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `msg="sandbox created"`) && strings.Contains(l, " warm=true") {
+			n++
+		}
+	}
+	return n
 }
 
 // scaleWarm measures creates with the warm pool on: bursts of scaleClients
 // concurrent creates with the pool refilled between them, then n creates in
 // a row, then destroys.
-func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath, runtimeBin string) (warmResults, error) {
+func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin string, opts scaleOpts) (warmResults, error) {
 	var r warmResults
 	addr, err := freePort()
 	if err != nil {
@@ -603,7 +638,19 @@ func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, sbxBin, agentPath,
 	}
 	r.burstWarm = warmCount(d.logPath) - before
 	r.burstRate = rate(r.rounds*scaleClients, burstWall)
+	if r.sustained.runcBefore, err = runcThroughput(runtimeBin, bundle, runcRoot(tmp), 64); err != nil {
+		return r, err
+	}
+	r.logPath, r.sustainFrom = d.logPath, logSize(d.logPath)
+	su := sustainedWarm(ctx, d, opts.sustain)
+	r.sustainTo = logSize(d.logPath)
+	if su.runcAfter, err = runcThroughput(runtimeBin, bundle, runcRoot(tmp), 64); err != nil {
+		return r, err
+	}
+	su.runcBefore = r.sustained.runcBefore
+	r.sustained = su
 	rest := max(n-len(boxes), 0)
+	r.inARow = rest
 	before = warmCount(d.logPath)
 	wall, _, err := concurrently(rest, create)
 	if err != nil {

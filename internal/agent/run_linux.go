@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -29,6 +30,9 @@ type Options struct {
 	// ExecListen is an address "unix:/path" to serve framed execs on
 	// instead of ExecFD (drivers that cannot hand over sockets: gvisor).
 	ExecListen string
+	// TLSDir holds the TLS files of tls: listeners (see LoadTLSDir); the
+	// agent removes them once read.
+	TLSDir string
 	// Seccomp installs the sandbox's default seccomp filter (internal/seccomp)
 	// on every thread before anything else; a failure is fatal. The OCI
 	// driver sets it instead of having the runtime compile the profile.
@@ -75,7 +79,14 @@ func Run(ctx context.Context, opts Options) error {
 	if err := harden(); err != nil {
 		log.Warn("hardening agent", "err", err)
 	}
-	ln, err := listen(opts.ListenFD, opts.Listen, "listen")
+	var tlsConf *tls.Config
+	if opts.TLSDir != "" {
+		var err error
+		if tlsConf, err = LoadTLSDir(opts.TLSDir); err != nil {
+			return err
+		}
+	}
+	ln, err := listen(opts.ListenFD, opts.Listen, "listen", tlsConf)
 	if err != nil {
 		return err
 	}
@@ -83,7 +94,7 @@ func Run(ctx context.Context, opts Options) error {
 	ln = patient(ln, log)
 	var execLn net.Listener
 	if opts.ExecFD >= 0 || opts.ExecListen != "" {
-		if execLn, err = listen(opts.ExecFD, opts.ExecListen, "exec"); err != nil {
+		if execLn, err = listen(opts.ExecFD, opts.ExecListen, "exec", tlsConf); err != nil {
 			return err
 		}
 		defer execLn.Close()
@@ -188,9 +199,9 @@ func listenFD(fd int, name string) (net.Listener, error) {
 	return ln, nil
 }
 
-// listen serves on the inherited socket fd or on addr ("unix:/path"):
-// --NAME-fd or --NAME.
-func listen(fd int, addr, name string) (net.Listener, error) {
+// listen serves on the inherited socket fd or on addr ("unix:/path", or
+// "tls:host:port" with tlsConf, from --tls-dir): --NAME-fd or --NAME.
+func listen(fd int, addr, name string, tlsConf *tls.Config) (net.Listener, error) {
 	switch {
 	case fd >= 0 && addr != "":
 		return nil, fmt.Errorf("--%s-fd and --%s are exclusive", name, name)
@@ -204,7 +215,16 @@ func listen(fd int, addr, name string) (net.Listener, error) {
 			return nil, fmt.Errorf("listening on %s: %w", path, err)
 		}
 		return ln, nil
+	case strings.HasPrefix(addr, "tls:"):
+		if tlsConf == nil {
+			return nil, fmt.Errorf("--%s %s needs --tls-dir", name, addr)
+		}
+		ln, err := net.Listen("tcp", strings.TrimPrefix(addr, "tls:"))
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", addr, err)
+		}
+		return newTLSListener(ln, tlsConf), nil
 	default:
-		return nil, fmt.Errorf("need --%s-fd N or --%s unix:/path (got %q)", name, name, addr)
+		return nil, fmt.Errorf("need --%s-fd N, --%s unix:/path or --%s tls:host:port (got %q)", name, name, name, addr)
 	}
 }

@@ -26,7 +26,7 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits string
+	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits, reqPerTenant, reqTotal string
 	var tenantPullAllow []string
 	var boxAPIPort uint16
 	var egressPorts []uint
@@ -75,6 +75,17 @@ func newServe(a *app) *cobra.Command {
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
 			}
+			for _, b := range []struct {
+				flag, val string
+				dst       *int64
+			}{{"--request-bytes-per-tenant", reqPerTenant, &cfg.RequestBytesPerTenant}, {"--request-bytes-total", reqTotal, &cfg.RequestBytesTotal}} {
+				if *b.dst, err = parseSize(b.val); err != nil || *b.dst < 64<<20 {
+					return fmt.Errorf("%s %q: want a size of at least 64M (the largest request message), such as 256M", b.flag, b.val)
+				}
+			}
+			if cfg.RequestBytesTotal < cfg.RequestBytesPerTenant {
+				return fmt.Errorf("--request-bytes-total %s is below --request-bytes-per-tenant %s", reqTotal, reqPerTenant)
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -90,7 +101,15 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.OCIRuntime, "oci-runtime", "", "OCI runtime binary (default: crun where the host allows it, else runc)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "sbx-agent binary (default: next to this executable)")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "gVisor's runsc binary for the gvisor runtime (default: on PATH, next to this executable, or ../.tools/runsc; scripts/install-runsc.sh builds it)")
-	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "oci", "runtime of sandboxes whose create names none: oci (runc, shared kernel) or gvisor (gVisor's user-space kernel)")
+	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "oci", "runtime of sandboxes whose create names none: oci (runc, shared kernel), gvisor (gVisor's user-space kernel) or, with --k8s-namespace, kubernetes")
+	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "", "add the kubernetes runtime: sandboxes as Pods in this namespace (needs --k8s-agent-image)")
+	f.StringVar(&cfg.Kubernetes.Kubeconfig, "k8s-kubeconfig", "", "kubeconfig of the cluster for the kubernetes runtime (default: the in-cluster service account)")
+	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding this build's static sbx-agent at /sbx-agent, which each pod's init container installs")
+	f.StringToStringVar(&cfg.Kubernetes.RuntimeClasses, "k8s-runtime-class", nil, "extra kubernetes runtime NAME=RUNTIMECLASS (e.g. kubernetes-gvisor=gvisor: sandboxes created with --runtime NAME get that runtimeClassName; repeatable)")
+	f.StringVar(&cfg.Kubernetes.Instance, "k8s-instance", "", "label separating daemons that share a namespace: each cleans up only its own pods (replicas of one daemon share it; default \"default\")")
+	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")
+	f.StringVar(&cfg.State, "state", daemon.StateSQLite, "where sandbox records live: sqlite (a file in --data-dir, one daemon) or kubernetes (Secrets in --state-namespace, shared by replicas of the daemon behind one address; only the kubernetes runtimes)")
+	f.StringVar(&cfg.StateNamespace, "state-namespace", "", "namespace of the records with --state kubernetes (default: --k8s-namespace)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
 	f.DurationVar(&cfg.StatsInterval, "stats-interval", metrics.DefaultInterval, "how often the daemon samples every sandbox's usage for /metrics and `sbx stats` (each sandbox keeps 15 minutes of samples)")
@@ -111,6 +130,7 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetLimits.EgressConns, "egress-max-conns", d.EgressConns, "connections one sandbox may hold through the egress proxy")
 	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
+	f.Int64Var(&cfg.StreamLimits.RelayBytesPerSecond, "exec-relay-rate", server.DefaultRelayBytesPerSecond, "bytes per second of output (every command's and log follower's together, each event counted as 4 KiB more than its size) the daemon relays for one sandbox, bounding the daemon CPU a flood costs; past it the sandbox's writes wait")
 	f.IntVar(&cfg.StreamLimits.ExecsPerSandbox, "exec-max-streams", server.DefaultExecsPerSandbox, "commands one sandbox may have running through the API at once (exec, exec -i, the SDKs' exec); the excess gets ResourceExhausted")
 	f.IntVar(&cfg.StreamLimits.BackgroundPerSandbox, "exec-max-background", server.DefaultBackgroundPerSandbox, "background processes (exec -d, the SDKs' background=True) one sandbox may have running at once; the excess gets ResourceExhausted")
 	f.IntVar(&cfg.StreamLimits.FilesPerSandbox, "file-max-streams", server.DefaultFilesPerSandbox, "file calls on one sandbox in flight at once (reads, writes, cp, tars, listings); the excess gets ResourceExhausted")
@@ -122,14 +142,17 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve the API over TLS (with --tls-key)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.Uint16Var(&boxAPIPort, "box-api-port", daemon.DefaultBoxAPIPort, "port on the network gateway where sandboxes created with --scoped-token reach the API (it accepts only their scoped tokens)")
+	f.StringVar(&cfg.UIListen, "ui-listen", "auto", "address of the web dashboard (and the API it calls), an origin of its own that never serves sandbox ports: auto (--listen's host, the next port; none if taken) or off")
 	f.StringVar(&cfg.ProxyDomain, "proxy-domain", "", "route <port>-<sandbox-id>.DOMAIN to sandbox ports (point a wildcard DNS name at the daemon)")
 	f.BoolVar(&cfg.NoE2B, "no-e2b-api", false, "do not serve the E2B-compatible API (E2B's SDKs with E2B_API_URL/E2B_SANDBOX_URL pointing here; docs/E2B.md); with it on, ports 49983 and 49999 routed by header or host name are E2B's envd and code interpreter, not the sandbox's")
 	f.StringVar(&cfg.E2BImage, "e2b-image", "", "sbx image for E2B's stock templates (base, code-interpreter-v1) (default: the daemon's default image)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the daemon's URL as clients see it, for port URLs (default: from each request)")
+	f.StringVar(&reqPerTenant, "request-bytes-per-tenant", "256M", "bytes of API requests one tenant (or the single user) may have the daemon reading at once; a request past it gets ResourceExhausted")
+	f.StringVar(&reqTotal, "request-bytes-total", "1G", "bytes of API requests the daemon reads at once, all tenants together; a request past it gets ResourceExhausted")
 	f.StringVar(&maxLayer, "max-layer-size", "8G", "largest layer the daemon stores: a pulled layer uncompressed, or a snapshot or build step with its files' holes counted (bounds what a sandbox can make appear on the host whatever its --disk)")
 	f.StringVar(&boxLimits, "box-kernel-limits", "", "what all of one sandbox's processes together may hold of the kernel's per-user counters, as name=value,... over the defaults "+
 		idmap.DefaultLimits().String()+" (values above the host's are lowered to them)")
-	f.Uint64Var(&cfg.BoxesCPUShares, "boxes-cpu-shares", daemon.DefaultBoxesCPUShares, "CPU weight of all sandboxes together against each host process, the daemon's threads included (cgroup cpu.shares, 1024 = one process; cpu.weight shares*100/1024 on cgroup v2): low, so the daemon and exec requests get the CPU at once while sandboxes are busy; an idle host's CPU still goes to sandboxes")
+	f.Uint64Var(&cfg.BoxesCPUShares, "boxes-cpu-shares", daemon.DefaultBoxesCPUShares, "CPU weight of all sandboxes of each runtime (oci, gvisor) together against each host process, the daemon's threads included (cgroup cpu.shares, 1024 = one process; cpu.weight shares*100/1024 on cgroup v2): low, so the daemon and exec requests get the CPU at once while sandboxes are busy; an idle host's CPU still goes to sandboxes")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
@@ -146,7 +169,7 @@ func checkLimits(cfg daemon.Config) error {
 		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
 		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
 		{"--exec-max-streams", int64(cfg.StreamLimits.ExecsPerSandbox)}, {"--file-max-streams", int64(cfg.StreamLimits.FilesPerSandbox)},
-		{"--exec-max-background", int64(cfg.StreamLimits.BackgroundPerSandbox)},
+		{"--exec-max-background", int64(cfg.StreamLimits.BackgroundPerSandbox)}, {"--exec-relay-rate", cfg.StreamLimits.RelayBytesPerSecond},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"mime"
 	"path"
-	"sort"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -23,7 +23,7 @@ func collectArtifacts(ctx context.Context, conn *agentconn.Conn, dir string) (ar
 		return nil, false
 	}
 	entries := resp.Msg.GetEntries()
-	sort.Slice(entries, func(i, j int) bool { return entries[i].GetPath() < entries[j].GetPath() })
+	slices.SortFunc(entries, func(a, b *sbxv1.FileInfo) int { return naturalCompare(a.GetPath(), b.GetPath()) })
 	var out []*sbxv1.Artifact
 	budget := int64(maxArtifactBytes)
 	for _, e := range entries {
@@ -42,6 +42,56 @@ func collectArtifacts(ctx context.Context, conn *agentconn.Conn, dir string) (ar
 		out = append(out, a)
 	}
 	return out, true
+}
+
+// naturalCompare orders paths as `ls -v` does: runs of digits compare by
+// their value, so figure-2.png comes before figure-10.png (the notebook
+// helpers number figures figure-N.png and plotly-N.html in the order they
+// were shown; text order put figure-10 before figure-2). Equal values
+// with different digits (01 and 1) fall back to text order.
+func naturalCompare(a, b string) int {
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if isDigit(a[i]) && isDigit(b[j]) {
+			si, sj := i, j
+			for i < len(a) && isDigit(a[i]) {
+				i++
+			}
+			for j < len(b) && isDigit(b[j]) {
+				j++
+			}
+			na := strings.TrimLeft(a[si:i], "0")
+			nb := strings.TrimLeft(b[sj:j], "0")
+			if c := cmpInt(len(na), len(nb)); c != 0 {
+				return c // more significant digits: larger
+			}
+			if c := strings.Compare(na, nb); c != 0 {
+				return c
+			}
+			continue
+		}
+		if a[i] != b[j] {
+			return cmpInt(int(a[i]), int(b[j]))
+		}
+		i++
+		j++
+	}
+	if c := cmpInt(len(a)-i, len(b)-j); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func cmpInt(x, y int) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
 }
 
 // formatOf returns a file's format (its extension) and MIME type.

@@ -15,6 +15,12 @@
 // $SBX_CRASHPOINT_DIR/<point> and blocks for good; the test waits for that
 // file and kill -9s the daemon. Other goroutines go on serving.
 //
+// Pause points are for graceful stops: a goroutine reaching a point named
+// in SBX_PAUSEPOINTS (same dir) writes what it works on (a box id) to the
+// file named after the point and waits there until its context ends, as a
+// graceful stop ends it; the test then stops the daemon with SIGTERM and
+// checks what is left (integration/pool_stop_test.go).
+//
 // It imports nothing from sbx and may be imported by any package.
 package crashpoint
 
@@ -33,4 +39,10 @@ var Points = []string{
 	"sync-committed",     // codebase: the revision is committed, the client not yet told
 	"session-started",    // codeexec: a session's shell runs in the box, no record of it yet
 	"session-recorded",   // codeexec: the session is recorded, the client not yet told
+}
+
+// PausePoints lists every pause point.
+var PausePoints = []string{
+	"oci-create-starting", // oci: the runtime started the box, its agent not yet ready (the create's ctx ends the wait)
+	"warm-started",        // sandbox: a refill's box is running, not yet checked (Hello) nor in the pool
 }

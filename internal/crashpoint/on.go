@@ -3,6 +3,7 @@
 package crashpoint
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,4 +39,29 @@ func Hit(name string) {
 		f.Close()
 	}
 	select {}
+}
+
+var pausing = sync.OnceValue(func() map[string]bool {
+	list := os.Getenv("SBX_PAUSEPOINTS")
+	if os.Getenv("SBX_CRASHPOINT_DIR") == "" || list == "" {
+		return nil
+	}
+	names := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		names[strings.TrimSpace(n)] = true
+	}
+	return names
+})
+
+// Pause blocks until ctx ends if name is armed in SBX_PAUSEPOINTS, after
+// writing detail to the file named after it (see the package comment).
+func Pause(ctx context.Context, name, detail string) {
+	if !pausing()[name] {
+		return
+	}
+	dir := os.Getenv("SBX_CRASHPOINT_DIR")
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(detail+"\n"), 0o600); err != nil {
+		return
+	}
+	<-ctx.Done()
 }

@@ -22,14 +22,14 @@ const DefaultBoxAPIPort = 7779
 // front there accepts nothing but a scoped token presented from its own
 // box's address (no daemon or tenant token, no open access). It is plain
 // HTTP: the traffic never leaves the host's bridge.
-func serveBoxAPI(addr string, handler http.Handler, mgr *sandbox.Manager, streams *server.Streams, obs *server.Observer, cfg Config, log *slog.Logger) (stop func(), err error) {
+func serveBoxAPI(addr string, handler http.Handler, mgr *sandbox.Manager, streams *server.Streams, obs *server.Observer, reqs *server.RequestBudget, cfg Config, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for sandboxes' API on %s: %w", addr, err)
 	}
 	ln = &perIPLimit{Listener: ln, max: boxAPIConnsPerBox, open: map[string]int{}}
 	front := server.NewFront(handler, mgr, server.FrontConfig{
-		Tenants: cfg.Tenants, BoxEndpoint: true, Streams: streams, Observer: obs, Logger: log.With("component", "box-api"),
+		Tenants: cfg.Tenants, BoxEndpoint: true, Streams: streams, Observer: obs, Requests: reqs, Logger: log.With("component", "box-api"),
 	})
 	var protos http.Protocols
 	protos.SetHTTP1(true)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -17,7 +18,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +48,12 @@ import (
 type Config struct {
 	// Listen is the API address, host:port.
 	Listen string
+	// UIListen is the web dashboard's own address, host:port: an origin
+	// that never serves sandbox content (server.Front.Dashboard). "" or
+	// "auto": the API listener's host and the port after its own, and no
+	// dashboard, with a warning, when that port is taken; "off":
+	// no dashboard. An address given explicitly must be free.
+	UIListen string
 	// DataDir holds the state database and every sandbox's files.
 	DataDir string
 	// OCIRuntime is the OCI runtime binary ("" = auto: crun where it works, else runc).
@@ -57,6 +66,15 @@ type Config struct {
 	// DefaultRuntime names the runtime of sandboxes whose create names none
 	// ("" = "oci").
 	DefaultRuntime string
+	// Kubernetes, when Namespace is set, adds the kubernetes runtime
+	// (sandboxes as Pods in that namespace).
+	Kubernetes KubernetesConfig
+	// State is where sandbox records live: StateSQLite ("" too) or
+	// StateKubernetes (replicas sharing them; kubestate.go).
+	State string
+	// StateNamespace holds the records with StateKubernetes ("" = the
+	// kubernetes runtime's namespace).
+	StateNamespace string
 	// DefaultTimeout is the lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
@@ -112,6 +130,10 @@ type Config struct {
 	// BoxAPIPort is the port on the network gateway where sandboxes with
 	// a scoped token reach the API (0: DefaultBoxAPIPort; needs networking).
 	BoxAPIPort uint16
+	// RequestBytesPerTenant and RequestBytesTotal bound the bytes of API
+	// requests being read at once, for one tenant and in all (0: the
+	// defaults, server.DefaultRequestBytesPerTenant and ...Total).
+	RequestBytesPerTenant, RequestBytesTotal int64
 	// ProxyDomain turns on routing to sandbox ports by host name
 	// (<port>-<sandbox-id>.<domain>, for a wildcard DNS name).
 	ProxyDomain string
@@ -170,6 +192,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := server.CheckListen(cfg.Listen, authed, cfg.InsecureNoAuth); err != nil {
 		return err
 	}
+	if cfg.UIListen != "" && cfg.UIListen != "auto" && cfg.UIListen != "off" {
+		if err := server.CheckListen(cfg.UIListen, authed, cfg.InsecureNoAuth); err != nil {
+			return fmt.Errorf("--ui-listen: %w", err)
+		}
+	}
 	boxPort := cfg.BoxAPIPort
 	if boxPort == 0 {
 		boxPort = DefaultBoxAPIPort
@@ -206,6 +233,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	uiLn, err := listenUI(cfg.UIListen, ln.Addr(), log)
+	if err != nil {
+		return err
+	}
+	if uiLn != nil {
+		defer uiLn.Close()
+	}
 
 	var netMgr *network.Manager
 	if cfg.Network {
@@ -231,20 +265,23 @@ func Run(ctx context.Context, cfg Config) error {
 	defer drv.Close() // after the manager's deferred Close below has drained the warm pool
 	gvCfg := gvisorPlace(dataDir)
 	gvCfg.RunscPath, gvCfg.AgentPath, gvCfg.Network = findRunsc(cfg.RunscPath), agentPath, cfg.Network
-	gvCfg.Logger = log.With("runtime", "gvisor")
+	gvCfg.BoxesCPUShares, gvCfg.Logger = cfg.BoxesCPUShares, log.With("runtime", "gvisor")
 	gv, err := gvisor.New(gvCfg)
 	if err != nil {
 		return fmt.Errorf("gvisor runtime: %w", err)
 	}
 	defer gv.Close()
 	drivers := map[string]runtime.Driver{drv.Name(): drv, gv.Name(): gv}
+	if err := addKubernetes(ctx, cfg.Kubernetes, drivers, log); err != nil {
+		return err
+	}
 	defaultRuntime := cfg.DefaultRuntime
 	if defaultRuntime == "" {
 		defaultRuntime = drv.Name()
 	}
 	def, ok := drivers[defaultRuntime]
 	if !ok {
-		return fmt.Errorf("--default-runtime %q: no such runtime (have oci, gvisor)", defaultRuntime)
+		return fmt.Errorf("--default-runtime %q: no such runtime (have %s)", defaultRuntime, strings.Join(slices.Sorted(maps.Keys(drivers)), ", "))
 	}
 	for _, d := range drivers {
 		info := d.Info(ctx)
@@ -315,13 +352,30 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("codebase store: %w", err)
 	}
 	stores.SetCodebases(cbs)
+	// Records, sessions and contexts: in the SQLite file, or shared by
+	// replicas in the Kubernetes API (then only runtimes every replica
+	// reaches are served).
+	var records sandbox.Store = st
+	var processes codeexec.ProcessStore = st
+	switch cfg.State {
+	case "", StateSQLite:
+	case StateKubernetes:
+		kst, shared, err := sharedState(ctx, cfg, drivers, defaultRuntime)
+		if err != nil {
+			return err
+		}
+		records, processes, drivers = kst, kst, shared
+		log.Info("sandbox state in the Kubernetes API: replicas share it", "runtimes", slices.Sorted(maps.Keys(shared)))
+	default:
+		return fmt.Errorf("--state %q: want %s or %s: %w", cfg.State, StateSQLite, StateKubernetes, errdefs.ErrInvalidArgument)
+	}
 	bus := events.New(events.Config{})
 	mgr, err := sandbox.New(sandbox.Config{
 		Events:         bus,
 		Codebases:      cbs,
 		Volumes:        stores,
 		Network:        sbNet,
-		Store:          st,
+		Store:          records,
 		Drivers:        drivers,
 		DefaultRuntime: defaultRuntime,
 		Defaults:       defaults,
@@ -366,10 +420,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// sandboxes are recovered. On the way out, detach without stopping them
 	// (before mgr.Close drops the agent connections).
 	code := codeexec.New(mgr, log)
-	code.UseStore(st)
+	code.UseStore(processes)
 	code.SetLimit(streams.HoldExec)
 	sessions := codeexec.NewSessions(mgr, log)
-	sessions.UseStore(st)
+	sessions.UseStore(processes)
 	sessions.SetLimit(streams.HoldExec)
 	if err := code.RestoreContexts(ctx); err != nil {
 		return err
@@ -377,8 +431,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sessions.Restore(ctx); err != nil {
 		return err
 	}
-	if err := codeexec.ReapUnrecorded(ctx, mgr, st, mgr.IDs(), log); err != nil {
-		log.Error("removing unrecorded sessions and contexts", "err", err)
+	// With shared state another replica may be starting a session right
+	// now (unrecorded until it answers): only a lone daemon reaps.
+	if cfg.State != StateKubernetes {
+		if err := codeexec.ReapUnrecorded(ctx, mgr, processes, mgr.IDs(), log); err != nil {
+			log.Error("removing unrecorded sessions and contexts", "err", err)
+		}
 	}
 	defer code.Shutdown()
 	defer sessions.Shutdown()
@@ -392,12 +450,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	fcfg := server.FrontConfig{
-		Token: cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
+		Requests: server.NewRequestBudget(cfg.RequestBytesPerTenant, cfg.RequestBytesTotal),
+		Token:    cfg.AuthToken, Tenants: cfg.Tenants, ProxyDomain: cfg.ProxyDomain, PublicURL: cfg.PublicURL, Logger: log.With("component", "proxy"),
 		MaxConnsPerSandbox: cfg.ProxyMaxConns, Streams: streams, MCP: mcpHandler, Observer: obs,
-		UI: ui.Handler(),
+	}
+	if uiLn != nil {
+		fcfg.DashboardPort = uiLn.Addr().(*net.TCPAddr).Port
 	}
 	if !cfg.NoE2B {
-		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, log)
+		envdKey, err := server.LoadEnvdKey(dataDir)
+		if err != nil {
+			return err
+		}
+		fcfg.EnvdKey = envdKey
+		e2bAPI, err := e2bEndpoint(ln.Addr(), cfg, func(id string) string { return server.EnvdToken(envdKey, id) }, log)
 		if err != nil {
 			return err
 		}
@@ -407,7 +473,7 @@ func Run(ctx context.Context, cfg Config) error {
 	front := server.NewFront(handler, mgr, fcfg)
 	defer front.Close()
 	if boxAPI != "" {
-		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, cfg, log)
+		stopBox, err := serveBoxAPI(boxAPI, handler, mgr, streams, obs, fcfg.Requests, cfg, log)
 		if err != nil {
 			return err
 		}
@@ -421,23 +487,36 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	srv.RegisterOnShutdown(stopObserving) // ends the event streams
 	errc := make(chan error, 1)
+	var uiSrv *http.Server
+	if uiLn != nil {
+		uiSrv = &http.Server{
+			Handler:           front.Dashboard(ui.Handler()),
+			Protocols:         &protos,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		uiSrv.RegisterOnShutdown(stopObserving)
+	}
 	if cfg.TLSCert != "" {
 		protos.SetHTTP2(true)
 		go func() { errc <- srv.ServeTLS(ln, cfg.TLSCert, cfg.TLSKey) }()
+		if uiSrv != nil {
+			go func() { errc <- uiSrv.ServeTLS(uiLn, cfg.TLSCert, cfg.TLSKey) }()
+		}
 	} else {
 		go func() { errc <- srv.Serve(ln) }()
+		if uiSrv != nil {
+			go func() { errc <- uiSrv.Serve(uiLn) }()
+		}
 	}
 	log.Info("sbx daemon serving", "addr", ln.Addr().String(), "data_dir", dataDir, "auth", cfg.AuthToken != "", "tenants", cfg.Tenants != nil,
 		"tls", cfg.TLSCert != "", "box_api", boxAPI, "proxy_domain", cfg.ProxyDomain)
-	if uiURL := cfg.PublicURL; uiURL != "" {
-		if uiURL[len(uiURL)-1] != '/' {
-			uiURL += "/"
+	if uiLn != nil {
+		scheme := "http://"
+		if cfg.TLSCert != "" {
+			scheme = "https://"
 		}
-		log.Info("web dashboard", "url", uiURL+ui.Prefix[1:])
-	} else if cfg.TLSCert != "" {
-		log.Info("web dashboard", "url", "https://"+ln.Addr().String()+ui.Prefix)
-	} else {
-		log.Info("web dashboard", "url", "http://"+ln.Addr().String()+ui.Prefix)
+		log.Info("web dashboard", "url", scheme+uiLn.Addr().String()+ui.Prefix)
 	}
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
@@ -449,9 +528,41 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if uiSrv != nil {
+		_ = uiSrv.Shutdown(sctx)
+	}
 	_ = srv.Shutdown(sctx)
 	log.Info("sbx daemon stopped; sandboxes keep running")
 	return nil
+}
+
+// listenUI opens the dashboard's listener (Config.UIListen); nil: none.
+func listenUI(addr string, api net.Addr, log *slog.Logger) (net.Listener, error) {
+	if addr == "off" {
+		return nil, nil
+	}
+	if addr != "" && addr != "auto" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s for the web dashboard (--ui-listen): %w", addr, err)
+		}
+		return ln, nil
+	}
+	ta, ok := api.(*net.TCPAddr)
+	if !ok {
+		return nil, nil
+	}
+	port := 0
+	if ta.Port != 0 && ta.Port < 65535 {
+		port = ta.Port + 1
+	}
+	auto := net.JoinHostPort(ta.IP.String(), strconv.Itoa(port))
+	ln, err := net.Listen("tcp", auto)
+	if err != nil {
+		log.Warn("no web dashboard: its default address is taken; give one with --ui-listen", "addr", auto, "err", err)
+		return nil, nil
+	}
+	return ln, nil
 }
 
 func fill(v *int64, def int64) {

@@ -29,12 +29,14 @@ func mcpEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (http.Handler, err
 
 // e2bEndpoint returns the E2B-compatible API: like the MCP endpoint, a
 // client of this daemon's own API that acts with each request's token.
-func e2bEndpoint(addr net.Addr, cfg Config, log *slog.Logger) (*e2b.Handler, error) {
+// envdToken mints sandboxes' envd access tokens (server.EnvdToken).
+func e2bEndpoint(addr net.Addr, cfg Config, envdToken func(string) string, log *slog.Logger) (*e2b.Handler, error) {
 	base, tlsConf, err := selfClient(addr, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("e2b api: %w", err)
 	}
-	return e2b.New(e2b.Config{BaseURL: base, TLS: tlsConf, DefaultImage: cfg.E2BImage, Logger: log.With("component", "e2b")}), nil
+	return e2b.New(e2b.Config{BaseURL: base, TLS: tlsConf, DefaultImage: cfg.E2BImage, EnvdToken: envdToken,
+		Logger: log.With("component", "e2b")}), nil
 }
 
 // selfClient returns how the daemon's own handlers reach its API on addr:

@@ -174,15 +174,24 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c *clients) {
 		writeAPIError(w, fmt.Errorf("creating sandbox: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, sandboxOf(resp.Msg.GetSandbox(), c.token))
+	writeJSON(w, http.StatusCreated, sandboxOf(resp.Msg.GetSandbox(), h.envdToken(resp.Msg.GetSandbox().GetId(), c)))
+}
+
+// envdToken is sandbox id's envd access token for a caller with c's
+// credentials: none when the daemon takes no tokens (nothing to send).
+func (h *Handler) envdToken(id string, c *clients) string {
+	if c.token == "" || h.cfg.EnvdToken == nil {
+		return ""
+	}
+	return h.cfg.EnvdToken(id)
 }
 
 func sandboxOf(sb *sbxv1.Sandbox, token string) sandboxJSON {
 	out := sandboxJSON{SandboxID: sb.GetId(), TemplateID: templateOf(sb), ClientID: "sbx", EnvdVersion: EnvdVersion}
 	if token != "" {
 		// The SDK sends envdAccessToken as X-Access-Token to envd and
-		// trafficAccessToken to the code interpreter: the caller's own
-		// API key, which the front accepts on those routes.
+		// trafficAccessToken to the code interpreter: the sandbox's own
+		// envd token (Config.EnvdToken), which opens nothing else.
 		out.EnvdAccessToken = token
 		out.TrafficAccessToken = &token
 	}
@@ -343,7 +352,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, c *clients, id str
 		writeAPIError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, detailOf(sb, c.token))
+	writeJSON(w, http.StatusOK, detailOf(sb, h.envdToken(sb.GetId(), c)))
 }
 
 func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c *clients, id string) {
@@ -451,7 +460,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, c *clients, id
 		writeAPIError(w, err)
 		return
 	}
-	writeJSON(w, status, sandboxOf(sb, c.token))
+	writeJSON(w, status, sandboxOf(sb, h.envdToken(sb.GetId(), c)))
 }
 
 // metricJSON is E2B's SandboxMetric.

@@ -56,6 +56,12 @@ type Config struct {
 	// daemon's default image. Any other template id is taken as an sbx
 	// image reference.
 	DefaultImage string
+	// EnvdToken returns a sandbox's envd access token, handed to E2B's SDKs
+	// as envdAccessToken and trafficAccessToken: a secret of that sandbox
+	// alone, never the caller's API key (the daemon's front checks it and
+	// lets it act on that sandbox's envd and code interpreter only). Nil:
+	// the API returns no access tokens.
+	EnvdToken func(sandboxID string) string
 	// MaxUploadBytes bounds one POST /files body (0: DefaultMaxUploadBytes).
 	MaxUploadBytes int64
 	Logger         *slog.Logger

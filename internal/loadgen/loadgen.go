@@ -210,8 +210,9 @@ func (cl *client) step(ctx context.Context) {
 	case r < 46:
 		_ = cl.call(ctx, OpExec, false, func(ctx context.Context) error {
 			res, err := b.sb.Run(ctx, "sh", "-c", "echo $((6*7))")
-			if err == nil && string(res.Stdout) != "42\n" {
-				err = fmt.Errorf("exec in %s: got %q, want \"42\\n\"", b.sb.ID, res.Stdout)
+			if err == nil && (string(res.Stdout) != "42\n" || res.Code != 0) {
+				err = fmt.Errorf("exec in %s: got %q (exit %d, signal %d, oom_killed %v, pids_limit_hit %v, error %q, stderr %q), want \"42\\n\" and exit 0",
+					b.sb.ID, res.Stdout, res.Code, res.Signal, res.OOMKilled, res.PidsLimitHit, res.Error, res.Stderr)
 			}
 			return err
 		})

@@ -219,7 +219,7 @@ func codeOf(err error) string {
 // seesDaemon reports whether p may see daemon-wide series and events: the
 // admin token, and the single-user owner (no tenants; the zero Principal).
 func seesDaemon(p tenant.Principal) bool {
-	return p.Admin || p.Tenant == "" && p.Scope == ""
+	return p.Admin || p.Tenant == "" && p.Scope == "" && p.Only == ""
 }
 
 // SeesDaemon is seesDaemon for the API edge (daemon events).

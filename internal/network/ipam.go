@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,7 +25,11 @@ type slot struct {
 	// IP is the box's address ("" = no veth).
 	IP netip.Addr `json:"ip,omitzero"`
 	// Veth is the host end's name ("" = no veth).
-	Veth   string `json:"veth,omitempty"`
+	Veth string `json:"veth,omitempty"`
+	// MAC is the box end's Ethernet address ("" = no veth, or a slot
+	// saved before it was recorded: New reads it from the namespace). The
+	// port guard lets only it and IP in through Veth.
+	MAC    string `json:"mac,omitempty"`
 	Policy Policy `json:"policy"`
 }
 
@@ -147,6 +152,7 @@ func (s *ipam) assign(sl *slot) error {
 			b := make([]byte, 5)
 			_, _ = rand.Read(b)
 			sl.Veth = "sbx" + hex.EncodeToString(b)
+			sl.MAC = boxMAC(a).String()
 			return nil
 		}
 		a = a.Next()
@@ -159,7 +165,7 @@ func (s *ipam) unassign(sl *slot) {
 	if sl.IP.IsValid() && s.used[sl.IP] == sl.Name {
 		delete(s.used, sl.IP)
 	}
-	sl.IP, sl.Veth = netip.Addr{}, ""
+	sl.IP, sl.Veth, sl.MAC = netip.Addr{}, "", ""
 }
 
 // unassignLater detaches sl from its address but keeps the address reserved
@@ -170,7 +176,7 @@ func (s *ipam) unassignLater(sl *slot) (netip.Addr, string) {
 	if ip.IsValid() {
 		s.used[ip] = "~" + sl.Name
 	}
-	sl.IP, sl.Veth = netip.Addr{}, ""
+	sl.IP, sl.Veth, sl.MAC = netip.Addr{}, "", ""
 	return ip, veth
 }
 
@@ -209,3 +215,11 @@ func lastAddr(p netip.Prefix) netip.Addr {
 
 // nsPath is where a slot's namespace is bind-mounted.
 func nsPath(dir, name string) string { return filepath.Join(dir, "ns", name) }
+
+// boxMAC is the MAC of the box end of the veth with address ip: fixed by
+// the address (locally administered, 02:5c + the address), set on the veth
+// when it is made and bound to its port by the port guard.
+func boxMAC(ip netip.Addr) net.HardwareAddr {
+	a := ip.As4()
+	return net.HardwareAddr{0x02, 0x5c, a[0], a[1], a[2], a[3]}
+}

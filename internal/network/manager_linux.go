@@ -106,6 +106,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.egress.close()
 		return nil, err
 	}
+	if err := groupPorts(cfg.Bridge, m.bridgeIndex); err != nil {
+		m.fw.close()
+		m.egress.close()
+		return nil, err
+	}
+	m.recordMACs()
 	if err := m.fw.rebuild(m.ownedSlots()); err != nil {
 		m.fw.close()
 		m.egress.close()
@@ -125,6 +131,30 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.log.Info("network ready", "bridge", cfg.Bridge, "subnet", m.subnet, "table", cfg.Table, "dns_upstreams", upstreams)
 	ok = true
 	return m, nil
+}
+
+// recordMACs fills in the MAC of slots saved before it was recorded, from
+// their namespaces, so that the port guard binds their ports to the MAC
+// their boxes use. A slot whose namespace cannot tell keeps boxMAC (its
+// box, if any, is cut off: the port guard fails closed).
+func (m *Manager) recordMACs() {
+	changed := false
+	for _, sl := range m.ipam.slots {
+		if !sl.IP.IsValid() || sl.MAC != "" {
+			continue
+		}
+		mac, err := peerMAC(nsPath(m.cfg.StateDir, sl.Name))
+		if err != nil {
+			m.log.Warn("reading the MAC of a sandbox's eth0; binding its port to the default", "slot", sl.Name, "err", err)
+			mac = boxMAC(sl.IP)
+		}
+		sl.MAC, changed = mac.String(), true
+	}
+	if changed {
+		if err := m.ipam.save(); err != nil {
+			m.log.Warn("saving the sandboxes' MACs", "err", err)
+		}
+	}
 }
 
 func (m *Manager) ownedSlots() []*slot {
@@ -248,7 +278,7 @@ func (m *Manager) configure(sl *slot) error {
 		return err
 	}
 	if sl.IP.IsValid() {
-		return addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, sl.IP, m.gw, m.subnet.Bits())
+		return addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, portGroup(m.cfg.Bridge), sl.IP, m.gw, m.subnet.Bits())
 	}
 	return nil
 }
@@ -383,7 +413,7 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (Attachment, 
 		}
 		m.mu.Unlock()
 		if err == nil {
-			if err = addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, sl.IP, m.gw, m.subnet.Bits()); err == nil {
+			if err = addVeth(nsPath(m.cfg.StateDir, sl.Name), sl.Veth, m.bridgeIndex, portGroup(m.cfg.Bridge), sl.IP, m.gw, m.subnet.Bits()); err == nil {
 				if err = m.fw.addBox(sl); err != nil {
 					_ = deleteLink(sl.Veth)
 				}

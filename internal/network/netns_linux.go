@@ -157,9 +157,9 @@ func removeNetNS(path string) error {
 }
 
 // addVeth creates veth host⇄eth0 with eth0 inside the namespace at nsPath,
-// addressed ip/bits with a default route via gw, and the host end enslaved
-// to the bridge as an isolated port.
-func addVeth(nsFile, host string, bridgeIndex int, ip, gw netip.Addr, bits int) (err error) {
+// with MAC boxMAC(ip), addressed ip/bits with a default route via gw, and the host end enslaved
+// to the bridge as an isolated port in interface group group.
+func addVeth(nsFile, host string, bridgeIndex int, group uint32, ip, gw netip.Addr, bits int) (err error) {
 	ns, err := netns.GetFromPath(nsFile)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
@@ -169,7 +169,10 @@ func addVeth(nsFile, host string, bridgeIndex int, ip, gw netip.Addr, bits int) 
 	la.Name = host
 	la.MasterIndex = bridgeIndex
 	la.Flags = net.FlagUp
-	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+	la.Group = group // guarded from the start (portguard_linux.go)
+	// eth0's MAC is fixed by its address: the port guard lets in only
+	// frames from it.
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns)), PeerHardwareAddr: boxMAC(ip)}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("create veth %s: %w", host, err)
 	}

@@ -10,7 +10,11 @@
 // box's "eth0" (10.213.x.y/16, default route via the bridge address). The
 // namespace belongs to the host's user namespace, so root inside a box (root
 // of its own user namespace only) cannot reconfigure it: no address, route,
-// link or firewall changes, no raw sockets, hence no address spoofing.
+// link or firewall changes, no raw sockets. Whatever holds the box's end
+// of the veth anyway (runsc's sandbox process under gvisor keeps an
+// AF_PACKET socket on it) cannot send as a neighbour either: the port guard
+// (portguard_linux.go, a bridge-family table) lets in through each veth
+// only IPv4 and ARP from its box's MAC and address.
 //
 // Policies (see Policy): NONE is a namespace with loopback only; PUBLIC lets
 // traffic out through masquerading NAT except to the host itself, the

@@ -3,6 +3,7 @@ package network
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -27,7 +28,10 @@ type firewall struct {
 	// The fields below are guarded by mu.
 	conn  *nftables.Conn
 	table *nftables.Table
-	sets  map[string]*nftables.Set
+	// brTable is the bridge-family table of the same name: the port
+	// guard (portguard_linux.go).
+	brTable *nftables.Table
+	sets    map[string]*nftables.Set
 	// boxes is what the sets hold for each box, by slot name.
 	boxes map[string]*fwBox
 }
@@ -35,7 +39,10 @@ type firewall struct {
 // fwBox is one box's part of the table.
 type fwBox struct {
 	ip netip.Addr
-	m  membership
+	// veth and mac bind its bridge port to it (the port guard).
+	veth string
+	mac  net.HardwareAddr
+	m    membership
 	// learned is the addresses its learned elements hold and when each
 	// expires there, so that a re-learned address whose element would
 	// expire too soon is refreshed (nft does not extend the timeout of an
@@ -64,7 +71,7 @@ const (
 )
 
 // setOrder lists the table's sets.
-var setOrder = []string{setBoxes, setPublic, setEgress, setAPI, setAllow, setDeny, setLearned}
+var setOrder = []string{setBoxes, setPublic, setEgress, setAPI, setAllow, setDeny, setLearned, setPorts}
 
 // elemOp adds or deletes one element of a set.
 type elemOp struct {
@@ -80,8 +87,9 @@ func newFirewall(name string, p ruleParams) (*firewall, error) {
 	}
 	f := &firewall{
 		params: p, conn: conn,
-		table: &nftables.Table{Name: name, Family: nftables.TableFamilyINet},
-		boxes: map[string]*fwBox{},
+		table:   &nftables.Table{Name: name, Family: nftables.TableFamilyINet},
+		brTable: &nftables.Table{Name: name, Family: nftables.TableFamilyBridge},
+		boxes:   map[string]*fwBox{},
 	}
 	ip := nftables.TypeIPAddr
 	pair := nftables.MustConcatSetType(ip, ip)
@@ -98,6 +106,7 @@ func newFirewall(name string, p ruleParams) (*firewall, error) {
 		s.Table = f.table
 		f.sets[s.Name] = s
 	}
+	f.sets[setPorts] = newPortSet(f.brTable)
 	return f, nil
 }
 
@@ -129,9 +138,11 @@ func (f *firewall) rebuild(slots []*slot) error {
 	kept := f.learnedInTableLocked()
 	c := f.conn
 	f.boxes = map[string]*fwBox{}
-	c.AddTable(f.table) // so that the delete below cannot fail
-	c.DelTable(f.table)
-	c.AddTable(f.table)
+	for _, t := range []*nftables.Table{f.table, f.brTable} {
+		c.AddTable(t) // so that the delete below cannot fail
+		c.DelTable(t)
+		c.AddTable(t)
+	}
 	accept := nftables.ChainPolicyAccept
 	chains := map[string]*nftables.Chain{
 		chainInput: c.AddChain(&nftables.Chain{Name: chainInput, Table: f.table, Type: nftables.ChainTypeFilter,
@@ -159,6 +170,7 @@ func (f *firewall) rebuild(slots []*slot) error {
 			c.AddRule(&nftables.Rule{Table: f.table, Chain: chains[name], Exprs: f.exprs(r)})
 		}
 	}
+	f.addPortChainLocked()
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: build table %s: %w", f.table.Name, err)
 	}
@@ -171,7 +183,7 @@ func (f *firewall) rebuild(slots []*slot) error {
 		if !sl.IP.IsValid() {
 			continue
 		}
-		b := &fwBox{ip: sl.IP, m: boxMembership(f.params, sl.Policy), learned: map[netip.Addr]time.Time{}}
+		b := newFwBox(f.params, sl)
 		var learned []elemOp
 		if sl.Policy.Mode == ModeAllow {
 			for _, el := range kept[sl.IP] {
@@ -180,7 +192,7 @@ func (f *firewall) rebuild(slots []*slot) error {
 				learned = append(learned, elemOp{set: setLearned, el: nftables.SetElement{Key: el.Key, Timeout: el.Expires}})
 			}
 		}
-		ops := append(append(learned, memberOps(b.ip, membership{}, b.m)...), boxOp(b.ip, false))
+		ops := append(append(learned, memberOps(b.ip, membership{}, b.m)...), portOp(b, false), boxOp(b.ip, false))
 		if len(batch)+len(ops) > maxBatchElems && len(batch) > 0 {
 			if err := f.applyLocked(batch); err != nil {
 				return err
@@ -219,8 +231,10 @@ func (f *firewall) learnedInTableLocked() map[netip.Addr][]nftables.SetElement {
 func (f *firewall) remove() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.conn.AddTable(f.table)
-	f.conn.DelTable(f.table)
+	for _, t := range []*nftables.Table{f.table, f.brTable} {
+		f.conn.AddTable(t)
+		f.conn.DelTable(t)
+	}
 	return f.conn.Flush()
 }
 
@@ -277,6 +291,16 @@ func memberOps(ip netip.Addr, old, new membership) []elemOp {
 	return append(dels, adds...)
 }
 
+// newFwBox is the table's record of the box of slot sl, with no learned
+// addresses.
+func newFwBox(p ruleParams, sl *slot) *fwBox {
+	mac, _ := net.ParseMAC(sl.MAC)
+	if mac == nil {
+		mac = boxMAC(sl.IP)
+	}
+	return &fwBox{ip: sl.IP, veth: sl.Veth, mac: mac, m: boxMembership(p, sl.Policy), learned: map[netip.Addr]time.Time{}}
+}
+
 // boxOp puts ip in or out of the boxes set.
 func boxOp(ip netip.Addr, del bool) elemOp {
 	return elemOp{set: setBoxes, del: del, el: nftables.SetElement{Key: addrKey(ip)}}
@@ -312,9 +336,9 @@ func (f *firewall) addBox(sl *slot) error {
 }
 
 func (f *firewall) addBoxLocked(sl *slot) error {
-	b := &fwBox{ip: sl.IP, m: boxMembership(f.params, sl.Policy), learned: map[netip.Addr]time.Time{}}
+	b := newFwBox(f.params, sl)
 	// Its boxes element last: until then it has no other effect.
-	if err := f.applyLocked(append(memberOps(b.ip, membership{}, b.m), boxOp(b.ip, false))); err != nil {
+	if err := f.applyLocked(append(memberOps(b.ip, membership{}, b.m), portOp(b, false), boxOp(b.ip, false))); err != nil {
 		f.purgeLocked(b, b.m)
 		return fmt.Errorf("nftables: add %s: %w", sl.Owner, err)
 	}
@@ -327,7 +351,7 @@ func (f *firewall) addBoxLocked(sl *slot) error {
 // recorded one), so that nothing of it is left for a box that gets the
 // address later; until it is added again, the box is cut off.
 func (f *firewall) purgeLocked(b *fwBox, m membership) {
-	ops := append([]elemOp{boxOp(b.ip, true)}, learnedDelsLocked(b)...)
+	ops := append([]elemOp{boxOp(b.ip, true), portOp(b, true)}, learnedDelsLocked(b)...)
 	ops = append(ops, memberOps(b.ip, b.m, membership{})...)
 	ops = append(ops, memberOps(b.ip, m, membership{})...)
 	_ = f.applyLocked(ops) // deleting what is not there is no error
@@ -371,7 +395,7 @@ func (f *firewall) removeBoxes(names []string) error {
 	var ops []elemOp
 	for _, name := range names {
 		if b := f.boxes[name]; b != nil {
-			ops = append(ops, boxOp(b.ip, true))
+			ops = append(ops, boxOp(b.ip, true), portOp(b, true))
 			ops = append(ops, learnedDelsLocked(b)...)
 			ops = append(ops, memberOps(b.ip, b.m, membership{})...)
 		}

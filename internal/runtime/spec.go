@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 )
@@ -37,6 +38,19 @@ type Spec struct {
 	// Mounts are trees shown in the box (nosuid, nodev), in order. See
 	// ValidateMountPath for the destinations allowed.
 	Mounts []Mount
+	// Meta describes the sandbox for drivers that label what they make
+	// (kubernetes: the pod's labels and annotations); others ignore it.
+	Meta Meta
+}
+
+// Meta is what a sandbox is to its users: its name, tenant, labels and the
+// end of its lifetime. Informational: no driver decides anything by it.
+type Meta struct {
+	Name   string
+	Tenant string
+	Labels map[string]string
+	// Expires is when the sandbox's lifetime ends (zero: no limit).
+	Expires time.Time
 }
 
 // Validate checks what every driver must before making anything: the

@@ -89,3 +89,54 @@ func (w *LimitWatch) Mark(ctx context.Context, ex *sbxv1.ExecExited) {
 			"pids_limit_hit", ex.PidsLimitHit, "exit_code", ex.GetExitCode())
 	}
 }
+
+// entryMark is the limit flags given to one exit of a box's own command.
+type entryMark struct {
+	code, signal int32
+	durationMs   int64
+	oom, pids    bool
+}
+
+// MarkEntrypoint sets oom_killed and pids_limit_hit on ex, an exit of
+// sandbox ref's own command (its entrypoint), as LimitWatch does for an
+// exec but over the command's life: from the box's start (or the daemon's
+// recovery of it) to the first time the daemon sees the exit, through Logs
+// or Wait. What the first look found is kept, so every later Logs or Wait
+// of the same exit says the same. With a driver that cannot count per
+// command it falls back on the sandbox's OOM count since last looked at.
+func (m *Manager) MarkEntrypoint(ctx context.Context, ref string, ex *sbxv1.ExecExited) {
+	if ex == nil || (ex.GetExitCode() == 0 && ex.GetSignal() == 0) {
+		return
+	}
+	b, err := m.lookup(ctx, ref)
+	if err != nil {
+		return
+	}
+	b.entryMu.Lock()
+	defer b.entryMu.Unlock()
+	if k := b.entryMark; k != nil && k.code == ex.GetExitCode() && k.signal == ex.GetSignal() && k.durationMs == ex.GetDurationMs() {
+		ex.OomKilled, ex.PidsLimitHit = k.oom, k.pids
+		return
+	}
+	killed := (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && !ex.GetTimedOut()
+	k := &entryMark{code: ex.GetExitCode(), signal: ex.GetSignal(), durationMs: ex.GetDurationMs()}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	if le, ok := b.driver.(runtime.LimitEventer); ok {
+		ev, err := le.LimitEvents(ctx, h)
+		if err != nil {
+			return // not kept: the next look tries again
+		}
+		k.oom = killed && ev.OOMKills > b.entryBase.OOMKills
+		k.pids = ev.PidsLimitHits > b.entryBase.PidsLimitHits
+	} else {
+		k.oom = killed && m.oomKilled(ctx, b)
+	}
+	b.entryMark = k
+	ex.OomKilled, ex.PidsLimitHit = k.oom, k.pids
+	if k.oom || k.pids {
+		m.log.Info("the sandbox's command hit a sandbox limit", "sandbox", b.id, "oom_killed", k.oom,
+			"pids_limit_hit", k.pids, "exit_code", ex.GetExitCode())
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/events"
 	"github.com/sbxdev/sbx/internal/network"
+	"github.com/sbxdev/sbx/internal/phases"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/tenant"
@@ -35,7 +36,9 @@ import (
 
 // Config wires a Manager.
 type Config struct {
-	Store *store.Store
+	// Store keeps the records: the SQLite store, or a SharedStore
+	// (shared.go) when several replicas serve the same sandboxes.
+	Store Store
 	// Drivers by name; DefaultRuntime names the one used when a request says none.
 	Drivers        map[string]runtime.Driver
 	DefaultRuntime string
@@ -79,6 +82,8 @@ type Config struct {
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	// shared is cfg.Store when several replicas share it (nil otherwise).
+	shared SharedStore
 
 	mu sync.RWMutex
 	// boxes holds every sandbox not yet destroyed, by id. Guarded by mu.
@@ -124,6 +129,14 @@ type box struct {
 	// oomSeen is the box's count of OOM kills when last looked at (see
 	// OOMKilled): 0 for a new box, read at recovery for an old one.
 	oomSeen atomic.Int64
+
+	// entryMu guards entryBase and entryMark (MarkEntrypoint).
+	entryMu sync.Mutex
+	// entryBase is the box's limit counters as its own command started:
+	// zero for a new box, read at recovery for an old one.
+	entryBase runtime.LimitEvents
+	// entryMark is what the exit of the box's command was told, once seen.
+	entryMark *entryMark
 
 	// opMu serialises lifecycle operations (create, stop, start, destroy).
 	opMu sync.Mutex
@@ -189,6 +202,15 @@ func New(cfg Config) (*Manager, error) {
 		tombstones: map[string]tombstone{},
 		stop:       make(chan struct{}),
 	}
+	if s, ok := cfg.Store.(SharedStore); ok {
+		m.shared = s
+	}
+	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
+		// The pool keeps host-image boxes: a default runtime without the
+		// host image (kubernetes) would fail every refill.
+		cfg.Logger.Warn("no warm pool: the default runtime cannot run the host image", "runtime", cfg.DefaultRuntime)
+		cfg.WarmPool = 0
+	}
 	if cfg.WarmPool > 0 {
 		if cfg.WarmPoolMax == 0 {
 			cfg.WarmPoolMax = max(cfg.WarmPool, DefaultWarmPoolMax)
@@ -237,6 +259,7 @@ func isUserError(err error) bool {
 
 // Create validates req, starts a sandbox and returns it once its agent answers.
 func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (*sbxv1.Sandbox, error) {
+	pt := phases.Start()
 	if err := validateCreate(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
@@ -288,12 +311,16 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 
+	pt.Mark("validate")
 	w, done := m.takeWarm(ctx, spec, drv, pol)
 	defer done()
 	if w != nil {
+		pt.Mark("take")
 		sb, err := m.claimWarm(ctx, w, spec, drv, pol)
 		if err == nil {
+			pt.Mark("claim")
 			m.emitCreated(sb.GetId(), "warm")
+			m.log.Debug("create phases", "sandbox", sb.GetId(), "warm", true, "phases", pt)
 		}
 		if err == nil || isUserError(err) {
 			return sb, err
@@ -312,6 +339,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	// here on leaves a record that Recover cleans up.
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	m.refreshName(ctx, b.tenant, spec.Name)
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		return nil, err
 	}
@@ -321,6 +349,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 	crashpoint.Hit("create-recorded")
+	pt.Mark("record")
 	fail := func(err error) (*sbxv1.Sandbox, error) {
 		// Clean up with a fresh context: the caller's may be what failed.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -340,6 +369,12 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 
 	rs := runtimeSpec(b.id, spec, img)
 	rs.Env = append(rs.Env, m.scopedEnv(b)...)
+	rs.Meta = runtime.Meta{Name: spec.Name, Tenant: b.tenant, Labels: spec.Labels}
+	b.mu.Lock()
+	if ms := b.rec.ExpiresAtMs; ms > 0 {
+		rs.Meta.Expires = time.UnixMilli(ms)
+	}
+	b.mu.Unlock()
 	cbMounts, err := m.mountCodebases(ctx, b.id, spec)
 	if err != nil {
 		return fail(err)
@@ -362,11 +397,13 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.mu.Unlock()
 		rs.Network = netAttachment(att)
 	}
+	pt.Mark("network")
 	crashpoint.Hit("create-prepared")
 	h, err := drv.Create(ctx, rs)
 	if err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
+	pt.Mark("driver")
 	// Create returned with the agent serving (the driver contract).
 	conn := agentConn(drv, h)
 	b.mu.Lock()
@@ -388,8 +425,10 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return fail(err)
 	}
 	crashpoint.Hit("create-running")
+	pt.Mark("running")
 	m.watch(b, "agent died")
 	m.log.Info("sandbox created", "sandbox", b.id, "name", spec.Name, "runtime", spec.Runtime)
+	m.log.Debug("create phases", "sandbox", b.id, "warm", false, "phases", pt)
 	m.emit(b, sbxv1.EventType_EVENT_TYPE_CREATED, "cold", "")
 	m.emit(b, sbxv1.EventType_EVENT_TYPE_STARTED, "", "")
 	return m.toProto(b, nil), nil
@@ -578,18 +617,26 @@ func (m *Manager) lookup(ctx context.Context, ref string) (*box, error) {
 	if ref == "" {
 		return nil, invalid("no sandbox id or name given")
 	}
+	if m.shared != nil {
+		return m.lookupShared(ctx, ref)
+	}
+	return m.lookupLocal(ctx, ref)
+}
+
+// lookupLocal is lookup in memory only.
+func (m *Manager) lookupLocal(ctx context.Context, ref string) (*box, error) {
 	p := tenant.FromContext(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if b, ok := m.boxes[ref]; ok && visible(p, b.tenant, b.parent) {
+	if b, ok := m.boxes[ref]; ok && visible(p, b.id, b.tenant, b.parent) {
 		return b, nil
 	}
 	if id, ok := m.names[nameKey(p.Tenant, ref)]; ok {
-		if b := m.boxes[id]; visible(p, b.tenant, b.parent) {
+		if b := m.boxes[id]; visible(p, b.id, b.tenant, b.parent) {
 			return b, nil
 		}
 	}
-	if t, ok := m.tombstones[ref]; ok && visible(p, t.tenant, t.parent) {
+	if t, ok := m.tombstones[ref]; ok && visible(p, ref, t.tenant, t.parent) {
 		return nil, fmt.Errorf("sandbox %s is gone (%s at %s): %w", ref, t.reason, t.at.Format(time.RFC3339), errdefs.ErrNotFound)
 	}
 	return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
@@ -678,13 +725,18 @@ func (m *Manager) List(ctx context.Context, selectors []string) ([]*sbxv1.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	if m.shared != nil {
+		if err := m.syncAll(ctx); err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+	}
 	m.mu.RLock()
 	boxes := slices.Collect(maps.Values(m.boxes))
 	m.mu.RUnlock()
 	var out []*sbxv1.Sandbox
 	p := tenant.FromContext(ctx)
 	for _, b := range boxes {
-		if visible(p, b.tenant, b.parent) && Matches(sel, b.spec().Labels) {
+		if visible(p, b.id, b.tenant, b.parent) && Matches(sel, b.spec().Labels) {
 			out = append(out, m.toProto(b, nil))
 		}
 	}
@@ -866,6 +918,10 @@ func (m *Manager) markDestroying(ctx context.Context, b *box, reason string) err
 	}
 	rec.Handle = hjson
 	if err := m.cfg.Store.MarkDestroying(ctx, &rec); err != nil {
+		if m.shared != nil && errdefs.IsNotFound(err) {
+			// Another replica destroyed it first.
+			m.dropStale(b, "destroyed through another replica")
+		}
 		return err
 	}
 	b.mu.Lock()
@@ -900,12 +956,9 @@ func (m *Manager) Agent(ctx context.Context, ref string) (conn *agentconn.Conn, 
 	return conn, func() { m.touch(b); b.busy.Add(-1) }, nil
 }
 
-// OOMKilled reports whether the sandbox's own command (its entrypoint),
-// or an exec of a driver without LimitEvents, that just ended by SIGKILL
-// (its own death, or a shell's exit code 137 for a child's) was killed by
-// the sandbox's memory limit: the sandbox's count of OOM kills rose since
-// it was last looked at. Execs of other drivers use LimitWatch, which
-// counts over the exec's own life.
+// OOMKilled is oomKilled for sandbox ref: the background processes'
+// exits use it (the daemon does not see them start, so it has no count from
+// their start to compare with).
 func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	b, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -914,6 +967,11 @@ func (m *Manager) OOMKilled(ctx context.Context, ref string) bool {
 	return m.oomKilled(ctx, b)
 }
 
+// oomKilled reports whether a command of a driver without LimitEvents
+// that just ended by SIGKILL (its own death, or a shell's exit code 137
+// for a child's) was killed by the sandbox's memory limit: the sandbox's
+// count of OOM kills rose since it was last looked at. Commands of other
+// drivers count over their own life (LimitWatch, MarkEntrypoint).
 func (m *Manager) oomKilled(ctx context.Context, b *box) bool {
 	b.mu.Lock()
 	h := b.handle

@@ -27,6 +27,8 @@ type env struct {
 	store *store.Store
 	drv   runtime.Driver
 	mgr   *Manager
+	// net is Config.Network (nil: networking off).
+	net Network
 }
 
 // newEnv returns a manager over the fake driver (real agent processes, no
@@ -57,7 +59,7 @@ func (e *env) open(wrap func(runtime.Driver) runtime.Driver) {
 		Store: st, Drivers: map[string]runtime.Driver{"fake": d}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits:   testLimits, TickInterval: 10 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Network: e.net,
 	})
 	if err != nil {
 		t.Fatal(err)

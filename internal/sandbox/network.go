@@ -2,8 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+
+	"google.golang.org/protobuf/proto"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -117,12 +120,44 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 			return nil, err
 		}
 	}
-	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, b.spec(), pol))
+	old := b.spec()
+	b.mu.Lock()
+	oldPol, rec := b.net.Policy, *b.rec
+	b.mu.Unlock()
+	att, err := m.cfg.Network.Update(ctx, b.id, m.withSecrets(b.id, old, pol))
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", b.id, err)
 	}
 	b.mu.Lock()
 	b.net = att
+	b.mu.Unlock()
+	// The sandbox's record keeps the policy too: a restarted daemon reads
+	// its spec from there.
+	next := proto.Clone(old).(*sbxv1.CreateSandboxRequest)
+	next.Network = nil
+	if p != nil {
+		next.Network = proto.Clone(p).(*sbxv1.NetworkPolicy)
+	}
+	specJSON, err := protojsonMarshal(next)
+	if err == nil {
+		rec.Spec = specJSON
+		err = m.cfg.Store.UpdateSpec(ctx, &rec)
+	}
+	if err != nil {
+		err = fmt.Errorf("record network policy of %s: %w", b.id, err)
+		// Back to the policy the record holds.
+		if back, uerr := m.cfg.Network.Update(context.WithoutCancel(ctx), b.id, oldPol); uerr == nil {
+			b.mu.Lock()
+			b.net = back
+			b.mu.Unlock()
+		} else {
+			err = errors.Join(err, fmt.Errorf("restoring its previous policy: %w", uerr))
+		}
+		return nil, err
+	}
+	b.specp.Store(next)
+	b.mu.Lock()
+	b.rec = &rec
 	b.mu.Unlock()
 	m.log.Info("sandbox network updated", "sandbox", b.id, "mode", pol.Mode)
 	return m.toProto(b, nil), nil

@@ -10,6 +10,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/store"
@@ -33,13 +34,21 @@ import (
 // refillMax (twice the CPUs) less the creates in flight that found no warm
 // box and so make theirs cold: refills use what the creates they serve
 // leave of the machine, never starve them, and at least one runs while the
-// pool is short, so that it catches up once demand falls. Close cancels refills in
-// flight and destroys every box a refill hands in after it, so a graceful
-// stop leaves no warm box running however it races a refill.
+// pool is short, so that it catches up once demand falls. A create that
+// finds the pool empty while a refill nobody waits for is in flight waits
+// for that box (at most refillWait) instead of making its own cold: on a
+// small machine a cold create beside the refills only splits the same CPU
+// between more boxes, so under sustained demand nearly every create was
+// cold. Close cancels refills in flight, sends the waiters away empty and
+// destroys every box a refill hands in after it, so a graceful stop leaves
+// no warm box running however it races a refill.
 
 const (
 	demandWindow = time.Second
 	shrinkAfter  = 30 * time.Second
+	// refillWait bounds how long a create waits for a refill in flight
+	// before it makes its box cold.
+	refillWait = 2 * time.Second
 )
 
 // defaultRefillMax is the most refills at once: twice the CPUs (a create
@@ -77,6 +86,11 @@ type warmPool struct {
 	starting int        // refills in flight
 	target   int        // boxes the pool aims to hold: min ≤ target ≤ max
 	closed   bool
+	// waiters are creates waiting for a refill in flight, first come
+	// first served; each channel (buffered, 1) gets a box, or nil when
+	// the refill failed or the pool closed. There are never more waiters
+	// than refills in flight.
+	waiters []chan *warmBox
 	// takes are the times of recent creates that could take a warm box
 	// (within demandWindow); lastTake is the latest, lastShrink when the
 	// target last shrank.
@@ -209,14 +223,23 @@ func (m *Manager) refill(drv runtime.Driver) {
 		p.backoff = min(2*p.backoff, 30*time.Second)
 	} else {
 		p.backoff = time.Second
-		if !p.closed {
-			p.idle = append(p.idle, w)
-			w = nil
-		}
+	}
+	handed := false
+	if len(p.waiters) > 0 {
+		// The first waiter takes the box, or learns that there is none.
+		p.waiters[0] <- w
+		p.waiters = slices.Delete(p.waiters, 0, 1)
+		handed, w = err == nil, nil
+	} else if err == nil && !p.closed {
+		p.idle = append(p.idle, w)
+		w = nil
 	}
 	idle := len(p.idle)
 	p.mu.Unlock()
-	if err == nil && w == nil {
+	switch {
+	case handed:
+		m.log.Info("warm pool: box taken", "idle", idle)
+	case err == nil && w == nil:
 		// What `sbx-bench -only scale` waits for between bursts.
 		m.log.Info("warm pool: box ready", "idle", idle)
 	}
@@ -248,6 +271,7 @@ func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, 
 		m.detachNetwork(context.Background(), id)
 		return nil, err
 	}
+	crashpoint.Pause(ctx, "warm-started", id)
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
 	w.conn = agentConn(drv, h)
 	// The agent serves (the driver contract); connect now, off the claim's
@@ -292,13 +316,24 @@ func (m *Manager) takeWarm(ctx context.Context, spec *sbxv1.CreateSandboxRequest
 	p := m.pool
 	p.mu.Lock()
 	var w *warmBox
+	var wait chan *warmBox
 	p.active++
 	if !p.closed {
 		p.demandLocked(time.Now())
-		if len(p.idle) > 0 {
+		switch {
+		case len(p.idle) > 0:
 			w = p.idle[0]
 			p.idle = slices.Delete(p.idle, 0, 1)
+		case p.starting > len(p.waiters):
+			// A refill nobody waits for is in flight: wait for its box.
+			wait = make(chan *warmBox, 1)
+			p.waiters = append(p.waiters, wait)
 		}
+	}
+	if wait != nil {
+		p.mu.Unlock()
+		w = m.awaitRefill(ctx, wait, drv)
+		p.mu.Lock()
 	}
 	cold := w == nil
 	if cold {
@@ -318,10 +353,38 @@ func (m *Manager) takeWarm(ctx context.Context, spec *sbxv1.CreateSandboxRequest
 	idle := len(p.idle)
 	p.mu.Unlock()
 	p.wakeUp()
-	if w != nil {
+	if w != nil && wait == nil {
 		m.log.Info("warm pool: box taken", "idle", idle)
 	}
 	return w, done
+}
+
+// awaitRefill waits for the box a refill hands to wait, for at most
+// refillWait or until ctx ends; nil means the create goes cold. A box that
+// comes after the wait ended goes back to the pool.
+func (m *Manager) awaitRefill(ctx context.Context, wait chan *warmBox, drv runtime.Driver) *warmBox {
+	t := time.NewTimer(refillWait)
+	defer t.Stop()
+	select {
+	case w := <-wait:
+		return w
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	p := m.pool
+	p.mu.Lock()
+	i := slices.Index(p.waiters, wait)
+	if i >= 0 {
+		p.waiters = slices.Delete(p.waiters, i, i+1)
+	}
+	p.mu.Unlock()
+	if i < 0 {
+		// Handed a box (or nil) just as the wait ended.
+		if w := <-wait; w != nil {
+			m.putBackWarm(context.WithoutCancel(ctx), w, drv)
+		}
+	}
+	return nil
 }
 
 // putBackWarm returns an unused warm box to the pool, or destroys it if
@@ -329,8 +392,12 @@ func (m *Manager) takeWarm(ctx context.Context, spec *sbxv1.CreateSandboxRequest
 func (m *Manager) putBackWarm(ctx context.Context, w *warmBox, drv runtime.Driver) {
 	p := m.pool
 	p.mu.Lock()
-	keep := !p.closed && len(p.idle) < p.max
-	if keep {
+	keep := !p.closed && (len(p.waiters) > 0 || len(p.idle) < p.max)
+	switch {
+	case keep && len(p.waiters) > 0:
+		p.waiters[0] <- w
+		p.waiters = slices.Delete(p.waiters, 0, 1)
+	case keep:
 		p.idle = append(p.idle, w)
 	}
 	p.mu.Unlock()
@@ -360,6 +427,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	m.refreshName(ctx, b.tenant, spec.Name)
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		// A name clash is the user's error, not the pool's: put the box back.
 		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
@@ -426,6 +494,10 @@ func (m *Manager) closePool() {
 	p.closed = true
 	idle := p.idle
 	p.idle = nil
+	for _, wait := range p.waiters {
+		wait <- nil // go cold (and meet the closing daemon there)
+	}
+	p.waiters = nil
 	p.mu.Unlock()
 	p.cancel()
 	drv := m.cfg.Drivers[m.cfg.DefaultRuntime]

@@ -301,3 +301,140 @@ func TestWarmPoolRefillsInParallel(t *testing.T) {
 		t.Errorf("after Close: got %d live boxes, want 0", n)
 	}
 }
+
+// holdFirst returns a gate that holds the first Create until release is
+// closed (or its ctx ends) and lets every later one through.
+func holdFirst(release <-chan struct{}) func(ctx context.Context) {
+	var once sync.Once
+	return func(ctx context.Context) {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// poolWaiters is how many creates wait for a refill.
+func poolWaiters(m *Manager) int {
+	m.pool.mu.Lock()
+	defer m.pool.mu.Unlock()
+	return len(m.pool.waiters)
+}
+
+// A create that finds the pool empty while a refill is in flight waits for
+// that refill's box instead of making its own cold: on a small machine the
+// cold create beside the refill only split the CPU between two boxes, and
+// under sustained demand nearly every create went cold.
+func TestWarmPoolCreateWaitsForRefill(t *testing.T) {
+	release := make(chan struct{})
+	gd := &gatedDriver{entered: make(chan string, 16), gate: holdFirst(release)}
+	m, state := poolEnv(t, 1, 1, gd)
+	refilling := <-gd.entered // the first refill, held
+	type res struct {
+		id  string
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		sb, err := m.Create(context.Background(), &sbxv1.CreateSandboxRequest{})
+		done <- res{sb.GetId(), err}
+	}()
+	var got res
+	waitFor(t, "the create to wait for the refill (or to end)", func() bool {
+		select {
+		case got = <-done:
+			return true
+		default:
+			return poolWaiters(m) == 1
+		}
+	})
+	if got.id == "" && got.err == nil {
+		close(release)
+		got = <-done
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if got.id != refilling {
+		t.Errorf("sandbox id: got %s, want %s (the box the refill in flight made, not a cold one)", got.id, refilling)
+	}
+	if err := m.Destroy(context.Background(), got.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitTeardowns(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if n := liveBoxes(t, state); n != 0 {
+		t.Errorf("after Close: got %d live boxes, want 0", n)
+	}
+}
+
+// A create waiting for a refill when the daemon stops goes on cold (and
+// meets the stopping daemon there) instead of hanging, and the refill's
+// box, finished after the stop began, is destroyed: nothing is left.
+func TestWarmPoolStopWithCreateWaiting(t *testing.T) {
+	release := make(chan struct{})
+	gd := &gatedDriver{entered: make(chan string, 16), gate: holdFirst(release)}
+	m, state := poolEnv(t, 1, 1, gd)
+	<-gd.entered
+	done := make(chan error, 1)
+	go func() {
+		sb, err := m.Create(context.Background(), &sbxv1.CreateSandboxRequest{})
+		if err == nil {
+			err = m.Destroy(context.Background(), sb.GetId())
+		}
+		done <- err
+	}()
+	waitFor(t, "the create to wait for the refill", func() bool { return poolWaiters(m) == 1 })
+	closed := make(chan struct{})
+	go func() { closeWithin(t, m, runtime.ProbeTimeout); close(closed) }()
+	waitFor(t, "the waiter to be sent away", func() bool { return poolWaiters(m) == 0 })
+	close(release)
+	<-closed
+	<-done // created cold or refused by the stopping manager: either way it ended
+	if n := liveBoxes(t, state); n != 0 {
+		t.Errorf("after Close: got %d live boxes, want 0", n)
+	}
+}
+
+// noHostImage is a driver that cannot run the host image (kubernetes).
+type noHostImage struct{ runtime.Driver }
+
+func (d noHostImage) Info(ctx context.Context) runtime.Info {
+	info := d.Driver.Info(ctx)
+	info.Capabilities = slices.DeleteFunc(slices.Clone(info.Capabilities), func(c runtime.Capability) bool { return c == runtime.CapHostImage })
+	return info
+}
+
+// TestNoWarmPoolWithoutHostImage: a default runtime that cannot run the
+// host image gets no warm pool (its refills of host-image boxes would all
+// fail), and no box is started for one.
+func TestNoWarmPoolWithoutHostImage(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	drv, err := fake.New(fake.Config{StateDir: dir + "/fake", AgentPath: testutil.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{
+		Store: st, Drivers: map[string]runtime.Driver{"fake": noHostImage{drv}}, DefaultRuntime: "fake",
+		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
+		Limits:   testLimits, WarmPool: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.pool != nil {
+		t.Errorf("warm pool made for a default runtime without the host image, want none")
+	}
+}

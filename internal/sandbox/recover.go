@@ -36,6 +36,9 @@ const recoverConcurrency = 16
 // are finished off, dead ones are removed, and each driver then removes any
 // host resource no record accounts for. Call it once, before serving.
 func (m *Manager) Recover(ctx context.Context) error {
+	if m.shared != nil {
+		return m.recoverShared(ctx)
+	}
 	recs, err := m.cfg.Store.List(ctx)
 	if err != nil {
 		return err
@@ -193,6 +196,11 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) recovery {
 	if st, err := drv.Stats(ctx, nh); err == nil {
 		b.oomSeen.Store(st.OOMKills) // kills before the restart are not news
 	}
+	if le, ok := drv.(runtime.LimitEventer); ok {
+		if ev, err := le.LimitEvents(ctx, nh); err == nil {
+			b.entryBase = ev // nor for the box's own command
+		}
+	}
 	b.conn = agentConn(drv, nh)
 	if dead {
 		if err := m.reserve(b, nil); err != nil {
@@ -261,6 +269,10 @@ func (m *Manager) Run() {
 		m.wg.Add(1)
 		go m.fillPool()
 		m.pool.wakeUp()
+	}
+	if m.shared != nil {
+		m.wg.Add(1)
+		go m.sweepShared()
 	}
 	m.wg.Add(1)
 	go func() {

@@ -20,10 +20,24 @@ import (
 // nameKey is the key of names: names are unique per tenant.
 func nameKey(tenantName, name string) string { return tenantName + "\x00" + name }
 
-// visible reports whether p may see a box of tenant t with parent parent.
-// The admin token is no tenant: it sees no box (not even the owner's).
-func visible(p tenant.Principal, t, parent string) bool {
-	return !p.Admin && t == p.Tenant && (p.Scope == "" || parent == p.Scope)
+// visible reports whether p may see box id of tenant t with parent parent.
+// The admin token is no tenant: it sees no box (not even the owner's); an
+// envd token sees its own sandbox alone.
+func visible(p tenant.Principal, id, t, parent string) bool {
+	return !p.Admin && t == p.Tenant && (p.Scope == "" || parent == p.Scope) && (p.Only == "" || id == p.Only)
+}
+
+// Owner returns the tenant sandbox id belongs to ("" in single-user mode);
+// false when no such sandbox exists (destroyed ones included). The front
+// asks it to check a sandbox's envd token, which names the sandbox.
+func (m *Manager) Owner(id string) (string, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	b, ok := m.boxes[id]
+	if !ok {
+		return "", false
+	}
+	return b.tenant, true
 }
 
 // usageOf is what box b counts against its tenant's quotas.
@@ -146,8 +160,8 @@ func (m *Manager) Sees(ctx context.Context, id string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if b, ok := m.boxes[id]; ok {
-		return visible(p, b.tenant, b.parent)
+		return visible(p, id, b.tenant, b.parent)
 	}
 	// A box that is gone: only the single-user owner's own records.
-	return p.Tenant == "" && p.Scope == "" && !p.Admin
+	return p.Tenant == "" && p.Scope == "" && p.Only == "" && !p.Admin
 }

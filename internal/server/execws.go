@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"time"
 
 	"connectrpc.com/connect"
@@ -31,8 +30,9 @@ import (
 // other; text messages are control: {"resize": {"cols": C, "rows": R}} in,
 // {"exited": {...ExecExited}} or {"error": "..."} out, then a close. The
 // upgrade is refused unless the Origin header, when present, names the
-// daemon's own host (the request's Host, or PublicURL's): another site's
-// page cannot drive a terminal, even with a token it has no business with.
+// request's own Host (the dashboard's listener, dashboard.go): another
+// origin's page (a sandbox's, another site's) cannot drive a terminal, even
+// with a token it has no business with.
 const ExecWSPath = "/ui/exec"
 
 // execWSHelloTimeout bounds the wait for the first message.
@@ -62,14 +62,11 @@ type execWSControl struct {
 
 // serveExecWS upgrades GET ExecWSPath and relays one interactive command.
 func (f *Front) serveExecWS(w http.ResponseWriter, r *http.Request) {
+	// Accept refuses (403) an Origin whose host:port is not r.Host's: the
+	// dashboard's listener is the only origin whose pages may open a
+	// terminal (never the API listener's, where sandboxes' pages are
+	// served by path).
 	opts := &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled}
-	if f.cfg.PublicURL != "" {
-		if u, err := url.Parse(f.cfg.PublicURL); err == nil && u.Host != "" {
-			opts.OriginPatterns = []string{u.Host}
-		}
-	}
-	// Accept refuses (403) an Origin whose host is neither r.Host nor in
-	// OriginPatterns.
 	c, err := websocket.Accept(w, r, opts)
 	if err != nil {
 		return
@@ -157,7 +154,7 @@ func (f *Front) serveExecWS(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	}
-	if err := relayExec(ctx, f.streams, start, recv, send); err != nil {
+	if err := relayExec(ctx, f.streams, start, recv, send, nil); err != nil {
 		if ctx.Err() == nil {
 			_ = writeJSON(map[string]string{"error": errorMessage(err)})
 		}

@@ -19,9 +19,9 @@ import (
 // are served without a token while the API still wants one.
 func TestExecWSRefusals(t *testing.T) {
 	ui := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("dashboard")) })
-	f := NewFront(http.NotFoundHandler(), nil, FrontConfig{Token: "s3cret", UI: ui})
+	f := NewFront(http.NotFoundHandler(), nil, FrontConfig{Token: "s3cret"})
 	defer f.Close()
-	srv := httptest.NewServer(f)
+	srv := httptest.NewServer(f.Dashboard(ui))
 	defer srv.Close()
 	wsURL := "ws" + strings.TrimPrefix(srv.URL, "http") + ExecWSPath
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -67,6 +67,7 @@ func TestExecWSRefusals(t *testing.T) {
 		{"/ui/assets/x.js", http.StatusOK},
 		{"/sbx.v1.SandboxService/ListSandboxes", http.StatusUnauthorized},
 		{"/exec", http.StatusUnauthorized},
+		{"/proxy/box/8000/", http.StatusNotFound},
 	} {
 		resp, err := http.Get(srv.URL + tc.path)
 		if err != nil {
@@ -88,10 +89,10 @@ func TestExecWSTenancy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const missing = "sb-nosuchbox000"
-	wsURL := "ws" + strings.TrimPrefix(e.srv.URL, "http") + ExecWSPath
+	wsURL := "ws" + strings.TrimPrefix(e.dash.URL, "http") + ExecWSPath
 	// run runs `exit 7` and returns "exit N", or the error the daemon sent.
 	run := func(tok, box string) string {
-		c, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {e.srv.URL}}})
+		c, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {e.dash.URL}}})
 		if err != nil {
 			t.Fatalf("dial: %v", err)
 		}

@@ -62,10 +62,18 @@ type FrontConfig struct {
 	Streams *Streams
 	// E2B, when set, serves the E2B-compatible API (e2b.go).
 	E2B E2BAPI
-	// UI, when set, serves the web dashboard's static files under /ui/
-	// without auth (they hold no secrets; the page authenticates its API
-	// calls and ExecWSPath itself) and GET / redirects there.
-	UI http.Handler
+	// Requests bounds the bytes of API requests being read, per tenant and
+	// in all (requestbudget.go); nil: NewRequestBudget(0, 0). Share one
+	// between the fronts of a daemon.
+	Requests *RequestBudget
+	// EnvdKey, when set, makes sandboxes' E2B envd tokens (EnvdToken)
+	// credentials: each acts on its own sandbox alone (envdtoken.go).
+	EnvdKey []byte
+	// DashboardPort is the port of the dashboard's own listener (Dashboard);
+	// GET / and /ui/ on this front redirect there (0: no dashboard, 404).
+	// The dashboard is never served here: this front serves sandbox ports,
+	// and a page a sandbox serves must not share the dashboard's origin.
+	DashboardPort int
 	// Observer, if set, is in every request's context (observe.go).
 	Observer *Observer
 	Logger   *slog.Logger
@@ -107,6 +115,9 @@ func NewFront(api http.Handler, mgr *sandbox.Manager, cfg FrontConfig) *Front {
 	}
 	cfg.PublicURL = strings.TrimSuffix(cfg.PublicURL, "/")
 	cfg.ProxyDomain = strings.Trim(cfg.ProxyDomain, ".")
+	if cfg.Requests == nil {
+		cfg.Requests = NewRequestBudget(0, 0)
+	}
 	if cfg.MaxConnsPerSandbox <= 0 {
 		cfg.MaxConnsPerSandbox = DefaultMaxConnsPerSandbox
 	}
@@ -152,7 +163,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
 	if err != nil {
 		// Say nothing about sandboxes to strangers.
-		if _, ok := f.authProxy(w, r); !ok {
+		if _, ok := f.authProxy(w, r, "/"); !ok {
 			return
 		}
 		http.Error(w, "sbx: "+err.Error(), http.StatusBadRequest)
@@ -168,18 +179,9 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.serveE2BAPI(w, r)
 			return
 		}
-		if f.cfg.UI != nil {
-			switch {
-			case r.URL.Path == ExecWSPath:
-				f.serveExecWS(w, r) // authenticates its first message
-				return
-			case r.URL.Path == "/" && r.Method == http.MethodGet:
-				http.Redirect(w, r, "/ui/", http.StatusFound)
-				return
-			case r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/"):
-				f.cfg.UI.ServeHTTP(w, r)
-				return
-			}
+		if r.Method == http.MethodGet && (r.URL.Path == "/" || r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) {
+			f.redirectToDashboard(w, r)
+			return
 		}
 		r, ok := f.authAPI(w, r)
 		if !ok {
@@ -193,27 +195,20 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.cfg.MCP.ServeHTTP(w, r)
 			return
 		}
-		base := f.cfg.PublicURL
-		if base == "" {
-			scheme := "http"
-			if r.TLS != nil {
-				scheme = "https"
-			}
-			base = scheme + "://" + r.Host
-		}
-		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, base)))
+		defer f.cfg.Requests.wrap(r)()
+		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, f.publicBase(r))))
 	case routeHTTP:
 		if f.cfg.E2B != nil && rt.by != "path" && f.cfg.E2B.Serves(rt.port) {
 			f.serveE2BSandbox(w, r, rt)
 			return
 		}
-		r, ok := f.authProxy(w, r)
+		r, ok := f.authProxy(w, r, rt.cookiePath())
 		if !ok {
 			return
 		}
 		f.serveProxy(w, r, rt)
 	case routeTCP:
-		r, ok := f.authProxy(w, r)
+		r, ok := f.authProxy(w, r, rt.cookiePath())
 		if !ok {
 			return
 		}
@@ -257,6 +252,9 @@ func (f *Front) authenticate(r *http.Request, tok string) (tenant.Principal, boo
 			}
 		} else if f.validToken(tok) {
 			return tenant.Principal{}, true
+		}
+		if p, ok := f.envdPrincipal(tok); ok {
+			return p, true
 		}
 	}
 	if f.mgr == nil || !f.cfg.BoxEndpoint && !f.cfg.ScopedTokens {
@@ -311,6 +309,13 @@ func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) (*http.Request, 
 	}
 	tok := bearer(r)
 	if p, ok := f.authenticate(r, tok); ok {
+		if p.Only != "" && !envdPathAllowed(r.URL.Path) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_ = json.NewEncoder(w).Encode(map[string]string{"code": "permission_denied",
+				"message": "a sandbox's E2B envd token reaches that sandbox's envd and code interpreter only, not " + r.URL.Path})
+			return nil, false
+		}
 		return admitted(r, p, tok), true
 	}
 	msg := "missing API token: send Authorization: Bearer <token> (SBX_TOKEN for the CLI and SDKs)"
@@ -326,15 +331,17 @@ func (f *Front) authAPI(w http.ResponseWriter, r *http.Request) (*http.Request, 
 
 // authProxy checks a proxied request: the token may come as a bearer token,
 // in X-Sbx-Token, in the sbx_token cookie or, once, in the sbx_token query
-// parameter (a GET then gets the cookie and a redirect without it).
-func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+// parameter (a GET then gets the cookie, scoped to cookiePath, and a
+// redirect without it).
+func (f *Front) authProxy(w http.ResponseWriter, r *http.Request, cookiePath string) (*http.Request, bool) {
 	if f.openAccess() {
 		return r, true
 	}
-	// The admin token reaches no sandbox: it is not a proxy credential.
+	// The admin token reaches no sandbox, and an E2B envd token only its
+	// sandbox's envd: neither is a proxy credential.
 	auth := func(tok string) (tenant.Principal, bool) {
 		p, ok := f.authenticate(r, tok)
-		return p, ok && !p.Admin
+		return p, ok && !p.Admin && p.Only == ""
 	}
 	for _, tok := range []string{bearer(r), r.Header.Get(HeaderToken)} {
 		if p, ok := auth(tok); ok {
@@ -350,7 +357,7 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request) (*http.Request
 		if p, ok := auth(q); ok {
 			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
 				http.SetCookie(w, &http.Cookie{
-					Name: TokenCookie, Value: q, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
+					Name: TokenCookie, Value: q, Path: cookiePath, HttpOnly: true, Secure: r.TLS != nil,
 					SameSite: http.SameSiteLaxMode, MaxAge: int((7 * 24 * time.Hour).Seconds()),
 				})
 				u := *r.URL

@@ -13,7 +13,7 @@ import (
 // bounded buffer. A follower is counted against the sandbox's running
 // commands (--exec-max-streams), as it may stay as long as the command.
 func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsRequest], out *connect.ServerStream[sbxv1.LogsEvent]) error {
-	conn, release, err := s.streams.exec(ctx, req.Msg.GetSandbox())
+	conn, budget, release, err := s.streams.execRelay(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return err
 	}
@@ -26,7 +26,10 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 	for st.Receive() {
 		ev := st.Msg()
 		if ex := ev.GetExited(); ex != nil {
-			s.markEntrypointOOM(ctx, req.Msg.GetSandbox(), ex)
+			s.mgr.MarkEntrypoint(ctx, req.Msg.GetSandbox(), ex)
+		}
+		if err := budget.spend(ctx, len(ev.GetData().GetData())); err != nil {
+			return err
 		}
 		if err := out.Send(ev); err != nil {
 			return err
@@ -56,15 +59,6 @@ func (s *Server) Wait(ctx context.Context, req *connect.Request[sbxv1.WaitReques
 		}
 		return nil, err
 	}
-	s.markEntrypointOOM(ctx, req.Msg.GetSandbox(), resp.Msg.GetExited())
+	s.mgr.MarkEntrypoint(ctx, req.Msg.GetSandbox(), resp.Msg.GetExited())
 	return connect.NewResponse(resp.Msg), nil
-}
-
-// markEntrypointOOM sets oom_killed on the exit of a sandbox's command
-// killed by SIGKILL (or a shell reporting 137) if the sandbox's memory
-// limit killed a process since the daemon last looked (as for Exec).
-func (s *Server) markEntrypointOOM(ctx context.Context, sandbox string, ex *sbxv1.ExecExited) {
-	if ex != nil && (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && s.mgr.OOMKilled(ctx, sandbox) {
-		ex.OomKilled = true
-	}
 }

@@ -271,6 +271,8 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 		return err
 	}
 	defer release()
+	budget, done := p.s.streams.relay.acquire(sb)
+	defer done()
 	rctx, cancel := context.WithTimeout(ctx, processCallTimeout)
 	pi, err := resolve(rctx, conn, sb, req.Msg.GetProcess())
 	cancel()
@@ -303,10 +305,13 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 		case *sbxv1.LogsEvent_Keepalive:
 			ev = &sbxv1.ProcessEvent{Event: &sbxv1.ProcessEvent_Keepalive{Keepalive: e.Keepalive}}
 		case *sbxv1.LogsEvent_Exited:
-			p.s.markEntrypointOOM(ctx, sb, e.Exited)
+			p.s.markProcessOOM(ctx, sb, e.Exited)
 			ev = &sbxv1.ProcessEvent{Event: &sbxv1.ProcessEvent_Exited{Exited: e.Exited}}
 		default:
 			continue
+		}
+		if err := budget.spend(ctx, len(ev.GetStdout())+len(ev.GetStderr())); err != nil {
+			return err
 		}
 		if err := out.Send(ev); err != nil {
 			return err
@@ -392,7 +397,7 @@ func (p *ProcessServer) WaitProcess(ctx context.Context, req *connect.Request[sb
 	id := pi.GetId()
 	pi = processInfo(sb, resp.Msg.GetProcess())
 	pi.Id = id // the one asked for, whatever the agent says
-	p.s.markEntrypointOOM(ctx, sb, pi.GetExited())
+	p.s.markProcessOOM(ctx, sb, pi.GetExited())
 	return connect.NewResponse(&sbxv1.WaitProcessResponse{Process: pi}), nil
 }
 
@@ -408,4 +413,14 @@ func (p *ProcessServer) RemoveProcess(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	return connect.NewResponse(&sbxv1.RemoveProcessResponse{}), nil
+}
+
+// markProcessOOM sets oom_killed on the exit of a background process
+// killed by SIGKILL (or a shell reporting 137) if the sandbox's memory limit
+// killed a process since the daemon last looked. (The sandbox's own command
+// is marked over its own life: sandbox.Manager.MarkEntrypoint.)
+func (s *Server) markProcessOOM(ctx context.Context, sandbox string, ex *sbxv1.ExecExited) {
+	if ex != nil && (ex.GetSignal() == 9 || ex.GetExitCode() == 137) && s.mgr.OOMKilled(ctx, sandbox) {
+		ex.OomKilled = true
+	}
 }

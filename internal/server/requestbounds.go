@@ -73,7 +73,7 @@ func serveService(mux *http.ServeMux, newHandler func(...connect.HandlerOption) 
 // messages up to readMax. The tenancy interceptor is here so that no
 // service can be served without it.
 func handlerOptions(readMax int) []connect.HandlerOption {
-	return []connect.HandlerOption{
+	opts := []connect.HandlerOption{
 		connect.WithCompressMinBytes(compressMinBytes),
 		connect.WithReadMaxBytes(readMax),
 		connect.WithCompression("gzip",
@@ -81,6 +81,10 @@ func handlerOptions(readMax int) []connect.HandlerOption {
 			func() connect.Compressor { return gzip.NewWriter(io.Discard) }),
 		connect.WithInterceptors(tenancyInterceptor{}),
 	}
+	for _, c := range jsonCodecs() {
+		opts = append(opts, connect.WithCodec(c)) // JSON clients' enum names (jsonenums.go)
+	}
+	return opts
 }
 
 // errExpansion is a compressed message expanding past its bound.

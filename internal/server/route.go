@@ -154,3 +154,15 @@ func parsePort(s string) (uint32, error) {
 	}
 	return uint32(p), nil
 }
+
+// cookiePath is the Path of the token cookie a browser gets for rt. Under
+// path routing every sandbox's pages share the daemon's origin, so the
+// cookie covers only this sandbox port's prefix: a page of sandbox A that
+// fetches /proxy/B/... does not carry the user's credential (from A's
+// visit) to B. Host names are origins of their own: "/".
+func (rt route) cookiePath() string {
+	if rt.by == "path" && rt.prefix != "" {
+		return rt.prefix + "/"
+	}
+	return "/"
+}

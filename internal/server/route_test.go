@@ -199,7 +199,7 @@ func TestAuth(t *testing.T) {
 			if tc.api {
 				_, ok = f.authAPI(w, r)
 			} else {
-				_, ok = f.authProxy(w, r)
+				_, ok = f.authProxy(w, r, "/")
 			}
 			if ok != tc.wantOK {
 				t.Fatalf("ok: got %v, want %v (status %d)", ok, tc.wantOK, w.Code)

@@ -120,6 +120,8 @@ func admit(ctx context.Context, procedure string) error {
 		return toConnect(fmt.Errorf("%s: the admin token manages tenants only; use a tenant's token: %w", procedure, errdefs.ErrPermissionDenied))
 	case a == accessAdmin && !p.Admin && (p.Tenant != "" || p.Scope != ""):
 		return toConnect(fmt.Errorf("%s: needs the daemon's admin token: %w", procedure, errdefs.ErrPermissionDenied))
+	case p.Only != "" && !envdProcedures[procedure]:
+		return toConnect(fmt.Errorf("%s: a sandbox's E2B envd token reaches that sandbox's envd and code interpreter only: %w", procedure, errdefs.ErrPermissionDenied))
 	case a == accessTenant && p.Scope != "":
 		return toConnect(fmt.Errorf("%s: a scoped sandbox token manages child sandboxes only: %w", procedure, errdefs.ErrPermissionDenied))
 	}

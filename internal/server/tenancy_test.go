@@ -81,6 +81,7 @@ func TestEveryRPCHasATenancyRule(t *testing.T) {
 type tenancyEnv struct {
 	mgr           *sandbox.Manager
 	srv           *httptest.Server
+	dash          *httptest.Server // the dashboard's listener (Front.Dashboard)
 	tokA, tokB    string
 	boxA, boxA2   string // acme's sandboxes
 	sessA, ctxA   string // a session and a code context in boxA
@@ -206,7 +207,9 @@ func newTenancyEnv(t *testing.T) *tenancyEnv {
 	obs := &Observer{Mgr: mgr, Bus: bus, Sampler: e.sampler, Metrics: metrics.New(metrics.Config{Sampler: e.sampler, Events: bus})}
 	api.AddObserve(obs)
 	mux := WithCodebases(WithVolumes(api.Handler(), NewVolumeServer(stores)), NewCodebaseServer(cbs, mgr))
-	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log, Observer: obs, UI: http.NotFoundHandler()})
+	front := NewFront(mux, mgr, FrontConfig{Tenants: e.registry, ScopedTokens: true, ProxyDomain: "sbx.test", Logger: log, Observer: obs})
+	e.dash = httptest.NewServer(front.Dashboard(http.NotFoundHandler()))
+	t.Cleanup(e.dash.Close)
 	e.srv = httptest.NewUnstartedServer(front)
 	var protos http.Protocols
 	protos.SetHTTP1(true)

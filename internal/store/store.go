@@ -53,6 +53,17 @@ type Record struct {
 	Parent string
 	// ScopedTokenHash is the hash of the sandbox's own scoped token ("": none).
 	ScopedTokenHash string
+
+	// The fields below are kept only by shared backends (kubestore); this
+	// SQLite store neither writes nor returns them.
+
+	// Version is the backend's version of the record as read or last
+	// written (the object's resourceVersion): a replica compares it to
+	// tell whether another one changed the record.
+	Version string `json:"-"`
+	// DestroyingSinceMs is when the record was marked destroying (0: it
+	// is not): a replica finishes another's teardown only once it is old.
+	DestroyingSinceMs int64 `json:",omitempty"`
 }
 
 const schema = `

@@ -62,6 +62,11 @@ type Principal struct {
 	// Scope, when set, is the id of the sandbox whose scoped token the
 	// request carried: it sees and makes only that sandbox's children.
 	Scope string
+	// Only, when set, is the id of the sandbox whose E2B envd access token
+	// the request carried: it sees that sandbox alone, observes nothing,
+	// and may call only the RPCs E2B's envd and code interpreter are made
+	// of (internal/server envdtoken.go).
+	Only string
 	// Admin is set for the daemon's admin token (Tenant is then "").
 	Admin bool
 }

@@ -69,18 +69,22 @@ func buildAgent() (string, error) {
 			return "", err
 		}
 	}
-	dst := filepath.Join(dir, "sbx-agent")
-	tmp := fmt.Sprintf("%s.%d", dst, os.Getpid())
-	cmd := exec.Command("go", "build", "-o", tmp, "./cmd/sbx-agent")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("go build ./cmd/sbx-agent: %w\n%s", err, out)
+	// The user namespace helper beside the agent, where the oci driver
+	// looks for it (as `make build` puts it).
+	for _, pkg := range []string{"sbx-userns-helper", "sbx-agent"} {
+		dst := filepath.Join(dir, pkg)
+		tmp := fmt.Sprintf("%s.%d", dst, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/"+pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
+			return "", fmt.Errorf("go build ./cmd/%s: %w\n%s", pkg, err, out)
+		}
+		if err := os.Rename(tmp, dst); err != nil {
+			os.Remove(tmp)
+			return "", err
+		}
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
-		return "", err
-	}
-	return dst, nil
+	return filepath.Join(dir, "sbx-agent"), nil
 }

@@ -8,7 +8,9 @@
 // shows was written by sandbox code (names, labels, file names, logs), so it
 // renders text only, and every response carries a Content-Security-Policy
 // that allows no inline or foreign script, no framing, and connections only
-// to the daemon itself. Imported by internal/daemon only.
+// to the daemon itself. The daemon serves it on a listener of its own
+// (server.Front.Dashboard), an origin no sandbox content is served on.
+// Imported by internal/daemon only.
 package ui
 
 import (
@@ -31,8 +33,8 @@ const Prefix = "/ui/"
 // CSP is every dashboard response's Content-Security-Policy: scripts only
 // from the daemon's own files (no inline script, no eval), fetches and
 // WebSockets only to the daemon, no plugins, no <base>, no form posts, and
-// no framing by anyone (a page a sandbox serves through the port proxy on
-// the same origin cannot frame the dashboard). Styles may be inline because
+// no framing by anyone (not by a page a sandbox serves through the port
+// proxy either). Styles may be inline because
 // xterm.js's renderer writes <style> elements; the page never turns a string
 // into markup, so no one else's styles get in.
 const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self'; " +

@@ -53,6 +53,10 @@ type Client struct {
 	// execs are the idle connections of the exec upgrade (execconn.go).
 	execs     execPool
 	transport *http.Transport
+	// filesTransport carries file transfers (files): HTTP/1.1, where a
+	// stream's bytes go from the handler to the socket without HTTP/2's
+	// framing and hand-over between goroutines on both sides.
+	filesTransport *http.Transport
 }
 
 // Option configures a Client.
@@ -179,9 +183,28 @@ func NewClient(addr string, opts ...Option) *Client {
 		procs:     sbxv1connect.NewProcessServiceClient(hc, base, connect.WithGRPC()),
 		transport: tr,
 	}
-	c.files = c.api
+	// File transfers: the Connect protocol over HTTP/1.1 connections of
+	// their own (see filesTransport).
+	var p1 http.Protocols
+	p1.SetHTTP1(true)
+	ftr := &http.Transport{
+		Protocols:           &p1,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		TLSClientConfig:     o.tls.Clone(),
+		MaxIdleConnsPerHost: 8,
+		WriteBufferSize:     256 << 10,
+		ReadBufferSize:      256 << 10,
+		DisableCompression:  true,
+	}
+	var frt http.RoundTripper = ftr
+	if o.token != "" {
+		frt = &bearerTransport{base: ftr, token: o.token}
+	}
+	fhc := &http.Client{Transport: frt}
+	c.filesTransport = ftr
+	c.files = sbxv1connect.NewSandboxServiceClient(fhc, base)
 	if o.compressFiles {
-		c.files = sbxv1connect.NewSandboxServiceClient(hc, base, connect.WithGRPC(), connect.WithSendGzip())
+		c.files = sbxv1connect.NewSandboxServiceClient(fhc, base, connect.WithSendGzip())
 	}
 	c.execs.disabled = o.noExecUpgrade
 	return c
@@ -192,6 +215,7 @@ func NewClient(addr string, opts ...Option) *Client {
 func (c *Client) Close() {
 	c.execs.close()
 	c.transport.CloseIdleConnections()
+	c.filesTransport.CloseIdleConnections()
 }
 
 // API exposes the generated client for calls the SDK does not wrap.

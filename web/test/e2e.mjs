@@ -99,12 +99,57 @@ class H(http.server.SimpleHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 `;
 
+// A sandbox's page that tries to act as the user who opens it: it reads
+// the dashboard's token where the dashboard keeps it, calls the API with
+// it (or the browser's cookies) on its own origin and on the dashboard's,
+// frames the dashboard to read its storage, and opens the terminal
+// WebSocket. It records what worked ("ok ...") in body[data-result].
+const stealPage = `<!doctype html><meta charset="utf-8"><title>box</title><body><p>a sandbox page</p><iframe id="f" width="10" height="10"></iframe><script src="steal.js"></script></body>`;
+function stealScript(dashboard, box) {
+  return `(async () => {
+  const dash = ${JSON.stringify(dashboard)};
+  const out = {};
+  try { out.token = sessionStorage.getItem("sbx.token"); } catch (e) { out.token = null; }
+  const list = async (u) => {
+    try {
+      const h = { "Content-Type": "application/json" };
+      if (out.token) h.Authorization = "Bearer " + out.token;
+      const r = await fetch(u + "/sbx.v1.SandboxService/ListSandboxes", { method: "POST", headers: h, body: "{}", credentials: "include" });
+      return r.ok ? "ok " + (await r.text()).slice(0, 80) : r.status;
+    } catch (e) { return "refused: " + e; }
+  };
+  out.sameOriginAPI = await list("");
+  out.dashboardAPI = await list(dash);
+  const term = (u) => new Promise((res) => {
+    let ws;
+    try { ws = new WebSocket(u.replace(/^http/, "ws") + "/ui/exec"); } catch (e) { return res("refused: " + e); }
+    ws.binaryType = "arraybuffer";
+    let got = "";
+    ws.onopen = () => ws.send(JSON.stringify({ token: out.token || "", sandbox: ${JSON.stringify(box)}, argv: ["id"] }));
+    ws.onmessage = (ev) => { got += typeof ev.data === "string" ? ev.data : new TextDecoder().decode(ev.data); };
+    ws.onclose = (ev) => res(/uid=/.test(got) ? "ok " + got : "closed " + ev.code + " " + got.slice(0, 80));
+    setTimeout(() => { try { ws.close(); } catch (e) {} res("timeout " + got.slice(0, 80)); }, 10000);
+  });
+  out.sameOriginTerminal = await term(location.origin);
+  out.dashboardTerminal = await term(dash);
+  out.dashboardFrame = await new Promise((res) => {
+    const f = document.getElementById("f");
+    f.onload = () => { try { res("ok " + f.contentWindow.sessionStorage.getItem("sbx.token")); } catch (e) { res("refused: " + e.name); } };
+    f.src = dash + "/ui/";
+    setTimeout(() => res("no load"), 5000);
+  });
+  document.body.dataset.result = JSON.stringify(out);
+})();
+`;
+}
+
 const daemon = await startDaemon();
 if (daemon.skip) {
   console.log("e2e: skipped:", daemon.skip);
   process.exit(0);
 }
-const base = `http://${daemon.addr}`;
+const base = `http://${daemon.addr}`; // the API listener: the API and sandbox ports
+const ui = `http://${daemon.uiAddr}`; // the dashboard's own origin
 const name = `ui-e2e-${process.pid}`;
 let browser;
 let page;
@@ -124,7 +169,7 @@ try {
 
   // First load: navigation to the login form, cold cache.
   const t0 = performance.now();
-  await page.goto(base + "/ui/");
+  await page.goto(ui + "/ui/");
   await page.locator("#login").waitFor();
   const firstLoad = performance.now() - t0;
   const nav = await page.evaluate(() => {
@@ -247,6 +292,30 @@ try {
     await boxCtx.close();
   }
 
+  step("a sandbox's page opened in the dashboard's tab cannot read the token nor call the API as the user");
+  // The user, logged in, follows a link to the sandbox's port in the same
+  // tab: the page's script looks for the dashboard's token (sessionStorage
+  // of its origin), calls the API with it or with the browser's cookies, on
+  // its own origin and the dashboard's, and opens the dashboard's terminal.
+  await execIn(base, daemon.token, name, "cd /tmp/www && " +
+    `printf '%s' '${stealPage.replace(/'/g, "'\\''")}' > steal.html && ` +
+    `printf '%s' '${stealScript(ui, name).replace(/'/g, "'\\''")}' > steal.js`);
+  const before = problems.length;
+  await page.goto(`${base}/proxy/${name}/8000/steal.html?sbx_token=${daemon.token}`);
+  await page.waitForFunction(() => document.body?.dataset.result, null, { timeout: 30_000 });
+  const stolen = JSON.parse(await page.evaluate(() => document.body.dataset.result));
+  step(`the sandbox's page got: ${JSON.stringify(stolen)}`);
+  assert.equal(stolen.token, null, "the sandbox's page read the dashboard's token");
+  for (const k of ["sameOriginAPI", "dashboardAPI", "sameOriginTerminal", "dashboardTerminal", "dashboardFrame"]) {
+    assert.doesNotMatch(String(stolen[k]), /^ok/, `the sandbox's page got through: ${k}`);
+  }
+  assert.equal(stolen.sameOriginAPI, 401, "the API on the sandbox page's origin, with what it found");
+  // The dashboard refusing to be framed is the browser reporting the
+  // attack's failure, not a fault of the dashboard.
+  for (const p of problems.splice(before)) assert.match(p, /frame-ancestors/, "a problem during the sandbox page's attack");
+  await page.goto(ui + "/ui/#/sandboxes");
+  await page.locator("#sandboxes tr", { hasText: name }).waitFor();
+
   step("a snapshot image, a volume and a codebase for their pages");
   const made = { images: `ui-e2e-snap-${process.pid}:latest`, volumes: `ui-e2e-vol-${process.pid}`, codebases: `ui-e2e-code-${process.pid}` };
   await unary(base, daemon.token, "sbx.v1.SandboxService/SnapshotSandbox", { sandbox: name, tag: made.images });
@@ -256,13 +325,13 @@ try {
 
   for (const p of ["images", "volumes", "codebases", "events"]) {
     step(`${p} page`);
-    await page.goto(`${base}/ui/#/${p}`);
+    await page.goto(`${ui}/ui/#/${p}`);
     await page.locator(`#${p} tbody tr`, { hasText: made[p] ?? name }).first().waitFor();
     if (shots) await page.screenshot({ path: join(shots, `${p}.png`) });
   }
 
   step("stop and start it");
-  await page.goto(`${base}/ui/#/sandboxes`);
+  await page.goto(`${ui}/ui/#/sandboxes`);
   await page.locator("#sandboxes tr", { hasText: name }).locator("button.stop").click();
   await page.locator("#sandboxes tr", { hasText: name }).locator("td", { hasText: "stopped" }).waitFor({ timeout: 30_000 });
   await page.locator("#sandboxes tr", { hasText: name }).locator("button.start").click();
@@ -278,7 +347,7 @@ try {
     const c = await browser.newContext();
     const p = await c.newPage();
     const t = performance.now();
-    await p.goto(base + "/ui/");
+    await p.goto(ui + "/ui/");
     await p.locator("#login").waitFor();
     loads.push(performance.now() - t);
     await c.close();

@@ -50,7 +50,9 @@ type Driver struct {
 	// state dir and bind-mounted read-only into every box.
 	agent    string
 	cgParent string
-	platform string
+	// cpuShares is the parent cgroup's CPU weight (Config.BoxesCPUShares).
+	cpuShares uint64
+	platform  string
 	// agentSeccomp: the agent installs the seccomp profile, not runsc
 	// (seccomp_linux.go).
 	agentSeccomp bool
@@ -81,6 +83,7 @@ func New(cfg Config) (*Driver, error) {
 		imagesDir: filepath.Join(cfg.StateDir, "images"),
 		cgParent:  cfg.CgroupParent,
 		platform:  cfg.Platform,
+		cpuShares: cfg.BoxesCPUShares,
 		log:       log.With("driver", name),
 		caps:      capabilities,
 	}
@@ -96,6 +99,12 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if !validCgroupParent.MatchString(d.cgParent) {
 		return nil, fmt.Errorf("gvisor: cgroup parent %q: %w", d.cgParent, errdefs.ErrInvalidArgument)
+	}
+	if d.cpuShares == 0 {
+		d.cpuShares = ocibox.DefaultBoxesCPUShares
+	}
+	if d.cpuShares < 2 || d.cpuShares > 262144 {
+		return nil, fmt.Errorf("gvisor: boxes' cpu shares %d: want 2 to 262144: %w", d.cpuShares, errdefs.ErrInvalidArgument)
 	}
 	if d.platform == "" {
 		d.platform = "systrap"
@@ -320,6 +329,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	}
 	if err := os.WriteFile(filepath.Join(box, "config.json"), cfgJSON, 0o600); err != nil {
 		return h, fmt.Errorf("write oci spec: %w", err)
+	}
+	// Before runsc makes the parent with the default weight (1024: all
+	// gvisor boxes together as much as a busy host process, eight times
+	// what oci's boxes get, the daemon's threads left to compete with them).
+	if dir, v2, ok := ocibox.CPUParentDir(d.cgParent); ok {
+		if err := ocibox.SetBoxesCPUWeight(dir, v2, d.cpuShares); err != nil {
+			return h, err
+		}
 	}
 	var procs []procRef
 	undo.Add(func() error {

@@ -59,7 +59,12 @@ type Config struct {
 	Network bool
 	// Platform is runsc's platform ("" = systrap; kvm hangs on nested PVM).
 	Platform string
-	Logger   *slog.Logger
+	// BoxesCPUShares is the CPU weight of all gvisor boxes together (the
+	// parent cgroup's cpu.shares, cpu.weight shares*100/1024 on v2)
+	// against each host process, the daemon's threads included, as the oci
+	// driver's boxes have theirs: 0 = ocibox.DefaultBoxesCPUShares.
+	BoxesCPUShares uint64
+	Logger         *slog.Logger
 }
 
 // name is the driver's runtime name.

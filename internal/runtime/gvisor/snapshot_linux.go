@@ -24,12 +24,12 @@ var _ runtime.Snapshotter = (*Driver)(nil)
 // same tmpfs (tmpDir): that is written into the layer as /tmp, opaque (it
 // hid the image's /tmp in the box too).
 // ocibox.WriteDiff treats both as hostile. The box is frozen (runsc pause)
-// while the tar is written unless it already was. gVisor's kernel writes
+// while the tar is written unless it already was (ocibox.Snapshot). gVisor's kernel writes
 // write(2) data through to the host files of the root mount, so what a
 // frozen box wrote is on the host (the suite's Snapshot checks a file a
 // process still holds open); data written through a shared mmap and not
 // yet msync'ed is not checked.
-func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer, lim runtime.DiffLimits) (err error) {
+func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer, lim runtime.DiffLimits) error {
 	if err := checkID(h.ID); err != nil {
 		return err
 	}
@@ -38,27 +38,11 @@ func (d *Driver) Diff(ctx context.Context, h runtime.Handle, w io.Writer, lim ru
 	if err != nil {
 		return fmt.Errorf("snapshot box %s: %w", h.ID, errors.Join(err, errdefs.ErrNotFound))
 	}
-	if st.Status == "running" {
-		if err := d.Pause(ctx, h); err != nil {
-			return fmt.Errorf("snapshot box %s: freeze: %w", h.ID, err)
-		}
-		defer func() {
-			if rerr := d.Resume(context.WithoutCancel(ctx), h); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("snapshot box %s: thaw: %w", h.ID, rerr))
-			}
-		}()
-	}
 	trees := []ocibox.DiffTree{{Dir: filepath.Join(rwDir(box), "upper")}}
 	if _, err := os.Lstat(tmpDir(box)); err == nil {
 		trees = append(trees, ocibox.DiffTree{Dir: tmpDir(box), At: "tmp", Plain: true})
 	}
-	stats, err := ocibox.WriteDiff(ctx, w, h.ID, lim, trees...)
-	if err != nil {
-		return fmt.Errorf("snapshot box %s: %w", h.ID, err)
-	}
-	d.log.Debug("snapshot written", "id", h.ID, "data_bytes", stats.DataBytes, "apparent_bytes", stats.ApparentBytes,
-		"sparse_files", stats.Sparse, "left_out", stats.Skipped)
-	return nil
+	return ocibox.Snapshot(ctx, w, h, st.Status == "running", d, lim, d.log, trees...)
 }
 
 // tmpDir is the /tmp of boxes made before boxTmp: a plain directory beside

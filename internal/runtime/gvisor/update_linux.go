@@ -26,90 +26,46 @@ var _ runtime.Updater = (*Driver)(nil)
 // sandbox, gofer and their threads: resources) and its writable layer's
 // tmpfs, written directly as the oci driver does rather than through `runsc
 // update`, which would only do the same through the sandbox's control
-// socket. What can be checked first is (disk and pids in use, memory on
-// cgroup v2), so a limit below use fails before anything changes; one the
-// kernel refuses while applying rolls back the limits already changed.
+// socket. The checks, the order and the rollback are ocibox.Limits.Apply's,
+// shared with the oci driver; pids limits get runsc's allowance on top.
 //
 // gVisor's kernel sized itself from the limits at start: /proc/meminfo and
 // the CPU count inside keep showing those, while the host enforces the new
 // ones.
-func (d *Driver) Update(ctx context.Context, h runtime.Handle, r runtime.Resources) (err error) {
+func (d *Driver) Update(ctx context.Context, h runtime.Handle, r runtime.Resources) error {
 	if err := checkID(h.ID); err != nil {
 		return err
 	}
-	if r.MemoryBytes < 0 || r.CPUMillis < 0 || r.Pids < 0 || r.DiskBytes < 0 {
-		return fmt.Errorf("update box %s: negative limit in %+v: %w", h.ID, r, errdefs.ErrInvalidArgument)
+	if err := ocibox.CheckResources(h.ID, r); err != nil {
+		return err
 	}
-	if _, _, ok := d.cgroupFile(h.ID, "memory.limit_in_bytes", "memory.max"); !ok {
+	mem, memV2, ok := d.cgroupFile(h.ID, "memory.limit_in_bytes", "memory.max")
+	if !ok {
 		return fmt.Errorf("update box %s: no cgroup: %w", h.ID, errdefs.ErrNotFound)
 	}
-	if err := d.update(h.ID, r); err != nil {
-		return fmt.Errorf("update box %s: %w", h.ID, err)
-	}
-	return nil
-}
-
-func (d *Driver) update(id string, r runtime.Resources) (err error) {
-	var undo cleanup.Stack
-	defer func() {
-		if err != nil {
-			if uerr := undo.Run(); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("rolling back: %w", uerr))
+	pidsMax, _, _ := d.cgroupFile(h.ID, "pids.max")
+	return ocibox.Limits{
+		ID: h.ID, WritableLayer: rwDir(d.boxDir(h.ID)), MemoryDir: filepath.Dir(mem), MemoryV2: memV2,
+		CheckPids: func(limit int64) error {
+			cur := ocibox.ReadCgroupInt(filepath.Join(filepath.Dir(pidsMax), "pids.current"))
+			if cur > limit+pidsOverhead {
+				return fmt.Errorf("pids limit: cannot lower to %d, the box runs %d host threads (%d of them runsc's allowance): %w",
+					limit, cur, pidsOverhead, errdefs.ErrFailedPrecondition)
 			}
-		}
-	}()
-	// Checks first: nothing has changed yet if one fails.
-	var disk *ocibox.Tmpfs
-	if r.DiskBytes > 0 {
-		if disk, err = ocibox.CheckDisk(rwDir(d.boxDir(id)), r.DiskBytes); err != nil {
-			return err
-		}
-	}
-	pidsMax, _, _ := d.cgroupFile(id, "pids.max")
-	if r.Pids > 0 {
-		cur := ocibox.ReadCgroupInt(filepath.Join(filepath.Dir(pidsMax), "pids.current"))
-		if cur > r.Pids+pidsOverhead {
-			return fmt.Errorf("pids limit: cannot lower to %d, the box runs %d host threads (%d of them runsc's allowance): %w",
-				r.Pids, cur, pidsOverhead, errdefs.ErrFailedPrecondition)
-		}
-	}
-	mem, memV2, _ := d.cgroupFile(id, "memory.limit_in_bytes", "memory.max")
-	if r.MemoryBytes > 0 && memV2 {
-		// cgroup v2 does not refuse a memory.max below usage, it OOM-kills
-		// gVisor's kernel: refuse here what reclaim cannot free.
-		dir := filepath.Dir(mem)
-		used := ocibox.ReadCgroupInt(filepath.Join(dir, "memory.current")) - ocibox.ReadCgroupKey(filepath.Join(dir, "memory.stat"), "inactive_file")
-		if used > r.MemoryBytes {
-			return fmt.Errorf("memory limit: cannot lower to %d bytes, the box uses %d bytes that cannot be reclaimed: %w", r.MemoryBytes, used, errdefs.ErrFailedPrecondition)
-		}
-	}
-
-	// Then apply, most likely to be refused first.
-	if r.MemoryBytes > 0 {
-		if err := setMemory(mem, memV2, r.MemoryBytes, &undo); err != nil {
-			return err
-		}
-	}
-	if disk != nil {
-		if err := disk.Resize(r.DiskBytes); err != nil {
-			return fmt.Errorf("disk limit: %w", err)
-		}
-		undo.Add(func() error { return disk.Resize(disk.Size) })
-	}
-	if r.Pids > 0 {
-		if pidsMax == "" {
-			return fmt.Errorf("pids limit: box %s has no pids cgroup: %w", id, errdefs.ErrNotFound)
-		}
-		if err := ocibox.SetCgroupFile(pidsMax, strconv.FormatInt(r.Pids+pidsOverhead, 10), &undo); err != nil {
-			return fmt.Errorf("pids limit: %w", err)
-		}
-	}
-	if r.CPUMillis > 0 {
-		if err := d.setCPU(id, r.CPUMillis, &undo); err != nil {
-			return fmt.Errorf("cpu limit: %w", err)
-		}
-	}
-	return nil
+			return nil
+		},
+		SetMemory: func(limit int64, undo *cleanup.Stack) error { return setMemory(mem, memV2, limit, undo) },
+		SetPids: func(limit int64, undo *cleanup.Stack) error {
+			if pidsMax == "" {
+				return fmt.Errorf("pids limit: box %s has no pids cgroup: %w", h.ID, errdefs.ErrNotFound)
+			}
+			if err := ocibox.SetCgroupFile(pidsMax, strconv.FormatInt(limit+pidsOverhead, 10), undo); err != nil {
+				return fmt.Errorf("pids limit: %w", err)
+			}
+			return nil
+		},
+		SetCPU: func(millis int64, undo *cleanup.Stack) error { return d.setCPU(h.ID, millis, undo) },
+	}.Apply(r)
 }
 
 // setMemory sets the memory limit file and, on v1 where memory+swap was

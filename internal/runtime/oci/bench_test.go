@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,10 @@ import (
 // box is destroyed outside the timer).
 func BenchmarkCreateReady(b *testing.B) {
 	testutil.RequiresRoot(b)
+	if testing.Verbose() {
+		// Each create's phases ("box created" ... phases=...).
+		defer slog.SetLogLoggerLevel(slog.SetLogLoggerLevel(slog.LevelDebug))
+	}
 	d := newDriver(b, stateRoot(b))
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {

@@ -1,3 +1,5 @@
+//go:build linux
+
 package oci
 
 import (
@@ -248,32 +250,11 @@ func (l cgroupLayout) limitEvents(id string) (runtime.LimitEvents, error) {
 	return ev, nil
 }
 
-// boxesCPUWeight makes the parent cgroup in the cpu hierarchy (if
-// missing: runc would make it with the default weight) and gives it
-// shares (v1 cpu.shares; on v2 cpu.weight, shares*100/1024, 100 being a
-// nice-0 process's as 1024 is on v1). All boxes together then weigh that
-// much against each process of the host, the daemon's threads among them,
-// whatever the boxes do and however many there are. Called before every
-// create: the parent goes when the last box does.
+// boxesCPUWeight gives the parent cgroup in the cpu hierarchy shares
+// (ocibox.SetBoxesCPUWeight). Called before every create.
 func (l cgroupLayout) boxesCPUWeight(shares uint64) error {
 	dir, v2 := l.controllerDir("cpu", "")
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("create the boxes' cpu cgroup: %w", err)
-	}
-	file, val := "cpu.shares", shares
-	if v2 {
-		file, val = "cpu.weight", max(1, min(10000, shares*100/1024))
-		// The cpu controller must be on in the parent's parent to weigh it.
-		_ = os.WriteFile(filepath.Join(filepath.Dir(dir), "cgroup.subtree_control"), []byte("+cpu"), 0)
-	}
-	path := filepath.Join(dir, file)
-	if ocibox.ReadCgroupInt(path) == int64(val) {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte(strconv.FormatUint(val, 10)), 0); err != nil {
-		return fmt.Errorf("set the boxes' cpu weight: %w", err)
-	}
-	return nil
+	return ocibox.SetBoxesCPUWeight(dir, v2, shares)
 }
 
 // removeParent removes the parent cgroup from every hierarchy where it is

@@ -40,6 +40,7 @@ import (
 	"log/slog"
 
 	"github.com/sbxdev/sbx/internal/idmap"
+	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
 // Config configures a Driver.
@@ -99,7 +100,7 @@ type Config struct {
 // together weigh as an eighth of one busy host process, so that the
 // daemon and the agents' control path (whose requests the daemon serves)
 // get the CPU at once when every box is busy.
-const DefaultBoxesCPUShares = 128
+const DefaultBoxesCPUShares = ocibox.DefaultBoxesCPUShares
 
 // defaultCgroupParent is Config.CgroupParent's default.
 const defaultCgroupParent = "sbx"

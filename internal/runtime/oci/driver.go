@@ -19,7 +19,6 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +30,7 @@ import (
 	"github.com/sbxdev/sbx/internal/hostmount"
 	"github.com/sbxdev/sbx/internal/idmap"
 	"github.com/sbxdev/sbx/internal/overlay"
+	"github.com/sbxdev/sbx/internal/phases"
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 	"github.com/sbxdev/sbx/internal/seccomp"
@@ -46,12 +46,17 @@ type Driver struct {
 	// agentLayer is the image layer holding .sbx/sbx-agent, the topmost
 	// lower layer of every box (installAgentLayer).
 	agentLayer string
-	rt         *ociRuntime
-	cg         cgroupLayout
-	detail     string
-	healthy    bool
-	swapLimit  bool // the host can limit memory+swap
-	noFile     uint64
+	// nsHelper is the binary that makes boxes' user namespaces: the small
+	// helper if it lies beside the agent, else the agent layer's agent
+	// (nshelper_linux.go).
+	nsHelper string
+
+	rt        *ociRuntime
+	cg        cgroupLayout
+	detail    string
+	healthy   bool
+	swapLimit bool // the host can limit memory+swap
+	noFile    uint64
 	// files says whether struct files are a per-box cost (prepareFileTable).
 	files fileTable
 	// fuse: the kernel has FUSE, so every box gets a /dev/fuse of its own
@@ -66,7 +71,9 @@ type Driver struct {
 	boxLimits idmap.Limits
 	// boxesShares is the parent cgroup's CPU weight (Config.BoxesCPUShares).
 	boxesShares uint64
-	log         *slog.Logger
+	// boost weighs the parent for the boxes starting (startboost.go).
+	boost *startBoost
+	log   *slog.Logger
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -155,6 +162,10 @@ func New(cfg Config) (*Driver, error) {
 	if d.boxesShares < 2 || d.boxesShares > 262144 {
 		return nil, fmt.Errorf("oci: boxes' cpu shares %d: want 2 to 262144: %w", d.boxesShares, errdefs.ErrInvalidArgument)
 	}
+	d.boost = &startBoost{cg: d.cg, base: d.boxesShares}
+	if err := d.boost.reset(); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
 	var fallback string
 	path := cfg.RuntimePath
 	if path == "" {
@@ -174,6 +185,12 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
 	d.removeUnusedAgentLayers()
+	d.nsHelper = filepath.Join(d.agentLayer, agentInBox)
+	if p, err := installNSHelper(cfg.AgentPath, filepath.Join(d.stateDir, "nshelper")); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	} else if p != "" {
+		d.nsHelper = p
+	}
 	// Where earlier versions kept the agent and the one /dev/fuse node all
 	// boxes shared; boxes still running with them keep their binds.
 	_ = os.RemoveAll(filepath.Join(d.stateDir, "bin"))
@@ -351,7 +368,7 @@ func agentLog(box string) string  { return filepath.Join(box, "agent.log") }
 func agentLayerFile(box string) string { return filepath.Join(box, "agent-layer") }
 
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handle, err error) {
-	t0 := time.Now()
+	pt := phases.Start()
 	if err := checkID(spec.ID); err != nil {
 		return h, err
 	}
@@ -383,6 +400,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, err
 	}
 	defer ids.Close()
+	pt.Mark("ids")
 
 	// Writable layer: a tmpfs bounding its size, its dirs stored in the
 	// canonical range like every tree, shown to the box (and to the
@@ -394,9 +412,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err := ids.mapDir(rw, rwMapDir(box), false); err != nil {
 		return h, fmt.Errorf("writable layer: %w", err)
 	}
+	pt.Mark("rw")
 	if lowers, err = ids.lowers(lowers); err != nil {
 		return h, err
 	}
+	pt.Mark("layers")
 	rootfs := rootfsDir(box)
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return h, fmt.Errorf("create rootfs dir: %w", err)
@@ -417,6 +437,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
+	pt.Mark("overlay")
 	mounts, err := ids.mounts(spec.Mounts)
 	if err != nil {
 		return h, err
@@ -428,6 +449,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		}
 		undo.Add(func() error { return hostmount.Unmount(fuseDevDir(box)) })
 	}
+	pt.Mark("mounts")
 	sysfs := ""
 	if netns != "" {
 		sysfs = sysfsDir(box)
@@ -438,6 +460,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 			return h, err
 		}
 		undo.Add(func() error { return hostmount.Unmount(sysfs) })
+		pt.Mark("sysfs")
 	}
 
 	hostname := spec.Hostname
@@ -459,10 +482,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 		return h, fmt.Errorf("write oci spec: %w", err)
 	}
 
-	if err := d.cg.boxesCPUWeight(d.boxesShares); err != nil {
-		return h, err
-	}
-	tPrepared := time.Now()
+	pt.Mark("spec")
 	data := boxData{Version: handleVersion, Runtime: d.rt.path, Dir: box, IDs: ids.r}
 	// From here on the runtime may hold state, a cgroup and processes.
 	undo.Add(func() error { return d.teardownProcesses(context.WithoutCancel(ctx), spec.ID, &data) })
@@ -471,21 +491,35 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	if err != nil {
 		return h, err
 	}
+	pt.Mark("cgroups")
+	// The box starts at full weight (startboost.go) until its agent is ready.
+	if err := d.boost.begin(); err != nil {
+		return h, err
+	}
 	ready, err := d.start(ctx, spec.ID, box, netns, userCgroups, &data)
 	if err != nil {
+		d.endBoost()
 		return h, err
 	}
 	crashpoint.Hit("oci-create-started")
-	tStarted := time.Now()
+	crashpoint.Pause(ctx, "oci-create-starting", spec.ID)
+	if testHookStarted != nil {
+		testHookStarted(spec.ID)
+	}
+	pt.Mark("runtime")
 	err = agentconn.AwaitReady(ctx, ready, runtime.ProbeTimeout)
 	ready.Close()
+	d.endBoost()
 	if err != nil {
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}
+	if err := d.cg.setBoxWeight(spec.ID, spec.Resources.CPUMillis); err != nil {
+		return h, err
+	}
+	pt.Mark("agent")
 	raw, _ := json.Marshal(data)
 	undo.Release()
-	d.log.Debug("box created", "id", spec.ID, "prepare", tPrepared.Sub(t0), "runtime", tStarted.Sub(tPrepared),
-		"agent", time.Since(tStarted))
+	d.log.Debug("box created", "id", spec.ID, "phases", pt)
 	return runtime.Handle{ID: spec.ID, Driver: "oci", Data: raw}, nil
 }
 

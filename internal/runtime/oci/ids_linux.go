@@ -50,9 +50,9 @@ func (d *Driver) newBoxIDs(box string, undo *cleanup.Stack) (*boxIDs, error) {
 	if err := os.WriteFile(ns, nil, 0o600); err != nil {
 		return nil, fmt.Errorf("create user namespace file: %w", err)
 	}
-	// The helper execs (and stops at) the agent binary of the agent layer:
-	// a file every box's root can reach and execute.
-	exe := filepath.Join(d.agentLayer, agentInBox)
+	// The helper (nsHelper: the small one, or the agent of the agent
+	// layer) is a file every box's root can reach and execute.
+	exe := d.nsHelper
 	// Its parent maps the canonical range to the box's: the idmapped
 	// mounts shift through it.
 	shift, err := idmap.BoxNamespace(r, exe, ns, d.boxLimits)

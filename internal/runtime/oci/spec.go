@@ -173,9 +173,13 @@ func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 			res.Memory.Swap = &mem
 		}
 	}
+	// The box starts at the most weight among boxes; Create sets its own
+	// (cpuShares) once the agent is ready (startboost.go).
+	shares := uint64(startShares)
+	res.CPU = &specs.LinuxCPU{Shares: &shares}
 	if r.CPUMillis > 0 {
-		period, quota, shares := uint64(cpuPeriod), cpuQuota(r.CPUMillis), cpuShares(r.CPUMillis)
-		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota, Shares: &shares}
+		period, quota := uint64(cpuPeriod), cpuQuota(r.CPUMillis)
+		res.CPU.Period, res.CPU.Quota = &period, &quota
 	}
 	if r.Pids > 0 {
 		pids := r.Pids
@@ -211,3 +215,7 @@ func charDev(major, minor int64) specs.LinuxDeviceCgroup {
 	}
 	return d
 }
+
+// startShares is a starting box's cpu.shares (cpu.weight 10000 on cgroup
+// v2 by runc's conversion): the kernel's most (see startboost.go).
+const startShares = 262144

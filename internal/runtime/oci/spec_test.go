@@ -57,8 +57,10 @@ func TestBuildSpec(t *testing.T) {
 	if *r.Memory.Limit != 64<<20 || *r.Memory.Swap != 64<<20 {
 		t.Errorf("memory limit/swap = %d/%d, want both 64 MiB", *r.Memory.Limit, *r.Memory.Swap)
 	}
-	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 || *r.CPU.Shares != 512 {
-		t.Errorf("cpu quota/period/shares = %d/%d/%d, want 50000/100000/512", *r.CPU.Quota, *r.CPU.Period, *r.CPU.Shares)
+	// The box starts at the most weight; Create lowers it to 512 (half a
+	// CPU) once the agent is ready (startboost.go).
+	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 || *r.CPU.Shares != 262144 {
+		t.Errorf("cpu quota/period/shares = %d/%d/%d, want 50000/100000/262144", *r.CPU.Quota, *r.CPU.Period, *r.CPU.Shares)
 	}
 	if *r.Pids.Limit != 100 {
 		t.Errorf("pids limit = %d, want 100", *r.Pids.Limit)

@@ -21,11 +21,9 @@ import (
 var _ runtime.Updater = (*Driver)(nil)
 
 // Update changes the limits of a running or paused box; zero fields of r are
-// left as they are. Everything that can be checked up front is (disk and pids
-// usage, memory usage on cgroup v2) so that a limit below current usage fails
-// before anything changes; a limit the kernel refuses while applying (a
-// memory limit on cgroup v1 it cannot reclaim down to, say) rolls back the
-// limits already changed. The error names the limit that could not be set.
+// left as they are. The checks (a limit below use fails before anything
+// changes), the order and the rollback of what was changed when the kernel
+// refuses a limit are ocibox.Limits.Apply's, shared with the gvisor driver.
 //
 // Limits are written straight into the box's cgroup files (v1 or v2 per
 // controller, as the host mounts them) rather than through `<runtime>
@@ -36,101 +34,61 @@ func (d *Driver) Update(ctx context.Context, h runtime.Handle, r runtime.Resourc
 	if err := checkID(h.ID); err != nil {
 		return err
 	}
-	if r.MemoryBytes < 0 || r.CPUMillis < 0 || r.Pids < 0 || r.DiskBytes < 0 {
-		return fmt.Errorf("update box %s: negative limit in %+v: %w", h.ID, r, errdefs.ErrInvalidArgument)
+	if err := ocibox.CheckResources(h.ID, r); err != nil {
+		return err
 	}
-	if mem, _ := d.cg.controllerDir("memory", h.ID); !exists(mem) {
-		return fmt.Errorf("update box %s: no cgroup: %w", h.ID, errdefs.ErrNotFound)
+	id := h.ID
+	memDir, memV2 := d.cg.controllerDir("memory", id)
+	if !exists(memDir) {
+		return fmt.Errorf("update box %s: no cgroup: %w", id, errdefs.ErrNotFound)
 	}
-	if err := d.update(h.ID, r); err != nil {
-		return fmt.Errorf("update box %s: %w", h.ID, err)
-	}
-	return nil
+	pidsDir, _ := d.cg.controllerDir("pids", id)
+	return ocibox.Limits{
+		ID: id, WritableLayer: rwDir(d.boxDir(id)), MemoryDir: memDir, MemoryV2: memV2,
+		CheckPids: func(limit int64) error {
+			if cur := ocibox.ReadCgroupInt(filepath.Join(pidsDir, "pids.current")); cur > limit {
+				return fmt.Errorf("pids limit: cannot lower to %d, the box runs %d processes: %w", limit, cur, errdefs.ErrFailedPrecondition)
+			}
+			return nil
+		},
+		SetMemory: func(limit int64, undo *cleanup.Stack) error {
+			if err := d.setMemory(id, limit, undo); err != nil {
+				return err
+			}
+			return d.cg.setUserLimits("memory", id, r, d.swapLimit, undo)
+		},
+		SetPids: func(limit int64, undo *cleanup.Stack) error {
+			if err := ocibox.SetCgroupFile(filepath.Join(pidsDir, "pids.max"), strconv.FormatInt(limit, 10), undo); err != nil {
+				return fmt.Errorf("pids limit: %w", err)
+			}
+			return d.cg.setUserLimits("pids", id, r, d.swapLimit, undo)
+		},
+		SetCPU: func(millis int64, undo *cleanup.Stack) error { return d.setCPU(id, millis, undo) },
+	}.Apply(r)
 }
 
-func (d *Driver) update(id string, r runtime.Resources) (err error) {
-	var undo cleanup.Stack
-	defer func() {
-		if err != nil {
-			if uerr := undo.Run(); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("rolling back: %w", uerr))
-			}
-		}
-	}()
-
-	// Checks first: nothing has changed yet if one fails.
-	var disk *ocibox.Tmpfs
-	if r.DiskBytes > 0 {
-		if disk, err = ocibox.CheckDisk(rwDir(d.boxDir(id)), r.DiskBytes); err != nil {
+// setCPU sets the CFS quota and the shares (v1) or weight (v2) for millis
+// thousandths of a CPU, with the period Create set.
+func (d *Driver) setCPU(id string, millis int64, undo *cleanup.Stack) error {
+	quota := cpuQuota(millis)
+	dir, v2 := d.cg.controllerDir("cpu", id)
+	if v2 {
+		if err := ocibox.SetCgroupFile(filepath.Join(dir, "cpu.max"), fmt.Sprintf("%d %d", quota, cpuPeriod), undo); err != nil {
 			return err
 		}
+		// runc's conversion of the shares Create gave.
+		weight := 1 + (cpuShares(millis)-2)*9999/262142
+		return ocibox.SetCgroupFile(filepath.Join(dir, "cpu.weight"), strconv.FormatUint(weight, 10), undo)
 	}
-	if r.Pids > 0 {
-		dir, _ := d.cg.controllerDir("pids", id)
-		if cur := ocibox.ReadCgroupInt(filepath.Join(dir, "pids.current")); cur > r.Pids {
-			return fmt.Errorf("pids limit: cannot lower to %d, the box runs %d processes", r.Pids, cur)
-		}
+	// The period first: the quota is relative to it. Create sets the same
+	// period, so this normally changes nothing.
+	if err := ocibox.SetCgroupFile(filepath.Join(dir, "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod), undo); err != nil {
+		return err
 	}
-	if r.MemoryBytes > 0 {
-		if dir, v2 := d.cg.controllerDir("memory", id); v2 {
-			// cgroup v2 does not refuse a memory.max below usage, it OOM-kills
-			// the box's processes: refuse here what reclaim cannot free.
-			used := ocibox.ReadCgroupInt(filepath.Join(dir, "memory.current")) - ocibox.ReadCgroupKey(filepath.Join(dir, "memory.stat"), "inactive_file")
-			if used > r.MemoryBytes {
-				return fmt.Errorf("memory limit: cannot lower to %d bytes, the box uses %d bytes that cannot be reclaimed", r.MemoryBytes, used)
-			}
-		}
+	if err := ocibox.SetCgroupFile(filepath.Join(dir, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10), undo); err != nil {
+		return err
 	}
-
-	// Then apply, most likely to be refused first.
-	if r.MemoryBytes > 0 {
-		if err := d.setMemory(id, r.MemoryBytes, &undo); err != nil {
-			return err
-		}
-		if err := d.cg.setUserLimits("memory", id, r, d.swapLimit, &undo); err != nil {
-			return err
-		}
-	}
-	if disk != nil {
-		if err := disk.Resize(r.DiskBytes); err != nil {
-			return fmt.Errorf("disk limit: %w", err)
-		}
-		undo.Add(func() error { return disk.Resize(disk.Size) })
-	}
-	if r.Pids > 0 {
-		dir, _ := d.cg.controllerDir("pids", id)
-		if err := ocibox.SetCgroupFile(filepath.Join(dir, "pids.max"), strconv.FormatInt(r.Pids, 10), &undo); err != nil {
-			return fmt.Errorf("pids limit: %w", err)
-		}
-		if err := d.cg.setUserLimits("pids", id, r, d.swapLimit, &undo); err != nil {
-			return err
-		}
-	}
-	if r.CPUMillis > 0 {
-		quota := cpuQuota(r.CPUMillis)
-		dir, v2 := d.cg.controllerDir("cpu", id)
-		if v2 {
-			err = ocibox.SetCgroupFile(filepath.Join(dir, "cpu.max"), fmt.Sprintf("%d %d", quota, cpuPeriod), &undo)
-			if err == nil { // runc's conversion of the shares Create gave
-				weight := 1 + (cpuShares(r.CPUMillis)-2)*9999/262142
-				err = ocibox.SetCgroupFile(filepath.Join(dir, "cpu.weight"), strconv.FormatUint(weight, 10), &undo)
-			}
-		} else {
-			// The period first: the quota is relative to it. Create sets the
-			// same period, so this normally changes nothing.
-			err = ocibox.SetCgroupFile(filepath.Join(dir, "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod), &undo)
-			if err == nil {
-				err = ocibox.SetCgroupFile(filepath.Join(dir, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10), &undo)
-			}
-			if err == nil {
-				err = ocibox.SetCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.FormatUint(cpuShares(r.CPUMillis), 10), &undo)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("cpu limit: %w", err)
-		}
-	}
-	return nil
+	return ocibox.SetCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.FormatUint(cpuShares(millis), 10), undo)
 }
 
 // setMemory sets the memory limit and, where the host accounts swap,

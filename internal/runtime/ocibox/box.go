@@ -99,3 +99,9 @@ func LogTail(paths ...string) string {
 	}
 	return ""
 }
+
+// DefaultBoxesCPUShares is the CPU weight of all of one driver's boxes
+// together by default: an eighth of one busy host process, so that the
+// daemon and the agents' control path (whose requests the daemon serves)
+// get the CPU at once when every box is busy.
+const DefaultBoxesCPUShares = 128

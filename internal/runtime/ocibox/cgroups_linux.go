@@ -1,8 +1,11 @@
 package ocibox
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -107,4 +110,50 @@ func DirLeftovers(dir string, keep map[string]bool) []runtime.Leftover {
 func comm(pid int) string {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	return strings.TrimSpace(string(b))
+}
+
+// CPUParentDir is cgroup parent's directory in the cpu hierarchy (v1) or
+// the unified one (v2, when it has the cpu controller); ok is false if
+// the host has neither.
+func CPUParentDir(parent string) (dir string, v2, ok bool) {
+	roots := CgroupRoots()
+	for _, root := range roots {
+		if _, err := os.Stat(filepath.Join(root, "cpu.shares")); err == nil {
+			return filepath.Join(root, parent), false, true
+		}
+	}
+	for _, root := range roots {
+		b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+		if err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {
+			return filepath.Join(root, parent), true, true
+		}
+	}
+	return "", false, false
+}
+
+// SetBoxesCPUWeight makes the parent cgroup dir in the cpu hierarchy (if
+// missing: the runtime would make it with the default weight) and gives it
+// shares (v1 cpu.shares; on v2 cpu.weight, shares*100/1024, 100 being a
+// nice-0 process's as 1024 is on v1). All boxes under it then weigh that
+// much against each process of the host, the daemon's threads among them,
+// whatever the boxes do and however many there are. Called before every
+// create: the parent goes when the last box does.
+func SetBoxesCPUWeight(dir string, v2 bool, shares uint64) error {
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create the boxes' cpu cgroup: %w", err)
+	}
+	file, val := "cpu.shares", shares
+	if v2 {
+		file, val = "cpu.weight", max(1, min(10000, shares*100/1024))
+		// The cpu controller must be on in the parent's parent to weigh it.
+		_ = os.WriteFile(filepath.Join(filepath.Dir(dir), "cgroup.subtree_control"), []byte("+cpu"), 0)
+	}
+	path := filepath.Join(dir, file)
+	if ReadCgroupInt(path) == int64(val) {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.FormatUint(val, 10)), 0); err != nil {
+		return fmt.Errorf("set the boxes' cpu weight: %w", err)
+	}
+	return nil
 }

@@ -5,8 +5,10 @@ package ocibox
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // What both drivers' Update (runtime.Updater) writes: a box's cgroup files
@@ -137,4 +140,93 @@ func ReadCgroupKey(path, key string) int64 {
 		}
 	}
 	return 0
+}
+
+// Limits is how one driver reads and writes a box's limits; Apply runs
+// the update both drivers share.
+type Limits struct {
+	// ID names the box in errors.
+	ID string
+	// WritableLayer is the directory of the box's writable-layer tmpfs
+	// (its rw dir): the disk limit is its size.
+	WritableLayer string
+	// MemoryDir is the box's memory cgroup directory and MemoryV2 whether
+	// it is cgroup v2 (which OOM-kills instead of refusing a limit below
+	// usage, so Apply refuses it first).
+	MemoryDir string
+	MemoryV2  bool
+	// CheckPids refuses a pids limit below what the box runs (FailedPrecondition).
+	CheckPids func(limit int64) error
+	// SetMemory, SetPids and SetCPU write one limit, pushing the
+	// restoration of every file they changed onto undo.
+	SetMemory, SetPids, SetCPU func(v int64, undo *cleanup.Stack) error
+}
+
+// CheckResources refuses negative limits (zero fields are left as they are).
+func CheckResources(id string, r runtime.Resources) error {
+	if r.MemoryBytes < 0 || r.CPUMillis < 0 || r.Pids < 0 || r.DiskBytes < 0 {
+		return fmt.Errorf("update box %s: negative limit in %+v: %w", id, r, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Apply changes the limits r sets (zero fields are left as they are).
+// Everything that can be checked up front is (disk and pids in use, memory
+// on cgroup v2), so a limit below use fails before anything changes; a
+// limit the kernel refuses while applying (a v1 memory limit it cannot
+// reclaim down to) rolls back the limits already changed. The error names
+// the limit that could not be set.
+func (l Limits) Apply(r runtime.Resources) (err error) {
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			if uerr := undo.Run(); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("rolling back: %w", uerr))
+			}
+			err = fmt.Errorf("update box %s: %w", l.ID, err)
+		}
+	}()
+	// Checks first: nothing has changed yet if one fails.
+	var disk *Tmpfs
+	if r.DiskBytes > 0 {
+		if disk, err = CheckDisk(l.WritableLayer, r.DiskBytes); err != nil {
+			return err
+		}
+	}
+	if r.Pids > 0 {
+		if err := l.CheckPids(r.Pids); err != nil {
+			return err
+		}
+	}
+	if r.MemoryBytes > 0 && l.MemoryV2 {
+		used := ReadCgroupInt(filepath.Join(l.MemoryDir, "memory.current")) - ReadCgroupKey(filepath.Join(l.MemoryDir, "memory.stat"), "inactive_file")
+		if used > r.MemoryBytes {
+			return fmt.Errorf("memory limit: cannot lower to %d bytes, the box uses %d bytes that cannot be reclaimed: %w",
+				r.MemoryBytes, used, errdefs.ErrFailedPrecondition)
+		}
+	}
+
+	// Then apply, most likely to be refused first.
+	if r.MemoryBytes > 0 {
+		if err := l.SetMemory(r.MemoryBytes, &undo); err != nil {
+			return err
+		}
+	}
+	if disk != nil {
+		if err := disk.Resize(r.DiskBytes); err != nil {
+			return fmt.Errorf("disk limit: %w", err)
+		}
+		undo.Add(func() error { return disk.Resize(disk.Size) })
+	}
+	if r.Pids > 0 {
+		if err := l.SetPids(r.Pids, &undo); err != nil {
+			return err
+		}
+	}
+	if r.CPUMillis > 0 {
+		if err := l.SetCPU(r.CPUMillis, &undo); err != nil {
+			return fmt.Errorf("cpu limit: %w", err)
+		}
+	}
+	return nil
 }

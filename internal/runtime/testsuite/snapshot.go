@@ -16,13 +16,13 @@ import (
 // running process wrote and still holds open, and not the files the driver
 // writes into every box; the box serves again afterwards, and a paused box
 // can be diffed too.
-func testSnapshot(t *testing.T, d runtime.Driver, _ Config) {
+func testSnapshot(t *testing.T, d runtime.Driver, c Config) {
 	snap, ok := d.(runtime.Snapshotter)
 	if !ok {
 		t.Fatalf("driver %s advertises \"snapshot\" but does not implement runtime.Snapshotter", d.Name())
 	}
 	ctx := ctxT(t)
-	h := Create(t, d, NewSpec("snap"))
+	h := Create(t, d, c.spec("snap"))
 	script := `set -e
 echo data > /root/f
 ln -s /etc/passwd /root/l

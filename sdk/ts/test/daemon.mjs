@@ -33,16 +33,25 @@ function freePort() {
   });
 }
 
+// nextPort is host:port's host with the port after it (the daemon's
+// default --ui-listen).
+function nextPort(addr) {
+  const i = addr.lastIndexOf(":");
+  return `${addr.slice(0, i)}:${Number(addr.slice(i + 1)) + 1}`;
+}
+
 /**
- * startDaemon returns { addr, token, stop() }, or { skip: reason } when no
- * daemon can be had (not root and no $SBX_ADDR). With opts.tenants (names),
- * it always starts its own daemon with a tenants file: then `tokens` maps
- * each name to its token, `admin` is an admin token and `token` is the
- * first tenant's.
+ * startDaemon returns { addr, uiAddr, token, stop() }, or { skip: reason }
+ * when no daemon can be had (not root and no $SBX_ADDR). uiAddr is the web
+ * dashboard's listener ($SBX_UI_ADDR, default the port after $SBX_ADDR's).
+ * With opts.tenants (names), it always starts its own daemon with a tenants
+ * file: then `tokens` maps each name to its token, `admin` is an admin token
+ * and `token` is the first tenant's.
  */
 export async function startDaemon(opts = {}) {
   if (!opts.tenants && process.env.SBX_ADDR && (await healthy(process.env.SBX_ADDR))) {
-    return { addr: process.env.SBX_ADDR, token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
+    return { addr: process.env.SBX_ADDR, uiAddr: process.env.SBX_UI_ADDR || nextPort(process.env.SBX_ADDR),
+      token: process.env.SBX_TOKEN ?? "", stop: async () => {} };
   }
   if (process.getuid?.() !== 0) {
     return { skip: "the sbx daemon needs root (namespaces, cgroups, mounts): run as root or set SBX_ADDR" };
@@ -69,10 +78,11 @@ export async function startDaemon(opts = {}) {
     writeFileSync(join(dir, "token"), token + "\n", { mode: 0o600 });
   }
   const addr = `127.0.0.1:${await freePort()}`;
+  const uiAddr = `127.0.0.1:${await freePort()}`;
   const log = join(dir, "daemon.log");
   const fd = openSync(log, "a");
   const proc = spawn(SBX_BIN, ["serve", "--listen", addr, "--data-dir", join(dir, "data"), "--warm-pool", "0",
-    "--network=false", ...auth], { stdio: ["ignore", fd, fd], detached: true });
+    "--network=false", ...auth, "--ui-listen", uiAddr], { stdio: ["ignore", fd, fd], detached: true });
   let exited = false;
   proc.on("exit", () => (exited = true));
   const deadline = Date.now() + 30_000;
@@ -86,7 +96,7 @@ export async function startDaemon(opts = {}) {
     await new Promise((r) => setTimeout(r, 100));
   }
   return {
-    addr, token, tokens, admin, log,
+    addr, uiAddr, token, tokens, admin, log,
     async stop(destroyAll) {
       // Sandboxes outlive the daemon: destroy them before stopping it.
       if (destroyAll) {

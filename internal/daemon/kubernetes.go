@@ -1,0 +1,79 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/runtime"
+	k8sdriver "github.com/sbxdev/sbx/internal/runtime/kubernetes"
+)
+
+// KubernetesConfig configures the kubernetes runtime (`sbx serve --k8s-*`).
+type KubernetesConfig struct {
+	// Namespace holds the sandboxes' pods; "" leaves the runtime out.
+	Namespace string
+	// Kubeconfig is the kubeconfig file ("" = the in-cluster service
+	// account, for a daemon running as a pod).
+	Kubeconfig string
+	// AgentImage is the image holding the static sbx-agent at /sbx-agent.
+	AgentImage string
+	// RuntimeClasses maps extra runtime names to RuntimeClasses
+	// ("kubernetes-gvisor" → "gvisor"); the runtime "kubernetes" uses the
+	// cluster's default handler.
+	RuntimeClasses map[string]string
+	// Instance separates daemons sharing a namespace ("" = "default").
+	Instance string
+	// UserNamespaces runs pods with hostUsers: false.
+	UserNamespaces bool
+}
+
+// addKubernetes adds the kubernetes runtimes to drivers when configured.
+// A cluster that cannot be reached leaves them unhealthy (sbx info says
+// why), not the daemon down.
+func addKubernetes(ctx context.Context, kc KubernetesConfig, drivers map[string]runtime.Driver, log *slog.Logger) error {
+	if kc.Namespace == "" {
+		return nil
+	}
+	if kc.AgentImage == "" {
+		return fmt.Errorf("--k8s-namespace needs --k8s-agent-image (an image with the static sbx-agent at /sbx-agent): %w", errdefs.ErrInvalidArgument)
+	}
+	var rc *rest.Config
+	var err error
+	if kc.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes runtime: loading credentials: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("kubernetes runtime: %w", err)
+	}
+	classes := map[string]string{k8sdriver.Name: ""}
+	maps.Copy(classes, kc.RuntimeClasses)
+	for _, name := range slices.Sorted(maps.Keys(classes)) {
+		if _, taken := drivers[name]; taken {
+			return fmt.Errorf("kubernetes runtime %q: the name is taken by another runtime: %w", name, errdefs.ErrInvalidArgument)
+		}
+		d, err := k8sdriver.New(ctx, k8sdriver.Config{
+			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
+			RuntimeClass: classes[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
+			Logger: log.With("runtime", name),
+		})
+		if err != nil {
+			return fmt.Errorf("kubernetes runtime %q: %w", name, err)
+		}
+		drivers[name] = d
+	}
+	return nil
+}
