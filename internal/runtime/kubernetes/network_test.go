@@ -19,22 +19,25 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/testsuite"
 )
 
-// reachPy tries a TCP connection to each HOST:PORT in argv[1:] (3 s each)
-// and prints "reached T" or "blocked T"; first it checks loopback still
+// reachPy tries a TCP connection to each HOST:PORT in argv[1:] (3 s each,
+// at once) and prints "reached T" or "blocked T"; first it checks loopback still
 // works ("loopback ok"), so a box with no network at all does not pass.
 const reachPy = `
-import socket, sys
+import concurrent.futures, socket, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
 try:
     socket.create_connection(s.getsockname(), 3).close(); print("loopback ok")
 except OSError as e:
     print("loopback broken", e)
-for t in sys.argv[1:]:
+def try_(t):
     h, p = t.rsplit(":", 1)
     try:
-        socket.create_connection((h.strip("[]"), int(p)), 3).close(); print("reached", t)
+        socket.create_connection((h.strip("[]"), int(p)), 3).close(); return "reached " + t
     except OSError as e:
-        print("blocked", t, type(e).__name__)
+        return "blocked %s %s" % (t, type(e).__name__)
+with concurrent.futures.ThreadPoolExecutor(len(sys.argv)) as ex:
+    for line in ex.map(try_, sys.argv[1:]):
+        print(line)
 `
 
 // flushPy is box root's attempt to delete the pod firewall's table over
@@ -68,8 +71,11 @@ print("errno", -err if err is not None else "none (type %d)" % typ)
 // box's pod, then tries to delete the pod firewall's nftables table and
 // tries again. It reaches nothing (the host listener sees no connection),
 // its delete is refused with EPERM, loopback works, and the daemon still
-// drives the box. On the driver before the pod firewall every target
-// answered.
+// drives the box. On the driver before the pod firewall the box reached
+// every host address, the kubelet and the neighbour's agent. (The test
+// cluster's API server is out of pods' reach on any driver: it listens on
+// 127.0.0.1 and its ClusterIP answers the node only; the test still tries
+// both.)
 func TestNetworkNoneAttack(t *testing.T) {
 	d := newDriverFunc(t, "")(t)
 	c := k8stest.Get(t)
@@ -177,7 +183,7 @@ func TestNetworkNoneAttack(t *testing.T) {
 		}
 		for _, tg := range targets {
 			if !strings.Contains(r.Stdout, "blocked "+tg+" ") {
-				t.Errorf("%s: connecting to %s from a box in mode none: got %q, want it blocked", when, tg, r.Stdout)
+				t.Errorf("%s: connecting to %s from a box in mode none: not blocked, want it blocked", when, tg)
 			}
 		}
 	}
