@@ -69,6 +69,7 @@ type Driver struct {
 	id     *identity
 	log    *slog.Logger
 	health string // "" when healthy
+	netpol string // why the NetworkPolicy was not made ("" = it was)
 }
 
 // handleData is what a Handle carries (version 1). All of it is public:
@@ -110,6 +111,13 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		d.health = err.Error()
 	}
 	d.id = id
+	if d.health == "" {
+		// The pod firewall enforces mode none whatever happens here.
+		if err := d.ensureNetworkPolicy(ctx); err != nil {
+			d.netpol = err.Error()
+			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces mode none)", "err", err)
+		}
+	}
 	return d, nil
 }
 
@@ -128,6 +136,9 @@ func (d *Driver) Info(context.Context) runtime.Info {
 		class = "the cluster's default"
 	}
 	info.Detail = fmt.Sprintf("pods in namespace %s, runtime class %s, agent image %s", d.cfg.Namespace, class, d.cfg.AgentImage)
+	if d.netpol != "" {
+		info.Detail += "; no NetworkPolicy (" + d.netpol + "): network mode none is enforced by the in-pod firewall only"
+	}
 	return info
 }
 

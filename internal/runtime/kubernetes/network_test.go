@@ -12,7 +12,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/sbxdev/sbx/internal/runtime"
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
@@ -205,4 +207,79 @@ func smallBox(name string) runtime.Spec {
 	s := withImage(testsuite.NewSpec(name))
 	s.Resources.CPUMillis = 100
 	return s
+}
+
+// TestNetworkPolicyObject: the driver keeps a NetworkPolicy for clusters
+// whose CNI enforces it (the test cluster's does not, so this checks the
+// object, not its enforcement): it selects the driver's box pods, admits
+// TCP to the agent's two ports only and allows no egress; a new driver
+// (a restarted daemon) puts back a policy someone loosened.
+func TestNetworkPolicyObject(t *testing.T) {
+	c := k8stest.Get(t)
+	newDriver := newDriverFunc(t, "")
+	d := newDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	box := testsuite.Create(t, d, smallBox("polbox"))
+	var hd struct {
+		NS  string `json:"ns"`
+		Pod string `json:"pod"`
+	}
+	if err := json.Unmarshal(box.Data, &hd); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.Client.CoreV1().Pods(hd.NS).Get(ctx, hd.Pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := c.Client.NetworkingV1().NetworkPolicies(hd.NS)
+	check := func(when string) {
+		t.Helper()
+		list, err := api.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) != 1 {
+			t.Fatalf("%s: got %d network policies in %s, want 1", when, len(list.Items), hd.NS)
+		}
+		p := list.Items[0]
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sel.Matches(labels.Set(pod.Labels)) {
+			t.Errorf("%s: policy %s selector %s does not select the box's pod (labels %v)", when, p.Name, sel, pod.Labels)
+		}
+		if got := fmt.Sprint(p.Spec.PolicyTypes); got != "[Ingress Egress]" {
+			t.Errorf("%s: policy types %s, want [Ingress Egress]", when, got)
+		}
+		if len(p.Spec.Egress) != 0 {
+			t.Errorf("%s: egress rules %+v, want none", when, p.Spec.Egress)
+		}
+		var ports []string
+		for _, r := range p.Spec.Ingress {
+			if len(r.From) != 0 {
+				t.Errorf("%s: ingress from %+v, want any source", when, r.From)
+			}
+			for _, port := range r.Ports {
+				ports = append(ports, fmt.Sprintf("%s/%s", *port.Protocol, port.Port))
+			}
+		}
+		if got := strings.Join(ports, ","); got != "TCP/7700,TCP/7701" {
+			t.Errorf("%s: ingress ports %s, want TCP/7700,TCP/7701", when, got)
+		}
+	}
+	check("after New")
+
+	list, err := api.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("listing policies: %v", err)
+	}
+	loose := list.Items[0]
+	loose.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{}} // allow all
+	if _, err := api.Update(ctx, &loose, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	newDriver(t)
+	check("after a loosened policy and a new driver")
 }
