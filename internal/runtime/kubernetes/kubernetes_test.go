@@ -48,7 +48,7 @@ var podImage = &runtime.Image{Ref: k8stest.PyImage, Layers: []runtime.Layer{{Dir
 
 // knownGaps are the suite's checks the kubernetes driver fails, and why.
 var knownGaps = map[string]string{
-	"NoHostServices": "pods are on the cluster's pod network (eth0, the node reachable); sbx network modes on Kubernetes (NetworkPolicy or an in-pod proxy) are not done",
+	"NoHostServices": "pods keep eth0 (the suite wants only lo); mode none is enforced on it by the in-pod firewall, which TestNetworkNoneAttack attacks",
 	"HostProcessesConfined": "runc pods run as host root without a user namespace unless the cluster runs them with hostUsers: false (Config.UserNamespaces), " +
 		"which needs runc >= 1.2 with idmapped mounts; the test node has runc 1.1.5",
 }
