@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -310,8 +311,11 @@ func podState(p *corev1.Pod) string {
 		if w := cs.State.Waiting; w != nil && w.Reason != "" {
 			s += fmt.Sprintf(", %s: %s %s", cs.Name, w.Reason, w.Message)
 		}
-		if t := cs.State.Terminated; t != nil && cs.Name == "box" {
+		if t := cs.State.Terminated; t != nil && (cs.Name == "box" || t.ExitCode != 0) {
 			s += fmt.Sprintf(", %s: %s (exit %d)", cs.Name, t.Reason, t.ExitCode)
+			if t.ExitCode != 0 && t.Message != "" {
+				s += ": " + strings.TrimSpace(t.Message)
+			}
 		}
 	}
 	return s

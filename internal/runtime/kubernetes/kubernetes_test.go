@@ -66,6 +66,8 @@ func TestConformanceGvisor(t *testing.T) {
 	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
 		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
 	}
+	t.Skip("gvisor pods fail closed: their network mode none cannot be enforced (runsc has no nftables for the pod " +
+		"firewall; TestNetworkNoneGvisorFailsClosed); issue 18")
 	gaps := maps.Clone(knownGaps)
 	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
 		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/sbxdev/sbx/internal/runtime"
+	"github.com/sbxdev/sbx/internal/runtime/kubernetes"
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
 	"github.com/sbxdev/sbx/internal/runtime/testsuite"
 )
@@ -78,8 +79,43 @@ print("errno", -err if err is not None else "none (type %d)" % typ)
 // cluster's API server is out of pods' reach on any driver: it listens on
 // 127.0.0.1 and its ClusterIP answers the node only; the test still tries
 // both.)
-func TestNetworkNoneAttack(t *testing.T) {
-	d := newDriverFunc(t, "")(t)
+func TestNetworkNoneAttack(t *testing.T) { networkNoneAttack(t, "") }
+
+// TestNetworkNoneAttack runs on the cluster's default (runc) pods; see
+// TestNetworkNoneGvisorFailsClosed for gvisor.
+// TestNetworkNoneGvisorFailsClosed: on RuntimeClass gvisor (where the
+// cluster has it) the pod firewall cannot be programmed (runsc's netstack
+// has no NETLINK_NETFILTER, and traffic from its netstack would bypass the
+// pod netns's nftables anyway), so a create fails, saying why, and leaves
+// no pod: no box runs with an unenforced mode none.
+func TestNetworkNoneGvisorFailsClosed(t *testing.T) {
+	c := k8stest.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
+		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
+	}
+	d := newDriverFunc(t, "gvisor")(t)
+	spec := smallBox("gvisor")
+	h, err := d.Create(ctx, spec)
+	if err == nil {
+		_ = d.Destroy(ctx, h)
+		t.Fatalf("creating a gvisor box: got a box, want the create refused (its firewall cannot be programmed)")
+	}
+	if !strings.Contains(err.Error(), "sbx-firewall") || !strings.Contains(err.Error(), "protocol not supported") {
+		t.Errorf("creating a gvisor box: got %v, want it to name sbx-firewall and the missing nftables", err)
+	}
+	left, err := d.(*kubernetes.Driver).Leftovers(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Errorf("after the refused create: leftovers %v, want none", left)
+	}
+}
+
+func networkNoneAttack(t *testing.T, class string) {
+	d := newDriverFunc(t, class)(t)
 	c := k8stest.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
