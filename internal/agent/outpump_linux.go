@@ -56,8 +56,9 @@ func (u *pumped) startPumps(s *Server, put func(stderr bool, data []byte)) {
 // the last pump to end has the reaper look at the process at once.
 func (u *pumped) pump(s *Server, f *os.File, stderr bool, put func(stderr bool, data []byte)) {
 	buf := make([]byte, cmp.Or(u.readSize, chunkSize))
+	drained := 0
 	for {
-		n, err := f.Read(buf)
+		n, err := readOrDrain(f, buf, &drained)
 		if n > 0 {
 			data := slices.Clone(buf[:n])
 			u.mu.Lock()
