@@ -160,6 +160,9 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.cfg.Observer != nil {
 		r = r.WithContext(context.WithValue(r.Context(), observerKey{}, f.cfg.Observer))
 	}
+	if r.URL.Path != "/healthz" && !f.guardHost(w, r) {
+		return
+	}
 	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
 	if err != nil {
 		// Say nothing about sandboxes to strangers.
@@ -175,12 +178,16 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.api.ServeHTTP(w, r)
 			return
 		}
-		if f.cfg.E2B != nil && f.cfg.E2B.IsAPIPath(r.URL.Path) {
-			f.serveE2BAPI(w, r)
-			return
-		}
 		if r.Method == http.MethodGet && (r.URL.Path == "/" || r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) {
 			f.redirectToDashboard(w, r)
+			return
+		}
+		if f.openAccess() && fromPage(r) {
+			refuseBrowser(w, "the API on this listener takes no call from a web page (sandboxes' pages share its origin; the dashboard has a listener of its own)")
+			return
+		}
+		if f.cfg.E2B != nil && f.cfg.E2B.IsAPIPath(r.URL.Path) {
+			f.serveE2BAPI(w, r)
 			return
 		}
 		r, ok := f.authAPI(w, r)
@@ -198,6 +205,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer f.cfg.Requests.wrap(r)()
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, f.publicBase(r))))
 	case routeHTTP:
+		if rt.by == "header" && f.openAccess() && fromPage(r) {
+			refuseBrowser(w, "a sandbox routed by headers takes no call from a web page (only the SDKs route by headers)")
+			return
+		}
 		if f.cfg.E2B != nil && rt.by != "path" && f.cfg.E2B.Serves(rt.port) {
 			f.serveE2BSandbox(w, r, rt)
 			return
