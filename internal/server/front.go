@@ -79,6 +79,9 @@ type FrontConfig struct {
 	Logger   *slog.Logger
 }
 
+// maxTokenCookies bounds the sbx_token cookies of one request tried.
+const maxTokenCookies = 8
+
 // MCPPath is where FrontConfig.MCP is served.
 const MCPPath = "/mcp"
 
@@ -359,7 +362,15 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request, cookiePath str
 			return admitted(r, p, tok), true
 		}
 	}
-	if c, err := r.Cookie(TokenCookie); err == nil {
+	// Every sbx_token cookie, not the first only: under path routing a
+	// sandbox's page shares the origin and can set one (document.cookie)
+	// for another sandbox's longer path, which the browser sends first; if
+	// only the first counted, that page would lock the user out of the
+	// other sandbox. A few at most: each costs a hash.
+	for i, c := range r.CookiesNamed(TokenCookie) {
+		if i == maxTokenCookies {
+			break
+		}
 		if p, ok := auth(c.Value); ok {
 			return admitted(r, p, c.Value), true
 		}
