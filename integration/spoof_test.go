@@ -127,6 +127,20 @@ func TestSpoofedFramesDropped(t *testing.T) {
 					t.Errorf("%s frame from the victim's MAC: bridge fdb for %s: %q, want it on %s, not %s", fr.name, vMAC, out, vVeth, aVeth)
 				}
 			}
+			// Root in the box cannot re-address its end of the veth (no
+			// CAP_NET_ADMIN over the namespace under oci; gVisor's netstack
+			// is not the veth under gvisor): eth0's MAC and addresses, as
+			// the host sees them, stay what the guard binds.
+			res, err := attacker.RunShell(ctx, "ip link set dev eth0 address "+vMAC.String()+" 2>&1; ip addr add "+vIP+"/32 dev eth0 2>&1; true")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := eth0MAC(t, aNS); got.String() != aMAC.String() {
+				t.Errorf("the attacker's eth0 MAC after its ip link set: got %s, want %s (ip said %q)", got, aMAC, res.Stdout)
+			}
+			if rt == "oci" && !strings.Contains(string(res.Stdout), "Operation not permitted") {
+				t.Errorf("ip link/addr in the oci box: got %q, want Operation not permitted", res.Stdout)
+			}
 			// The box itself is unharmed by the guard.
 			if !reach(t, ctx, victim, in.public) {
 				t.Errorf("the victim cannot reach %s", in.public)
