@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"archive/tar"
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,5 +44,45 @@ func TestCpChainOfLinks(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dst, "f")); err != nil || string(b) != "ok\n" {
 		t.Errorf("f: got %q, %v, want ok", b, err)
+	}
+}
+
+// TestUploadTarChainOfLinks: an upload (what `sbx cp` to a box, upload_dir
+// and a build's COPY send) holds l -> s/x/.. and s/x -> .., each inside the
+// destination alone, the destination's parent together. The box's agent
+// must refuse the upload naming l and leave no l behind, in either order
+// of the two entries.
+func TestUploadTarChainOfLinks(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t, 2*time.Minute)
+	sb, err := d.client().Create(ctx, sbx.CreateOptions{Command: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remember(sb.ID)
+	for i, order := range [][2][2]string{
+		{{"l", "s/x/.."}, {"s/x", ".."}},
+		{{"s/x", ".."}, {"l", "s/x/.."}},
+	} {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		for _, e := range order {
+			if err := tw.WriteHeader(&tar.Header{Name: e[0], Linkname: e[1], Typeflag: tar.TypeSymlink, Mode: 0o777}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tw.Close()
+		dir := fmt.Sprintf("/tmp/up%d", i)
+		_, err := sb.UploadTar(ctx, dir, &b)
+		if err == nil || !strings.Contains(err.Error(), `"l"`) {
+			t.Errorf("order %d: upload: got error %v, want one naming l", i, err)
+		}
+		res, err := sb.RunShell(ctx, fmt.Sprintf("if [ -L %s/l ]; then echo made; readlink -f %s/l; else echo absent; fi", dir, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(res.Stdout)); got != "absent" {
+			t.Errorf("order %d: %s/l: got %q, want absent", i, dir, got)
+		}
 	}
 }

@@ -18,8 +18,8 @@ import (
 // TestKubernetesRuntime drives a daemon with the kubernetes runtime on the
 // test cluster (make test-k8s): `sbx version` lists it healthy; a create
 // with runtime=kubernetes makes a labelled pod whose agent runs the
-// commands; what the runtime lacks (stop) is refused naming the runtime and
-// the capability; a daemon killed with -9 recovers the sandbox; destroy
+// commands; what the runtime lacks (stop, network modes public and allow)
+// is refused naming the runtime and the capability; a daemon killed with -9 recovers the sandbox; destroy
 // removes the pod.
 func TestKubernetesRuntime(t *testing.T) {
 	c := k8stest.Get(t)
@@ -67,6 +67,18 @@ func TestKubernetesRuntime(t *testing.T) {
 	var ce *connect.Error
 	if err := sb.Stop(ctx); !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), `"pause" capability`) {
 		t.Errorf("stop on kubernetes: %v, want FailedPrecondition naming the pause capability", err)
+	}
+	// Modes its pods cannot enforce are refused, not run as none (or open).
+	for _, pol := range []sbx.NetworkPolicy{{Mode: "public"}, {Mode: "allow", AllowCIDRs: []string{"192.0.2.0/24"}}} {
+		_, err := cl.Create(ctx, sbx.CreateOptions{Image: img, Runtime: "kubernetes", Network: &pol})
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "network") {
+			t.Errorf("create on kubernetes with network mode %s: %v, want FailedPrecondition naming the network", pol.Mode, err)
+		}
+	}
+	if pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("listing pods: %v", err)
+	} else if len(pods.Items) != 1 {
+		t.Errorf("pods after the refused creates: %d, want only the sandbox's", len(pods.Items))
 	}
 
 	d.kill9()

@@ -233,6 +233,21 @@ func TestPortProxyAuthAndRouting(t *testing.T) {
 		}
 	})
 
+	// Another sandbox's page (same origin under path routing) can set an
+	// sbx_token cookie for this port's path, a longer one, which the
+	// browser sends first: the user's own cookie must still count.
+	t.Run("a planted cookie before the user's", func(t *testing.T) {
+		resp, body := do(t, newReq(t, "GET", p.URL+"page", map[string]string{"Cookie": "sbx_token=planted-by-another-page; app=1; sbx_token=" + portToken}))
+		if resp.StatusCode != 200 {
+			t.Fatalf("with a planted cookie first: got %d %q, want 200", resp.StatusCode, body)
+		}
+		var e echoed
+		_ = json.Unmarshal([]byte(body), &e)
+		if got := e.header("Cookie"); got != "app=1" {
+			t.Errorf("cookie seen by the sandbox: got %q, want \"app=1\"", got)
+		}
+	})
+
 	t.Run("the application's Authorization passes", func(t *testing.T) {
 		_, body := do(t, newReq(t, "GET", p.URL+"x", map[string]string{"X-Sbx-Token": portToken, "Authorization": "Basic YXBwOnB3"}))
 		var e echoed

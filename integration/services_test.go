@@ -343,7 +343,7 @@ func openTCP(addr, sb string) (net.Conn, int) {
 		return nil, 0
 	}
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(c, "GET /tcp/%s/8000 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: sbx-tcp\r\n\r\n", sb); err != nil {
+	if _, err := fmt.Fprintf(c, "GET /tcp/%s/8000 HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: sbx-tcp\r\n\r\n", sb, addr); err != nil {
 		return c, 0
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -102,6 +102,45 @@ func TestSpoofedFramesDropped(t *testing.T) {
 			if out := fdbOf(t, d.bridge, vMAC); strings.Contains(out, aVeth) || !strings.Contains(out, vVeth) {
 				t.Errorf("bridge fdb for the victim's MAC %s: %q, want it on %s, not %s", vMAC, out, vVeth, aVeth)
 			}
+			// The same MAC in other shapes of frame, each checked on its
+			// own after the victim (its own frame from its own port) has
+			// taught the bridge its port again: VLAN-tagged IPv4 (the
+			// kernel untags it before the bridge), IPv6, 802.3 (a length,
+			// not an ethertype) and an ARP reply. Without the guard each
+			// moves the victim's MAC to the attacker's port.
+			vRaw := packetSocket(t, vNS)
+			for _, fr := range []struct {
+				name  string
+				frame []byte
+			}{
+				{"vlan-tagged ipv4", ether(bcast, vMAC, 0x8100, append([]byte{0, 7, 8, 0}, udp...))},
+				{"ipv6", ether(bcast, vMAC, unix.ETH_P_IPV6, append([]byte{0x60, 0, 0, 0, 0, 8, 17, 64}, make([]byte, 40)...))},
+				{"802.3", ether(bcast, vMAC, 46, append([]byte{0x42, 0x42, 0x03}, make([]byte, 43)...))},
+				{"arp reply", ether(br.HardwareAddr, vMAC, unix.ETH_P_ARP, arp(2, vMAC, vAddr, br.HardwareAddr, gw))},
+			} {
+				vRaw.sendThenSync(t, ether(bcast, vMAC, unix.ETH_P_IP, ipv4UDP(vAddr, gw, 5353, 9, []byte("teach"))), vMAC, vAddr, gw)
+				if out := fdbOf(t, d.bridge, vMAC); !strings.Contains(out, vVeth) {
+					t.Fatalf("bridge fdb for the victim's MAC %s after its traffic: %q, want it on %s", vMAC, out, vVeth)
+				}
+				raw.sendThenSync(t, fr.frame, aMAC, aAddr, gw)
+				if out := fdbOf(t, d.bridge, vMAC); strings.Contains(out, aVeth) || !strings.Contains(out, vVeth) {
+					t.Errorf("%s frame from the victim's MAC: bridge fdb for %s: %q, want it on %s, not %s", fr.name, vMAC, out, vVeth, aVeth)
+				}
+			}
+			// Root in the box cannot re-address its end of the veth (no
+			// CAP_NET_ADMIN over the namespace under oci; gVisor's netstack
+			// is not the veth under gvisor): eth0's MAC and addresses, as
+			// the host sees them, stay what the guard binds.
+			res, err := attacker.RunShell(ctx, "ip link set dev eth0 address "+vMAC.String()+" 2>&1; ip addr add "+vIP+"/32 dev eth0 2>&1; true")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := eth0MAC(t, aNS); got.String() != aMAC.String() {
+				t.Errorf("the attacker's eth0 MAC after its ip link set: got %s, want %s (ip said %q)", got, aMAC, res.Stdout)
+			}
+			if rt == "oci" && !strings.Contains(string(res.Stdout), "Operation not permitted") {
+				t.Errorf("ip link/addr in the oci box: got %q, want Operation not permitted", res.Stdout)
+			}
 			// The box itself is unharmed by the guard.
 			if !reach(t, ctx, victim, in.public) {
 				t.Errorf("the victim cannot reach %s", in.public)

@@ -28,6 +28,7 @@ import (
 	"slices"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
@@ -47,6 +48,13 @@ const MaxPayload = 64 << 20
 // growStep is the most Next allocates ahead of a payload's bytes arriving.
 const growStep = 64 << 10
 
+// bufSize is the reader's and the writer's buffer: room for one whole
+// output frame of the agent's (32 KiB of data and a few bytes of header)
+// and most of the next, so that a frame goes out in one write instead of a
+// full buffer and then its last few bytes, and a relay reads and writes
+// more than one frame at a time when they come faster than it sends.
+const bufSize = 64 << 10
+
 // headerLen is the type byte and the length.
 const headerLen = 5
 
@@ -59,7 +67,19 @@ type Reader struct {
 }
 
 // NewReader reads frames from r.
-func NewReader(r io.Reader) *Reader { return &Reader{r: bufio.NewReaderSize(r, 32<<10)} }
+func NewReader(r io.Reader) *Reader { return &Reader{r: bufio.NewReaderSize(r, bufSize)} }
+
+// Buffered is how many bytes have been read from the stream and not yet
+// returned in a frame: more than zero means the next frame (or part of it)
+// is already here, so a relay may hold its writes back for it.
+func (fr *Reader) Buffered() int { return fr.r.Buffered() }
+
+// NextShared reads one frame as Next does, into storage the reader reuses:
+// the payload is valid only until the next read. A relay that writes it on
+// at once (Writer.WriteFrame) allocates nothing per frame.
+func (fr *Reader) NextShared() (typ byte, payload []byte, err error) {
+	return fr.nextDecoded()
+}
 
 // Next reads one frame. A clean end of stream before a frame is io.EOF; one
 // inside a frame is io.ErrUnexpectedEOF.
@@ -146,6 +166,12 @@ func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
 	if err != nil {
 		return nil, err
 	}
+	return DecodeOutput(typ, payload)
+}
+
+// DecodeOutput decodes a frame read with Next or NextShared as ReadOutput
+// does.
+func DecodeOutput(typ byte, payload []byte) (*sbxv1.ExecOutput, error) {
 	switch typ {
 	case FrameOutput:
 		out := &sbxv1.ExecOutput{}
@@ -162,6 +188,42 @@ func (fr *Reader) ReadOutput() (*sbxv1.ExecOutput, error) {
 	return nil, fmt.Errorf("exec frame type %q, want %q or %q", typ, FrameOutput, FrameError)
 }
 
+// Field numbers of sbx.v1.ExecOutput's data events (process.proto;
+// TestDataFieldNumbers checks them against the generated descriptor).
+const (
+	fieldStdout = 2
+	fieldStderr = 3
+)
+
+// IsData reports whether a FrameOutput frame's payload is exactly one
+// stdout or stderr event, encoded as the agent encodes it: one
+// length-delimited field 2 or 3 that spans the whole payload. A relay may
+// pass such a frame on without decoding it (nothing in it needs the
+// daemon's attention: the bytes are the command's, bounded by MaxPayload),
+// and must decode any other (a started, keepalive or exited event, or
+// something it should refuse). Anything else, including a stdout field
+// followed by an exited one (which a decoder would read as exited), is not
+// data.
+func IsData(payload []byte) bool {
+	_, _, ok := DataOf(payload)
+	return ok
+}
+
+// DataOf returns the command's bytes of a payload IsData accepts (a slice
+// of payload, not a copy) and whether they are stderr; ok is false for
+// any other payload, which the caller decodes instead.
+func DataOf(payload []byte) (data []byte, stderr, ok bool) {
+	num, typ, n := protowire.ConsumeTag(payload)
+	if n < 0 || typ != protowire.BytesType || (num != fieldStdout && num != fieldStderr) {
+		return nil, false, false
+	}
+	data, m := protowire.ConsumeBytes(payload[n:])
+	if m < 0 || n+m != len(payload) {
+		return nil, false, false
+	}
+	return data, num == fieldStderr, true
+}
+
 // Writer writes frames into a buffer; Flush sends them.
 type Writer struct {
 	w *bufio.Writer
@@ -170,7 +232,7 @@ type Writer struct {
 }
 
 // NewWriter writes frames to w.
-func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, 32<<10)} }
+func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, bufSize)} }
 
 // Write buffers one frame of type typ holding m.
 func (fw *Writer) Write(typ byte, m proto.Message) error {
@@ -200,6 +262,10 @@ func (fw *Writer) WriteError(code uint32, msg string) error {
 	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(msg)), code)
 	return fw.writeRaw(FrameError, append(b, msg...))
 }
+
+// WriteFrame buffers one frame of type typ holding payload as it is (a
+// frame read with NextShared, passed on undecoded).
+func (fw *Writer) WriteFrame(typ byte, payload []byte) error { return fw.writeRaw(typ, payload) }
 
 func (fw *Writer) writeRaw(typ byte, b []byte) error {
 	if len(b) > MaxPayload {

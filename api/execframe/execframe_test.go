@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
@@ -144,6 +147,57 @@ func TestErrorOf(t *testing.T) {
 		ce := fe.ConnectError()
 		if ce.Code() != tc.wantCode || ce.Message() != tc.wantMsg {
 			t.Errorf("%v: got %v %q, want %v %q", tc.err, ce.Code(), ce.Message(), tc.wantCode, tc.wantMsg)
+		}
+	}
+}
+
+// TestDataFieldNumbers holds IsData's field numbers to the generated
+// ExecOutput: a renumbered proto must not make a relay pass exited events
+// on undecoded.
+func TestDataFieldNumbers(t *testing.T) {
+	fields := (&sbxv1.ExecOutput{}).ProtoReflect().Descriptor().Fields()
+	for _, tc := range []struct {
+		name string
+		want int
+	}{{"stdout", fieldStdout}, {"stderr", fieldStderr}} {
+		f := fields.ByName(protoreflect.Name(tc.name))
+		if f == nil || int(f.Number()) != tc.want || f.Kind() != protoreflect.BytesKind {
+			t.Errorf("ExecOutput.%s: got %v, want bytes field %d", tc.name, f, tc.want)
+		}
+	}
+}
+
+// TestIsData: only a payload that is exactly one stdout or stderr event is
+// data a relay may pass on undecoded.
+func TestIsData(t *testing.T) {
+	enc := func(m *sbxv1.ExecOutput) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	stdout := enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Stdout{Stdout: []byte("hello")}})
+	exited := enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Exited{Exited: &sbxv1.ExecExited{ExitCode: 3}}})
+	for _, tc := range []struct {
+		name    string
+		payload []byte
+		want    bool
+	}{
+		{"stdout", stdout, true},
+		{"stderr", enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Stderr{Stderr: []byte("oops")}}), true},
+		{"empty stdout", enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Stdout{Stdout: []byte{}}}), true},
+		{"exited", exited, false},
+		{"started", enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Started{Started: &sbxv1.ExecStarted{Pid: 7}}}), false},
+		{"keepalive", enc(&sbxv1.ExecOutput{Event: &sbxv1.ExecOutput_Keepalive{Keepalive: &sbxv1.ExecKeepalive{}}}), false},
+		{"empty", nil, false},
+		{"stdout then exited", append(slices.Clone(stdout), exited...), false},
+		{"stdout twice", append(slices.Clone(stdout), stdout...), false},
+		{"truncated", stdout[:len(stdout)-1], false},
+		{"stdout as varint", protowire.AppendVarint(protowire.AppendTag(nil, 2, protowire.VarintType), 5), false},
+	} {
+		if got := IsData(tc.payload); got != tc.want {
+			t.Errorf("%s: IsData(%x) = %v, want %v", tc.name, tc.payload, got, tc.want)
 		}
 	}
 }

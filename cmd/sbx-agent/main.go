@@ -20,6 +20,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/agent"
 	"github.com/sbxdev/sbx/internal/idmap"
+	"github.com/sbxdev/sbx/internal/podfw"
 )
 
 func main() {
@@ -33,6 +34,17 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == agent.InstallArg {
 		if err := agent.Install(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "sbx-agent: install:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == podfw.Arg {
+		r, err := podfw.Parse(os.Args[2:])
+		if err == nil {
+			err = podfw.Apply(r)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sbx-agent: pod firewall:", err)
 			os.Exit(1)
 		}
 		return

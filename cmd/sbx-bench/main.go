@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,7 +40,7 @@ import (
 
 func main() {
 	n := flag.Int("n", 40, "samples per measurement")
-	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load, scale, metrics or runtimes")
+	only := flag.String("only", "", "run only this measurement: create, exec, network, permfs, codebase, files, neighbours, load, scale, metrics, runtimes or ab")
 	agent := flag.String("agent", "bin/sbx-agent", "sbx-agent binary")
 	runtimeBin := flag.String("oci-runtime", "", "OCI runtime for the daemon (default: auto)")
 	scaleSizes := flag.String("scale-n", "100,1000", "with -only scale or metrics: the numbers of sandboxes to measure at (comma-separated)")
@@ -51,6 +52,8 @@ func main() {
 	var nbOpts neighbourOpts
 	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours, runtimes, files: the daemon's --boxes-cpu-shares (0: its default)")
 	flag.Uint64Var(&nbOpts.benchShares, "bench-cpu-shares", 0, "neighbours, files: run the bench and its daemon in a cgroup v1 cpu group of these shares (e.g. 262144 with -boxes-cpu-shares 262144 or 32768), so that other load on the machine weighs little against the daemon and the boxes")
+	baseline := flag.String("baseline", "", "with -only ab: a directory holding the old build's sbx and sbx-agent to compare the new one (next to -agent) with")
+	abBombs := flag.String("bombs", "", "with -only ab: the bombs its neighbour rounds run, comma-separated (fork, memory, disk, fds, stdout, cpu; default all)")
 	rounds := flag.Int("rounds", 0, "neighbours: instead of each bomb alone and all together once, alternate this many rounds of at rest and all bombs together, pooled (steadier on a machine with other load)")
 	flag.Parse()
 	if *codebaseOnly {
@@ -69,6 +72,14 @@ func main() {
 		"neighbours": func(n int, agentPath, runtimeBin string) error {
 			nbOpts.rounds = *rounds
 			return runNeighbours(n, agentPath, runtimeBin, nbOpts)
+		},
+		// The new build against an old one (-baseline DIR) in one run:
+		// `make bench ARGS="-only ab -baseline /tmp/main/bin -rounds 2"`.
+		"ab": func(n int, agentPath, _ string) error {
+			if *abBombs != "" {
+				nbOpts.bombs = strings.Split(*abBombs, ",")
+			}
+			return runAB(n, agentPath, *baseline, *rounds, nbOpts)
 		},
 		// 64 clients × 60 s of mixed calls: `make bench ARGS="-only load"`
 		// (-load-clients, -load-duration).

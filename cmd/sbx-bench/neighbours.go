@@ -189,8 +189,9 @@ func neighbourRounds(ctx context.Context, c *sbx.Client, rounds, n int, f func()
 // neighbourOpts are the neighbours measurement's own flags.
 type neighbourOpts struct {
 	rounds      int
-	boxesShares uint64 // the daemon's --boxes-cpu-shares
-	benchShares uint64 // cpu.shares of a cgroup the bench and its daemon run in
+	boxesShares uint64   // the daemon's --boxes-cpu-shares
+	benchShares uint64   // cpu.shares of a cgroup the bench and its daemon run in
+	bombs       []string // -only ab: the bombs its neighbour rounds run; all if empty
 }
 
 // cpuGroup moves this process (and so the daemon it starts) into a new

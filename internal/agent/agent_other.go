@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -73,3 +74,6 @@ const FileWriterArg = "sbx-file-writer"
 
 // FileWriterHelper fails off Linux.
 func FileWriterHelper() error { return errNotLinux }
+
+// muxExec returns ln: framed execs are served on Linux only.
+func (s *Server) muxExec(_ context.Context, ln net.Listener) net.Listener { return ln }

@@ -163,11 +163,7 @@ func (s *Server) startBackground(id, tag string, ex *sbxv1.ExecRequest, limit in
 		}
 		o.mu.Unlock()
 	}
-	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: limit, maxChunks: chunks}, readSize: backgroundReadSize}
-	if p.stderr != nil {
-		e.readers++
-	}
-	e.cond = sync.NewCond(&e.mu)
+	e := newEntryProc(s, argv, p, limit, chunks, backgroundReadSize)
 	d := &bgProc{entryProc: e, id: id, tag: tag, env: maps.Clone(ex.GetEnv()), workdir: ex.GetWorkdir()}
 	p.initialStdin(ex)
 	d.stdinOpen = p.stdin != nil && (ex.GetStdinOpen() || ex.GetTty())
@@ -175,10 +171,6 @@ func (s *Server) startBackground(id, tag string, ex *sbxv1.ExecRequest, limit in
 		t.bg = map[string]*bgProc{}
 	}
 	t.bg[id] = d
-	go e.pump(s, p.stdout, false)
-	if p.stderr != nil {
-		go e.pump(s, p.stderr, true)
-	}
 	var timeout *time.Timer
 	if ms := ex.GetTimeoutMs(); ms > 0 {
 		timeout = time.AfterFunc(time.Duration(ms)*time.Millisecond, func() {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -37,17 +36,15 @@ type detachedTable struct {
 
 // detachedProc is one detached process.
 type detachedProc struct {
+	pumped
 	id   string
 	argv []string
-	p    *process
+	// limit is how much of each stream out keeps while nobody is attached.
+	limit int
 
-	// mu guards the fields below; cond (on mu) is broadcast on every change.
-	mu      sync.Mutex
-	cond    *sync.Cond
+	// These are guarded by mu.
 	out     outBuf
-	readers int               // output pumps still reading
-	exit    *sbxv1.ExecExited // set once the process exited and its output is all read
-	owner   uint64            // generation of the attached client; 0: none
+	owner   uint64 // generation of the attached client; 0: none
 	gen     uint64
 	removed bool
 }
@@ -144,22 +141,16 @@ func (s *Server) startDetached(id string, req *sbxv1.ExecRequest) (*detachedProc
 // s.detached.mu must be held.
 func (s *Server) adoptLocked(id string, argv []string, p *process, claimed bool) *detachedProc {
 	t := &s.detached
-	d := &detachedProc{id: id, argv: slices.Clone(argv), p: p, readers: 1}
+	d := &detachedProc{id: id, argv: slices.Clone(argv), limit: s.outputLimit}
 	if claimed {
 		d.gen, d.owner = 1, 1
 	}
-	if p.stderr != nil {
-		d.readers++ // before any pump runs: they decrement it under d.mu
-	}
-	d.cond = sync.NewCond(&d.mu)
+	d.init(p, 0)
 	if t.procs == nil {
 		t.procs = map[string]*detachedProc{}
 	}
 	t.procs[id] = d
-	go d.pump(s, p.stdout, false)
-	if p.stderr != nil {
-		go d.pump(s, p.stderr, true)
-	}
+	d.startPumps(s, d.put)
 	go d.watch()
 	s.log.Info("detached process started", "id", id, "pid", p.pid)
 	return d
@@ -180,55 +171,19 @@ func (s *Server) collect(d *detachedProc) {
 	}
 }
 
-// pump moves f's data into d's buffer until EOF, error or the drain
-// deadline. While a client is attached and the stream's buffer is full it
-// waits for the client (back-pressure instead of loss).
-func (d *detachedProc) pump(s *Server, f *os.File, stderr bool) {
-	buf := make([]byte, chunkSize)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			data := slices.Clone(buf[:n])
-			d.mu.Lock()
-			for d.owner != 0 && !d.removed && d.out.full(stderr, maxDetachedOutput) {
-				d.cond.Wait()
-			}
-			limit := maxDetachedOutput
-			if d.owner != 0 {
-				// The wait above made room; an attached client loses nothing.
-				limit += len(data)
-			}
-			d.out.add(stderr, data, limit)
-			d.cond.Broadcast()
-			d.mu.Unlock()
-		}
-		if err != nil {
-			d.mu.Lock()
-			d.readers--
-			last := d.readers == 0
-			d.cond.Broadcast()
-			d.mu.Unlock()
-			if last && !d.p.exited.Load() {
-				s.reaper.poll(d.p.pid)
-			}
-			return
-		}
-	}
-}
-
-// watch waits for the process to exit and its output to be read, then
-// records the exit status and releases the stdio.
-func (d *detachedProc) watch() {
-	st := d.p.exitedDraining()
-	d.mu.Lock()
-	for d.readers > 0 {
+// put stores a pump's data (d.mu held). While a client is attached and
+// the stream's buffer is full it waits for the client (back-pressure
+// instead of loss).
+func (d *detachedProc) put(stderr bool, data []byte) {
+	for d.owner != 0 && !d.removed && d.out.full(stderr, d.limit) {
 		d.cond.Wait()
 	}
-	code, sig := exitCode(st.ws)
-	d.exit = &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(d.p.started).Milliseconds()}
-	d.cond.Broadcast()
-	d.mu.Unlock()
-	d.p.close()
+	limit := d.limit
+	if d.owner != 0 {
+		// The wait above made room; an attached client loses nothing.
+		limit += len(data)
+	}
+	d.out.add(stderr, data, limit)
 }
 
 // serve attaches the stream to d: it sends attached, then buffered and live

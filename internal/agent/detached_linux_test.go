@@ -217,10 +217,7 @@ func TestDetachedExitStatusKept(t *testing.T) {
 }
 
 func TestDetachedBufferOverflow(t *testing.T) {
-	old := maxDetachedOutput
-	maxDetachedOutput = 4096
-	t.Cleanup(func() { maxDetachedOutput = old })
-	a := newTestAgent(t)
+	a := newTestAgent(t, func(c *Config) { c.outputLimit = 4096 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sctx, scancel := context.WithCancel(ctx)
@@ -230,13 +227,13 @@ func TestDetachedBufferOverflow(t *testing.T) {
 	a.waitExited(t, "big")
 	st, att := a.attach(t, ctx, "big", nil)
 	out, ex := readToExit(t, st)
-	if got, want := len(out), maxDetachedOutput; got != want {
+	if got, want := len(out), a.srv.outputLimit; got != want {
 		t.Errorf("buffered output: got %d bytes, want %d", got, want)
 	}
 	if !strings.HasSuffix(out, "aEND") {
 		t.Errorf("buffered output: got ...%q, want the newest bytes (ending in END)", out[max(0, len(out)-10):])
 	}
-	if got, want := att.GetDroppedStdout(), uint64(total-maxDetachedOutput); got != want {
+	if got, want := att.GetDroppedStdout(), uint64(total-a.srv.outputLimit); got != want {
 		t.Errorf("dropped: got %d, want %d", got, want)
 	}
 	if ex.GetExitCode() != 0 {
@@ -245,10 +242,7 @@ func TestDetachedBufferOverflow(t *testing.T) {
 }
 
 func TestDetachedAttachedOutputIsNotDropped(t *testing.T) {
-	old := maxDetachedOutput
-	maxDetachedOutput = 4096
-	t.Cleanup(func() { maxDetachedOutput = old })
-	a := newTestAgent(t)
+	a := newTestAgent(t, func(c *Config) { c.outputLimit = 4096 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, _ := a.attach(t, ctx, "live", &sbxv1.ExecRequest{Shell: "head -c 1000000 /dev/zero"})

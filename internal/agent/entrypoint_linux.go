@@ -1,15 +1,11 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -28,20 +24,21 @@ import (
 // entryProc is a started process whose output goes to a logRing: the
 // entrypoint, and the background processes (background_linux.go).
 type entryProc struct {
+	pumped
 	argv []string
-	p    *process
-	// timedOut is set before a timeout kills the process (background
-	// processes); the exit records it.
-	timedOut atomic.Bool
-	// readSize is each pump's read buffer; 0: chunkSize.
-	readSize int
 
-	// mu guards the fields below; cond (on mu) is broadcast on every change.
-	mu      sync.Mutex
-	cond    *sync.Cond
-	log     logRing
-	readers int               // output pumps still reading
-	exit    *sbxv1.ExecExited // set once the process exited and its output is all read
+	// log is guarded by mu.
+	log logRing
+}
+
+// newEntryProc returns the entryProc of p, whose output goes to a ring of
+// limit bytes a stream in at most chunks pieces (0: no bound on pieces),
+// read readSize bytes at a time (0: chunkSize); its pumps are running.
+func newEntryProc(s *Server, argv []string, p *process, limit, chunks, readSize int) *entryProc {
+	e := &entryProc{argv: slices.Clone(argv), log: logRing{limit: limit, maxChunks: chunks}}
+	e.init(p, readSize)
+	e.startPumps(s, func(stderr bool, data []byte) { e.log.add(stderr, data, time.Now()) })
+	return e
 }
 
 // startEntrypoint starts the sandbox's long-running command with the
@@ -79,16 +76,8 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 	if err != nil {
 		return err
 	}
-	e := &entryProc{argv: slices.Clone(argv), p: p, readers: 1, log: logRing{limit: maxDetachedOutput}}
-	if p.stderr != nil {
-		e.readers++
-	}
-	e.cond = sync.NewCond(&e.mu)
+	e := newEntryProc(s, argv, p, s.outputLimit, 0, 0)
 	s.entry.Store(e)
-	go e.pump(s, p.stdout, false)
-	if p.stderr != nil {
-		go e.pump(s, p.stderr, true)
-	}
 	go func() {
 		e.watch()
 		st := e.wait(context.Background())
@@ -96,48 +85,6 @@ func (s *Server) startEntrypointLocked(argv, env []string, dir string, user *use
 	}()
 	s.log.Info("entrypoint started", "argv", argv, "pid", p.pid)
 	return nil
-}
-
-// pump moves f's output into the ring until EOF, error or the drain
-// deadline.
-func (e *entryProc) pump(s *Server, f *os.File, stderr bool) {
-	buf := make([]byte, cmp.Or(e.readSize, chunkSize))
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			data := slices.Clone(buf[:n])
-			e.mu.Lock()
-			e.log.add(stderr, data, time.Now())
-			e.cond.Broadcast()
-			e.mu.Unlock()
-		}
-		if err != nil {
-			e.mu.Lock()
-			e.readers--
-			last := e.readers == 0
-			e.cond.Broadcast()
-			e.mu.Unlock()
-			if last && !e.p.exited.Load() {
-				s.reaper.poll(e.p.pid)
-			}
-			return
-		}
-	}
-}
-
-// watch waits for the process to exit and its output to be read, then
-// records the exit status and releases the stdio.
-func (e *entryProc) watch() {
-	st := e.p.exitedDraining()
-	e.mu.Lock()
-	for e.readers > 0 {
-		e.cond.Wait()
-	}
-	code, sig := exitCode(st.ws)
-	e.exit = &sbxv1.ExecExited{ExitCode: code, Signal: sig, DurationMs: time.Since(e.p.started).Milliseconds(), TimedOut: e.timedOut.Load()}
-	e.cond.Broadcast()
-	e.mu.Unlock()
-	e.p.close()
 }
 
 // wait blocks until e has exited and its output is read, or ctx ends (nil).

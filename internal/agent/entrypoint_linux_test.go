@@ -75,10 +75,7 @@ func (a *testAgent) killEntrypoint(t *testing.T) {
 // of the newest bytes (the rest dropped and counted), not into the agent's
 // stdout, which is a file on the host; Logs reads it, Wait gets its status.
 func TestEntrypointOutputBounded(t *testing.T) {
-	old := maxDetachedOutput
-	maxDetachedOutput = 4096
-	t.Cleanup(func() { maxDetachedOutput = old })
-	a := newTestAgent(t)
+	a := newTestAgent(t, func(c *Config) { c.outputLimit = 4096 })
 	const total = 1 << 20
 	script := fmt.Sprintf("head -c %d /dev/zero | tr '\\0' e; printf LAST; exit 7", total-4)
 	if err := a.srv.startEntrypoint([]string{"/bin/sh", "-c", script}); err != nil {
@@ -97,10 +94,10 @@ func TestEntrypointOutputBounded(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Logs: %v", err)
 	}
-	if len(r.stdout) != maxDetachedOutput || !strings.HasSuffix(r.stdout, "eLAST") {
-		t.Errorf("entrypoint output: %d bytes, ...%q; want %d ending in eLAST", len(r.stdout), r.stdout[max(0, len(r.stdout)-12):], maxDetachedOutput)
+	if len(r.stdout) != a.srv.outputLimit || !strings.HasSuffix(r.stdout, "eLAST") {
+		t.Errorf("entrypoint output: %d bytes, ...%q; want %d ending in eLAST", len(r.stdout), r.stdout[max(0, len(r.stdout)-12):], a.srv.outputLimit)
 	}
-	if got, want := r.dropOut, uint64(total-maxDetachedOutput); got != want {
+	if got, want := r.dropOut, uint64(total-a.srv.outputLimit); got != want {
 		t.Errorf("dropped: got %d, want %d", got, want)
 	}
 	if r.exited.GetExitCode() != 7 || r.events[len(r.events)-1] != "exit" {

@@ -509,8 +509,9 @@ func (p *process) read(f *os.File, stderr bool, out chan<- *sbxv1.ExecOutput, qu
 	bp := readBufs.Get().(*[]byte)
 	defer readBufs.Put(bp)
 	buf := *bp
+	drained := 0
 	for {
-		n, err := f.Read(buf)
+		n, err := readOrDrain(f, buf, &drained)
 		if n > 0 {
 			data := slices.Clone(buf[:n])
 			var m *sbxv1.ExecOutput
@@ -619,6 +620,49 @@ func (p *process) drainSoon() {
 	if p.stderr != nil {
 		p.stderr.SetReadDeadline(deadline)
 	}
+}
+
+// pastDeadline is a read deadline that has passed.
+var pastDeadline = time.Unix(1, 0)
+
+// drainMax bounds what one reader takes past its drain deadline: the most a
+// pipe holds by default (/proc/sys/fs/pipe-max-size).
+const drainMax = 1 << 20
+
+// readOrDrain is f.Read, except that past f's drain deadline it still
+// returns what is already in the pipe: Go's poller refuses a read past its
+// deadline before trying the read, so a reader the scheduler ran late lost
+// output the process had written before it exited (an exec of `echo 42`
+// that exits 0 with empty stdout, seen under load). Past the deadline each
+// call takes one read that never waits; once the pipe is empty, or
+// drainMax bytes were taken past the deadline (a grandchild holding the pipe
+// may keep writing), it returns os.ErrDeadlineExceeded. *drained counts
+// those bytes for one reader.
+func readOrDrain(f *os.File, buf []byte, drained *int) (int, error) {
+	n, err := f.Read(buf)
+	if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || *drained >= drainMax {
+		return n, err
+	}
+	rc, serr := f.SyscallConn()
+	if serr != nil {
+		return 0, err
+	}
+	// The raw read is refused past the deadline too: lift it for the one
+	// read, which never waits (the fd is non-blocking under the poller).
+	if f.SetReadDeadline(time.Time{}) != nil {
+		return 0, err
+	}
+	defer f.SetReadDeadline(pastDeadline)
+	var rn int
+	var rerr error
+	if cerr := rc.Read(func(fd uintptr) bool {
+		rn, rerr = unix.Read(int(fd), buf)
+		return true
+	}); cerr != nil || rerr != nil || rn <= 0 {
+		return 0, err
+	}
+	*drained += rn
+	return rn, nil
 }
 
 // exitedDraining waits for the process to exit, marks it exited and bounds

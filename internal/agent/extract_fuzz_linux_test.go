@@ -5,9 +5,7 @@ import (
 	"context"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -17,7 +15,7 @@ import (
 
 // FuzzExtractTar feeds the agent's UploadTar extractor hostile archives
 // (see testutil.TarFromScript). Nothing is written, linked or changed
-// outside the destination; no symlink it made points outside it; no device
+// outside the destination; no symlink it made resolves outside it; no device
 // is made and no file keeps setuid or setgid.
 func FuzzExtractTar(f *testing.F) {
 	testutil.RequiresRoot(f)
@@ -37,6 +35,7 @@ func FuzzExtractTar(f *testing.F) {
 		defer unix.Close(fd)
 		_, _, _ = extractTar(context.Background(), bfs, nil, fd, bytes.NewReader(testutil.TarFromScript(script, j.Out)))
 		j.Check(t)
+		assertNoLinkLeaves(t, j.Dest)
 		_ = filepath.WalkDir(j.Dest, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				t.Fatalf("walk: %v", err)
@@ -47,11 +46,6 @@ func FuzzExtractTar(f *testing.F) {
 			}
 			rel, _ := filepath.Rel(j.Dest, p)
 			switch m := fi.Mode(); {
-			case m&fs.ModeSymlink != 0:
-				target, _ := os.Readlink(p)
-				if to := path.Join(path.Dir(rel), target); path.IsAbs(target) || to == ".." || strings.HasPrefix(to, "../") {
-					t.Fatalf("%s -> %s points outside the destination", rel, target)
-				}
 			case m&fs.ModeDevice != 0:
 				t.Fatalf("%s is a device", rel)
 			case m&(fs.ModeSetuid|fs.ModeSetgid) != 0:

@@ -22,7 +22,9 @@ import (
 // fd of dest one component at a time with O_NOFOLLOW, so a symlink planted by
 // an earlier entry (or already there) is never followed; an existing final
 // entry is unlinked, never written through. Hard links must name an entry
-// inside dest; symlinks whose target leaves dest are refused; devices are
+// inside dest; symlinks whose target leaves dest are refused, read alone
+// and then, once every entry exists, resolved by the kernel beneath dest
+// (checkLinks: a chain of links that each look inside can lead out); devices are
 // refused; setuid, setgid bits are stripped. Every directory opened is
 // checked like any path of the file API (boxFS.check): an archive
 // extracted into "/" cannot write into the agent's own /proc directory.
@@ -34,11 +36,12 @@ func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r i
 	x := &extractor{root: rootFd, dirs: make(map[string]int), bfs: bfs}
 	defer x.close()
 
+	var links []string // symlinks made, checked once every entry is in place
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return files, bytes, nil
+			return files, bytes, x.checkLinks(links)
 		}
 		if err != nil {
 			return files, bytes, fmt.Errorf("reading tar: %w", err)
@@ -104,6 +107,7 @@ func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r i
 			if err := unix.Symlinkat(hdr.Linkname, parent, base); err != nil {
 				return files, bytes, entryError(hdr.Name, err)
 			}
+			links = append(links, name)
 		case tar.TypeLink:
 			target, ok := cleanName(hdr.Linkname)
 			if !ok || target == "" || strings.HasPrefix(hdr.Linkname, "/") {
@@ -118,9 +122,59 @@ func extractTar(ctx context.Context, bfs *boxFS, fw *fileWriter, destFd int, r i
 			if err := unix.Linkat(tparent, tbase, parent, base, 0); err != nil {
 				return files, bytes, entryError(hdr.Name, err)
 			}
+			// A hard link to a symlink is that symlink under a second
+			// name: checked at the end like it.
+			var st unix.Stat_t
+			if err := unix.Fstatat(parent, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				links = append(links, name)
+			}
 		}
 		files++
 	}
+}
+
+// checkLinks resolves every symlink the archive made, now that all its
+// entries exist, by the kernel from the destination with RESOLVE_BENEATH:
+// symlinkInside reads a target alone, and "l -> s/x/.." is inside by
+// itself but the destination's parent once "s/x -> .." exists (an entry
+// that may come after l). Every link whose resolution leaves the
+// destination is removed (a hard link to a symlink is listed too) and the
+// first fails the upload with its name; a dangling one stays (nothing it
+// names exists to lead anywhere).
+func (x *extractor) checkLinks(links []string) error {
+	var first error // every escaping link is removed; the first one is named
+	for _, name := range links {
+		how := unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+		}
+		fd, err := unix.Openat2(x.root, name, &how)
+		if err == nil {
+			unix.Close(fd)
+			continue
+		}
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			continue
+		}
+		var target string
+		buf := make([]byte, 4096)
+		if n, rerr := unix.Readlinkat(x.root, name, buf); rerr == nil {
+			target = string(buf[:n])
+		}
+		dir, base := path.Split(name)
+		if parent, derr := x.dir(strings.TrimSuffix(dir, "/")); derr == nil {
+			unix.Unlinkat(parent, base, 0)
+		}
+		if first != nil {
+			continue
+		}
+		if errors.Is(err, unix.EXDEV) {
+			first = badEntry(name, fmt.Sprintf("symlink target %q leads out of the destination through other links", target))
+		} else {
+			first = entryError(name, fmt.Errorf("resolving symlink target %q: %w", target, err))
+		}
+	}
+	return first
 }
 
 // extractor holds fds of directories already walked to, relative to root.

@@ -147,7 +147,9 @@ func TestFramedExecCancelKills(t *testing.T) {
 	}
 }
 
-// A box without an exec socket (its agent predates it) gets the Exec RPC.
+// A box without an exec socket still runs commands: this agent (protocol
+// 5) takes them framed on its API endpoint; an older one gets the Exec RPC
+// (agentconn's TestOldAgentGetsExecRPC).
 func TestFramedExecFallsBackToRPC(t *testing.T) {
 	a := newTestAgent(t)
 	conn := agentconn.New(a.dial, agentconn.WithExecDial(func(context.Context) (net.Conn, error) {
@@ -240,5 +242,59 @@ func TestFramedExecSpareConnection(t *testing.T) {
 		if !c.closed.Load() {
 			t.Errorf("connection %d still open after Close", i)
 		}
+	}
+}
+
+// firstByteConn records the first byte the daemon wrote on a connection.
+type firstByteConn struct {
+	net.Conn
+	once  sync.Once
+	first *atomic.Int32 // counts connections whose first byte was 'I'
+}
+
+func (c *firstByteConn) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		c.once.Do(func() {
+			if p[0] == 'I' {
+				c.first.Add(1)
+			}
+		})
+	}
+	return c.Conn.Write(p)
+}
+
+// TestFramedExecOnAPIEndpoint: an agent of protocol 5 takes framed execs on
+// its API endpoint too, beside the AgentService's HTTP/2, so a driver that
+// gives it one endpoint only (no exec socket) still gets the framed
+// transport. The daemon asks the agent's protocol (Hello) first if it does
+// not know it yet.
+func TestFramedExecOnAPIEndpoint(t *testing.T) {
+	a := newTestAgent(t)
+	var framed atomic.Int32
+	conn := agentconn.New(func(ctx context.Context) (net.Conn, error) {
+		c, err := a.dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &firstByteConn{Conn: c, first: &framed}, nil
+	})
+	defer conn.Close()
+	for i := range 3 {
+		want := fmt.Sprintf("framed %d\n", i)
+		res, err := collectFramed(t, conn, &sbxv1.ExecRequest{Shell: "echo " + strings.TrimSpace(want) + "; exit 2"})
+		if err != nil || res.stdout != want || res.exited.GetExitCode() != 2 {
+			t.Fatalf("command %d: got %q exit %d, %v; want %q exit 2", i, res.stdout, res.exited.GetExitCode(), err, want)
+		}
+		if n := framed.Load(); n < int32(i+1) {
+			t.Errorf("after command %d: %d framed connections on the API endpoint, want at least %d", i, n, i+1)
+		}
+	}
+	// The AgentService still answers on the same endpoint.
+	hello, err := conn.Hello(context.Background())
+	if err != nil {
+		t.Fatalf("Hello after framed execs: %v", err)
+	}
+	if got, want := hello.GetProtocolVersion(), uint32(5); got != want {
+		t.Errorf("Hello: protocol %d, want %d", got, want)
 	}
 }

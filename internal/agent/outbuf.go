@@ -1,8 +1,9 @@
 package agent
 
-// maxDetachedOutput is how much output of each stream (stdout, stderr) of a
-// detached process is kept while no client takes it (a variable for tests).
-var maxDetachedOutput = 1 << 20
+// defaultOutputLimit is how much output of each stream (stdout, stderr) of
+// a detached process or the entrypoint is kept while no client takes it
+// (Server.outputLimit; tests set Config.outputLimit).
+const defaultOutputLimit = 1 << 20
 
 // coalesceLimit is the size up to which consecutive output of one stream
 // is merged into one chunk.

@@ -25,6 +25,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,8 +52,10 @@ var Version = "dev"
 // ProtocolVersion is the highest daemon↔agent protocol version this agent speaks.
 // Version 2 added Attach, ListDetached and RemoveDetached; 3 added Logs and
 // Wait; 4 added background processes (StartProcess, ProcessLogs,
-// ProcessInput, WaitProcess, and their fields in DetachedProcess).
-const ProtocolVersion = 4
+// ProcessInput, WaitProcess, and their fields in DetachedProcess); 5 serves
+// framed execs on the API endpoint too (mux_linux.go), so a driver needs
+// to give the agent one endpoint only.
+const ProtocolVersion = 5
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
@@ -75,6 +78,9 @@ type Config struct {
 	// passwdFile and groupFile are where users are looked up; "" means
 	// /etc/passwd and /etc/group (tests point them elsewhere).
 	passwdFile, groupFile string
+	// outputLimit is Server.outputLimit; 0 means defaultOutputLimit
+	// (tests make it small).
+	outputLimit int
 }
 
 // Server implements agentv1connect.AgentServiceHandler.
@@ -89,6 +95,10 @@ type Server struct {
 
 	// passwdFile and groupFile are where users are looked up (fixed).
 	passwdFile, groupFile string
+	// outputLimit is how much of each stream the entrypoint's ring and a
+	// detached process's buffer keep (fixed; each process takes it when
+	// it starts).
+	outputLimit int
 
 	// mu guards the defaults. Configure replaces them (never mutates the
 	// slice in place), so a snapshot taken under mu stays valid.
@@ -148,13 +158,14 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		files:      files,
-		env:        env,
-		workdir:    wd,
-		log:        log,
-		reaper:     newReaper(cfg.ReapAll, log),
-		passwdFile: cfg.passwdFile,
-		groupFile:  cfg.groupFile,
+		files:       files,
+		env:         env,
+		workdir:     wd,
+		log:         log,
+		reaper:      newReaper(cfg.ReapAll, log),
+		passwdFile:  cfg.passwdFile,
+		outputLimit: cmp.Or(cfg.outputLimit, defaultOutputLimit),
+		groupFile:   cfg.groupFile,
 	}
 	s.lock.enabled = cfg.Lockdown
 	if s.passwdFile == "" {
@@ -215,8 +226,10 @@ func holderFrom(ctx context.Context) flushHolder {
 	return h
 }
 
-// Serve serves AgentService on ln until ctx ends.
+// Serve serves AgentService on ln until ctx ends, and framed execs on the
+// connections that start with one (mux_linux.go).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ln = s.muxExec(ctx, ln)
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)

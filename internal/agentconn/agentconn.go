@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -24,8 +25,15 @@ import (
 // ProtocolVersion is the highest daemon↔agent protocol version this build speaks.
 // Version 2 added detached processes (Attach, ListDetached, RemoveDetached);
 // 3 added the entrypoint's Logs and Wait; 4 added background processes
-// (StartProcess, ProcessLogs, ProcessInput, WaitProcess).
-const ProtocolVersion = 4
+// (StartProcess, ProcessLogs, ProcessInput, WaitProcess); 5 has the agent
+// take framed execs on its API endpoint too (a connection whose first
+// byte is execframe.FrameInput), which the daemon uses for a box whose
+// driver gives it no exec socket of its own.
+const ProtocolVersion = 5
+
+// protocolFramedOnAPI is the first protocol version whose agent takes
+// framed execs on its API endpoint.
+const protocolFramedOnAPI = 5
 
 // ReadyByte is what an agent started with --ready-fd writes on that fd once it
 // serves; drivers wait for it instead of polling with Hello.
@@ -94,8 +102,13 @@ type DialFunc func(ctx context.Context) (net.Conn, error)
 type Conn struct {
 	agentv1connect.AgentServiceClient
 	transport *http.Transport
+	// dial connects to the agent's API endpoint.
+	dial DialFunc
 	// execDial, if set, connects to the agent's framed exec socket.
 	execDial DialFunc
+	// version is the protocol version the agent's Hello answered; 0 until
+	// then.
+	version atomic.Uint32
 	// execOnce calls the agent's Exec (a bidi stream) as a server stream:
 	// one start message, then the request ends (see ExecOnce).
 	execOnce *connect.Client[sbxv1.ExecInput, sbxv1.ExecOutput]
@@ -138,7 +151,7 @@ func New(dial DialFunc, opts ...Option) *Conn {
 	client := agentv1connect.NewAgentServiceClient(hc, "http://agent", connect.WithReadMaxBytes(MaxMessageBytes))
 	execOnce := connect.NewClient[sbxv1.ExecInput, sbxv1.ExecOutput](hc, "http://agent"+agentv1connect.AgentServiceExecProcedure,
 		connect.WithReadMaxBytes(MaxMessageBytes))
-	c := &Conn{AgentServiceClient: client, transport: tr, execOnce: execOnce}
+	c := &Conn{AgentServiceClient: client, transport: tr, dial: dial, execOnce: execOnce}
 	for _, o := range opts {
 		o(c)
 	}
@@ -153,6 +166,29 @@ type ExecStream interface {
 	Close() error
 }
 
+// DataStream is an ExecStream that can hand over the command's output
+// undecoded: the framed transport's. A relay whose client speaks the
+// framed protocol too passes the data on as it came (see
+// execframe.IsData) and decodes only the other events.
+type DataStream interface {
+	ExecStream
+	// ReceiveData is Receive, except that a stdout or stderr event is
+	// not decoded: data is its frame's payload, valid until the next
+	// call, and Msg is left alone. more reports that (part of) the next
+	// frame has already arrived, so a relay may hold its write back.
+	ReceiveData() (data []byte, more, ok bool)
+}
+
+// ExecConn is a command started with ExecInteractive: its output, and its
+// input after the start message.
+type ExecConn interface {
+	ExecStream
+	// Send sends an input event: stdin, its end, a resize or a signal.
+	Send(*sbxv1.ExecInput) error
+	// CloseSend says no more input comes (it does not close stdin).
+	CloseSend() error
+}
+
 // ExecOnce runs a command that takes no input after its start message
 // (stdin given up front or none, no signals or resizes). With an exec
 // dialer it takes the agent's framed exec protocol, one Unix connection per
@@ -163,14 +199,79 @@ type ExecStream interface {
 // cancelling ctx (or closing the stream early) makes the agent kill the
 // command.
 func (c *Conn) ExecOnce(ctx context.Context, start *sbxv1.ExecRequest) (ExecStream, error) {
-	if c.execDial != nil {
-		st, err := c.execFramed(ctx, start)
-		if !errors.Is(err, errors.ErrUnsupported) {
-			return st, err
-		}
+	st, err := c.execFramed(ctx, start)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		return st, err
 	}
 	return c.execOnce.CallServerStream(ctx, connect.NewRequest(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}))
 }
+
+// ExecInteractive starts a command that takes input after its start
+// message (stdin, resizes, signals). It takes the same framed transport as
+// ExecOnce, on which the agent has always read input frames after the
+// start; only a box whose agent has no exec socket falls back to the Exec
+// RPC as a bidi stream. Cancelling ctx (or closing the stream) makes the
+// agent kill the command.
+func (c *Conn) ExecInteractive(ctx context.Context, start *sbxv1.ExecRequest) (ExecConn, error) {
+	st, err := c.execFramed(ctx, start)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+	bs := &bidiStream{s: c.AgentServiceClient.Exec(ctx)}
+	if err := bs.s.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, io.EOF) {
+		_ = bs.Close()
+		return nil, fmt.Errorf("sending exec start to agent: %w", err)
+	}
+	return bs, nil
+}
+
+// bidiStream is the Exec RPC as an ExecConn, for agents without an exec
+// socket. A send that finds the agent gone (io.EOF) succeeds: Receive then
+// says why.
+type bidiStream struct {
+	s    *connect.BidiStreamForClient[sbxv1.ExecInput, sbxv1.ExecOutput]
+	msg  *sbxv1.ExecOutput
+	err  error
+	done bool
+}
+
+func (b *bidiStream) Receive() bool {
+	if b.done {
+		return false
+	}
+	m, err := b.s.Receive()
+	if err != nil {
+		b.done = true
+		if !errors.Is(err, io.EOF) {
+			b.err = err
+		}
+		return false
+	}
+	b.msg = m
+	return true
+}
+
+func (b *bidiStream) Msg() *sbxv1.ExecOutput { return b.msg }
+func (b *bidiStream) Err() error             { return b.err }
+
+// Close tells the agent (over HTTP/2) that the daemon is gone, so that it
+// kills a command that is still running.
+func (b *bidiStream) Close() error { return b.s.CloseResponse() }
+
+func (b *bidiStream) Send(in *sbxv1.ExecInput) error {
+	if err := b.s.Send(in); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// CloseSend closes the request side: until it is closed the HTTP/2
+// transport is busy sending its body and does not watch the call's
+// context.
+func (b *bidiStream) CloseSend() error { return b.s.CloseRequest() }
 
 // Close drops idle connections to the agent.
 func (c *Conn) Close() {
@@ -191,8 +292,10 @@ func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
-	if v := resp.Msg.GetProtocolVersion(); v == 0 || v > ProtocolVersion {
+	v := resp.Msg.GetProtocolVersion()
+	if v == 0 || v > ProtocolVersion {
 		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ProtocolVersion)
 	}
+	c.version.Store(v)
 	return resp.Msg, nil
 }

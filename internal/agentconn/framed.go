@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -14,7 +15,10 @@ import (
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 )
 
-// execFramed starts a command over the agent's framed exec protocol.
+// execFramed starts a command over the agent's framed exec protocol. It is
+// errors.ErrUnsupported for an agent that takes framed execs nowhere the
+// daemon can reach: no exec socket, and a protocol older than
+// protocolFramedOnAPI (asked with Hello if not known yet).
 func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*framedStream, error) {
 	nc, err := c.execConn(ctx)
 	if err != nil {
@@ -37,7 +41,7 @@ func (c *Conn) execFramed(ctx context.Context, start *sbxv1.ExecRequest) (*frame
 	}
 	// Closing the connection is what cancels the command in the agent.
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	return &framedStream{ctx: ctx, nc: nc, r: execframe.NewReader(nc), stop: stop, onClose: c.refill}, nil
+	return &framedStream{ctx: ctx, nc: nc, r: execframe.NewReader(nc), w: w, stop: stop, onClose: c.refill}, nil
 }
 
 // execConn returns the spare exec connection, or dials one.
@@ -49,7 +53,27 @@ func (c *Conn) execConn(ctx context.Context) (net.Conn, error) {
 	if nc != nil {
 		return nc, nil
 	}
-	return c.execDial(ctx)
+	return c.dialExec(ctx)
+}
+
+// dialExec connects to where the agent takes framed execs: its exec
+// socket, else (from protocol 5) its API endpoint.
+func (c *Conn) dialExec(ctx context.Context) (net.Conn, error) {
+	if c.execDial != nil {
+		nc, err := c.execDial(ctx)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return nc, err
+		}
+	}
+	if c.version.Load() == 0 {
+		// Not said yet (the daemon's Hello at create or recovery may
+		// still be on its way): ask, once.
+		_, _ = c.Hello(ctx)
+	}
+	if c.version.Load() < protocolFramedOnAPI {
+		return nil, fmt.Errorf("agent protocol %d takes framed execs on no endpoint the daemon has: %w", c.version.Load(), errors.ErrUnsupported)
+	}
+	return c.dial(ctx)
 }
 
 // spareDialTimeout bounds the background dial of a spare connection.
@@ -68,7 +92,7 @@ func (c *Conn) refill() {
 	c.spareMu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), spareDialTimeout)
-		nc, err := c.execDial(ctx)
+		nc, err := c.dialExec(ctx)
 		cancel()
 		c.spareMu.Lock()
 		defer c.spareMu.Unlock()
@@ -84,8 +108,9 @@ func (c *Conn) refill() {
 	}()
 }
 
-// framedStream reads a framed exec's output; it has the methods of
-// connect.ServerStreamForClient that ExecStream names.
+// framedStream is a framed exec: it reads the command's output (the
+// methods of connect.ServerStreamForClient that ExecStream names, and
+// ReceiveData) and sends its input (ExecConn's).
 type framedStream struct {
 	ctx  context.Context
 	nc   net.Conn
@@ -96,15 +121,40 @@ type framedStream struct {
 	done bool
 	// onClose runs once, when the stream is closed (Conn.refill).
 	onClose func()
+
+	// wmu serialises Send (the start frame is written before the stream
+	// is handed out).
+	wmu sync.Mutex
+	w   *execframe.Writer
 }
 
 // Receive reads the next output event; false at the end (after exited) or
 // on an error (see Err).
 func (s *framedStream) Receive() bool {
+	_, _, ok := s.receive(false)
+	return ok
+}
+
+// ReceiveData is Receive, except that a stdout or stderr event
+// (execframe.IsData) is not decoded: data is its frame's payload, valid
+// until the next call, and Msg is left alone. more reports that at least
+// part of the agent's next frame has already arrived.
+func (s *framedStream) ReceiveData() (data []byte, more, ok bool) {
+	return s.receive(true)
+}
+
+func (s *framedStream) receive(undecoded bool) (data []byte, more, ok bool) {
 	if s.done {
-		return false
+		return nil, false, false
 	}
-	m, err := s.r.ReadOutput()
+	typ, payload, err := s.r.NextShared()
+	var m *sbxv1.ExecOutput
+	if err == nil {
+		if undecoded && typ == execframe.FrameOutput && execframe.IsData(payload) {
+			return payload, s.r.Buffered() > 0, true
+		}
+		m, err = execframe.DecodeOutput(typ, payload)
+	}
 	if err != nil {
 		s.done = true
 		var fe *execframe.Error
@@ -118,14 +168,33 @@ func (s *framedStream) Receive() bool {
 		default:
 			s.err = connect.NewError(connect.CodeUnavailable, fmt.Errorf("reading exec output from agent: %w", err))
 		}
-		return false
+		return nil, false, false
 	}
 	s.msg = m
 	if m.GetExited() != nil {
 		s.done = true // the agent closes next
 	}
-	return true
+	return nil, false, true
 }
+
+// Send sends one input event (stdin, its end, a resize, a signal).
+func (s *framedStream) Send(in *sbxv1.ExecInput) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	err := s.w.Write(execframe.FrameInput, in)
+	if err == nil {
+		err = s.w.Flush()
+	}
+	if err != nil {
+		return fmt.Errorf("sending exec input to agent: %w", err)
+	}
+	return nil
+}
+
+// CloseSend does nothing: the framed protocol never half-closes (the end
+// of stdin is a stdin_close event, the connection's end the command's
+// cancellation).
+func (s *framedStream) CloseSend() error { return nil }
 
 // Msg is the event Receive read.
 func (s *framedStream) Msg() *sbxv1.ExecOutput { return s.msg }

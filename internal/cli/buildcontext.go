@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -22,8 +23,8 @@ import (
 // os.Root, which never resolves a name outside the directory, whatever
 // symlinks it holds or gains meanwhile. Symlinks are never followed: one
 // pointing inside what is copied is archived as a link; one pointing out of
-// it (absolute, or climbing out with "..", such as a link to /etc) is
-// refused with its name, as the daemon's extractor would refuse it later;
+// it (absolute, or climbing out with "..", such as a link to /etc, or
+// leading out through other links of the tree) is refused with its name, as the daemon's extractor would refuse it later;
 // a src that goes through a symlink leading out of the context is refused
 // too. Only directories, regular files and symlinks are copied. os.Root
 // rather than internal/safepath, because the CLI also runs off Linux.
@@ -79,6 +80,16 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 	if err != nil {
 		return nil, contextErr(src, bc.dir, err)
 	}
+	// tree resolves links within what is copied: a link passes only if it
+	// reads as inside alone (linkInside) and also resolves inside through
+	// the other links there ("l -> s/x/.." with "s/x -> .." does not).
+	var tree *os.Root
+	if fi.IsDir() {
+		if tree, err = bc.root.OpenRoot(filepath.FromSlash(src)); err != nil {
+			return nil, contextErr(src, bc.dir, err)
+		}
+		defer tree.Close()
+	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	add := func(p, name string, fi fs.FileInfo) error {
@@ -88,7 +99,7 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 			if link, err = fsys.ReadLink(p); err != nil {
 				return err
 			}
-			if !linkInside(name, link) {
+			if !linkInside(name, link) || tree != nil && resolvesOut(tree, name) {
 				return fmt.Errorf("symlink %s -> %q points out of what is copied; symlinks are copied as links only when they point inside it, never followed", p, link)
 			}
 		case fi.IsDir(), fi.Mode().IsRegular():
@@ -113,14 +124,11 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		f, err := bc.root.Open(filepath.FromSlash(p))
+		f, err := openWalked(bc.root, p, fi)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		if now, err := f.Stat(); err != nil || !now.Mode().IsRegular() {
-			return fmt.Errorf("%s: changed while being read", p)
-		}
 		// Exactly the size the header says, whatever the file does meanwhile.
 		if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
@@ -158,6 +166,14 @@ func (bc *buildContext) tar(src string) ([]byte, error) {
 	}
 	bc.sent += int64(buf.Len())
 	return buf.Bytes(), nil
+}
+
+// resolvesOut reports whether the symlink name of tree, resolved through
+// tree's other links, leads out of it (os.Root refuses to leave it); a
+// dangling link does not.
+func resolvesOut(tree *os.Root, name string) bool {
+	_, err := tree.Stat(filepath.FromSlash(name))
+	return err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR)
 }
 
 // contextErr explains a failure to read src from the build context.

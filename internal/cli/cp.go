@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -120,53 +123,96 @@ func cpInto(dst, src string, join func(...string) string) string {
 }
 
 // writeTar writes the tree at dir (without following symlinks) as a tar.
+// The tree may be reshaped while it is read (a cloned repository's
+// scripts, a directory a sandbox shares): it is read through an os.Root
+// (nothing outside dir is ever opened) and each regular file through
+// writeTarFile, which reads only the very file the walk saw.
 func writeTar(w io.Writer, dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer root.Close()
+	fsys := root.FS().(fs.ReadLinkFS)
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(fsys, ".", func(rel string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
+		if rel == "." {
+			return nil
 		}
-		info, err := d.Info()
+		info, err := fsys.Lstat(rel)
 		if err != nil {
 			return err
 		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
+		return writeTarEntry(tw, root, rel, info)
 	})
 	if err != nil {
 		return err
 	}
 	return tw.Close()
+}
+
+// writeTarEntry writes rel (slash-separated, inside root) as the walk saw
+// it (info: its lstat): a symlink as a link, a regular file with exactly
+// its walked size from the very same file (opened O_NOFOLLOW through root
+// and checked to have info's device and inode), so one swapped for a
+// symlink since the walk fails the copy instead of sending what it leads to.
+func writeTarEntry(tw *tar.Writer, root *os.Root, rel string, info fs.FileInfo) error {
+	link := ""
+	if info.Mode()&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = root.Readlink(rel); err != nil {
+			return err
+		}
+	}
+	hdr, err := tar.FileInfoHeader(info, link)
+	if err != nil {
+		return err
+	}
+	hdr.Name = rel
+	if info.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
+	if !info.Mode().IsRegular() {
+		return tw.WriteHeader(hdr)
+	}
+	f, err := openWalked(root, rel, info)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		return fmt.Errorf("%s: %w (it shrank during the copy?)", rel, err)
+	}
+	return nil
+}
+
+// openWalked opens the regular file rel of root for reading only if it is
+// the very file a walk saw (info: its lstat): not followed if it became a
+// symlink (O_NOFOLLOW; os.Root keeps any directory swapped for one inside
+// root), and of info's device and inode, so neither a file outside nor
+// another file of the tree (one a .dockerignore leaves out, say) is read
+// in its place.
+func openWalked(root *os.Root, rel string, info fs.FileInfo) (*os.File, error) {
+	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: replaced while being read: %w", rel, err)
+	}
+	now, err := f.Stat()
+	if err == nil && (!now.Mode().IsRegular() || !os.SameFile(now, info)) {
+		err = fmt.Errorf("%s: replaced by another file while being read; not read", rel)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // copyOut copies src in sb to dst on the host, counting the bytes read in
@@ -268,6 +314,27 @@ func underSymlink(root *os.Root, name string) bool {
 	return false
 }
 
+// checkLinksResolve resolves, once the whole archive is extracted, every
+// symlink it made through root (os.Root follows links only while they stay
+// inside dst), and removes and lists as skipped each one that leads out:
+// the per-link rules read one target alone, so a link going through a
+// link dst already held (the user's "p -> /home/u" makes "l -> p/.ssh"
+// lead there) passes them. A dangling link stays.
+func checkLinksResolve(root *os.Root, links map[string]string, skipped []string) ([]string, error) {
+	names := slices.Sorted(maps.Keys(links))
+	for _, name := range names {
+		_, err := root.Stat(name)
+		if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			continue
+		}
+		if rerr := root.Remove(name); rerr != nil {
+			return skipped, fmt.Errorf("remove %s -> %s, which leads out of the destination: %w", name, links[name], rerr)
+		}
+		skipped = append(skipped, name+" -> "+links[name])
+	}
+	return skipped, nil
+}
+
 // extractTar unpacks a tar that came from a sandbox — hostile by definition —
 // into dst. os.Root confines every operation to dst, so absolute names and
 // ".." cannot reach outside it. Symlinks whose target leaves dst (absolute,
@@ -284,12 +351,12 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 		return nil, err
 	}
 	defer root.Close()
-	links := map[string]bool{} // symlinks this archive created
+	links := map[string]string{} // symlinks this archive created, to their targets
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return skipped, nil
+			return checkLinksResolve(root, links, skipped)
 		}
 		if err != nil {
 			return skipped, fmt.Errorf("reading tar from sandbox: %w", err)
@@ -299,14 +366,14 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 			continue
 		}
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			if links[d] {
+			if _, ok := links[d]; ok {
 				return skipped, fmt.Errorf("tar entry %q: below %q, a symlink of the same archive; refusing to write through it", hdr.Name, d)
 			}
 		}
 		mode := fs.FileMode(hdr.Mode) & 0o777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if links[name] {
+			if _, ok := links[name]; ok {
 				return skipped, fmt.Errorf("tar entry %q: a directory over a symlink of the same archive", hdr.Name)
 			}
 			if err := root.MkdirAll(name, mode|0o700); err != nil {
@@ -346,7 +413,7 @@ func extractTar(r io.Reader, dst string) (skipped []string, err error) {
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return skipped, fmt.Errorf("symlink %s: %w", name, err)
 			}
-			links[name] = true
+			links[name] = hdr.Linkname
 		default:
 			// Hard links, devices, FIFOs: not copied out.
 		}

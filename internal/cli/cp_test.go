@@ -153,3 +153,136 @@ func TestCpInto(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTarSwappedAfterWalk: sbx cp of a local directory into a box
+// (and a recipe's copy: both read files through openWalked), with a file
+// (or a directory above it) swapped for a symlink to a secret outside the
+// directory, or to a file inside it the walk left out, between the walk's
+// lstat and the read (as a
+// cloned repository's scripts or a sandbox sharing the tree could). The
+// copy must fail naming the file, and no byte of the secret may reach the
+// tar sent to the box.
+func TestWriteTarSwappedAfterWalk(t *testing.T) {
+	const secret = "SECRET-OUTSIDE-THE-DIRECTORY"
+	tests := []struct {
+		name string
+		rel  string
+		swap func(t *testing.T, dir, outside string)
+	}{
+		{"file replaced by a link", "f", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "f"), filepath.Join(outside, "secret"))
+		}},
+		{"directory above replaced by a link", "d/secret", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "d"), outside)
+		}},
+		{"file replaced by a relative link out", "d/secret", func(t *testing.T, dir, outside string) {
+			swapForLink(t, filepath.Join(dir, "d", "secret"), "../../outside/secret")
+		}},
+		// A file of the tree the walk left out (a recipe's .dockerignore,
+		// say) read in place of a walked one.
+		{"file replaced by a link to another file inside", "f", func(t *testing.T, dir, outside string) {
+			if err := os.WriteFile(filepath.Join(dir, ".env"), []byte(secret), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			swapForLink(t, filepath.Join(dir, "f"), ".env")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := t.TempDir()
+			dir, outside := filepath.Join(base, "dir"), filepath.Join(base, "outside")
+			pad := strings.Repeat("x", len(secret)) // as long as the secret: a size check alone passes
+			for p, data := range map[string]string{
+				filepath.Join(dir, "f"):           pad,
+				filepath.Join(dir, "d", "secret"): pad,
+				filepath.Join(outside, "secret"):  secret,
+			} {
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			root, err := os.OpenRoot(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			info, err := root.Lstat(tt.rel) // what the walk saw
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.swap(t, dir, outside)
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			err = writeTarEntry(tw, root, tt.rel, info)
+			tw.Flush()
+			if err == nil || !strings.Contains(err.Error(), tt.rel) {
+				t.Errorf("writeTarEntry: got error %v, want one naming %s", err, tt.rel)
+			}
+			if bytes.Contains(b.Bytes(), []byte(secret)) {
+				t.Errorf("the tar (%d bytes) holds the secret the swapped link leads to", b.Len())
+			}
+		})
+	}
+}
+
+func swapForLink(t *testing.T, p, target string) {
+	t.Helper()
+	if err := os.RemoveAll(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExtractTarLinkThroughExistingLink: sbx cp out of a box into a
+// directory that already holds the user's own links (p -> a directory
+// outside it). The box's l -> p/x reads as inside on its own; resolved, it
+// leads out, so it is not left behind (it is listed as skipped). A link
+// through an existing link that stays inside, and a dangling one, are kept.
+func TestExtractTarLinkThroughExistingLink(t *testing.T) {
+	for _, existing := range []string{"abs", "../outside"} {
+		t.Run(existing, func(t *testing.T) {
+			top := t.TempDir()
+			dst, outside := filepath.Join(top, "dst"), filepath.Join(top, "outside")
+			for _, d := range []string{filepath.Join(dst, "in"), outside} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			target := existing
+			if existing == "abs" {
+				target = outside
+			}
+			if err := os.Symlink(target, filepath.Join(dst, "p")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("in", filepath.Join(dst, "q")); err != nil {
+				t.Fatal(err)
+			}
+			skipped, err := extractTar(cpTar(t,
+				cpEntry{name: "l", link: "p/x", typ: tar.TypeSymlink},
+				cpEntry{name: "m", link: "q/y", typ: tar.TypeSymlink},
+				cpEntry{name: "in/y", data: "y", typ: tar.TypeReg},
+				cpEntry{name: "dangling", link: "nothing/here", typ: tar.TypeSymlink},
+			), dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"l -> p/x"}; !slices.Equal(skipped, want) {
+				t.Errorf("skipped: got %q, want %q", skipped, want)
+			}
+			if _, err := os.Lstat(filepath.Join(dst, "l")); !os.IsNotExist(err) {
+				t.Errorf("l: got %v, want it removed", err)
+			}
+			for _, n := range []string{"m", "dangling"} {
+				if _, err := os.Readlink(filepath.Join(dst, n)); err != nil {
+					t.Errorf("%s: got %v, want the link kept", n, err)
+				}
+			}
+		})
+	}
+}

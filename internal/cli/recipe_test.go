@@ -102,7 +102,7 @@ func TestParseRecipeErrors(t *testing.T) {
 func TestParseRecipeCopyConfined(t *testing.T) {
 	top := t.TempDir()
 	ctxDir := filepath.Join(top, "ctx")
-	for _, d := range []string{"ctx/app", "ctx/inner", "ctx/good/sub"} {
+	for _, d := range []string{"ctx/app", "ctx/inner", "ctx/good/sub", "ctx/chain/s"} {
 		if err := os.MkdirAll(filepath.Join(top, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +115,8 @@ func TestParseRecipeCopyConfined(t *testing.T) {
 		}
 	}
 	for link, target := range map[string]string{"ctx/etclink": "/etc", "ctx/app/up": "../x", "ctx/app/abs": filepath.Join(top, "x"),
-		"ctx/innerlink": "inner", "ctx/good/sub/toa": "../a", "ctx/good/self": "."} {
+		"ctx/innerlink": "inner", "ctx/good/sub/toa": "../a", "ctx/good/self": ".",
+		"ctx/chain/l": "s/x/..", "ctx/chain/s/x": ".."} {
 		if err := os.Symlink(target, filepath.Join(top, link)); err != nil {
 			t.Fatal(err)
 		}
@@ -136,6 +137,8 @@ func TestParseRecipeCopyConfined(t *testing.T) {
 		{".", `recipe step 2 (copy): src "." in build context ` + ctxDir + `: symlink app/abs -> "` + filepath.Join(top, "x") + `" points out`},
 		{"good/sub", `recipe step 2 (copy): src "good/sub" in build context ` + ctxDir + `: symlink good/sub/toa -> "../a" points out`},
 		{"missing", `recipe step 2 (copy): src "missing" in build context`},
+		// Each inside alone; together l is chain's parent.
+		{"chain", `recipe step 2 (copy): src "chain" in build context ` + ctxDir + `: symlink chain/l -> "s/x/.." points out`},
 	} {
 		_, err := parseRecipe(recipe(tc.src), ctxDir)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -131,6 +131,7 @@ func newServe(a *app) *cobra.Command {
 	f.IntVar(&cfg.NetLimits.EgressConns, "egress-max-conns", d.EgressConns, "connections one sandbox may hold through the egress proxy")
 	f.DurationVar(&cfg.NetLimits.EgressIdleTimeout, "egress-idle-timeout", d.EgressIdleTimeout, "close a connection through the egress proxy on which neither side has sent anything for this long")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-conns", server.DefaultMaxConnsPerSandbox, "connections one sandbox may have open through the port proxy (HTTP requests in flight, WebSockets, raw TCP); the excess gets 503")
+	f.Int64Var(&cfg.StreamLimits.RelayBytesPerSecond, "exec-relay-rate", server.DefaultRelayBytesPerSecond, "bytes per second of output (every command's and log follower's together, each event counted as 4 KiB more than its size) the daemon relays for one sandbox, bounding the daemon CPU a flood costs; past it the sandbox's writes wait")
 	f.IntVar(&cfg.StreamLimits.ExecsPerSandbox, "exec-max-streams", server.DefaultExecsPerSandbox, "commands one sandbox may have running through the API at once (exec, exec -i, the SDKs' exec); the excess gets ResourceExhausted")
 	f.IntVar(&cfg.StreamLimits.BackgroundPerSandbox, "exec-max-background", server.DefaultBackgroundPerSandbox, "background processes (exec -d, the SDKs' background=True) one sandbox may have running at once; the excess gets ResourceExhausted")
 	f.IntVar(&cfg.StreamLimits.FilesPerSandbox, "file-max-streams", server.DefaultFilesPerSandbox, "file calls on one sandbox in flight at once (reads, writes, cp, tars, listings); the excess gets ResourceExhausted")
@@ -169,7 +170,7 @@ func checkLimits(cfg daemon.Config) error {
 		{"--egress-max-conns", int64(l.EgressConns)}, {"--egress-idle-timeout", int64(l.EgressIdleTimeout)},
 		{"--proxy-max-conns", int64(cfg.ProxyMaxConns)},
 		{"--exec-max-streams", int64(cfg.StreamLimits.ExecsPerSandbox)}, {"--file-max-streams", int64(cfg.StreamLimits.FilesPerSandbox)},
-		{"--exec-max-background", int64(cfg.StreamLimits.BackgroundPerSandbox)},
+		{"--exec-max-background", int64(cfg.StreamLimits.BackgroundPerSandbox)}, {"--exec-relay-rate", cfg.StreamLimits.RelayBytesPerSecond},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s must be positive (a per-sandbox limit; there is no unlimited)", f.flag)

@@ -41,11 +41,20 @@ func callOf(ctx context.Context) call {
 	return c
 }
 
+// maxEnvdMessage bounds one message to envd's Connect services, after
+// decompression.
+const maxEnvdMessage = 4 << 20
+
 // envdMux serves envd's Connect services and its HTTP endpoints.
 func (h *Handler) envdMux() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(filesystemconnect.NewFilesystemHandler(&fsServer{h: h}))
-	mux.Handle(processconnect.NewProcessHandler(&procServer{h: h}))
+	// A message is read whole, and gzip expanded, before a handler sees
+	// it: bound both (Connect's default is no bound: four 1 MiB gzipped
+	// Start requests of zeros grew the daemon by 14 GiB;
+	// TestE2BEnvdRequestBounds). The largest envd message is a stdin chunk.
+	opts := connect.WithReadMaxBytes(maxEnvdMessage)
+	mux.Handle(filesystemconnect.NewFilesystemHandler(&fsServer{h: h}, opts))
+	mux.Handle(processconnect.NewProcessHandler(&procServer{h: h}, opts))
 	mux.HandleFunc("GET /files", h.getFile)
 	mux.HandleFunc("POST /files", h.postFile)
 	mux.HandleFunc("GET /health", h.health)

@@ -32,6 +32,9 @@ func (f *Front) Dashboard(ui http.Handler) http.Handler {
 			http.Error(w, "sbx: sandbox ports are not served on the dashboard's listener (an origin that never serves sandbox content); use the API address", http.StatusNotFound)
 			return
 		}
+		if r.URL.Path != "/healthz" && !f.guardHost(w, r) {
+			return
+		}
 		switch {
 		case r.URL.Path == "/healthz":
 			f.api.ServeHTTP(w, r)
@@ -44,6 +47,10 @@ func (f *Front) Dashboard(ui http.Handler) http.Handler {
 			return
 		case r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/"):
 			ui.ServeHTTP(w, r)
+			return
+		}
+		if f.openAccess() && !sameOriginPage(r) {
+			refuseBrowser(w, "the dashboard's API takes calls from the dashboard's own page only")
 			return
 		}
 		r, ok := f.authAPI(w, r)

@@ -51,6 +51,7 @@ func (f *Front) serveE2BAPI(w http.ResponseWriter, r *http.Request) {
 		f.cfg.E2B.WriteError(w, http.StatusUnauthorized, "invalid or missing API key: send X-API-Key (E2B_API_KEY) with an sbx token")
 		return
 	}
+	defer f.cfg.Requests.wrap(r)()
 	f.cfg.E2B.ServeAPI(w, r, tok)
 }
 
@@ -73,5 +74,8 @@ func (f *Front) serveE2BSandbox(w http.ResponseWriter, r *http.Request, rt route
 		f.cfg.E2B.WriteError(w, http.StatusUnauthorized, "invalid or missing access token: send X-Access-Token (the envdAccessToken the E2B API returned)")
 		return
 	}
+	// envd's and the interpreter's request bodies count against the
+	// caller's request-bytes budget like the API's.
+	defer f.cfg.Requests.wrap(r2)()
 	f.cfg.E2B.ServeSandbox(w, r2, tok, rt.sandbox, rt.port)
 }

@@ -39,7 +39,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[sbxv1.ExecReques
 		return err
 	}
 	start.StdinOpen = false
-	return relayExec(ctx, s.streams, start, nil, out.Send)
+	return relayExec(ctx, s.streams, start, nil, out.Send, nil)
 }
 
 // ExecInteractive relays stdin, resizes and signals to a running command.
@@ -51,19 +51,29 @@ func (s *Server) ExecInteractive(ctx context.Context, stream *connect.BidiStream
 	if err := validateExec(first.GetStart()); err != nil {
 		return err
 	}
-	return relayExec(ctx, s.streams, first.GetStart(), stream.Receive, stream.Send)
+	return relayExec(ctx, s.streams, first.GetStart(), stream.Receive, stream.Send, nil)
 }
+
+// dataSink takes a stdout or stderr event as the agent encoded it (a
+// FrameOutput payload, execframe.IsData), for a client that speaks the
+// framed protocol too; more says that the agent's next frame is already
+// here, so the sink may hold its write back for it.
+type dataSink func(payload []byte, more bool) error
 
 // relayExec opens an agent exec stream for start in its sandbox (counted
 // against the sandbox's running commands), forwards input from recv and
-// every output event to send. Without recv (no input after start) it takes
-// the cheaper execOnce path. The Exec RPCs and the exec upgrade
-// (execupgrade.go) share it. Output is relayed one event at a time: a send
-// that blocks (a slow client) stops the reading from the agent, whose
-// flow control then stops the command's output; nothing queues up in
-// between.
-func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error) error {
-	conn, release, err := streams.exec(ctx, start.GetSandbox())
+// every output event to send. The Exec RPCs and the exec upgrade
+// (execupgrade.go) share it, and one agent transport: the framed exec
+// protocol (agentconn.Conn.ExecOnce without recv, ExecInteractive with
+// it). With a data sink, the command's stdout and stderr frames go to it
+// undecoded, and only the other events (started, keepalive, exited, which
+// the daemon marks and observes) are decoded and sent. Output is relayed
+// one event at a time, within the sandbox's relay budget (relaybudget.go):
+// a send that blocks (a slow client) or waits for the budget stops the
+// reading from the agent, whose socket then fills and stops the command's
+// output; nothing queues up in between.
+func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), send func(*sbxv1.ExecOutput) error, data dataSink) error {
+	conn, budget, release, err := streams.execRelay(ctx, start.GetSandbox())
 	if err != nil {
 		return err
 	}
@@ -81,49 +91,50 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var st agentconn.ExecStream
 	if recv == nil {
-		return execOnce(ctx, conn, start, send)
+		st, err = conn.ExecOnce(ctx, start)
+	} else {
+		var ic agentconn.ExecConn
+		ic, err = conn.ExecInteractive(ctx, start)
+		if err == nil {
+			st = ic
+			go relayInput(start, recv, ic)
+		}
 	}
-	as := conn.Exec(ctx)
-	// Closing the response is what tells the agent (over HTTP/2) that we are
-	// gone, so it kills the command when the client disconnects.
-	defer as.CloseResponse() //nolint:errcheck
-	if err := as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Start{Start: start}}); err != nil && !errors.Is(err, errEOF) {
-		return fmt.Errorf("exec: sending start to agent: %w", err)
+	if err != nil {
+		return fmt.Errorf("exec: starting on agent: %w", err)
 	}
-	start.Stdin = nil // sent: not held for the command's life
-	go func() {
-		for {
-			in, err := recv()
-			if err != nil {
-				// Client went away or half-closed: close stdin if it was open,
-				// and our side of the agent stream. Until that side is closed
-				// the HTTP/2 transport is busy sending its body and does not
-				// watch ctx, so a client gone for good left the command
-				// running until the agent's next keepalive failed (10 s).
-				if start.GetStdinOpen() {
-					_ = as.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
+	start.Stdin = nil // the agent has it: not held for the command's life
+	// Closing the stream is what tells the agent that we are gone, so it
+	// kills the command when the client disconnects.
+	defer st.Close() //nolint:errcheck
+	ds, undecoded := st.(agentconn.DataStream)
+	for {
+		var ok bool
+		if undecoded && data != nil {
+			var payload []byte
+			var more bool
+			payload, more, ok = ds.ReceiveData()
+			if payload != nil {
+				if err := budget.spend(ctx, len(payload)); err != nil {
+					return err
 				}
-				_ = as.CloseRequest()
-				return
-			}
-			if in.GetStart() != nil {
+				// Held back for the next frame only if that need not
+				// wait for the budget.
+				if err := data(payload, more && !budget.short(len(payload))); err != nil {
+					return err
+				}
 				continue
 			}
-			if err := as.Send(in); err != nil {
-				return
-			}
+		} else {
+			ok = st.Receive()
 		}
-	}()
-	for {
-		msg, err := as.Receive()
-		if err != nil {
-			if errors.Is(err, errEOF) {
-				return nil
-			}
-			if ctx.Err() != nil {
-				return agentconn.ContextError(ctx)
-			}
+		if !ok {
+			break
+		}
+		msg := st.Msg()
+		if err := budget.spend(ctx, len(msg.GetStdout())+len(msg.GetStderr())); err != nil {
 			return err
 		}
 		if err := send(msg); err != nil {
@@ -131,6 +142,35 @@ func relayExec(ctx context.Context, streams *Streams, start *sbxv1.ExecRequest, 
 		}
 		if msg.GetExited() != nil {
 			return nil
+		}
+	}
+	if err := st.Err(); err != nil {
+		if ctx.Err() != nil {
+			return agentconn.ContextError(ctx)
+		}
+		return err
+	}
+	return nil
+}
+
+// relayInput forwards the client's input events to the agent until the
+// client half-closes or goes away: then it closes stdin if the command
+// kept it open, and the input side.
+func relayInput(start *sbxv1.ExecRequest, recv func() (*sbxv1.ExecInput, error), ic agentconn.ExecConn) {
+	for {
+		in, err := recv()
+		if err != nil {
+			if start.GetStdinOpen() {
+				_ = ic.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_StdinClose{StdinClose: true}})
+			}
+			_ = ic.CloseSend()
+			return
+		}
+		if in.GetStart() != nil {
+			continue
+		}
+		if err := ic.Send(in); err != nil {
+			return
 		}
 	}
 }
@@ -147,34 +187,4 @@ func markOOM(ctx context.Context, mgr *sandbox.Manager, sandbox string, send fun
 		}
 		return send(m)
 	}
-}
-
-// execOnce relays a command that takes no input after start: the agent's
-// Exec called as a server stream (see agentconn.Conn.ExecOnce), the cheaper
-// path for the common `Exec` RPC.
-func execOnce(ctx context.Context, conn *agentconn.Conn, start *sbxv1.ExecRequest, send func(*sbxv1.ExecOutput) error) error {
-	st, err := conn.ExecOnce(ctx, start)
-	if err != nil {
-		return fmt.Errorf("exec: starting on agent: %w", err)
-	}
-	start.Stdin = nil // the agent has it: not held for the command's life
-	// Closing the response is what tells the agent (over HTTP/2) that we are
-	// gone, so it kills the command when the client disconnects.
-	defer st.Close() //nolint:errcheck
-	for st.Receive() {
-		msg := st.Msg()
-		if err := send(msg); err != nil {
-			return err
-		}
-		if msg.GetExited() != nil {
-			return nil
-		}
-	}
-	if err := st.Err(); err != nil {
-		if ctx.Err() != nil {
-			return agentconn.ContextError(ctx)
-		}
-		return err
-	}
-	return nil
 }

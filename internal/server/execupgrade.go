@@ -153,7 +153,7 @@ func serveExecConn(ctx context.Context, streams *Streams, nc net.Conn, br *bufio
 			cancel()
 			return
 		}
-		err = relayExec(cctx, streams, start, nil, c.send)
+		err = relayExec(cctx, streams, start, nil, c.send, c.sendData)
 		interrupted := cctx.Err() != nil
 		cancel()
 		if interrupted {
@@ -221,6 +221,20 @@ func (c *execConn) send(m *sbxv1.ExecOutput) error {
 	}
 	if err := c.w.Write(execframe.FrameOutput, m); err != nil {
 		return err
+	}
+	return c.w.Flush()
+}
+
+// sendData writes a stdout or stderr frame of the running command as the
+// agent encoded it, and sends it unless the agent's next frame is already
+// here (more): a flood then goes out in writes of the writer's whole
+// buffer instead of one per frame.
+func (c *execConn) sendData(payload []byte, more bool) error {
+	if err := c.w.WriteFrame(execframe.FrameOutput, payload); err != nil {
+		return err
+	}
+	if more {
+		return nil
 	}
 	return c.w.Flush()
 }

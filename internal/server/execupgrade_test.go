@@ -38,8 +38,10 @@ type execEnv struct {
 	front atomic.Pointer[Front]
 	srv   *httptest.Server
 	sb    string // a running sandbox's id
-	conns atomic.Int32
-	execs atomic.Int32 // GET /exec requests
+	// stateDir is the fake driver's: one directory per box.
+	stateDir string
+	conns    atomic.Int32
+	execs    atomic.Int32 // GET /exec requests
 }
 
 const execTestToken = "exec-test-token"
@@ -47,17 +49,29 @@ const execTestToken = "exec-test-token"
 // newExecEnv starts the front; wrap, if given, wraps its handler.
 func newExecEnv(t *testing.T, wrap func(http.Handler) http.Handler) *execEnv {
 	t.Helper()
+	return newExecEnvDriver(t, wrap, nil)
+}
+
+// newExecEnvDriver is newExecEnv whose fake driver is wrapped by
+// wrapDriver, if given.
+func newExecEnvDriver(t *testing.T, wrap func(http.Handler) http.Handler, wrapDriver func(*fake.Driver) runtime.Driver) *execEnv {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	drv, err := fake.New(fake.Config{StateDir: filepath.Join(dir, "fake"), AgentPath: testutil.AgentBinary(t)})
+	stateDir := filepath.Join(dir, "fake")
+	drv, err := fake.New(fake.Config{StateDir: stateDir, AgentPath: testutil.AgentBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var d runtime.Driver = drv
+	if wrapDriver != nil {
+		d = wrapDriver(drv)
+	}
 	mgr, err := sandbox.New(sandbox.Config{
-		Store: st, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
+		Store: st, Drivers: map[string]runtime.Driver{"fake": d}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits: sandbox.Limits{
 			MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
@@ -72,7 +86,7 @@ func newExecEnv(t *testing.T, wrap func(http.Handler) http.Handler) *execEnv {
 		t.Fatal(err)
 	}
 	mgr.Run()
-	e := &execEnv{t: t, mgr: mgr}
+	e := &execEnv{t: t, mgr: mgr, stateDir: stateDir}
 	e.front.Store(newTestFront(mgr))
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.front.Load().ServeHTTP(w, r) })
 	if wrap != nil {

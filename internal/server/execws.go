@@ -154,7 +154,7 @@ func (f *Front) serveExecWS(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	}
-	if err := relayExec(ctx, f.streams, start, recv, send); err != nil {
+	if err := relayExec(ctx, f.streams, start, recv, send, nil); err != nil {
 		if ctx.Err() == nil {
 			_ = writeJSON(map[string]string{"error": errorMessage(err)})
 		}

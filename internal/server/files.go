@@ -12,8 +12,6 @@ import (
 	"github.com/sbxdev/sbx/internal/agentconn"
 )
 
-var errEOF = io.EOF
-
 // serverStream forwards a server-streaming call to the agent of the named sandbox.
 func serverStream[Req, Resp any](ctx context.Context, s *Server, sandbox string, req *connect.Request[Req], out *connect.ServerStream[Resp],
 	call func(*agentconn.Conn, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Resp], error)) error {

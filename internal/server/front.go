@@ -79,6 +79,9 @@ type FrontConfig struct {
 	Logger   *slog.Logger
 }
 
+// maxTokenCookies bounds the sbx_token cookies of one request tried.
+const maxTokenCookies = 8
+
 // MCPPath is where FrontConfig.MCP is served.
 const MCPPath = "/mcp"
 
@@ -160,6 +163,9 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.cfg.Observer != nil {
 		r = r.WithContext(context.WithValue(r.Context(), observerKey{}, f.cfg.Observer))
 	}
+	if r.URL.Path != "/healthz" && !f.guardHost(w, r) {
+		return
+	}
 	rt, err := parseRoute(r.Host, r.Header, r.URL.EscapedPath(), f.cfg.ProxyDomain)
 	if err != nil {
 		// Say nothing about sandboxes to strangers.
@@ -175,12 +181,16 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.api.ServeHTTP(w, r)
 			return
 		}
-		if f.cfg.E2B != nil && f.cfg.E2B.IsAPIPath(r.URL.Path) {
-			f.serveE2BAPI(w, r)
-			return
-		}
 		if r.Method == http.MethodGet && (r.URL.Path == "/" || r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) {
 			f.redirectToDashboard(w, r)
+			return
+		}
+		if f.openAccess() && fromPage(r) {
+			refuseBrowser(w, "the API on this listener takes no call from a web page (sandboxes' pages share its origin; the dashboard has a listener of its own)")
+			return
+		}
+		if f.cfg.E2B != nil && f.cfg.E2B.IsAPIPath(r.URL.Path) {
+			f.serveE2BAPI(w, r)
 			return
 		}
 		r, ok := f.authAPI(w, r)
@@ -198,6 +208,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer f.cfg.Requests.wrap(r)()
 		f.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), baseURLKey{}, f.publicBase(r))))
 	case routeHTTP:
+		if rt.by == "header" && f.openAccess() && fromPage(r) {
+			refuseBrowser(w, "a sandbox routed by headers takes no call from a web page (only the SDKs route by headers)")
+			return
+		}
 		if f.cfg.E2B != nil && rt.by != "path" && f.cfg.E2B.Serves(rt.port) {
 			f.serveE2BSandbox(w, r, rt)
 			return
@@ -348,7 +362,15 @@ func (f *Front) authProxy(w http.ResponseWriter, r *http.Request, cookiePath str
 			return admitted(r, p, tok), true
 		}
 	}
-	if c, err := r.Cookie(TokenCookie); err == nil {
+	// Every sbx_token cookie, not the first only: under path routing a
+	// sandbox's page shares the origin and can set one (document.cookie)
+	// for another sandbox's longer path, which the browser sends first; if
+	// only the first counted, that page would lock the user out of the
+	// other sandbox. A few at most: each costs a hash.
+	for i, c := range r.CookiesNamed(TokenCookie) {
+		if i == maxTokenCookies {
+			break
+		}
 		if p, ok := auth(c.Value); ok {
 			return admitted(r, p, c.Value), true
 		}

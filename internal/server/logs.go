@@ -13,7 +13,7 @@ import (
 // bounded buffer. A follower is counted against the sandbox's running
 // commands (--exec-max-streams), as it may stay as long as the command.
 func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsRequest], out *connect.ServerStream[sbxv1.LogsEvent]) error {
-	conn, release, err := s.streams.exec(ctx, req.Msg.GetSandbox())
+	conn, budget, release, err := s.streams.execRelay(ctx, req.Msg.GetSandbox())
 	if err != nil {
 		return err
 	}
@@ -27,6 +27,9 @@ func (s *Server) Logs(ctx context.Context, req *connect.Request[sbxv1.LogsReques
 		ev := st.Msg()
 		if ex := ev.GetExited(); ex != nil {
 			s.mgr.MarkEntrypoint(ctx, req.Msg.GetSandbox(), ex)
+		}
+		if err := budget.spend(ctx, len(ev.GetData().GetData())); err != nil {
+			return err
 		}
 		if err := out.Send(ev); err != nil {
 			return err

@@ -271,6 +271,8 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 		return err
 	}
 	defer release()
+	budget, done := p.s.streams.relay.acquire(sb)
+	defer done()
 	rctx, cancel := context.WithTimeout(ctx, processCallTimeout)
 	pi, err := resolve(rctx, conn, sb, req.Msg.GetProcess())
 	cancel()
@@ -307,6 +309,9 @@ func (p *ProcessServer) ConnectProcess(ctx context.Context, req *connect.Request
 			ev = &sbxv1.ProcessEvent{Event: &sbxv1.ProcessEvent_Exited{Exited: e.Exited}}
 		default:
 			continue
+		}
+		if err := budget.spend(ctx, len(ev.GetStdout())+len(ev.GetStderr())); err != nil {
+			return err
 		}
 		if err := out.Send(ev); err != nil {
 			return err

@@ -116,16 +116,23 @@ func (b *RequestBudget) wrap(r *http.Request) (done func()) {
 	}
 	ct := r.Header.Get("Content-Type")
 	body := &budgetBody{ReadCloser: r.Body, b: b, key: budgetKey(tenant.FromContext(r.Context())),
-		enveloped: strings.HasPrefix(ct, "application/connect+") || strings.HasPrefix(ct, "application/grpc")}
+		enveloped: strings.HasPrefix(ct, "application/connect+") || strings.HasPrefix(ct, "application/grpc"),
+		readMax:   maxSmallRequestMessage}
+	if bulkProcedures[r.URL.Path] {
+		body.readMax = maxRequestMessage
+	}
 	if !body.enveloped && r.ContentLength > 0 {
-		// Connect refuses more than maxRequestMessage whatever the header says.
-		n := min(r.ContentLength, maxRequestMessage+1)
+		// Connect refuses more than the procedure's bound whatever the
+		// header says; a compressed body is charged at what it may expand to.
+		n := body.cost(r.ContentLength, compressedRequest(r.Header))
 		if err := b.reserve(body.key, n); err != nil {
 			body.err = err
 		} else {
 			body.held = n
 		}
 		body.prepaid = true
+	} else if !body.enveloped && compressedRequest(r.Header) {
+		body.expand = true
 	}
 	r.Body = body
 	return body.done
@@ -145,6 +152,12 @@ type budgetBody struct {
 	left      int64
 	// prepaid: the whole unenveloped body was charged up front.
 	prepaid bool
+	// expand: an unenveloped compressed body of unknown length, charged
+	// at what each piece read may expand to.
+	expand bool
+	raw    int64 // bytes read of an expand body
+	// readMax is the procedure's bound on one message (requestbounds.go).
+	readMax int64
 
 	mu   sync.Mutex
 	held int64
@@ -175,11 +188,18 @@ func (c *budgetBody) charge(p []byte) error {
 		if c.prepaid {
 			return nil
 		}
-		if err := c.b.reserve(c.key, int64(len(p))); err != nil {
+		n := int64(len(p))
+		if c.expand {
+			// What the body so far may make the daemon hold, less what
+			// is charged already.
+			c.raw += n
+			n = c.cost(c.raw, true) - c.held
+		}
+		if err := c.b.reserve(c.key, n); err != nil {
 			c.err = err
 			return err
 		}
-		c.held += int64(len(p))
+		c.held += n
 		return nil
 	}
 	for len(p) > 0 {
@@ -200,7 +220,7 @@ func (c *budgetBody) charge(p []byte) error {
 		c.b.release(c.key, c.held)
 		c.held = 0
 		size := int64(binary.BigEndian.Uint32(c.prefix[1:]))
-		charge := min(size, maxRequestMessage+1) // Connect refuses larger ones unread
+		charge := c.cost(size, c.prefix[0]&1 != 0)
 		if err := c.b.reserve(c.key, charge); err != nil {
 			c.err = err
 			return err
@@ -219,4 +239,20 @@ func (c *budgetBody) done() {
 	if c.err == nil {
 		c.err = io.ErrClosedPipe
 	}
+}
+
+// cost is what a message of size bytes on the wire may make the daemon
+// hold while it is read and handed over: its bytes, capped at the
+// procedure's bound plus one (Connect refuses larger ones unread); and, for
+// a compressed one, also what it may expand to (boundedGzip: maxExpansion
+// times its size, at least minExpansionBound, at most the bound). Before,
+// a compressed message was charged its compressed bytes: ten 60 MiB
+// WriteFile data messages, 0.75 MiB each gzipped, passed a 128 MiB budget
+// (TestRequestBytesBudgetCompressed).
+func (c *budgetBody) cost(size int64, compressed bool) int64 {
+	wire := min(size, c.readMax+1)
+	if !compressed {
+		return wire
+	}
+	return wire + min(max(size*maxExpansion, minExpansionBound), c.readMax+1)
 }

@@ -22,7 +22,7 @@ func envelope(size, have int) []byte {
 
 func budgetRequest(t *testing.T, who tenant.Principal, contentType string, body []byte, contentLength int64) *http.Request {
 	t.Helper()
-	r, err := http.NewRequest(http.MethodPost, "http://sbx/x", bytes.NewReader(body))
+	r, err := http.NewRequest(http.MethodPost, "http://sbx/sbx.v1.SandboxService/WriteFile", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +106,61 @@ func TestRequestBudget(t *testing.T) {
 	done()
 	if _, all := b.Held("acme"); all != 0 {
 		t.Errorf("after the stream: %d held, want 0", all)
+	}
+}
+
+// TestRequestBudgetCompressed: a compressed message is charged what it may
+// expand to (maxExpansion times its size, at least minExpansionBound, at
+// most the procedure's bound) besides its own bytes, enveloped or unary,
+// with or without a Content-Length.
+func TestRequestBudgetCompressed(t *testing.T) {
+	const mib = 1 << 20
+	who := tenant.Principal{Tenant: "acme"}
+	for _, tc := range []struct {
+		name   string
+		path   string
+		ct     string
+		enc    string
+		body   []byte
+		length int64
+		want   int64
+	}{
+		{"enveloped 1 MiB gzip, bulk", "/sbx.v1.SandboxService/WriteFile", "application/connect+proto", "",
+			append(binary.BigEndian.AppendUint32([]byte{1}, mib), make([]byte, 16)...), -1, mib + maxRequestMessage + 1},
+		{"enveloped 10 KiB gzip, bulk", "/sbx.v1.SandboxService/WriteFile", "application/connect+proto", "",
+			append(binary.BigEndian.AppendUint32([]byte{1}, 10<<10), make([]byte, 16)...), -1, 10<<10 + minExpansionBound},
+		{"enveloped 1 MiB gzip, small procedure", "/sbx.v1.SandboxService/ListDir", "application/connect+proto", "",
+			append(binary.BigEndian.AppendUint32([]byte{1}, mib), make([]byte, 16)...), -1, mib + maxSmallRequestMessage + 1},
+		{"enveloped 1 MiB plain", "/sbx.v1.SandboxService/WriteFile", "application/connect+proto", "",
+			append(binary.BigEndian.AppendUint32([]byte{0}, mib), make([]byte, 16)...), -1, mib},
+		{"unary gzip with length", "/sbx.v1.SandboxService/ListDir", "application/proto", "gzip",
+			make([]byte, 100<<10), 100 << 10, 100<<10 + maxSmallRequestMessage + 1},
+		{"unary gzip without length", "/sbx.v1.SandboxService/ListDir", "application/proto", "gzip",
+			make([]byte, 30<<10), -1, 30<<10 + 3000<<10},
+		{"unary identity without length", "/sbx.v1.SandboxService/ListDir", "application/proto", "identity",
+			make([]byte, 30<<10), -1, 30 << 10},
+	} {
+		b := NewRequestBudget(1<<40, 1<<40)
+		r, err := http.NewRequest(http.MethodPost, "http://sbx"+tc.path, bytes.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Header.Set("Content-Type", tc.ct)
+		if tc.enc != "" {
+			r.Header.Set("Content-Encoding", tc.enc)
+		}
+		r.ContentLength = tc.length
+		r = r.WithContext(tenant.WithPrincipal(r.Context(), who))
+		done := b.wrap(r)
+		if _, err := io.ReadAll(r.Body); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got, _ := b.Held("acme"); got != tc.want {
+			t.Errorf("%s: got %d held, want %d", tc.name, got, tc.want)
+		}
+		done()
+		if got, all := b.Held("acme"); got != 0 || all != 0 {
+			t.Errorf("%s: after the request got %d and %d held, want 0", tc.name, got, all)
+		}
 	}
 }

@@ -32,6 +32,10 @@ type StreamLimits struct {
 	// it holds them. Clients connected to or waiting for them count as
 	// running commands.
 	BackgroundPerSandbox int
+	// RelayBytesPerSecond is one sandbox's output relay budget (see
+	// relaybudget.go): the output of all its commands and log followers
+	// together, each event counted with RelayFrameCost.
+	RelayBytesPerSecond int64
 }
 
 // The defaults of StreamLimits.
@@ -54,6 +58,7 @@ type Streams struct {
 	files *connlimit.Counter[string]
 	// background is StreamLimits.BackgroundPerSandbox.
 	background int
+	relay      *relayBudgets
 }
 
 // NewStreams returns Streams over mgr with limits lim; refusals are logged
@@ -71,12 +76,16 @@ func NewStreams(mgr *sandbox.Manager, lim StreamLimits, log *slog.Logger) *Strea
 	if lim.BackgroundPerSandbox <= 0 {
 		lim.BackgroundPerSandbox = DefaultBackgroundPerSandbox
 	}
+	if lim.RelayBytesPerSecond <= 0 {
+		lim.RelayBytesPerSecond = DefaultRelayBytesPerSecond
+	}
 	return &Streams{
 		mgr:   mgr,
 		execs: connlimit.NewCounter[string](lim.ExecsPerSandbox, log, "exec streams per sandbox"),
 		files: connlimit.NewCounter[string](lim.FilesPerSandbox, log, "file calls per sandbox"),
 
 		background: min(lim.BackgroundPerSandbox, MaxBackgroundPerSandbox),
+		relay:      newRelayBudgets(lim.RelayBytesPerSecond),
 	}
 }
 
@@ -84,6 +93,17 @@ func NewStreams(mgr *sandbox.Manager, lim StreamLimits, log *slog.Logger) *Strea
 // the command's relay ends.
 func (s *Streams) exec(ctx context.Context, ref string) (*agentconn.Conn, func(), error) {
 	return s.open(ctx, ref, s.execs, "running commands", "--exec-max-streams")
+}
+
+// execRelay is exec for a call that relays the sandbox's output: it also
+// returns the sandbox's relay budget, let go with the rest by release.
+func (s *Streams) execRelay(ctx context.Context, ref string) (*agentconn.Conn, *relayBudget, func(), error) {
+	id, conn, release, err := s.openID(ctx, ref, s.execs, "running commands", "--exec-max-streams")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rb, done := s.relay.acquire(id)
+	return conn, rb, func() { done(); release() }, nil
 }
 
 // HoldExec counts one command relayed elsewhere (a code run, a session
@@ -103,20 +123,26 @@ func (s *Streams) file(ctx context.Context, ref string) (*agentconn.Conn, func()
 }
 
 func (s *Streams) open(ctx context.Context, ref string, c *connlimit.Counter[string], what, flag string) (*agentconn.Conn, func(), error) {
+	_, conn, release, err := s.openID(ctx, ref, c, what, flag)
+	return conn, release, err
+}
+
+// openID is open that also returns the sandbox's id.
+func (s *Streams) openID(ctx context.Context, ref string, c *connlimit.Counter[string], what, flag string) (string, *agentconn.Conn, func(), error) {
 	id, err := s.mgr.RunningID(ctx, ref)
 	if err != nil {
-		return nil, nil, toConnect(err)
+		return "", nil, nil, toConnect(err)
 	}
 	done, ok := c.Acquire(id)
 	if !ok {
-		return nil, nil, s.refused(id, c, what, flag)
+		return "", nil, nil, s.refused(id, c, what, flag)
 	}
 	conn, release, err := s.mgr.Agent(ctx, id)
 	if err != nil {
 		done()
-		return nil, nil, toConnect(err)
+		return "", nil, nil, toConnect(err)
 	}
-	return conn, func() { release(); done() }, nil
+	return id, conn, func() { release(); done() }, nil
 }
 
 func (s *Streams) refused(id string, c *connlimit.Counter[string], what, flag string) error {

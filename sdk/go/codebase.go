@@ -98,19 +98,33 @@ func WalkCodebase(dir string, opts UploadOptions) ([]LocalFile, []*sbxv1.Skipped
 			root.extra = append(root.extra, r)
 		}
 	}
+	// The directory may be shaped by someone else (a cloned repository, a
+	// tree a sandbox shares): it is read through an os.Root, so a directory
+	// swapped for a symlink during the walk cannot make it list (and
+	// writeCodebaseTar read) anything outside dir.
+	tree, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("codebase directory: %w", err)
+	}
+	defer tree.Close()
+	fsys := tree.FS()
 	var files []LocalFile
 	var skipped []*sbxv1.SkippedFile
-	var walk func(abs, rel string, m *ignoreMatcher) error
-	walk = func(abs, rel string, m *ignoreMatcher) error {
+	var walk func(rel string, m *ignoreMatcher) error
+	walk = func(rel string, m *ignoreMatcher) error {
 		if !opts.NoIgnoreFiles {
 			var err error
-			if m, err = m.child(abs, rel); err != nil {
+			if m, err = m.child(tree, rel); err != nil {
 				return err
 			}
 		}
-		ents, err := os.ReadDir(abs)
+		name := rel
+		if name == "" {
+			name = "."
+		}
+		ents, err := fs.ReadDir(fsys, name)
 		if err != nil {
-			return fmt.Errorf("read directory %s: %w", abs, err)
+			return fmt.Errorf("read directory %s: %w", filepath.Join(dir, filepath.FromSlash(rel)), err)
 		}
 		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 		for _, e := range ents {
@@ -135,7 +149,7 @@ func WalkCodebase(dir string, opts UploadOptions) ([]LocalFile, []*sbxv1.Skipped
 			switch mode := info.Mode(); {
 			case mode.IsDir():
 				files = append(files, LocalFile{Rel: r, Info: info})
-				if err := walk(filepath.Join(abs, e.Name()), r, m); err != nil {
+				if err := walk(r, m); err != nil {
 					return err
 				}
 			case mode.IsRegular():
@@ -152,7 +166,7 @@ func WalkCodebase(dir string, opts UploadOptions) ([]LocalFile, []*sbxv1.Skipped
 		}
 		return nil
 	}
-	if err := walk(dir, "", root); err != nil {
+	if err := walk("", root); err != nil {
 		return nil, nil, err
 	}
 	return files, skipped, nil
@@ -161,14 +175,24 @@ func WalkCodebase(dir string, opts UploadOptions) ([]LocalFile, []*sbxv1.Skipped
 // writeCodebaseTar writes files (from WalkCodebase) of dir as a tar owned
 // by root. Files that changed size since the walk are written as walked
 // (truncated or zero-padded would corrupt them: such a file fails the upload).
+// Each regular file is opened through an os.Root of dir without following
+// a final symlink and must be the very file the walk saw (same device and
+// inode): one swapped for a link (or reached through a directory swapped
+// for one) since the walk fails the upload instead of sending what the
+// link leads to.
 func writeCodebaseTar(w io.Writer, dir string, files []LocalFile) error {
+	tree, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("codebase directory: %w", err)
+	}
+	defer tree.Close()
 	tw := tar.NewWriter(w)
 	buf := make([]byte, 256<<10)
 	for _, f := range files {
 		var link string
 		if f.Info.Mode()&fs.ModeSymlink != 0 {
 			var err error
-			if link, err = os.Readlink(filepath.Join(dir, filepath.FromSlash(f.Rel))); err != nil {
+			if link, err = tree.Readlink(filepath.FromSlash(f.Rel)); err != nil {
 				return fmt.Errorf("read symlink %s: %w", f.Rel, err)
 			}
 		}
@@ -186,7 +210,7 @@ func writeCodebaseTar(w io.Writer, dir string, files []LocalFile) error {
 			return err
 		}
 		if f.Info.Mode().IsRegular() {
-			if err := copyFile(tw, filepath.Join(dir, filepath.FromSlash(f.Rel)), f.Info.Size(), buf); err != nil {
+			if err := copyFile(tw, tree, f, buf); err != nil {
 				return fmt.Errorf("read %s: %w", f.Rel, err)
 			}
 		}
@@ -194,12 +218,22 @@ func writeCodebaseTar(w io.Writer, dir string, files []LocalFile) error {
 	return tw.Close()
 }
 
-func copyFile(w io.Writer, name string, size int64, buf []byte) error {
-	fh, err := os.Open(name)
+// copyFile copies the regular file f.Rel of tree, which must still be the
+// file the walk saw (f.Info), exactly f.Info.Size() bytes.
+func copyFile(w io.Writer, tree *os.Root, f LocalFile, buf []byte) error {
+	fh, err := tree.OpenFile(filepath.FromSlash(f.Rel), os.O_RDONLY|oNoFollow, 0)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
+	now, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	if !now.Mode().IsRegular() || !os.SameFile(now, f.Info) {
+		return errors.New("replaced during the upload (by a symlink or another file); not read")
+	}
+	size := f.Info.Size()
 	n, err := io.CopyBuffer(w, io.LimitReader(fh, size), buf)
 	if err != nil {
 		return err

@@ -69,7 +69,8 @@ func (im *Images) BuildDockerfile(ctx context.Context, dockerfile string, contex
 // PackContext tars the directory dir as a Dockerfile build context,
 // leaving out what dir/.dockerignore lists. It reads dir through an
 // os.Root: no name resolves outside it, symlinks are archived as links and
-// never followed; only directories, regular files and symlinks are packed.
+// never followed (and a file is read only if it is still the one the walk
+// saw); only directories, regular files and symlinks are packed.
 // A context over MaxContextBytes is an error naming the size.
 func PackContext(dir string) ([]byte, error) {
 	root, err := os.OpenRoot(dir)
@@ -82,8 +83,9 @@ func PackContext(dir string) ([]byte, error) {
 		return nil, err
 	}
 	fsys := root.FS().(fs.ReadLinkFS)
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	buf := make([]byte, 256<<10)
 	err = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -119,7 +121,7 @@ func PackContext(dir string) ([]byte, error) {
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
-		if int64(buf.Len())+hdr.Size+1024 > MaxContextBytes {
+		if int64(out.Len())+hdr.Size+1024 > MaxContextBytes {
 			return fmt.Errorf("build context %s is more than %d bytes (at %s): list what the build does not need in .dockerignore", dir, MaxContextBytes, p)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
@@ -128,13 +130,9 @@ func PackContext(dir string) ([]byte, error) {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		f, err := root.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.CopyN(tw, f, hdr.Size)
-		return err
+		// The very file walked: one swapped for a link since (to a file
+		// .dockerignore leaves out, say) is not read in its place.
+		return copyFile(tw, root, LocalFile{Rel: p, Info: fi}, buf)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pack build context: %w", err)
@@ -142,7 +140,7 @@ func PackContext(dir string) ([]byte, error) {
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	return out.Bytes(), nil
 }
 
 // dockerignore holds .dockerignore rules (docker's semantics): patterns

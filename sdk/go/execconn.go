@@ -3,6 +3,7 @@ package sbx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -157,7 +158,24 @@ func (c *Client) execUpgraded(ctx context.Context, req *sbxv1.ExecRequest, stdou
 		return fail(connect.NewError(connect.CodeUnavailable, err))
 	}
 	for {
-		m, err := ec.r.ReadOutput()
+		// Output data is written from the frame as it came (no decoding,
+		// no allocation per frame); other events are decoded.
+		typ, payload, err := ec.r.NextShared()
+		if err == nil && typ == execframe.FrameOutput {
+			if data, isStderr, ok := execframe.DataOf(payload); ok {
+				if err := writeData(data, isStderr, stdout, stderr); err != nil {
+					// As on the RPC path: the command goes with the connection.
+					stop()
+					ec.nc.Close()
+					return nil, err
+				}
+				continue
+			}
+		}
+		var m *sbxv1.ExecOutput
+		if err == nil {
+			m, err = execframe.DecodeOutput(typ, payload)
+		}
 		if err != nil {
 			if fe := (*execframe.Error)(nil); errors.As(err, &fe) {
 				// The daemon refused or failed the command; the
@@ -186,4 +204,19 @@ func (c *Client) execUpgraded(ctx context.Context, req *sbxv1.ExecRequest, stdou
 			return st, nil
 		}
 	}
+}
+
+// writeData writes a command's output to stdout or stderr (nil: dropped).
+func writeData(data []byte, isStderr bool, stdout, stderr io.Writer) error {
+	w, name := stdout, "stdout"
+	if isStderr {
+		w, name = stderr, "stderr"
+	}
+	if w == nil {
+		return nil
+	}
+	if _, err := w.Write(data); err != nil {
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	return nil
 }

@@ -159,10 +159,10 @@ type ignoreMatcher struct {
 
 // child returns the matcher for directory dir (relative to the root), adding
 // the rules of the ignore files it holds.
-func (m *ignoreMatcher) child(abs, dir string) (*ignoreMatcher, error) {
+func (m *ignoreMatcher) child(root *os.Root, dir string) (*ignoreMatcher, error) {
 	var add []ignoreRule
 	for _, name := range []string{".gitignore", ".sandboxignore"} {
-		f, err := os.Open(path.Join(abs, name))
+		f, err := root.Open(path.Join(dir, name))
 		if err != nil {
 			if os.IsNotExist(err) {
 				continue

@@ -266,8 +266,20 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 }
 
 // DialExec connects to the agent's framed exec socket (runtime.ExecDialer).
+// A box without one (an agent older than the socket) is
+// errors.ErrUnsupported, as for the oci driver: the daemon then falls back
+// to the Exec RPC.
 func (d *Driver) DialExec(ctx context.Context, h runtime.Handle) (net.Conn, error) {
-	return d.dialSocket(ctx, h, "exec.sock")
+	c, err := d.dialSocket(ctx, h, "exec.sock")
+	if err != nil {
+		if dir, derr := d.dir(h.ID); derr == nil {
+			if _, serr := os.Lstat(filepath.Join(dir, "exec.sock")); errors.Is(serr, os.ErrNotExist) {
+				return nil, fmt.Errorf("box %s has no exec socket: %w", h.ID, errors.ErrUnsupported)
+			}
+		}
+		return nil, err
+	}
+	return c, nil
 }
 
 func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -73,6 +74,7 @@ type Driver struct {
 	log    *slog.Logger
 	health string // "" when healthy
 	pool   *pool  // nil without Config.Pool
+	netpol string // why the NetworkPolicy was not made ("" = it was)
 }
 
 // handleData is what a Handle carries (version 1). All of it is public:
@@ -121,6 +123,13 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		d.health = err.Error()
 	}
 	d.id = id
+	if d.health == "" {
+		// The pod firewall enforces mode none whatever happens here.
+		if err := d.ensureNetworkPolicy(ctx); err != nil {
+			d.netpol = err.Error()
+			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces mode none)", "err", err)
+		}
+	}
 	return d, nil
 }
 
@@ -139,6 +148,9 @@ func (d *Driver) Info(context.Context) runtime.Info {
 		class = "the cluster's default"
 	}
 	info.Detail = fmt.Sprintf("pods in namespace %s, runtime class %s, agent image %s", d.cfg.Namespace, class, d.cfg.AgentImage)
+	if d.netpol != "" {
+		info.Detail += "; no NetworkPolicy (" + d.netpol + "): network mode none is enforced by the in-pod firewall only"
+	}
 	return info
 }
 
@@ -324,8 +336,11 @@ func podState(p *corev1.Pod) string {
 		if w := cs.State.Waiting; w != nil && w.Reason != "" {
 			s += fmt.Sprintf(", %s: %s %s", cs.Name, w.Reason, w.Message)
 		}
-		if t := cs.State.Terminated; t != nil && cs.Name == "box" {
+		if t := cs.State.Terminated; t != nil && (cs.Name == "box" || t.ExitCode != 0) {
 			s += fmt.Sprintf(", %s: %s (exit %d)", cs.Name, t.Reason, t.ExitCode)
+			if t.ExitCode != 0 && t.Message != "" {
+				s += ": " + strings.TrimSpace(t.Message)
+			}
 		}
 	}
 	return s

@@ -48,7 +48,7 @@ var podImage = &runtime.Image{Ref: k8stest.PyImage, Layers: []runtime.Layer{{Dir
 
 // knownGaps are the suite's checks the kubernetes driver fails, and why.
 var knownGaps = map[string]string{
-	"NoHostServices": "pods are on the cluster's pod network (eth0, the node reachable); sbx network modes on Kubernetes (NetworkPolicy or an in-pod proxy) are not done",
+	"NoHostServices": "pods keep eth0 (the suite wants only lo); mode none is enforced on it by the in-pod firewall, which TestNetworkNoneAttack attacks",
 	"HostProcessesConfined": "runc pods run as host root without a user namespace unless the cluster runs them with hostUsers: false (Config.UserNamespaces), " +
 		"which needs runc >= 1.2 with idmapped mounts; the test node has runc 1.1.5",
 }
@@ -66,6 +66,8 @@ func TestConformanceGvisor(t *testing.T) {
 	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
 		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
 	}
+	t.Skip("gvisor pods fail closed: their network mode none cannot be enforced (runsc has no nftables for the pod " +
+		"firewall; TestNetworkNoneGvisorFailsClosed); issue 18")
 	gaps := maps.Clone(knownGaps)
 	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
 		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"

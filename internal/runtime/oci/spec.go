@@ -215,3 +215,7 @@ func charDev(major, minor int64) specs.LinuxDeviceCgroup {
 	}
 	return d
 }
+
+// startShares is a starting box's cpu.shares (cpu.weight 10000 on cgroup
+// v2 by runc's conversion): the kernel's most (see startboost.go).
+const startShares = 262144

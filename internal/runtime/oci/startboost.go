@@ -38,10 +38,6 @@ import (
 // started a box, before its agent is ready (while it starts boosted).
 var testHookStarted func(id string)
 
-// startShares is a starting box's cpu.shares (cpu.weight 10000 on cgroup
-// v2 by runc's conversion): the kernel's most.
-const startShares = 262144
-
 // startBoost counts the starts in flight and weighs the parent for them.
 type startBoost struct {
 	cg   cgroupLayout

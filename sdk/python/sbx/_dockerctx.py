@@ -2,7 +2,8 @@
 ``.dockerignore`` lists (docker's rules: patterns relative to the context
 root, ``*`` and ``?`` do not cross ``/``, ``**`` spans directories, ``!``
 re-includes, the last matching rule wins, a rule matching a directory
-matches everything in it). Symlinks are packed as links, never followed.
+matches everything in it). Symlinks are packed as links, never followed, and
+a file is read only if it is still the one the walk saw (``open_walked``).
 The same rules as the Go SDK's ``PackContext``."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import posixpath
 import re
 import tarfile
 from typing import List, Tuple
+
+from ._tar import ReplacedFileError, open_walked, walk_tree
 
 __all__ = ["MAX_CONTEXT_BYTES", "pack_context", "DockerIgnore"]
 
@@ -103,7 +106,7 @@ def pack_context(context_dir: "os.PathLike[str] | str") -> bytes:
         ign = DockerIgnore()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for cur, dirs, files in os.walk(root, followlinks=False):
+        for cur, dirs, files in walk_tree(root):
             rel = os.path.relpath(cur, root).replace(os.sep, "/")
             rel = "" if rel == "." else rel + "/"
             keep = []
@@ -119,6 +122,7 @@ def pack_context(context_dir: "os.PathLike[str] | str") -> bytes:
                 if ign.excluded(p):
                     continue
                 full = os.path.join(cur, name)
+                st = os.lstat(full)
                 ti = tf.gettarinfo(full, arcname=p)
                 if ti is None or not (ti.isreg() or ti.isdir() or ti.issym()):
                     continue
@@ -130,7 +134,10 @@ def pack_context(context_dir: "os.PathLike[str] | str") -> bytes:
                         "list what the build does not need in .dockerignore"
                     )
                 if ti.isreg():
-                    with open(full, "rb") as f:
+                    # The very file walked: not one swapped for a link since.
+                    with open_walked(root, p, st) as f:
+                        if os.fstat(f.fileno()).st_size != ti.size:
+                            raise ReplacedFileError(f"{p}: changed size while being packed")
                         tf.addfile(ti, f)
                 else:
                     tf.addfile(ti)

@@ -8,23 +8,90 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 import tarfile
-from typing import IO, Callable, List, Optional
+from typing import IO, Callable, Iterator, List, Optional, Tuple
 
-__all__ = ["pack_dir", "safe_extract", "UnsafeArchiveError"]
+__all__ = ["pack_dir", "safe_extract", "open_walked", "walk_tree", "UnsafeArchiveError", "ReplacedFileError"]
 
 
 class UnsafeArchiveError(ValueError):
     """A tar entry would escape the destination or is of a forbidden kind."""
 
 
+#: Whether directories can be walked and files opened by handle (POSIX).
+_BY_FD = os.scandir in os.supports_fd and os.open in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW")
+
+
+class ReplacedFileError(OSError):
+    """A file of a directory being packed is no longer the one the walk saw
+    (it, or a directory above it, became a symlink or another file)."""
+
+
+def open_walked(root: str, rel: str, st: os.stat_result) -> IO[bytes]:
+    """Open the regular file ``rel`` (slash-separated, relative to ``root``)
+    for reading, but only the very file a walk saw (``st``: its lstat).
+
+    A directory packed for upload may be shaped by someone else (a cloned
+    repository, a tree a sandbox shares) while it is read. Opening by path
+    would follow a file or directory swapped for a symlink since the walk
+    and send what it leads to (``~/.ssh/id_rsa``). Here each component is
+    opened from ``root`` with ``O_NOFOLLOW`` (a symlink anywhere fails) and
+    the file must have ``st``'s device and inode.
+
+    Raises:
+        ReplacedFileError: the file or a directory above it changed.
+    """
+    parts = rel.split("/")
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    if _BY_FD:
+        dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                try:
+                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | nofollow, dir_fd=dirfd)
+                except OSError as e:
+                    raise ReplacedFileError(f"{rel}: {part!r} replaced during the walk ({e.strerror}); not read") from None
+                os.close(dirfd)
+                dirfd = nfd
+            try:
+                # O_NONBLOCK: a FIFO swapped in must not block the open.
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | nofollow, dir_fd=dirfd)
+            except OSError as e:
+                raise ReplacedFileError(f"{rel}: replaced during the walk ({e.strerror}); not read") from None
+        finally:
+            os.close(dirfd)
+        f = os.fdopen(fd, "rb")
+    else:  # pragma: no cover - not POSIX: the inode check alone
+        f = open(os.path.join(root, *parts), "rb")
+    now = os.fstat(f.fileno())
+    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        f.close()
+        raise ReplacedFileError(f"{rel}: replaced by another file during the walk; not read")
+    return f
+
+
+def walk_tree(top: str) -> Iterator[Tuple[str, List[str], List[str]]]:
+    """``os.walk(top)`` (top-down; prune by editing the directory list), but
+    where the OS allows through ``os.fwalk``: each directory is entered by
+    a handle from its parent's and only if it is the very directory its
+    ``lstat`` saw, so one swapped for a symlink during the walk is not
+    entered and the names of what it leads to are never listed."""
+    if _BY_FD:
+        for root, dirs, files, _ in os.fwalk(top):
+            yield root, dirs, files
+    else:  # pragma: no cover - not POSIX
+        yield from os.walk(top)
+
+
 def pack_dir(local_dir: str, out: IO[bytes]) -> int:
     """Write a tar of the *contents* of ``local_dir`` to ``out`` (entries named
-    relative to it). Symlinks are archived as links. Returns the number of
-    entries."""
+    relative to it). Symlinks are archived as links, never followed; a file
+    is read only if it is still the one the walk saw (:func:`open_walked`).
+    Returns the number of entries."""
     count = 0
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tf:
-        for root, dirs, files in os.walk(local_dir):
+        for root, dirs, files in walk_tree(local_dir):
             dirs.sort()
             rel_root = os.path.relpath(root, local_dir)
             for name in sorted(dirs) + sorted(files):
@@ -32,6 +99,7 @@ def pack_dir(local_dir: str, out: IO[bytes]) -> int:
                 arc = name if rel_root == "." else os.path.join(rel_root, name)
                 arc = arc.replace(os.sep, "/")
                 try:
+                    st = os.lstat(path)
                     ti = tf.gettarinfo(path, arcname=arc)
                 except OSError:
                     continue
@@ -40,7 +108,9 @@ def pack_dir(local_dir: str, out: IO[bytes]) -> int:
                 ti.uid = ti.gid = 0
                 ti.uname = ti.gname = ""
                 if ti.isreg():
-                    with open(path, "rb") as f:
+                    with open_walked(local_dir, arc, st) as f:
+                        if os.fstat(f.fileno()).st_size != ti.size:
+                            raise ReplacedFileError(f"{arc}: changed size while being packed")
                         tf.addfile(ti, f)
                 else:
                     tf.addfile(ti)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _proto
+from ._tar import _BY_FD, ReplacedFileError, open_walked
 from ._transport import ChunkStream, Transport
 from .types import PathPolicy, PermissionRule
 
@@ -287,10 +288,17 @@ def walk_codebase(
     files: List[Tuple[str, os.stat_result]] = []
     skipped: List[SkippedFile] = []
 
-    def walk(abs_dir: str, rel_dir: str, m: _Matcher) -> None:
+    # The directory may be reshaped while it is walked (a cloned repository's
+    # scripts, a tree a sandbox shares): where the OS allows, each directory
+    # is opened from its parent's handle with O_NOFOLLOW and must be the one
+    # just listed, so one swapped for a symlink is never listed (and its
+    # outside names never sent); _write_tar then reads only walked files.
+    by_fd = _BY_FD
+
+    def walk(abs_dir: str, rel_dir: str, m: _Matcher, fd: Optional[int]) -> None:
         if use_ignore_files:
             m = m.child(abs_dir, rel_dir)
-        with os.scandir(abs_dir) as it:
+        with os.scandir(fd if fd is not None else abs_dir) as it:
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:
             rel = e.name if not rel_dir else rel_dir + "/" + e.name
@@ -305,7 +313,21 @@ def walk_codebase(
                 continue
             if is_dir:
                 files.append((rel, st))
-                walk(e.path, rel, m)
+                sub = os.path.join(abs_dir, e.name)
+                if fd is None:
+                    walk(sub, rel, m, None)
+                    continue
+                try:
+                    dfd = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as err:
+                    raise ReplacedFileError(f"{rel}: replaced during the walk ({err.strerror}); not read") from None
+                try:
+                    now = os.fstat(dfd)
+                    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                        raise ReplacedFileError(f"{rel}: replaced by another directory during the walk; not read")
+                    walk(sub, rel, m, dfd)
+                finally:
+                    os.close(dfd)
             elif stat.S_ISREG(st.st_mode):
                 if max_file_bytes and st.st_size > max_file_bytes:
                     skipped.append(SkippedFile(rel, st.st_size, f"larger than {max_file_bytes} bytes"))
@@ -316,7 +338,14 @@ def walk_codebase(
             else:
                 skipped.append(SkippedFile(rel, 0, "not a regular file, directory or symlink"))
 
-    walk(root, "", _Matcher([], extra))
+    if not by_fd:  # pragma: no cover - not POSIX
+        walk(root, "", _Matcher([], extra), None)
+        return files, skipped
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        walk(root, "", _Matcher([], extra), root_fd)
+    finally:
+        os.close(root_fd)
     return files, skipped
 
 
@@ -338,7 +367,8 @@ def _write_tar(root: str, files: List[Tuple[str, os.stat_result]], out: IO[bytes
                 tf.addfile(ti)
             else:
                 ti.size = st.st_size
-                with open(full, "rb") as f:
+                # The very file walked: not one swapped for a link since.
+                with open_walked(root, rel, st) as f:
                     tf.addfile(ti, f)
 
 

@@ -23,7 +23,7 @@ export { Recipe } from "./recipe.js";
 export { BackgroundProcess, Processes, signalNumber, type ProcessOutput, type StartProcessOptions } from "./processes.js";
 export { EVENT_TYPES, type EventsOptions, type EventTypeName, type SandboxUsage, type SbxEvent, type UsageSample } from "./observe.js";
 export { Tenants, type Tenant, type TenantQuotas, type TenantUsage } from "./tenants.js";
-export { DockerIgnore, packDir, safeExtract, UnsafeArchiveError } from "./tar.js";
+export { DockerIgnore, packDir, ReplacedFileError, safeExtract, UnsafeArchiveError } from "./tar.js";
 export { parseSize } from "./size.js";
 export {
   AlreadyExistsError,

@@ -1,13 +1,20 @@
 // Tar archives of local directories: packed for uploads and builds,
 // extracted safely from what a sandbox sent (its contents are hostile).
-import { closeSync, constants, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
-import { join, posix } from "node:path";
+import { closeSync, constants, fstatSync, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
+import type { BigIntStats } from "node:fs";
+import { dirname, join, posix, resolve } from "node:path";
 
 import { concat } from "./process.js";
 
 /** A tar entry would escape the destination or is of a forbidden kind. */
 export class UnsafeArchiveError extends Error {
   override readonly name = "UnsafeArchiveError";
+}
+
+/** A file of a directory being packed is no longer the one the walk saw:
+ * it, or a directory above it, became a symlink or another file. */
+export class ReplacedFileError extends Error {
+  override readonly name = "ReplacedFileError";
 }
 
 const BLOCK = 512;
@@ -78,7 +85,8 @@ function pad(data: Uint8Array): Uint8Array {
 
 /**
  * packDir returns a tar of the contents of dir (entries named relative to
- * it), in name order. Symlinks are archived as links, never followed;
+ * it), in name order. Symlinks are archived as links, never followed (a
+ * file swapped for one while packing is refused: readWalked);
  * sockets, devices and FIFOs are left out, and so is what ignore
  * excludes. maxBytes bounds the archive (an Error names the entry past it).
  */
@@ -94,33 +102,85 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
       throw new RangeError(`packing ${dir}: more than ${maxBytes} bytes (at ${rel}): list what is not needed in .dockerignore`);
     }
   };
-  const walk = (rel: string) => {
-    for (const name of readdirSync(join(dir, rel)).sort()) {
+  const rootReal = realpathSync(dir);
+  const walk = (rel: string, seen?: BigIntStats) => {
+    const names = readdirSync(join(dir, rel)).sort();
+    if (seen) {
+      // Listed by path: the directory must still be the one the parent's
+      // listing saw, or the names may be those of what a symlink swapped
+      // in for it leads to.
+      const now = lstatSync(join(dir, rel), { bigint: true });
+      if (!now.isDirectory() || now.dev !== seen.dev || now.ino !== seen.ino) {
+        throw new ReplacedFileError(`${rel}: replaced during the walk; not listed`);
+      }
+    }
+    for (const name of names) {
       const r = rel ? `${rel}/${name}` : name;
       const p = join(dir, r);
-      const st = lstatSync(p);
-      const mtime = st.mtimeMs / 1000;
+      const st = lstatSync(p, { bigint: true });
+      const mtime = Number(st.mtimeMs) / 1000;
       const excluded = ignore?.excluded(r) ?? false;
       if (st.isDirectory()) {
         if (!excluded) {
-          add(r, ...header(`${r}/`, "5", 0, st.mode, mtime));
+          add(r, ...header(`${r}/`, "5", 0, Number(st.mode), mtime));
         }
         if (!excluded || ignore?.negations) {
-          walk(r);
+          walk(r, st);
         }
       } else if (excluded) {
         continue;
       } else if (st.isSymbolicLink()) {
         add(r, ...header(r, "2", 0, 0o777, mtime, readlinkSync(p)));
       } else if (st.isFile()) {
-        const data = readFileSync(p);
-        add(r, ...header(r, "0", data.length, st.mode, mtime), pad(new Uint8Array(data.buffer, data.byteOffset, data.length)));
+        const data = readWalked(rootReal, p, r, st);
+        add(r, ...header(r, "0", data.length, Number(st.mode), mtime), pad(new Uint8Array(data.buffer, data.byteOffset, data.length)));
       }
     }
   };
   walk("");
   parts.push(new Uint8Array(2 * BLOCK));
   return concat(parts);
+}
+
+/**
+ * readWalked reads the regular file at p (rel inside the directory whose
+ * real path is rootReal) only if it is the very file the walk saw (st: its
+ * lstat). A directory packed for upload may be reshaped by someone else (a
+ * cloned repository's scripts, a tree a sandbox shares) while it is read:
+ * a file swapped for a symlink since the walk is refused by O_NOFOLLOW and
+ * the device and inode check, and where /proc tells where the opened file
+ * really is (Linux), a file reached through a directory swapped for a
+ * symlink is refused unless it lies under rootReal.
+ */
+function readWalked(rootReal: string, p: string, rel: string, st: BigIntStats): Buffer {
+  let fd: number;
+  try {
+    fd = openSync(p, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (e) {
+    throw new ReplacedFileError(`${rel}: replaced during the walk (${(e as NodeJS.ErrnoException).code ?? e}); not read`);
+  }
+  try {
+    const now = fstatSync(fd, { bigint: true });
+    if (!now.isFile() || now.dev !== st.dev || now.ino !== st.ino) {
+      throw new ReplacedFileError(`${rel}: replaced by another file during the walk; not read`);
+    }
+    let real: string | undefined;
+    try {
+      real = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      // no /proc (macOS): the checks above only
+    }
+    if (real !== undefined && !real.startsWith(rootReal.endsWith("/") ? rootReal : `${rootReal}/`)) {
+      throw new ReplacedFileError(`${rel}: is ${real}, outside ${rootReal} (a directory above it was swapped for a symlink); not read`);
+    }
+    const data = readFileSync(fd);
+    if (BigInt(data.length) !== st.size) {
+      throw new ReplacedFileError(`${rel}: changed size while being packed`);
+    }
+    return data;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 function patternRegexp(p: string): string {
@@ -291,12 +351,14 @@ function clean(name: string): string {
  * safeExtract writes the entries of tar into dest (created if missing) and
  * returns how many it extracted. Entries with absolute paths or "..",
  * device nodes and FIFOs, entries below a symlink and hard links leaving
- * dest throw UnsafeArchiveError; symlinks whose target leaves dest are not
- * created and their names are pushed on skipped. Files get the owner's
+ * dest throw UnsafeArchiveError; symlinks whose target leaves dest (read
+ * alone, or resolved once every entry is in: dropEscapingLinks) are not
+ * kept and their names are pushed on skipped. Files get the owner's
  * uid, no setuid/setgid/sticky bits and no group/other write.
  */
 export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = []): number {
   mkdirSync(dest, { recursive: true });
+  const made = new Map<string, string>(); // symlinks created, to their targets
   let off = 0;
   let count = 0;
   let pax: Record<string, string> = {};
@@ -381,6 +443,7 @@ export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = [
       }
       removeOld();
       symlinkSync(link, target);
+      made.set(rel, link);
     } else if (type === "1") {
       const lrel = clean(link);
       if (belowSymlink(dest, `${lrel}/x`)) {
@@ -402,5 +465,57 @@ export function safeExtract(tar: Uint8Array, dest: string, skipped: string[] = [
     }
     count++;
   }
-  return count;
+  return count - dropEscapingLinks(dest, made, skipped);
+}
+
+/**
+ * dropEscapingLinks resolves, once the whole archive is extracted, every
+ * symlink it made and removes (pushing its name on skipped) each one whose
+ * real path leaves dest, returning how many: linkInside reads one target
+ * alone, so a link through a link dest already held (the user's
+ * "p -> /home/u" makes "l -> p/.ssh" lead there) passes it. A dangling link
+ * stays if what exists of its path is inside dest.
+ */
+/** existingPrefix is the real path of the longest existing prefix of p. */
+function existingPrefix(p: string): string {
+  for (let q = p; ; q = dirname(q)) {
+    try {
+      return realpathSync(q);
+    } catch {
+      if (q === dirname(q)) {
+        return "";
+      }
+    }
+  }
+}
+
+function dropEscapingLinks(dest: string, made: Map<string, string>, skipped: string[]): number {
+  const root = realpathSync(dest);
+  const under = root.endsWith("/") ? root : `${root}/`;
+  let dropped = 0;
+  for (const rel of [...made.keys()].sort()) {
+    const p = join(dest, rel);
+    let real: string;
+    try {
+      if (!lstatSync(p).isSymbolicLink()) {
+        continue; // replaced by a later entry
+      }
+      real = realpathSync(p);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== "ENOENT" && code !== "ENOTDIR") {
+        real = ""; // a loop: refused as well
+      } else {
+        // Dangling: where its existing part leads (linkInside has refused
+        // a ".." after a name, so the rest only descends).
+        real = existingPrefix(resolve(dirname(p), made.get(rel) ?? ""));
+      }
+    }
+    if (real !== root && !real.startsWith(under)) {
+      unlinkSync(p);
+      skipped.push(rel);
+      dropped++;
+    }
+  }
+  return dropped;
 }

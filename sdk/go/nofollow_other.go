@@ -1,0 +1,7 @@
+//go:build !unix
+
+package sbx
+
+// oNoFollow is 0 where there is no O_NOFOLLOW: copyFile's same-file check
+// still refuses a file swapped since the walk.
+const oNoFollow = 0
