@@ -27,8 +27,8 @@ import (
 // size is known: an enveloped message (Connect streaming, gRPC) when its
 // 5-byte prefix is read, at its declared size; an unenveloped one (Connect
 // unary) at its Content-Length, or as it is read when it has none. A
-// stream's message is released when the next one starts, and everything at
-// the request's end. A message that would take its key past the tenant
+// stream's message is released when the next one starts or the stream
+// ends after it, and everything at the request's end. A message that would take its key past the tenant
 // bound, or all keys past the total, fails the request at once with
 // ResourceExhausted naming the bound.
 type RequestBudget struct {
@@ -177,7 +177,28 @@ func (c *budgetBody) Read(p []byte) (int, error) {
 			return 0, cerr
 		}
 	}
+	if n == 0 && err == io.EOF {
+		c.ended()
+	}
 	return n, err
+}
+
+// ended releases a stream's charge when its body ends at a message
+// boundary: the reader came back for another message after the last was
+// handed over, so nothing of the request is being read any more. Before,
+// a server-streaming call's one request message stayed charged for the
+// call's life: six Exec calls each with 48 MiB of stdin for a sleep held
+// a tenant's whole 256 MiB, and the sixth was refused although the agent
+// had the first five's stdin (TestExecStdinNotHeldByTheDaemon). A unary
+// body stays charged until the request ends: Connect decompresses it only
+// once it has read it all.
+func (c *budgetBody) ended() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.enveloped && c.left == 0 && c.prefixN == 0 {
+		c.b.release(c.key, c.held)
+		c.held = 0
+	}
 }
 
 // charge accounts for bytes just read.

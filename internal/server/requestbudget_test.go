@@ -100,10 +100,25 @@ func TestRequestBudget(t *testing.T) {
 	if err := read(r); err != nil {
 		t.Errorf("a stream of 300 1 MiB messages: %v", err)
 	}
-	if got, _ := b.Held("acme"); got != mib {
-		t.Errorf("during the stream's last message acme holds %d, want %d", got, mib)
+	if got, _ := b.Held("acme"); got != 0 {
+		t.Errorf("after the stream ended at a message boundary acme holds %d, want 0 (its request is read)", got)
 	}
 	done()
+
+	// A server-streaming call's one message (an Exec's stdin) is let go
+	// once its body has ended, though the call goes on: three 40 MiB
+	// calls pass a 100 MiB bound one after the other.
+	dones = dones[:0]
+	for i := range 3 {
+		r = budgetRequest(t, acme, "application/connect+proto", envelope(40*mib, 40*mib), 40*mib+5)
+		dones = append(dones, b.wrap(r))
+		if err := read(r); err != nil {
+			t.Errorf("server-streaming call %d of 40 MiB after the others' bodies ended: %v", i, err)
+		}
+	}
+	for _, d := range dones {
+		d()
+	}
 	if _, all := b.Held("acme"); all != 0 {
 		t.Errorf("after the stream: %d held, want 0", all)
 	}
