@@ -39,6 +39,15 @@ func TestDeps(t *testing.T) {
 		// The box user namespace helper the daemon runs the agent binary as.
 		"github.com/sbxdev/sbx/internal/idmap",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
+		// The kubernetes driver's in-pod firewall (`sbx-agent sbx-firewall`),
+		// run once by an init container before any box code, never by the
+		// serving agent: nftables over netlink.
+		"github.com/sbxdev/sbx/internal/podfw",
+		"github.com/google/nftables",
+		"github.com/mdlayher/netlink",
+		"github.com/mdlayher/socket",
+		"golang.org/x/net/bpf",
+		"golang.org/x/sync/errgroup",
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		ok := false
