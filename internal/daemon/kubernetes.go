@@ -8,8 +8,6 @@ import (
 	"slices"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -48,15 +46,9 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if kc.AgentImage == "" {
 		return fmt.Errorf("--k8s-namespace needs --k8s-agent-image (an image with the static sbx-agent at /sbx-agent): %w", errdefs.ErrInvalidArgument)
 	}
-	var rc *rest.Config
-	var err error
-	if kc.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := loadKubeConfig(kc.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("kubernetes runtime: loading credentials: %w", err)
+		return fmt.Errorf("kubernetes runtime: %w", err)
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {

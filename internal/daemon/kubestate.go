@@ -76,10 +76,20 @@ func sharedState(ctx context.Context, cfg Config, drivers map[string]runtime.Dri
 	return st, shared, nil
 }
 
-// kubeRESTConfig loads the kubeconfig at path, or the in-cluster service
-// account when path is "". The API's rate limits are raised from
+// kubeRESTConfig is loadKubeConfig with the API's rate limits raised from
 // client-go's 5/s: every lookup of a replica reads a record.
 func kubeRESTConfig(path string) (*rest.Config, error) {
+	rc, err := loadKubeConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 200, 400
+	return rc, nil
+}
+
+// loadKubeConfig loads the kubeconfig at path, or the in-cluster service
+// account when path is "".
+func loadKubeConfig(path string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if path != "" {
@@ -90,6 +100,5 @@ func kubeRESTConfig(path string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading credentials: %w", err)
 	}
-	rc.QPS, rc.Burst = 200, 400
 	return rc, nil
 }
