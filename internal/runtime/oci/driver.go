@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 
@@ -178,8 +177,15 @@ func New(cfg Config) (*Driver, error) {
 	if fallback != "" {
 		d.detail = fallback + ", using " + d.detail
 	}
-	if d.rt.name == "crun" && d.cg.hybrid() {
-		d.detail, d.healthy = "crun: hybrid cgroup layout not supported (configure runc instead)", false
+	if d.rt.name == "crun" {
+		hide, note, err := crunHideUnified(d.cg)
+		switch {
+		case err != nil:
+			d.detail, d.healthy = "crun: "+err.Error()+" (configure runc instead)", false
+		case hide != "":
+			d.rt.hide = hide
+			d.detail += "; " + note
+		}
 	}
 	if d.agentLayer, err = installAgentLayer(cfg.AgentPath, filepath.Join(d.stateDir, "agent")); err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
@@ -229,18 +235,17 @@ func New(cfg Config) (*Driver, error) {
 	return d, nil
 }
 
-// pickRuntime prefers crun (faster) unless the host layout makes it refuse.
+// pickRuntime prefers crun (faster) where it can hold every limit on this
+// host's cgroup layout (crunHideUnified), else runc.
 func pickRuntime(cg cgroupLayout) (path, fallback string) {
 	crun, err := exec.LookPath("crun")
-	switch {
-	case err != nil:
-		fallback = "crun: not installed"
-	case cg.hybrid():
-		fallback = "crun: hybrid cgroup layout not supported"
-	default:
-		return crun, ""
+	if err != nil {
+		return "runc", "crun: not installed"
 	}
-	return "runc", fallback
+	if _, _, err := crunHideUnified(cg); err != nil {
+		return "runc", "crun: " + err.Error()
+	}
+	return crun, ""
 }
 
 // checkSearchable makes sure the mapped root can traverse to dir: the runtime
@@ -595,7 +600,7 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
 	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
-	if err := runInNetNS(cmd, netns); err != nil {
+	if err := runCmd(cmd, netns, d.rt.hide); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))
@@ -709,29 +714,4 @@ func (d *Driver) Dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
 		return nil, fmt.Errorf("dial agent of box %s: %w", h.ID, err)
 	}
 	return c, nil
-}
-
-// runInNetNS runs cmd from a thread in the network namespace at path ("" =
-// the daemon's). The thread is never handed back to other goroutines.
-func runInNetNS(cmd *exec.Cmd, path string) error {
-	if path == "" {
-		return cmd.Run()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open network namespace: %w", err)
-			return
-		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-		if err != nil {
-			errc <- fmt.Errorf("join network namespace %s: %w", path, err)
-			return
-		}
-		errc <- cmd.Run()
-	}()
-	return <-errc
 }

@@ -20,6 +20,9 @@ type ociRuntime struct {
 	name    string // "runc", "crun", ...
 	version string // e.g. "1.1.5+ds1"
 	root    string // private --root, so our containers don't mix with others
+	// hide is a mount the runtime must not see ("" = none): crun on a
+	// hybrid cgroup host runs without the cgroup2 mount (crunHideUnified).
+	hide string
 }
 
 // newOCIRuntime resolves path and asks the binary for its version.
@@ -54,9 +57,11 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 
 // run runs the runtime and folds its output into the error.
 func (r *ociRuntime) run(ctx context.Context, args ...string) error {
-	out, err := r.command(ctx, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", r.name, args[0], err, bytes.TrimSpace(out))
+	var out bytes.Buffer
+	cmd := r.command(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := runCmd(cmd, "", r.hide); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", r.name, args[0], err, bytes.TrimSpace(out.Bytes()))
 	}
 	return nil
 }
@@ -74,18 +79,17 @@ func (r *ociRuntime) state(ctx context.Context, id string) (runtimeState, error)
 	if _, err := os.Stat(r.stateDir(id)); errors.Is(err, os.ErrNotExist) {
 		return runtimeState{}, fmt.Errorf("%s state %s: %w", r.name, id, errdefs.ErrNotFound)
 	}
-	var stderr bytes.Buffer
+	var stdout, stderr bytes.Buffer
 	cmd := r.command(ctx, "state", id)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := runCmd(cmd, "", r.hide); err != nil {
 		if strings.Contains(stderr.String(), "does not exist") {
 			return runtimeState{}, fmt.Errorf("%s state %s: %w", r.name, id, errdefs.ErrNotFound)
 		}
 		return runtimeState{}, fmt.Errorf("%s state %s: %w: %s", r.name, id, err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	var st runtimeState
-	if err := json.Unmarshal(out, &st); err != nil {
+	if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
 		return runtimeState{}, fmt.Errorf("parse %s state: %w", r.name, err)
 	}
 	return st, nil
@@ -93,11 +97,13 @@ func (r *ociRuntime) state(ctx context.Context, id string) (runtimeState, error)
 
 // list returns the ids of every container under our root.
 func (r *ociRuntime) list(ctx context.Context) ([]string, error) {
-	out, err := r.command(ctx, "list", "-q").Output()
-	if err != nil {
+	var out bytes.Buffer
+	cmd := r.command(ctx, "list", "-q")
+	cmd.Stdout = &out
+	if err := runCmd(cmd, "", r.hide); err != nil {
 		return nil, fmt.Errorf("%s list: %w", r.name, err)
 	}
-	return strings.Fields(string(out)), nil
+	return strings.Fields(out.String()), nil
 }
 
 // stateDir is where the runtime keeps container id's state (runc and crun

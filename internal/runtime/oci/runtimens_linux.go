@@ -1,0 +1,162 @@
+//go:build linux
+
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// crunUnified is where crun looks for the cgroup2 mount of a hybrid host
+// (its CGROUP_ROOT "/unified", compiled in). crun refuses to start any
+// container ("cgroups in hybrid mode not supported") when that hierarchy
+// has a controller, even with --cgroup-manager=disabled: the check comes
+// before the manager is consulted. Where it sees no cgroup2 mount there it
+// takes the host for a legacy (v1-only) one and manages the v1 hierarchies
+// exactly as runc does: it makes the box's cgroup in each, sets every
+// limit of config.json there and puts the container's init in them before
+// the init unshares its cgroup namespace.
+const crunUnified = "/sys/fs/cgroup/unified"
+
+// boxV1Controllers are the controllers whose limits and state the driver
+// relies on (memory, pids and CPU limits, CPU accounting, the freezer for
+// pause and teardown, the device allowlist). When all of them are v1
+// hierarchies, what the cgroup2 mount of a hybrid host holds is nothing a
+// box is limited by (sbx sets no hugetlb, rdma or misc limits), so crun may
+// run without seeing it.
+var boxV1Controllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer", "devices"}
+
+// crunHideUnified says whether crun, on host layout l, must run without
+// seeing the cgroup2 mount (see crunUnified): it returns the mount to hide
+// and a note for the driver's health detail saying so, or "" when crun
+// works as it is, or an error saying why crun cannot be used at all.
+func crunHideUnified(l cgroupLayout) (hide, note string, err error) {
+	if !l.hybrid() {
+		return "", "", nil
+	}
+	if filepath.Clean(l.unified) != crunUnified {
+		return "", "", fmt.Errorf("hybrid cgroup layout with cgroup2 at %s, not %s", l.unified, crunUnified)
+	}
+	b, err := os.ReadFile(filepath.Join(l.unified, "cgroup.controllers"))
+	if err != nil {
+		return "", "", fmt.Errorf("read cgroup2 controllers: %w", err)
+	}
+	v2 := strings.Fields(string(b))
+	if len(v2) == 0 {
+		return "", "", nil // crun accepts a hybrid host whose cgroup2 has no controller
+	}
+	for _, c := range boxV1Controllers {
+		if _, ok := l.v1[c]; !ok {
+			return "", "", fmt.Errorf("hybrid cgroup layout without a v1 %s hierarchy (cgroup2 holds %s)", c, strings.Join(v2, " "))
+		}
+	}
+	return crunUnified, fmt.Sprintf("hybrid cgroups: crun runs without %s (cgroup2 holds only %s, which boxes are not limited by) and manages the v1 hierarchies",
+		crunUnified, strings.Join(v2, " ")), nil
+}
+
+// runCmd runs cmd. With netns or hide set it runs it from an OS thread of
+// its own that first joins the network namespace at netns and, for hide,
+// enters a mount namespace of its own: a copy of the daemon's, made a
+// slave of it (so nothing done in it reaches the host's), in which the
+// mount at hide is detached. cmd, and everything it starts, inherits both.
+// The thread is never handed back to other goroutines: it ends with this
+// call's goroutine, and its namespaces with it.
+//
+// Never the main thread: Go cannot end it, so a goroutine that exits
+// locked to it leaves it parked in whatever namespaces it joined, and
+// /proc/self (mountinfo, which hostmount reads to find a box's mounts)
+// shows the main thread's. When the goroutine lands there it keeps the
+// main thread locked, so no other goroutine can run on it, and does the
+// work from a second goroutine, which then runs on another thread.
+func runCmd(cmd *exec.Cmd, netns, hide string) error {
+	if netns == "" && hide == "" {
+		return cmd.Run()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			// never unlocked: the thread ends with this goroutine
+			errc <- runInNamespaces(cmd, netns, hide)
+			return
+		}
+		defer goruntime.UnlockOSThread() // the main thread, untouched
+		inner := make(chan error, 1)
+		go func() {
+			goruntime.LockOSThread() // never unlocked, as above
+			if unix.Gettid() == unix.Getpid() {
+				inner <- errors.New("run the oci runtime: on the main thread, which must keep the daemon's namespaces")
+				return
+			}
+			inner <- runInNamespaces(cmd, netns, hide)
+		}()
+		errc <- <-inner
+	}()
+	return <-errc
+}
+
+// runInNamespaces does runCmd's work on the calling thread, which must be
+// locked to its goroutine and never handed back.
+func runInNamespaces(cmd *exec.Cmd, netns, hide string) error {
+	if hide != "" {
+		if err := hideMount(hide); err != nil {
+			return err
+		}
+	}
+	if netns != "" {
+		fd, err := unix.Open(netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open network namespace: %w", err)
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("join network namespace %s: %w", netns, err)
+		}
+	}
+	return cmd.Run()
+}
+
+// hideMount moves the calling (locked) thread into a new mount namespace
+// in which the mount at path is gone. unshare(CLONE_NEWNS) also unshares
+// the thread's filesystem context (CLONE_FS), which Go's threads share.
+func hideMount(path string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace for the runtime: %w", err)
+	}
+	// Slave first: on a host whose mounts are shared the unmount would
+	// otherwise propagate back to the host.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make the runtime's mount namespace a slave: %w", err)
+	}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("hide %s from the runtime: %w", path, err)
+	}
+	return nil
+}
+
+// RuntimeRunner returns a function running commands of the OCI runtime
+// binary at path as the driver would on this host (crun on a hybrid host
+// without the cgroup2 mount, see crunHideUnified), for benchmarks'
+// baselines; an error says why the driver would not use the runtime.
+func RuntimeRunner(path string) (func(*exec.Cmd) error, error) {
+	if filepath.Base(path) != "crun" {
+		return func(cmd *exec.Cmd) error { return cmd.Run() }, nil
+	}
+	l, err := detectCgroups(defaultCgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	hide, _, err := crunHideUnified(l)
+	if err != nil {
+		return nil, err
+	}
+	return func(cmd *exec.Cmd) error { return runCmd(cmd, "", hide) }, nil
+}
