@@ -86,23 +86,17 @@ func sandboxRuncBundles(tmp, dataDir, id string) (hardened, noSeccomp string, er
 }
 
 // runcRunner returns a function making tasks that `runc run` a bundle
-// in the foreground, each under a new container id.
+// (or runtimeBin's run, as the driver runs it: runtimeRunner) in the
+// foreground, each under a new container id.
 func runcRunner(runtimeBin, root string) func(bundle string) func() error {
-	runc := runtimeBin
-	if runc == "" {
-		runc = "runc"
+	if runtimeBin == "" {
+		runtimeBin = "runc"
 	}
-	i := 0
-	return func(bundle string) func() error {
-		return func() error {
-			i++
-			out, err := exec.Command(runc, "--root", root, "run", "--bundle", bundle, fmt.Sprintf("bench-%d", i)).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
-			}
-			return nil
-		}
+	run, err := runtimeRunner(runtimeBin, root)
+	if err != nil {
+		return func(string) func() error { return func() error { return err } }
 	}
+	return run
 }
 
 // agentExec returns a task running `exec true` over sandbox sb's agent

@@ -246,8 +246,10 @@ func withDaemon(agentPath, runtimeBin string, f func(ctx context.Context, c *sbx
 }
 
 // runCreate runs only the cold create measurements.
+// With the runtime left to the daemon, it then compares runc and crun
+// (compareOCIRuntimes).
 func runCreate(n int, agentPath, runtimeBin string) error {
-	return withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, tmp string) error {
+	err := withDaemon(agentPath, runtimeBin, func(ctx context.Context, c *sbx.Client, tmp string) error {
 		boxes, r, err := coldCreates(ctx, c, tmp, runtimeBin, n)
 		for _, b := range boxes {
 			_ = b.Destroy(ctx)
@@ -259,6 +261,10 @@ func runCreate(n int, agentPath, runtimeBin string) error {
 		printCold(r)
 		return nil
 	})
+	if err != nil || runtimeBin != "" {
+		return err
+	}
+	return compareOCIRuntimes(n, agentPath)
 }
 
 // printExec prints the exec figures.

@@ -328,20 +328,12 @@ func restartScale(ctx context.Context, d *scaleDaemon, sig syscall.Signal, n int
 	return serving, time.Since(t0), failed, nil
 }
 
-// runcThroughput runs `runc run` of the trivial bundle k times on
-// scaleClients workers and returns runs a second.
+// runcThroughput runs `runc run` (or runtimeBin's, as runcRunner does) of
+// the trivial bundle k times on scaleClients workers and returns runs a
+// second.
 func runcThroughput(runtimeBin, bundle, root string, k int) (float64, error) {
-	runc := runtimeBin
-	if runc == "" {
-		runc = "runc"
-	}
-	wall, _, err := concurrently(k, func(i int) error {
-		out, err := exec.Command(runc, "--root", root, "run", "--bundle", bundle, fmt.Sprintf("scale-%d", i)).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	})
+	run := runcRunner(runtimeBin, root)(bundle)
+	wall, _, err := concurrently(k, func(int) error { return run() })
 	return rate(k, wall), err
 }
 
