@@ -38,6 +38,8 @@ func TestDeps(t *testing.T) {
 		"github.com/sbxdev/sbx/internal/connlimit",
 		// The box user namespace helper the daemon runs the agent binary as.
 		"github.com/sbxdev/sbx/internal/idmap",
+		// idmap's throwaway threads (a leaf over x/sys).
+		"github.com/sbxdev/sbx/internal/osthread",
 		"github.com/sbxdev/sbx/cmd/sbx-agent",
 		// The kubernetes driver's in-pod firewall (`sbx-agent sbx-firewall`),
 		// run once by an init container before any box code, never by the

@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/osthread"
 )
 
 // secbitNoSetuidFixup keeps a thread's capabilities across a change of its
@@ -34,21 +35,21 @@ func BoxNamespace(r Range, exe, path string, lim Limits) (*os.File, error) {
 		err    error
 	}
 	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	// The thread's credentials change: one of its own, thrown away after.
+	osthread.Go(func() {
 		f, end, err := boxNamespace(r, exe, path, lim)
 		done <- result{f, err}
 		if end != nil {
 			end() // off the caller's path
 		}
-	}()
+	})
 	res := <-done
 	return res.parent, res.err
 }
 
 // setThreadIDs sets the calling thread's effective (or, with fsOnly, only
 // filesystem) uid and gid to id, keeping its capabilities. The thread must
-// be locked and never unlocked.
+// be one of osthread's (locked, thrown away after).
 func setThreadIDs(id int, fsOnly bool) error {
 	if _, _, e := unix.RawSyscall6(unix.SYS_PRCTL, unix.PR_SET_SECUREBITS, secbitNoSetuidFixup, 0, 0, 0, 0); e != 0 {
 		return fmt.Errorf("keep capabilities across setuid: %w", e)
@@ -77,16 +78,13 @@ func setThreadIDs(id int, fsOnly bool) error {
 // root; an overlay f mounts does its copy-ups and whiteouts as box root, as
 // an overlay over idmapped layers must (host root has no id in them).
 func AsBox(r Range, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	// The thread's filesystem ids change: one of its own, thrown away after.
+	return osthread.Run(func() error {
 		if err := setThreadIDs(int(r.Base), true); err != nil {
-			errc <- err
-			return
+			return err
 		}
-		errc <- f()
-	}()
-	return <-errc
+		return f()
+	})
 }
 
 // ErrNotSupported is returned by Mount when the filesystem under src

@@ -3,15 +3,15 @@
 package oci
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/osthread"
 )
 
 // crunUnified is where crun looks for the cgroup2 mount of a hybrid host
@@ -62,48 +62,21 @@ func crunHideUnified(l cgroupLayout) (hide, note string, err error) {
 }
 
 // runCmd runs cmd. With netns or hide set it runs it from an OS thread of
-// its own that first joins the network namespace at netns and, for hide,
+// its own (osthread: never the main thread, whose namespaces /proc/self
+// shows) that first joins the network namespace at netns and, for hide,
 // enters a mount namespace of its own: a copy of the daemon's, made a
 // slave of it (so nothing done in it reaches the host's), in which the
-// mount at hide is detached. cmd, and everything it starts, inherits both.
-// The thread is never handed back to other goroutines: it ends with this
-// call's goroutine, and its namespaces with it.
-//
-// Never the main thread: Go cannot end it, so a goroutine that exits
-// locked to it leaves it parked in whatever namespaces it joined, and
-// /proc/self (mountinfo, which hostmount reads to find a box's mounts)
-// shows the main thread's. When the goroutine lands there it keeps the
-// main thread locked, so no other goroutine can run on it, and does the
-// work from a second goroutine, which then runs on another thread.
+// mount at hide is detached. cmd, and everything it starts, inherits both;
+// the thread and its namespaces end with the call.
 func runCmd(cmd *exec.Cmd, netns, hide string) error {
 	if netns == "" && hide == "" {
 		return cmd.Run()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		if unix.Gettid() != unix.Getpid() {
-			// never unlocked: the thread ends with this goroutine
-			errc <- runInNamespaces(cmd, netns, hide)
-			return
-		}
-		defer goruntime.UnlockOSThread() // the main thread, untouched
-		inner := make(chan error, 1)
-		go func() {
-			goruntime.LockOSThread() // never unlocked, as above
-			if unix.Gettid() == unix.Getpid() {
-				inner <- errors.New("run the oci runtime: on the main thread, which must keep the daemon's namespaces")
-				return
-			}
-			inner <- runInNamespaces(cmd, netns, hide)
-		}()
-		errc <- <-inner
-	}()
-	return <-errc
+	return osthread.Run(func() error { return runInNamespaces(cmd, netns, hide) })
 }
 
 // runInNamespaces does runCmd's work on the calling thread, which must be
-// locked to its goroutine and never handed back.
+// one of osthread's.
 func runInNamespaces(cmd *exec.Cmd, netns, hide string) error {
 	if hide != "" {
 		if err := hideMount(hide); err != nil {
