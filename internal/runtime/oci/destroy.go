@@ -115,6 +115,9 @@ func (d *Driver) teardownProcesses(ctx context.Context, id string, data *boxData
 	if err := d.cg.remove(id); err != nil {
 		errs = append(errs, err)
 	}
+	if d.rt.name == "crun" {
+		reapRuntimeOrphans(d.rt.name)
+	}
 	return errors.Join(errs...)
 }
 

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -600,7 +601,22 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 		"--pid-file", pidFile(box), "--bundle", bundleDir(box), id)
 	cmd.ExtraFiles = af.Extra
 	cmd.Stdout, cmd.Stderr = logf, logf // inherited by the agent too: its log
-	if err := runCmd(cmd, netns, d.rt.hide); err != nil {
+	if d.rt.hide != "" {
+		// crun does not see the cgroup2 hierarchy (crunHideUnified): the
+		// runtime starts in the box's cgroup there, so the box and its
+		// cgroup namespace are in their own in every hierarchy.
+		cg, err := d.cg.unifiedBoxCgroup(id)
+		if err != nil {
+			return nil, err
+		}
+		defer cg.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	}
+	err = runCmd(cmd, netns, d.rt.hide)
+	if d.rt.name == "crun" {
+		reapRuntimeOrphans(d.rt.name) // those of earlier creates: this one's may still run
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))

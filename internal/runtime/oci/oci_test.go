@@ -3,10 +3,13 @@
 package oci_test
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -60,7 +63,15 @@ func cgroupDirs(rel string) []string {
 
 func newDriver(t testing.TB, stateDir string) *oci.Driver {
 	t.Helper()
-	d, err := oci.New(oci.Config{StateDir: stateDir, AgentPath: testutil.AgentBinary(t), CgroupParent: cgroupParent(stateDir)})
+	return newDriverOn(t, stateDir, "")
+}
+
+// newDriverOn is newDriver with the OCI runtime at runtimePath ("" = the
+// driver's pick).
+func newDriverOn(t testing.TB, stateDir, runtimePath string) *oci.Driver {
+	t.Helper()
+	d, err := oci.New(oci.Config{StateDir: stateDir, AgentPath: testutil.AgentBinary(t), CgroupParent: cgroupParent(stateDir),
+		RuntimePath: runtimePath})
 	if err != nil {
 		t.Fatalf("oci.New: %v", err)
 	}
@@ -79,6 +90,31 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		// Handles before versions: today's fields, no "v".
+		LegacyHandle: testsuite.Unversioned,
+	})
+	checkNoLeftovers(t, first, dir)
+}
+
+// TestConformanceRunc runs the suite on runc where the driver picks crun
+// (TestConformance covers runc elsewhere): runc stays the driver's
+// fallback, on hosts without crun or where crun cannot hold the limits.
+func TestConformanceRunc(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("runc not installed")
+	}
+	dir := stateRoot(t)
+	if detail := newDriver(t, dir).Info(context.Background()).Detail; !strings.HasPrefix(detail, "crun ") {
+		t.Skipf("the driver picks %q here: TestConformance runs on it", detail)
+	}
+	var once sync.Once
+	var first *oci.Driver
+	testsuite.Run(t, testsuite.Config{
+		NewDriver: func(t *testing.T) runtime.Driver {
+			d := newDriverOn(t, dir, "runc")
+			once.Do(func() { first = d })
+			return d
+		},
 		LegacyHandle: testsuite.Unversioned,
 	})
 	checkNoLeftovers(t, first, dir)

@@ -61,6 +61,22 @@ func crunHideUnified(l cgroupLayout) (hide, note string, err error) {
 		crunUnified, strings.Join(v2, " ")), nil
 }
 
+// unifiedBoxCgroup makes box id's cgroup in the cgroup2 hierarchy of a
+// hybrid host and opens it, for a runtime that does not see that hierarchy
+// to be started in (clone3's CLONE_INTO_CGROUP). Teardown removes it with
+// the box's other cgroups (cgroupLayout.remove).
+func (l cgroupLayout) unifiedBoxCgroup(id string) (*os.File, error) {
+	dir := filepath.Join(l.unified, l.parent, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create box cgroup in %s: %w", l.unified, err)
+	}
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open box cgroup in %s: %w", l.unified, err)
+	}
+	return f, nil
+}
+
 // runCmd runs cmd. With netns or hide set it runs it from an OS thread of
 // its own (osthread: never the main thread, whose namespaces /proc/self
 // shows) that first joins the network namespace at netns and, for hide,
@@ -70,7 +86,7 @@ func crunHideUnified(l cgroupLayout) (hide, note string, err error) {
 // the thread and its namespaces end with the call.
 func runCmd(cmd *exec.Cmd, netns, hide string) error {
 	if netns == "" && hide == "" {
-		return cmd.Run()
+		return runTracked(cmd)
 	}
 	return osthread.Run(func() error { return runInNamespaces(cmd, netns, hide) })
 }
@@ -94,7 +110,7 @@ func runInNamespaces(cmd *exec.Cmd, netns, hide string) error {
 			return fmt.Errorf("join network namespace %s: %w", netns, err)
 		}
 	}
-	return cmd.Run()
+	return runTracked(cmd)
 }
 
 // hideMount moves the calling (locked) thread into a new mount namespace

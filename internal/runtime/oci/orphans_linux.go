@@ -1,0 +1,84 @@
+//go:build linux
+
+package oci
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// `crun run --detach` forks: the child makes the container and exits after
+// its parent has, so it is re-parented to the daemon (a child subreaper,
+// see the package doc) and would stay a zombie, one per create. runc leaves
+// none. reapRuntimeOrphans reaps them; runtimeProcs makes sure it never
+// takes the exit status of a runtime process os/exec is about to wait for.
+
+// runtimeProcs counts the runtime processes this package started and has
+// not waited for yet, by pid.
+var runtimeProcs = struct {
+	mu sync.Mutex
+	// live holds their pids; guarded by mu, as are their starts, so a
+	// scan never sees one of them exited but not yet in live.
+	live map[int]bool
+}{live: map[int]bool{}}
+
+// runTracked runs cmd as cmd.Run does, with its pid in runtimeProcs from
+// its start to its reaping.
+func runTracked(cmd *exec.Cmd) error {
+	runtimeProcs.mu.Lock()
+	err := cmd.Start()
+	if err == nil {
+		runtimeProcs.live[cmd.Process.Pid] = true
+	}
+	runtimeProcs.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	err = cmd.Wait()
+	runtimeProcs.mu.Lock()
+	delete(runtimeProcs.live, cmd.Process.Pid)
+	runtimeProcs.mu.Unlock()
+	return err
+}
+
+// reapRuntimeOrphans reaps this process's zombie children named name (the
+// runtime's binary) that it did not start itself (runtimeProcs).
+func reapRuntimeOrphans(name string) {
+	runtimeProcs.mu.Lock()
+	defer runtimeProcs.mu.Unlock()
+	// An orphan goes to any live thread of the subreaper: each thread's
+	// children are listed under it.
+	tasks, _ := filepath.Glob("/proc/self/task/*/children")
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || runtimeProcs.live[pid] || !zombieNamed(pid, name) {
+				continue
+			}
+			// Still our child (unreaped, its pid cannot be reused): only
+			// a zombie is waited for, and WNOHANG never blocks.
+			_, _ = unix.Wait4(pid, nil, unix.WNOHANG, nil)
+		}
+	}
+}
+
+// zombieNamed reports whether pid is a zombie whose command is name.
+func zombieNamed(pid int, name string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open || len(s) < end+3 {
+		return false
+	}
+	return s[open+1:end] == name && s[end+2] == 'Z'
+}
