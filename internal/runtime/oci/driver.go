@@ -516,6 +516,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	err = agentconn.AwaitReady(ctx, ready, runtime.ProbeTimeout)
 	ready.Close()
 	d.endBoost()
+	if d.rt.name == "crun" {
+		// crun's detached child, gone by now (it exits once the init
+		// runs), and any an earlier create left.
+		reapRuntimeOrphans(d.rt.name)
+	}
 	if err != nil {
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}
@@ -612,11 +617,7 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 		defer cg.Close()
 		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	}
-	err = runCmd(cmd, netns, d.rt.hide)
-	if d.rt.name == "crun" {
-		reapRuntimeOrphans(d.rt.name) // those of earlier creates: this one's may still run
-	}
-	if err != nil {
+	if err := runCmd(cmd, netns, d.rt.hide); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
 	b, err := os.ReadFile(pidFile(box))
