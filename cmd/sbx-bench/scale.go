@@ -337,6 +337,29 @@ func runcThroughput(runtimeBin, bundle, root string, k int) (float64, error) {
 	return rate(k, wall), err
 }
 
+// crunThroughput is runcThroughput for crun, run as the oci driver runs
+// it, when the daemon picks its runtime (runtimeBin "") and crun is
+// installed; 0 otherwise.
+func crunThroughput(runtimeBin, bundle, tmp string) (float64, error) {
+	if runtimeBin != "" {
+		return 0, nil
+	}
+	crun, err := exec.LookPath("crun")
+	if err != nil {
+		return 0, nil
+	}
+	return runcThroughput(crun, bundle, filepath.Join(tmp, "crun-root"), 64)
+}
+
+// printCrunBaseline prints creates/s against `crun run` throughput
+// measured before and after (nothing if it was not measured).
+func printCrunBaseline(creates, before, after float64) {
+	if before == 0 || after == 0 {
+		return
+	}
+	fmt.Printf("  beside crun run /bin/true          = %.1f/s before, %.1f/s after; %.2fx\n", before, after, creates/((before+after)/2))
+}
+
 // freePort returns a loopback address nothing listens on now.
 func freePort() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -418,6 +441,10 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 	if err != nil {
 		return err
 	}
+	crunRate, err := crunThroughput(runtimeBin, bundle, tmp)
+	if err != nil {
+		return err
+	}
 	boxes := make([]*sbx.Sandbox, n)
 	boxes[0] = one
 	wall, failed, err := concurrently(n-1, func(i int) error {
@@ -430,6 +457,10 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 	}
 	coldRate := rate(n-1, wall)
 	runcAfter, err := runcThroughput(runtimeBin, bundle, filepath.Join(tmp, "runc-root"), 64)
+	if err != nil {
+		return err
+	}
+	crunAfter, err := crunThroughput(runtimeBin, bundle, tmp)
 	if err != nil {
 		return err
 	}
@@ -468,12 +499,14 @@ func scaleOnce(n int, net scaleNet, tmp, bundle, sbxBin, agentPath, runtimeBin s
 	printPhases(d.logPath, coldFrom, coldTo, "false")
 	fmt.Printf("creates/s, %d clients, cold         = %6.1f  (runc run /bin/true at %d clients: %.1f/s before, %.1f/s after; %.2fx)\n",
 		scaleClients, coldRate, scaleClients, runcRate, runcAfter, coldRate/((runcRate+runcAfter)/2))
+	printCrunBaseline(coldRate, crunRate, crunAfter)
 	fmt.Printf("creates/s, %d clients, warm burst   = %6.1f  (%d rounds of %d, pool refilled between; %d of %d served warm)\n",
 		scaleClients, warm.burstRate, warm.rounds, scaleClients, warm.burstWarm, warm.rounds*scaleClients)
 	su := warm.sustained
 	fmt.Printf("creates/s, %d clients, warm, %2.0f s   = %6.1f  (create+destroy loops; %d of %d served warm, %d failed; create p50 %s, p99 %s; runc run at %d clients: %.1f/s before, %.1f/s after; %.2fx)\n",
 		scaleClients, su.wall.Seconds(), rate(su.creates, su.wall), su.warm, su.creates, su.failed, ms(su.create.p(0.5)), ms(su.create.p(0.99)),
 		scaleClients, su.runcBefore, su.runcAfter, rate(su.creates, su.wall)/((su.runcBefore+su.runcAfter)/2))
+	printCrunBaseline(rate(su.creates, su.wall), su.crunBefore, su.crunAfter)
 	if su.firstErr != nil {
 		fmt.Printf("  first failure: %v\n", su.firstErr)
 	}
@@ -633,13 +666,20 @@ func scaleWarm(ctx context.Context, n int, net scaleNet, tmp, bundle, sbxBin, ag
 	if r.sustained.runcBefore, err = runcThroughput(runtimeBin, bundle, runcRoot(tmp), 64); err != nil {
 		return r, err
 	}
+	crunBefore, err := crunThroughput(runtimeBin, bundle, tmp)
+	if err != nil {
+		return r, err
+	}
 	r.logPath, r.sustainFrom = d.logPath, logSize(d.logPath)
 	su := sustainedWarm(ctx, d, opts.sustain)
 	r.sustainTo = logSize(d.logPath)
 	if su.runcAfter, err = runcThroughput(runtimeBin, bundle, runcRoot(tmp), 64); err != nil {
 		return r, err
 	}
-	su.runcBefore = r.sustained.runcBefore
+	if su.crunAfter, err = crunThroughput(runtimeBin, bundle, tmp); err != nil {
+		return r, err
+	}
+	su.runcBefore, su.crunBefore = r.sustained.runcBefore, crunBefore
 	r.sustained = su
 	rest := max(n-len(boxes), 0)
 	r.inARow = rest

@@ -159,6 +159,9 @@ type sustainedResult struct {
 	// runcBefore and runcAfter are `runc run` throughput at scaleClients
 	// clients just before and after.
 	runcBefore, runcAfter float64
+	// crunBefore and crunAfter are the same for `crun run` (0: not
+	// measured).
+	crunBefore, crunAfter float64
 }
 
 // sustainedWarm runs scaleClients clients for span, each creating a
