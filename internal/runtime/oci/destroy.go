@@ -115,9 +115,7 @@ func (d *Driver) teardownProcesses(ctx context.Context, id string, data *boxData
 	if err := d.cg.remove(id); err != nil {
 		errs = append(errs, err)
 	}
-	if d.rt.name == "crun" {
-		reapRuntimeOrphans(d.rt.name)
-	}
+	d.rt.reapOrphans()
 	return errors.Join(errs...)
 }
 

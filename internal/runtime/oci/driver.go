@@ -516,11 +516,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (h runtime.Handl
 	err = agentconn.AwaitReady(ctx, ready, runtime.ProbeTimeout)
 	ready.Close()
 	d.endBoost()
-	if d.rt.name == "crun" {
-		// crun's detached child, gone by now (it exits once the init
-		// runs), and any an earlier create left.
-		reapRuntimeOrphans(d.rt.name)
-	}
+	// crun's detached child, gone by now (it exits once the init runs),
+	// and any an earlier create left.
+	d.rt.reapOrphans()
 	if err != nil {
 		return h, fmt.Errorf("box %s: %w%s", spec.ID, err, logTail(agentLog(box)))
 	}

@@ -23,6 +23,9 @@ type ociRuntime struct {
 	// hide is a mount the runtime must not see ("" = none): crun on a
 	// hybrid cgroup host runs without the cgroup2 mount (crunHideUnified).
 	hide string
+	// orphans: `run --detach` leaves a child of the runtime's re-parented
+	// to the daemon (crun), which reapOrphans reaps.
+	orphans bool
 }
 
 // newOCIRuntime resolves path and asks the binary for its version.
@@ -46,7 +49,7 @@ func newOCIRuntime(path, stateDir string) (*ociRuntime, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create runtime root: %w", err)
 	}
-	return &ociRuntime{path: abs, name: name, version: version, root: root}, nil
+	return &ociRuntime{path: abs, name: name, version: version, root: root, orphans: name == "crun"}, nil
 }
 
 func (r *ociRuntime) String() string { return r.name + " " + r.version }

@@ -47,6 +47,14 @@ func runTracked(cmd *exec.Cmd) error {
 	return err
 }
 
+// reapOrphans reaps what the runtime's detached runs left (see
+// ociRuntime.orphans), if it leaves any.
+func (r *ociRuntime) reapOrphans() {
+	if r.orphans {
+		reapRuntimeOrphans(r.name)
+	}
+}
+
 // reapRuntimeOrphans reaps this process's zombie children named name (the
 // runtime's binary) that it did not start itself (runtimeProcs).
 func reapRuntimeOrphans(name string) {
