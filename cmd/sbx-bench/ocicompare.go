@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/sbxdev/sbx/internal/runtime/oci"
 	sbx "github.com/sbxdev/sbx/sdk/go"
@@ -116,33 +117,50 @@ func compareOCIRuntimes(n int, agentPath string) error {
 	}
 	printResults(rs...)
 
-	// Throughput from scaleClients clients, taking turns by phase.
-	const runs, creates = 64, 48
-	throughput := func(f func() error, k int) (float64, error) {
+	// Throughput from scaleClients clients, taking turns by phase in the
+	// order runc, crun, crun, runc (a daemon's background work after a
+	// phase, such as deleting veths and refilling its namespace pool,
+	// lands on the next phase: each side gets it once before and once
+	// after its own).
+	const runs, creates = 64, 24
+	throughput := func(f func() error, k int) (time.Duration, error) {
 		wall, failed, err := concurrently(k, func(int) error { return f() })
 		if failed > 0 {
 			return 0, fmt.Errorf("%d of %d failed, first: %w", failed, k, err)
 		}
-		return rate(k, wall), nil
+		return wall, nil
 	}
 	var runBefore, runAfter, createRate, destroyRate [2]float64
 	for i, s := range sides {
-		if runBefore[i], err = throughput(s.run(bundle), runs); err != nil {
+		wall, err := throughput(s.run(bundle), runs)
+		if err != nil {
 			return fmt.Errorf("%s run: %w", s.name, err)
 		}
+		runBefore[i] = rate(runs, wall)
+	}
+	var createWall [2]time.Duration
+	var destroys [2]float64
+	for _, i := range []int{0, 1, 1, 0} {
+		wall, err := throughput(create(sides[i].c), creates)
+		if err != nil {
+			return fmt.Errorf("creates on %s: %w", sides[i].name, err)
+		}
+		createWall[i] += wall
+		r, err := destroyAll()
+		if err != nil {
+			return fmt.Errorf("on %s: %w", sides[i].name, err)
+		}
+		destroys[i] += r / 2
+	}
+	for i := range sides {
+		createRate[i], destroyRate[i] = rate(2*creates, createWall[i]), destroys[i]
 	}
 	for i, s := range sides {
-		if createRate[i], err = throughput(create(s.c), creates); err != nil {
-			return fmt.Errorf("creates on %s: %w", s.name, err)
-		}
-		if destroyRate[i], err = destroyAll(); err != nil {
-			return fmt.Errorf("on %s: %w", s.name, err)
-		}
-	}
-	for i, s := range sides {
-		if runAfter[i], err = throughput(s.run(bundle), runs); err != nil {
+		wall, err := throughput(s.run(bundle), runs)
+		if err != nil {
 			return fmt.Errorf("%s run: %w", s.name, err)
 		}
+		runAfter[i] = rate(runs, wall)
 	}
 	fmt.Printf("cold create→ready p50, runc / crun  = %s / %s  (%.2fx; runc run true %s, crun run true %s; %.2fx and %.2fx their runtime's run)\n",
 		ms(rs[2].p(0.5)), ms(rs[3].p(0.5)), ratio(rs[3], rs[2]), ms(rs[0].p(0.5)), ms(rs[1].p(0.5)), ratio(rs[2], rs[0]), ratio(rs[3], rs[1]))
