@@ -22,21 +22,26 @@ import (
 // runtimeProcs counts the runtime processes this package started and has
 // not waited for yet, by pid.
 var runtimeProcs = struct {
-	mu sync.Mutex
-	// live holds their pids; guarded by mu, as are their starts, so a
-	// scan never sees one of them exited but not yet in live.
+	// starting is held for reading from a start to its pid's entry in
+	// live, and for writing by a scan, so a scan never sees one of them
+	// exited but not yet in live; starts do not wait for each other.
+	starting sync.RWMutex
+	mu       sync.Mutex
+	// live holds their pids; guarded by mu.
 	live map[int]bool
 }{live: map[int]bool{}}
 
 // runTracked runs cmd as cmd.Run does, with its pid in runtimeProcs from
 // its start to its reaping.
 func runTracked(cmd *exec.Cmd) error {
-	runtimeProcs.mu.Lock()
+	runtimeProcs.starting.RLock()
 	err := cmd.Start()
 	if err == nil {
+		runtimeProcs.mu.Lock()
 		runtimeProcs.live[cmd.Process.Pid] = true
+		runtimeProcs.mu.Unlock()
 	}
-	runtimeProcs.mu.Unlock()
+	runtimeProcs.starting.RUnlock()
 	if err != nil {
 		return err
 	}
@@ -58,6 +63,8 @@ func (r *ociRuntime) reapOrphans() {
 // reapRuntimeOrphans reaps this process's zombie children named name (the
 // runtime's binary) that it did not start itself (runtimeProcs).
 func reapRuntimeOrphans(name string) {
+	runtimeProcs.starting.Lock()
+	defer runtimeProcs.starting.Unlock()
 	runtimeProcs.mu.Lock()
 	defer runtimeProcs.mu.Unlock()
 	// An orphan goes to any live thread of the subreaper: each thread's
