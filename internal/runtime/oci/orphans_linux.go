@@ -61,27 +61,42 @@ func (r *ociRuntime) reapOrphans() {
 }
 
 // reapRuntimeOrphans reaps this process's zombie children named name (the
-// runtime's binary) that it did not start itself (runtimeProcs).
+// runtime's binary) that it did not start itself (runtimeProcs). A first
+// pass without locks finds whether there is any such zombie at all, so
+// that concurrent creates and destroys do not queue on a scan for nothing.
 func reapRuntimeOrphans(name string) {
+	if len(zombieChildren(name)) == 0 {
+		return
+	}
 	runtimeProcs.starting.Lock()
 	defer runtimeProcs.starting.Unlock()
 	runtimeProcs.mu.Lock()
 	defer runtimeProcs.mu.Unlock()
-	// An orphan goes to any live thread of the subreaper: each thread's
-	// children are listed under it.
+	for _, pid := range zombieChildren(name) {
+		if runtimeProcs.live[pid] {
+			continue
+		}
+		// Still our child (unreaped, its pid cannot be reused): only a
+		// zombie is waited for, and WNOHANG never blocks.
+		_, _ = unix.Wait4(pid, nil, unix.WNOHANG, nil)
+	}
+}
+
+// zombieChildren lists this process's children that are zombies named
+// name. An orphan goes to any live thread of the subreaper: each thread's
+// children are listed under it.
+func zombieChildren(name string) []int {
+	var out []int
 	tasks, _ := filepath.Glob("/proc/self/task/*/children")
 	for _, t := range tasks {
 		b, _ := os.ReadFile(t)
 		for _, f := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil || runtimeProcs.live[pid] || !zombieNamed(pid, name) {
-				continue
+			if pid, err := strconv.Atoi(f); err == nil && zombieNamed(pid, name) {
+				out = append(out, pid)
 			}
-			// Still our child (unreaped, its pid cannot be reused): only
-			// a zombie is waited for, and WNOHANG never blocks.
-			_, _ = unix.Wait4(pid, nil, unix.WNOHANG, nil)
 		}
 	}
+	return out
 }
 
 // zombieNamed reports whether pid is a zombie whose command is name.
