@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/splice"
 )
 
 // FileWriterArg is argv[1] of the agent binary run as the file-writer helper
@@ -75,6 +77,9 @@ type fileSink interface {
 	finish() (int64, error)
 	// abort gives up (the caller removes the file).
 	abort()
+	// copyFrom writes exactly n bytes of src, spliced when src is a
+	// descriptor (a raw file connection).
+	copyFrom(src io.Reader, n int64) (int64, error)
 }
 
 // sink returns where the data for dst goes. ctx bounds the helper's work.
@@ -193,7 +198,23 @@ func (s *directSink) Write(p []byte) (int, error) {
 	return k, err
 }
 func (s *directSink) finish() (int64, error) { return s.n, nil }
-func (s *directSink) abort()                 {}
+
+func (s *directSink) copyFrom(src io.Reader, n int64) (int64, error) {
+	var k int64
+	var err error
+	// splice(2) refuses a file opened O_APPEND.
+	if fl, ferr := unix.FcntlInt(s.f.Fd(), unix.F_GETFL, 0); ferr == nil && fl&unix.O_APPEND == 0 {
+		k, err = splice.Copy(s.f, src, n, rawPipeBytes)
+	} else {
+		k, err = io.CopyN(s.f, src, n)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	s.n += k
+	return k, err
+}
+func (s *directSink) abort() {}
 
 // helperSink feeds one file's data to the helper.
 type helperSink struct {
@@ -335,6 +356,33 @@ func (s *helperSink) Write(p []byte) (int, error) {
 		return k, fmt.Errorf("file writer: %w", s.why(err))
 	}
 	return k, nil
+}
+
+// copyFrom splices n bytes of src into the helper's data pipe. A helper
+// that stopped reading because its write failed (the disk is full) has
+// answered with the errno by then: that is the error, not the pipe's.
+func (s *helperSink) copyFrom(src io.Reader, n int64) (int64, error) {
+	size := 0
+	if s.bigPipe {
+		size = bigPipeBytes
+	}
+	k, err := splice.Copy(s.data, src, n, size)
+	s.sent += k
+	if err == nil {
+		return k, nil
+	}
+	if errors.Is(err, syscall.EPIPE) {
+		_ = s.reply.SetReadDeadline(time.Now().Add(time.Second))
+		var ans [16]byte
+		if _, rerr := io.ReadFull(s.reply, ans[:]); rerr == nil {
+			if errno := syscall.Errno(binary.LittleEndian.Uint64(ans[8:])); errno != 0 {
+				return k, errno
+			}
+		}
+		s.dead = true
+		return k, fmt.Errorf("file writer: %w", s.why(err))
+	}
+	return k, err
 }
 
 // why explains a failed pipe write or read: the helper gone (user code

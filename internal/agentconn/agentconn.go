@@ -1,7 +1,8 @@
 // Package agentconn is the daemon side of the daemon↔agent link: it turns a
 // dial function (a Unix socket, vsock, a forwarded port) into an
 // agentv1connect.AgentServiceClient speaking Connect over unencrypted
-// HTTP/2, and negotiates the protocol version. It imports only api/.
+// HTTP/2, and negotiates the protocol version. It imports only api/ and
+// internal/splice (raw file connections).
 package agentconn
 
 import (
@@ -28,12 +29,18 @@ import (
 // (StartProcess, ProcessLogs, ProcessInput, WaitProcess); 5 has the agent
 // take framed execs on its API endpoint too (a connection whose first
 // byte is execframe.FrameInput), which the daemon uses for a box whose
-// driver gives it no exec socket of its own.
-const ProtocolVersion = 5
+// driver gives it no exec socket of its own; 6 has it take raw file
+// connections there too (a connection whose first byte is
+// execframe.FrameFileWrite or FrameFileRead: rawfile.go).
+const ProtocolVersion = 6
 
 // protocolFramedOnAPI is the first protocol version whose agent takes
 // framed execs on its API endpoint.
 const protocolFramedOnAPI = 5
+
+// protocolRawFiles is the first protocol version whose agent takes raw
+// file connections on its API endpoint.
+const protocolRawFiles = 6
 
 // ReadyByte is what an agent started with --ready-fd writes on that fd once it
 // serves; drivers wait for it instead of polling with Hello.
