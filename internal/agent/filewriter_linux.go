@@ -509,13 +509,18 @@ func FileWriterHelper() error {
 // (bytes written, errno) on reply.
 func copyForAgent(dst, src, reply int) {
 	out, in, ans := os.NewFile(uintptr(dst), "file"), os.NewFile(uintptr(src), "data"), os.NewFile(uintptr(reply), "reply")
-	defer out.Close()
 	defer in.Close()
 	defer ans.Close()
 	if _, err := ans.Write([]byte{'+'}); err != nil { // taken (see newHelperSink)
+		out.Close()
 		return
 	}
 	n, err := spliceToFile(dst, src)
+	// The file is closed before the answer goes: the agent removes a
+	// failed file once it has the answer, and the space it took comes
+	// back only when no descriptor holds it (this helper, in the user
+	// cgroups, may wait long for the CPU on a loaded host).
+	out.Close()
 	var errno syscall.Errno
 	if err != nil && !errors.As(err, &errno) {
 		errno = syscall.EIO
