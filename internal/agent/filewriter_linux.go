@@ -204,7 +204,9 @@ func (s *directSink) copyFrom(src io.Reader, n int64) (int64, error) {
 	var err error
 	// splice(2) refuses a file opened O_APPEND.
 	if fl, ferr := unix.FcntlInt(s.f.Fd(), unix.F_GETFL, 0); ferr == nil && fl&unix.O_APPEND == 0 {
-		k, err = splice.Copy(s.f, src, n, rawPipeBytes)
+		size, done := bigPipeSize()
+		k, err = splice.Copy(s.f, src, n, size)
+		done()
 	} else {
 		k, err = io.CopyN(s.f, src, n)
 		if errors.Is(err, io.EOF) {
@@ -236,14 +238,27 @@ type helperSink struct {
 // messages' own size. Pipe pages are charged to the writer, the agent, so
 // at most bigPipes of them are in use at once (the agent's reserve is 32
 // MiB at most, and a sandbox may have 64 file calls in flight); the other
-// uploads keep the default.
+// uploads keep the default. A raw file transfer (rawfile_linux.go) also
+// splices through a pipe of its own, which takes one of them too when one
+// is free: four let two raw uploads at a time run with 1 MiB pipes.
 const (
 	bigPipeBytes = 1 << 20
-	bigPipes     = 2
+	bigPipes     = 4
 )
 
 // bigPipesInUse counts the data pipes grown to bigPipeBytes.
 var bigPipesInUse atomic.Int32
+
+// bigPipeSize takes one of the bigPipes for a pipe splice.Copy makes (a
+// raw file transfer's) and returns its size and how to give it back; 0
+// (the default size) when all are taken.
+func bigPipeSize() (int, func()) {
+	if bigPipesInUse.Add(1) > bigPipes {
+		bigPipesInUse.Add(-1)
+		return 0, func() {}
+	}
+	return bigPipeBytes, func() { bigPipesInUse.Add(-1) }
+}
 
 // growPipe grows the pipe whose write end is fd to bigPipeBytes if fewer
 // than bigPipes are, and reports whether it did.
@@ -362,11 +377,9 @@ func (s *helperSink) Write(p []byte) (int, error) {
 // that stopped reading because its write failed (the disk is full) has
 // answered with the errno by then: that is the error, not the pipe's.
 func (s *helperSink) copyFrom(src io.Reader, n int64) (int64, error) {
-	size := 0
-	if s.bigPipe {
-		size = bigPipeBytes
-	}
+	size, done := bigPipeSize()
 	k, err := splice.Copy(s.data, src, n, size)
+	done()
 	s.sent += k
 	if err == nil {
 		return k, nil

@@ -23,11 +23,6 @@ import (
 // file RPCs (openWrite, s.files.openRead), and written data through the
 // same file writer in the user cgroups.
 
-// rawPipeBytes is the size asked for the pipes a raw transfer splices
-// through: the pages in them are the socket's or the page cache's, moved
-// by reference, so a large pipe costs little memory and saves syscalls.
-const rawPipeBytes = 1 << 20
-
 // serveRawFile serves the one transfer of a raw file connection whose
 // first byte (FrameFileWrite or FrameFileRead) c has peeked.
 func (s *Server) serveRawFile(ctx context.Context, c *peekedConn) {
@@ -151,7 +146,12 @@ func (s *Server) rawRead(c *peekedConn, payload []byte) error {
 	}
 	// A file that shrinks meanwhile ends the stream short: the daemon
 	// takes that as the error it is. Nothing more can be said in-band.
-	if _, err := splice.Copy(c.Conn, f, size, rawPipeBytes); err != nil {
+	// The pipe this splices through holds the page cache's pages by
+	// reference; it is grown to 1 MiB if one of the agent's bigPipes is
+	// free (filewriter_linux.go), like the file writer's.
+	pipe, done := bigPipeSize()
+	defer done()
+	if _, err := splice.Copy(c.Conn, f, size, pipe); err != nil {
 		c.Close()
 	}
 	return nil

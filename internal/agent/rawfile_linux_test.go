@@ -274,3 +274,37 @@ func TestHelperSinkCopyFromDiskFull(t *testing.T) {
 		t.Error("the helper was dropped after it answered ENOSPC, want it kept")
 	}
 }
+
+// TestBigPipeSizeSharesTheBudget: the pipes raw transfers splice through
+// take from the same bigPipes as the file writer's data pipes, and give
+// them back.
+func TestBigPipeSizeSharesTheBudget(t *testing.T) {
+	var dones []func()
+	for i := range bigPipes + 1 {
+		size, done := bigPipeSize()
+		dones = append(dones, done)
+		if want := bigPipeBytes; i >= bigPipes {
+			want = 0
+			if size != want {
+				t.Errorf("pipe %d: size %d, want %d (all %d taken)", i, size, want, bigPipes)
+			}
+		} else if size != want {
+			t.Errorf("pipe %d: size %d, want %d", i, size, want)
+		}
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if growPipe(p[1]) {
+		t.Error("the file writer grew a data pipe while raw transfers held every big pipe")
+	}
+	for _, done := range dones {
+		done()
+	}
+	if got := bigPipesInUse.Load(); got != 0 {
+		t.Errorf("big pipes in use after all were given back: %d, want 0", got)
+	}
+}
