@@ -24,9 +24,8 @@ import (
 
 // TestTenancyHTTPRoutes: every way to a sandbox port (path, raw TCP,
 // sbx and E2B headers, host name), the exec upgrade and the raw file route
-// answer another
-// tenant's token exactly as they answer for a missing sandbox, and work
-// for the owner; without a token they say Unauthorized.
+// answer another tenant's token exactly as they answer for a missing
+// sandbox, and work for the owner; without a token they say Unauthorized.
 func TestTenancyHTTPRoutes(t *testing.T) {
 	e := newTenancyEnv(t)
 	// The fake driver shares the host's network: a server here is on
