@@ -53,17 +53,25 @@ const FilesPath = "/sbx/v1/files"
 // a reset.
 const rawDrainTimeout = 5 * time.Second
 
-// serveFiles serves FilesPath for an authenticated request.
+// serveFiles serves FilesPath for an authenticated request. The request's
+// Observer counts it as the WriteFile or ReadFile call it stands for.
 func (f *Front) serveFiles(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	var procedure string
+	var err error
 	switch r.Method {
 	case http.MethodPut:
-		f.serveUpload(w, r)
+		procedure = sbxv1connect.SandboxServiceWriteFileProcedure
+		err = f.serveUpload(w, r)
 	case http.MethodGet:
-		f.serveDownload(w, r)
+		procedure = sbxv1connect.SandboxServiceReadFileProcedure
+		err = f.serveDownload(w, r)
 	default:
 		w.Header().Set("Allow", "GET, PUT")
 		writeFileError(w, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s takes GET (download) and PUT (upload), not %s", FilesPath, r.Method)))
+		return
 	}
+	observerFrom(r.Context()).called(r.Context(), procedure, nil, time.Since(start), err)
 }
 
 // fileQuery reads the query parameters of FilesPath.
@@ -103,7 +111,7 @@ func parseFileQuery(r *http.Request) (fileQuery, error) {
 }
 
 // serveUpload writes a PUT's body into a file of the sandbox.
-func (f *Front) serveUpload(w http.ResponseWriter, r *http.Request) {
+func (f *Front) serveUpload(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	fq, err := parseFileQuery(r)
 	if err == nil && r.ProtoMajor != 1 {
@@ -117,18 +125,19 @@ func (f *Front) serveUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	conn, release, err := f.streams.file(ctx, fq.sandbox)
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	defer release()
 	nc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		writeFileError(w, connect.NewError(connect.CodeInternal, fmt.Errorf("taking over the connection: %w", err)))
-		return
+		err = connect.NewError(connect.CodeInternal, fmt.Errorf("taking over the connection: %w", err))
+		writeFileError(w, err)
+		return err
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Time{})
@@ -170,7 +179,7 @@ func (f *Front) serveUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if errors.Is(err, splice.ErrSource) || ctx.Err() != nil {
-			return // the client left (or the daemon stops): nobody to answer
+			return err // the client left (or the daemon stops): nobody to answer
 		}
 		writeRawAnswer(nc, fileErrorStatus(err), fileErrorBody(err))
 		if !expect || continued {
@@ -180,10 +189,11 @@ func (f *Front) serveUpload(w http.ResponseWriter, r *http.Request) {
 			_ = nc.SetReadDeadline(time.Now().Add(rawDrainTimeout))
 			_, _ = io.Copy(io.Discard, io.LimitReader(src, r.ContentLength-taken))
 		}
-		return
+		return err
 	}
 	b, _ := json.Marshal(map[string]int64{"bytes_written": written})
 	writeRawAnswer(nc, http.StatusOK, b)
+	return nil
 }
 
 // writeFileStream is the WriteFile stream to an older agent: the body in
@@ -220,7 +230,7 @@ func writeFileStream(ctx context.Context, conn *agentconn.Conn, hdr *sbxv1.Write
 }
 
 // serveDownload answers a GET with the file's bytes.
-func (f *Front) serveDownload(w http.ResponseWriter, r *http.Request) {
+func (f *Front) serveDownload(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	fq, err := parseFileQuery(r)
 	if err == nil {
@@ -228,23 +238,22 @@ func (f *Front) serveDownload(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	conn, release, err := f.streams.file(ctx, fq.sandbox)
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	defer release()
 	req := &sbxv1.ReadFileRequest{Sandbox: fq.sandbox, Path: fq.path, Offset: fq.offset, Length: fq.length}
 	rr, err := conn.ReadFileRaw(ctx, req)
 	if errors.Is(err, errors.ErrUnsupported) {
-		readFileStream(ctx, w, conn, req)
-		return
+		return readFileStream(ctx, w, conn, req)
 	}
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	defer rr.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -252,17 +261,20 @@ func (f *Front) serveDownload(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	// http's response.ReadFrom hands the LimitedReader over the agent's
 	// socket to the client connection's ReadFrom: spliced (plain TCP).
-	if n, _ := io.Copy(w, rr.Body); n < rr.Size {
+	if n, err := io.Copy(w, rr.Body); n < rr.Size {
+		observerFrom(ctx).called(ctx, sbxv1connect.SandboxServiceReadFileProcedure, nil, 0,
+			connect.NewError(connect.CodeUnavailable, fmt.Errorf("download cut after %d of %d bytes: %w", n, rr.Size, err)))
 		panic(http.ErrAbortHandler) // cut the connection: the client sees a short body
 	}
+	return nil
 }
 
 // readFileStream answers a download from the ReadFile stream (chunked).
-func readFileStream(ctx context.Context, w http.ResponseWriter, conn *agentconn.Conn, req *sbxv1.ReadFileRequest) {
+func readFileStream(ctx context.Context, w http.ResponseWriter, conn *agentconn.Conn, req *sbxv1.ReadFileRequest) error {
 	st, err := conn.ReadFile(ctx, connect.NewRequest(req))
 	if err != nil {
 		writeFileError(w, err)
-		return
+		return err
 	}
 	defer st.Close()
 	started := false
@@ -273,21 +285,23 @@ func readFileStream(ctx context.Context, w http.ResponseWriter, conn *agentconn.
 			started = true
 		}
 		if _, err := w.Write(st.Msg().GetData()); err != nil {
-			return
+			return err
 		}
 	}
 	if err := st.Err(); err != nil {
 		if started {
+			observerFrom(ctx).called(ctx, sbxv1connect.SandboxServiceReadFileProcedure, nil, 0, err)
 			panic(http.ErrAbortHandler)
 		}
 		writeFileError(w, err)
-		return
+		return err
 	}
 	if !started {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", "0")
 		w.WriteHeader(http.StatusOK)
 	}
+	return nil
 }
 
 // fileErrorStatus is the HTTP status Connect answers err's code with.
