@@ -123,6 +123,9 @@ type Conn struct {
 	// spare is an exec connection dialled ahead, on which the agent
 	// already waits for a start message: a command then costs no dial and
 	// no accept (see framed.go).
+	// maxProtocol caps the version Hello settles on (WithMaxProtocol).
+	maxProtocol uint32
+
 	spareMu   sync.Mutex
 	spare     net.Conn
 	refilling bool
@@ -137,6 +140,11 @@ type Option func(*Conn)
 // errors.ErrUnsupported (a box whose agent has no exec socket) falls back
 // to the Exec RPC.
 func WithExecDial(dial DialFunc) Option { return func(c *Conn) { c.execDial = dial } }
+
+// WithMaxProtocol has the daemon speak at most protocol v with this agent,
+// whatever the agent could (0: all this build speaks): the paths kept for
+// older agents are driven with it in tests.
+func WithMaxProtocol(v uint32) Option { return func(c *Conn) { c.maxProtocol = v } }
 
 // New returns a client that dials with dial. It does not connect yet.
 func New(dial DialFunc, opts ...Option) *Conn {
@@ -295,13 +303,17 @@ func (c *Conn) Close() {
 
 // Hello checks the agent answers and speaks a protocol this daemon knows.
 func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
-	resp, err := c.AgentServiceClient.Hello(ctx, connect.NewRequest(&agentv1.HelloRequest{ProtocolVersion: ProtocolVersion}))
+	ours := uint32(ProtocolVersion)
+	if c.maxProtocol != 0 {
+		ours = min(ours, c.maxProtocol)
+	}
+	resp, err := c.AgentServiceClient.Hello(ctx, connect.NewRequest(&agentv1.HelloRequest{ProtocolVersion: ours}))
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
 	v := resp.Msg.GetProtocolVersion()
-	if v == 0 || v > ProtocolVersion {
-		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ProtocolVersion)
+	if v == 0 || v > ours {
+		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ours)
 	}
 	c.version.Store(v)
 	return resp.Msg, nil
