@@ -56,7 +56,10 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode 
 }
 
 // Upload streams r into a file of the sandbox, creating missing parents. The
-// file appears whole or not at all.
+// file appears whole or not at all. A reader whose size is known up front (a
+// regular *os.File, or one with a Len method giving the bytes left unread,
+// as *bytes.Reader has) of at least 1 MiB goes over the daemon's raw file
+// route, spliced to the sandbox (rawfiles.go).
 func (s *Sandbox) Upload(ctx context.Context, path string, r io.Reader, mode uint32) (int64, error) {
 	return s.upload(ctx, path, r, mode, false)
 }

@@ -34,14 +34,12 @@ const rawUploadMin = 1 << 20
 var errNoRawRoute = errors.New("the daemon has no raw file route")
 
 // knownSize returns how many bytes r has left, if that can be known
-// without reading it.
+// without reading it: a regular *os.File (from its offset), or a reader
+// with a Len method saying how many bytes are left unread, as
+// *bytes.Reader, *bytes.Buffer and *strings.Reader have.
 func knownSize(r io.Reader) (int64, bool) {
 	switch v := r.(type) {
-	case *bytes.Reader:
-		return int64(v.Len()), true
-	case *bytes.Buffer:
-		return int64(v.Len()), true
-	case *strings.Reader:
+	case interface{ Len() int }:
 		return int64(v.Len()), true
 	case *os.File:
 		fi, err := v.Stat()

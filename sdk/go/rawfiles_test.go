@@ -72,6 +72,7 @@ func TestKnownSize(t *testing.T) {
 		{"bytes.Reader read 10", br, 40, true},
 		{"strings.Reader", strings.NewReader("abc"), 3, true},
 		{"bytes.Buffer", bytes.NewBufferString("abcd"), 4, true},
+		{"a reader with Len", lenReader{7}, 7, true},
 		{"a pipe", io.MultiReader(strings.NewReader("x")), 0, false},
 	} {
 		n, ok := knownSize(tc.r)
@@ -80,3 +81,9 @@ func TestKnownSize(t *testing.T) {
 		}
 	}
 }
+
+// lenReader says it has n bytes left, as a progress-counting wrapper does.
+type lenReader struct{ n int }
+
+func (lenReader) Read([]byte) (int, error) { return 0, io.EOF }
+func (r lenReader) Len() int               { return r.n }
