@@ -52,7 +52,7 @@ func main() {
 	var nbOpts neighbourOpts
 	flag.Uint64Var(&nbOpts.boxesShares, "boxes-cpu-shares", 0, "neighbours, runtimes, files: the daemon's --boxes-cpu-shares (0: its default)")
 	flag.Uint64Var(&nbOpts.benchShares, "bench-cpu-shares", 0, "neighbours, files: run the bench and its daemon in a cgroup v1 cpu group of these shares (e.g. 262144 with -boxes-cpu-shares 262144 or 32768), so that other load on the machine weighs little against the daemon and the boxes")
-	baseline := flag.String("baseline", "", "with -only ab: a directory holding the old build's sbx and sbx-agent to compare the new one (next to -agent) with")
+	baseline := flag.String("baseline", "", "with -only ab or files: a directory holding the old build's sbx and sbx-agent to compare the new one (next to -agent) with")
 	abBombs := flag.String("bombs", "", "with -only ab: the bombs its neighbour rounds run, comma-separated (fork, memory, disk, fds, stdout, cpu; default all)")
 	rounds := flag.Int("rounds", 0, "neighbours: instead of each bomb alone and all together once, alternate this many rounds of at rest and all bombs together, pooled (steadier on a machine with other load)")
 	flag.Parse()
@@ -65,8 +65,15 @@ func main() {
 		"exec":     runExec,
 		"network":  runNetwork,
 		"codebase": runCodebase,
-		"files":    func(n int, agentPath, _ string) error { return runFiles(n, agentPath, nbOpts) },
-		"permfs":   func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
+		"files": func(n int, agentPath, _ string) error {
+			if *baseline != "" {
+				// The old build's data path against this one's, taking
+				// turns: `make bench ARGS="-only files -baseline /tmp/main/bin"`.
+				return runFilesAB(n, agentPath, *baseline, nbOpts)
+			}
+			return runFiles(n, agentPath, nbOpts)
+		},
+		"permfs": func(_ int, agentPath, runtimeBin string) error { return runPermFS(agentPath, runtimeBin) },
 		// Not in the default run (about a minute of bombs): `make bench
 		// ARGS="-only neighbours"`.
 		"neighbours": func(n int, agentPath, runtimeBin string) error {

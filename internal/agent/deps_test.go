@@ -34,6 +34,8 @@ func TestDeps(t *testing.T) {
 		"github.com/sbxdev/sbx/internal/errdefs",
 		// Stat-to-FileInfo for the file service (a leaf over x/sys).
 		"github.com/sbxdev/sbx/internal/safepath",
+		// splice(2) between sockets, pipes and files for raw file transfers.
+		"github.com/sbxdev/sbx/internal/splice",
 		// The accept loops' backoff (standard library only).
 		"github.com/sbxdev/sbx/internal/connlimit",
 		// The box user namespace helper the daemon runs the agent binary as.

@@ -294,7 +294,7 @@ func TestFramedExecOnAPIEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Hello after framed execs: %v", err)
 	}
-	if got, want := hello.GetProtocolVersion(), uint32(5); got != want {
+	if got, want := hello.GetProtocolVersion(), uint32(ProtocolVersion); got != want {
 		t.Errorf("Hello: protocol %d, want %d", got, want)
 	}
 }

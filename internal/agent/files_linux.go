@@ -81,7 +81,50 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[sbx
 		}
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("write: missing header"))
 	}
-	hdr := stream.Msg().GetHeader()
+	pw, err := s.openWrite(ctx, stream.Msg().GetHeader())
+	if err != nil {
+		return nil, err
+	}
+	for stream.Receive() {
+		data := stream.Msg().GetData()
+		if len(data) == 0 {
+			continue
+		}
+		if _, err := pw.sink.Write(data); err != nil {
+			return nil, pw.abort(err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, pw.abort(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, pw.abort(err)
+	}
+	written, err := pw.commit()
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sbxv1.WriteFileResponse{BytesWritten: written}), nil
+}
+
+// pendingWrite is a file being written through the file API (WriteFile or
+// a raw file connection): opened, its data going into sink, not yet
+// visible under its name unless appending.
+type pendingWrite struct {
+	p    string // the path, for errors
+	name string
+	pfd  int // the parent directory (O_PATH)
+	f    *os.File
+	tmp  string // the temporary file's name in pfd; "" when appending
+	mode uint32
+	// existing is the entry replaced, if it was a regular file.
+	existing *unix.Stat_t
+	sink     fileSink
+}
+
+// openWrite resolves and opens the file hdr names, as WriteFile does, and
+// the sink its data goes into. The caller ends it with commit or abort.
+func (s *Server) openWrite(ctx context.Context, hdr *sbxv1.WriteFileHeader) (*pendingWrite, error) {
 	if hdr == nil || hdr.GetPath() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("write: first message must be a header with a path"))
 	}
@@ -105,86 +148,92 @@ func (s *Server) WriteFile(ctx context.Context, stream *connect.ClientStream[sbx
 	if err != nil {
 		return nil, fsError("write", p, err)
 	}
-	defer unix.Close(pfd)
+	pw := &pendingWrite{p: p, name: name, pfd: pfd, mode: mode}
 	// The existing entry, not followed: a symlink is replaced by the new
 	// file and lends it nothing.
-	var existing *unix.Stat_t
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
+			unix.Close(pfd)
 			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("write %s: is a directory", p))
 		case unix.S_IFREG:
-			existing = &st
+			pw.existing = &st
 			if hdr.GetMode() == 0 {
-				mode = st.Mode & 0o777 // replacing keeps the old permissions
+				pw.mode = st.Mode & 0o777 // replacing keeps the old permissions
 			}
 		}
 	}
-
-	var f *os.File
-	tmp := ""
 	if hdr.GetAppend() {
-		f, err = s.files.openAppend(p, mode)
+		pw.f, err = s.files.openAppend(p, pw.mode)
 	} else {
-		f, tmp, err = createTemp(pfd, name)
+		pw.f, pw.tmp, err = createTemp(pfd, name)
 	}
 	if err != nil {
-		return nil, fsError("write", p, err)
-	}
-	fail := func(err error) (*connect.Response[sbxv1.WriteFileResponse], error) {
-		f.Close()
-		if tmp != "" {
-			unix.Unlinkat(pfd, tmp, 0)
-		}
+		unix.Close(pfd)
 		return nil, fsError("write", p, err)
 	}
 	// The data goes in from the user cgroups (fileWriter): the pages are
 	// user code's to pay for, not the agent's reserve.
-	sink, err := s.writer.sink(ctx, f)
+	pw.sink, err = s.writer.sink(ctx, pw.f)
 	if err != nil {
-		return fail(err)
+		return nil, pw.fail(err)
 	}
-	for stream.Receive() {
-		data := stream.Msg().GetData()
-		if len(data) == 0 {
-			continue
-		}
-		if _, err := sink.Write(data); err != nil {
-			sink.abort()
-			return fail(err)
-		}
+	return pw, nil
+}
+
+// fail removes what was written and returns err as the file API's error.
+func (pw *pendingWrite) fail(err error) error {
+	pw.f.Close()
+	if pw.tmp != "" {
+		unix.Unlinkat(pw.pfd, pw.tmp, 0)
 	}
-	if err := stream.Err(); err != nil {
-		sink.abort()
-		return fail(err)
-	}
-	if err := ctx.Err(); err != nil {
-		sink.abort()
-		return fail(err)
-	}
-	written, err := sink.finish()
+	unix.Close(pw.pfd)
+	return fsError("write", pw.p, err)
+}
+
+// abort gives up on the data (the helper is told) and fails with err.
+func (pw *pendingWrite) abort(err error) error {
+	pw.sink.abort()
+	return pw.fail(err)
+}
+
+// commit ends the data, sets the new file's mode and owner and renames it
+// over the target; it returns the bytes written.
+func (pw *pendingWrite) commit() (int64, error) {
+	written, err := pw.sink.finish()
 	if err != nil {
-		return fail(err)
+		return 0, pw.fail(err)
 	}
-	if tmp != "" {
-		if err := f.Chmod(fs.FileMode(mode)); err != nil {
-			return fail(err)
+	if pw.tmp != "" {
+		if err := pw.f.Chmod(fs.FileMode(pw.mode)); err != nil {
+			return 0, pw.fail(err)
 		}
-		if existing != nil {
-			f.Chown(int(existing.Uid), int(existing.Gid)) // best effort
-		}
-	}
-	if err := f.Close(); err != nil {
-		return fail(err)
-	}
-	if tmp != "" {
-		if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
-			unix.Unlinkat(pfd, tmp, 0)
-			return nil, fsError("write", p, err)
+		if pw.existing != nil {
+			pw.f.Chown(int(pw.existing.Uid), int(pw.existing.Gid)) // best effort
 		}
 	}
-	return connect.NewResponse(&sbxv1.WriteFileResponse{BytesWritten: written}), nil
+	if err := pw.f.Close(); err != nil {
+		pw.f = nil
+		return 0, pw.failClosed(err)
+	}
+	defer unix.Close(pw.pfd)
+	if pw.tmp != "" {
+		if err := unix.Renameat(pw.pfd, pw.tmp, pw.pfd, pw.name); err != nil {
+			unix.Unlinkat(pw.pfd, pw.tmp, 0)
+			return 0, fsError("write", pw.p, err)
+		}
+	}
+	return written, nil
+}
+
+// failClosed is fail once the file is closed.
+func (pw *pendingWrite) failClosed(err error) error {
+	if pw.tmp != "" {
+		unix.Unlinkat(pw.pfd, pw.tmp, 0)
+	}
+	unix.Close(pw.pfd)
+	return fsError("write", pw.p, err)
 }
 
 // createTemp creates a new file next to name in the directory dirfd,

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxdev/sbx/internal/splice"
 )
 
 // FileWriterArg is argv[1] of the agent binary run as the file-writer helper
@@ -75,6 +77,9 @@ type fileSink interface {
 	finish() (int64, error)
 	// abort gives up (the caller removes the file).
 	abort()
+	// copyFrom writes exactly n bytes of src, spliced when src is a
+	// descriptor (a raw file connection).
+	copyFrom(src io.Reader, n int64) (int64, error)
 }
 
 // sink returns where the data for dst goes. ctx bounds the helper's work.
@@ -193,7 +198,25 @@ func (s *directSink) Write(p []byte) (int, error) {
 	return k, err
 }
 func (s *directSink) finish() (int64, error) { return s.n, nil }
-func (s *directSink) abort()                 {}
+
+func (s *directSink) copyFrom(src io.Reader, n int64) (int64, error) {
+	var k int64
+	var err error
+	// splice(2) refuses a file opened O_APPEND.
+	if fl, ferr := unix.FcntlInt(s.f.Fd(), unix.F_GETFL, 0); ferr == nil && fl&unix.O_APPEND == 0 {
+		size, done := bigPipeSize()
+		k, err = splice.Copy(s.f, src, n, size)
+		done()
+	} else {
+		k, err = io.CopyN(s.f, src, n)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	s.n += k
+	return k, err
+}
+func (s *directSink) abort() {}
 
 // helperSink feeds one file's data to the helper.
 type helperSink struct {
@@ -215,14 +238,27 @@ type helperSink struct {
 // messages' own size. Pipe pages are charged to the writer, the agent, so
 // at most bigPipes of them are in use at once (the agent's reserve is 32
 // MiB at most, and a sandbox may have 64 file calls in flight); the other
-// uploads keep the default.
+// uploads keep the default. A raw file transfer (rawfile_linux.go) also
+// splices through a pipe of its own, which takes one of them too when one
+// is free: four let two raw uploads at a time run with 1 MiB pipes.
 const (
 	bigPipeBytes = 1 << 20
-	bigPipes     = 2
+	bigPipes     = 4
 )
 
 // bigPipesInUse counts the data pipes grown to bigPipeBytes.
 var bigPipesInUse atomic.Int32
+
+// bigPipeSize takes one of the bigPipes for a pipe splice.Copy makes (a
+// raw file transfer's) and returns its size and how to give it back; 0
+// (the default size) when all are taken.
+func bigPipeSize() (int, func()) {
+	if bigPipesInUse.Add(1) > bigPipes {
+		bigPipesInUse.Add(-1)
+		return 0, func() {}
+	}
+	return bigPipeBytes, func() { bigPipesInUse.Add(-1) }
+}
 
 // growPipe grows the pipe whose write end is fd to bigPipeBytes if fewer
 // than bigPipes are, and reports whether it did.
@@ -335,6 +371,31 @@ func (s *helperSink) Write(p []byte) (int, error) {
 		return k, fmt.Errorf("file writer: %w", s.why(err))
 	}
 	return k, nil
+}
+
+// copyFrom splices n bytes of src into the helper's data pipe. A helper
+// that stopped reading because its write failed (the disk is full) has
+// answered with the errno by then: that is the error, not the pipe's.
+func (s *helperSink) copyFrom(src io.Reader, n int64) (int64, error) {
+	size, done := bigPipeSize()
+	k, err := splice.Copy(s.data, src, n, size)
+	done()
+	s.sent += k
+	if err == nil {
+		return k, nil
+	}
+	if errors.Is(err, syscall.EPIPE) {
+		_ = s.reply.SetReadDeadline(time.Now().Add(time.Second))
+		var ans [16]byte
+		if _, rerr := io.ReadFull(s.reply, ans[:]); rerr == nil {
+			if errno := syscall.Errno(binary.LittleEndian.Uint64(ans[8:])); errno != 0 {
+				return k, errno
+			}
+		}
+		s.dead = true
+		return k, fmt.Errorf("file writer: %w", s.why(err))
+	}
+	return k, err
 }
 
 // why explains a failed pipe write or read: the helper gone (user code
@@ -461,13 +522,18 @@ func FileWriterHelper() error {
 // (bytes written, errno) on reply.
 func copyForAgent(dst, src, reply int) {
 	out, in, ans := os.NewFile(uintptr(dst), "file"), os.NewFile(uintptr(src), "data"), os.NewFile(uintptr(reply), "reply")
-	defer out.Close()
 	defer in.Close()
 	defer ans.Close()
 	if _, err := ans.Write([]byte{'+'}); err != nil { // taken (see newHelperSink)
+		out.Close()
 		return
 	}
 	n, err := spliceToFile(dst, src)
+	// The file is closed before the answer goes: the agent removes a
+	// failed file once it has the answer, and the space it took comes
+	// back only when no descriptor holds it (this helper, in the user
+	// cgroups, may wait long for the CPU on a loaded host).
+	out.Close()
 	var errno syscall.Errno
 	if err != nil && !errors.As(err, &errno) {
 		errno = syscall.EIO

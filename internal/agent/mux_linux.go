@@ -10,7 +10,9 @@ import (
 
 // The agent serves both of its protocols on whatever endpoint the driver
 // gives it (protocol 5): a connection whose first byte is
-// execframe.FrameInput carries one framed exec (as on the exec socket), any
+// execframe.FrameInput carries one framed exec (as on the exec socket), one
+// whose first byte is execframe.FrameFileWrite or FrameFileRead one raw file
+// transfer (protocol 6, rawfile_linux.go), any
 // other (an HTTP/2 preface starts with 'P') goes to the AgentService. So a
 // driver that can hand the agent one endpoint only (a vsock port, a TCP
 // port, a single Unix socket) gets the same exec transport as one that
@@ -60,8 +62,12 @@ func (s *Server) sniff(ctx context.Context, m *muxListener, c net.Conn) {
 		return
 	}
 	pc := &peekedConn{Conn: c, r: br}
-	if first[0] == execframe.FrameInput {
+	switch first[0] {
+	case execframe.FrameInput:
 		s.serveExecConn(ctx, pc)
+		return
+	case execframe.FrameFileWrite, execframe.FrameFileRead:
+		s.serveRawFile(ctx, pc)
 		return
 	}
 	select {

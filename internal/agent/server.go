@@ -54,8 +54,9 @@ var Version = "dev"
 // Wait; 4 added background processes (StartProcess, ProcessLogs,
 // ProcessInput, WaitProcess, and their fields in DetachedProcess); 5 serves
 // framed execs on the API endpoint too (mux_linux.go), so a driver needs
-// to give the agent one endpoint only.
-const ProtocolVersion = 5
+// to give the agent one endpoint only; 6 takes raw file connections there
+// (rawfile_linux.go: a file's bytes spliced, not in messages).
+const ProtocolVersion = 6
 
 // DefaultPath is the PATH given to commands when the sandbox sets none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"

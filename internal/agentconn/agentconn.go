@@ -1,7 +1,8 @@
 // Package agentconn is the daemon side of the daemon↔agent link: it turns a
 // dial function (a Unix socket, vsock, a forwarded port) into an
 // agentv1connect.AgentServiceClient speaking Connect over unencrypted
-// HTTP/2, and negotiates the protocol version. It imports only api/.
+// HTTP/2, and negotiates the protocol version. It imports only api/ and
+// internal/splice (raw file connections).
 package agentconn
 
 import (
@@ -28,12 +29,18 @@ import (
 // (StartProcess, ProcessLogs, ProcessInput, WaitProcess); 5 has the agent
 // take framed execs on its API endpoint too (a connection whose first
 // byte is execframe.FrameInput), which the daemon uses for a box whose
-// driver gives it no exec socket of its own.
-const ProtocolVersion = 5
+// driver gives it no exec socket of its own; 6 has it take raw file
+// connections there too (a connection whose first byte is
+// execframe.FrameFileWrite or FrameFileRead: rawfile.go).
+const ProtocolVersion = 6
 
 // protocolFramedOnAPI is the first protocol version whose agent takes
 // framed execs on its API endpoint.
 const protocolFramedOnAPI = 5
+
+// protocolRawFiles is the first protocol version whose agent takes raw
+// file connections on its API endpoint.
+const protocolRawFiles = 6
 
 // ReadyByte is what an agent started with --ready-fd writes on that fd once it
 // serves; drivers wait for it instead of polling with Hello.
@@ -116,6 +123,9 @@ type Conn struct {
 	// spare is an exec connection dialled ahead, on which the agent
 	// already waits for a start message: a command then costs no dial and
 	// no accept (see framed.go).
+	// maxProtocol caps the version Hello settles on (WithMaxProtocol).
+	maxProtocol uint32
+
 	spareMu   sync.Mutex
 	spare     net.Conn
 	refilling bool
@@ -130,6 +140,11 @@ type Option func(*Conn)
 // errors.ErrUnsupported (a box whose agent has no exec socket) falls back
 // to the Exec RPC.
 func WithExecDial(dial DialFunc) Option { return func(c *Conn) { c.execDial = dial } }
+
+// WithMaxProtocol has the daemon speak at most protocol v with this agent,
+// whatever the agent could (0: all this build speaks): the paths kept for
+// older agents are driven with it in tests.
+func WithMaxProtocol(v uint32) Option { return func(c *Conn) { c.maxProtocol = v } }
 
 // New returns a client that dials with dial. It does not connect yet.
 func New(dial DialFunc, opts ...Option) *Conn {
@@ -288,13 +303,17 @@ func (c *Conn) Close() {
 
 // Hello checks the agent answers and speaks a protocol this daemon knows.
 func (c *Conn) Hello(ctx context.Context) (*agentv1.HelloResponse, error) {
-	resp, err := c.AgentServiceClient.Hello(ctx, connect.NewRequest(&agentv1.HelloRequest{ProtocolVersion: ProtocolVersion}))
+	ours := uint32(ProtocolVersion)
+	if c.maxProtocol != 0 {
+		ours = min(ours, c.maxProtocol)
+	}
+	resp, err := c.AgentServiceClient.Hello(ctx, connect.NewRequest(&agentv1.HelloRequest{ProtocolVersion: ours}))
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
 	v := resp.Msg.GetProtocolVersion()
-	if v == 0 || v > ProtocolVersion {
-		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ProtocolVersion)
+	if v == 0 || v > ours {
+		return nil, fmt.Errorf("agent speaks protocol %d, daemon speaks up to %d", v, ours)
 	}
 	c.version.Store(v)
 	return resp.Msg, nil

@@ -131,12 +131,15 @@ func writeBlock(dst *os.File, block []byte, off int64, b *Budget) (int64, error)
 // returns the bytes it wrote (zeros skipped). dst ends with the length read.
 // For streams (a tar entry from a box) that carry holes as zeros.
 func WriteFrom(dst *os.File, r io.Reader, b *Budget) (written int64, err error) {
-	buf := make([]byte, blockSize)
+	// Read readSize at a time and write each run of blocks that are not
+	// all zeros in one write: a 100 MiB download took 1600 reads and
+	// writes of a block each before (a tenth of a CPU-second in `sbx cp`).
+	buf := make([]byte, readSize)
 	var off int64
 	for {
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
-			w, err := writeBlock(dst, buf[:n], off, b)
+			w, err := writeRuns(dst, buf[:n], off, b)
 			written += w
 			if err != nil {
 				return written, err
@@ -152,6 +155,40 @@ func WriteFrom(dst *os.File, r io.Reader, b *Budget) (written int64, err error) 
 	}
 	if err := dst.Truncate(off); err != nil {
 		return written, fmt.Errorf("size copy: %w", err)
+	}
+	return written, nil
+}
+
+// readSize is how much WriteFrom reads at a time: a whole number of blocks.
+const readSize = 16 * blockSize
+
+// writeRuns writes p at off block by block, leaving a hole for every block
+// of zeros and writing each run of the others in one write, within budget;
+// it returns the bytes written.
+func writeRuns(dst *os.File, p []byte, off int64, b *Budget) (int64, error) {
+	var written int64
+	for start := 0; start < len(p); {
+		// Skip zero blocks, then take the run of blocks that are not.
+		end := min(start+blockSize, len(p))
+		if bytes.Equal(p[start:end], zeros[:end-start]) {
+			start = end
+			continue
+		}
+		for end < len(p) {
+			next := min(end+blockSize, len(p))
+			if bytes.Equal(p[end:next], zeros[:next-end]) {
+				break
+			}
+			end = next
+		}
+		if err := b.Take(int64(end - start)); err != nil {
+			return written, err
+		}
+		if _, err := dst.WriteAt(p[start:end], off+int64(start)); err != nil {
+			return written, fmt.Errorf("write copy: %w", err)
+		}
+		written += int64(end - start)
+		start = end
 	}
 	return written, nil
 }

@@ -126,3 +126,50 @@ func TestWriteFromSkipsZeros(t *testing.T) {
 type zeroReader struct{}
 
 func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestWriteFromRuns: data and zero blocks mixed in every way within and
+// across reads come out byte for byte, with holes where blocks of zeros
+// were and every other byte counted once against the budget.
+func TestWriteFromRuns(t *testing.T) {
+	block := func(fill byte) []byte { return bytes.Repeat([]byte{fill}, blockSize) }
+	z, d := block(0), block('d')
+	for _, tc := range []struct {
+		name  string
+		parts [][]byte
+	}{
+		{"data only", [][]byte{d, d, d}},
+		{"zeros between", [][]byte{d, z, z, d}},
+		{"a run across reads", [][]byte{bytes.Repeat(d, 20), z, d}},
+		{"zeros across reads", [][]byte{d, bytes.Repeat(z, 20), d}},
+		{"short tail", [][]byte{z, d[:100]}},
+		{"zero tail", [][]byte{d, z[:100]}},
+		{"a byte in a zero block", [][]byte{z, append(append([]byte{}, z[:blockSize-1]...), 1), z}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := bytes.Join(tc.parts, nil)
+			dst, err := os.Create(filepath.Join(t.TempDir(), "dst"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Close()
+			b := NewBudget(1<<40, "test")
+			n, err := WriteFrom(dst, bytes.NewReader(want), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(dst.Name())
+			if !bytes.Equal(got, want) {
+				t.Fatalf("got %d bytes, want the %d read, byte for byte", len(got), len(want))
+			}
+			var nonZero int64
+			for i := 0; i < len(want); i += blockSize {
+				if blk := want[i:min(i+blockSize, len(want))]; !Zero(blk) {
+					nonZero += int64(len(blk))
+				}
+			}
+			if n != nonZero || b.Used() != nonZero {
+				t.Errorf("written %d, budget used %d; want %d (the blocks that are not all zeros)", n, b.Used(), nonZero)
+			}
+		})
+	}
+}

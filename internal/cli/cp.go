@@ -95,7 +95,11 @@ func copyIn(ctx context.Context, sb *sbx.Sandbox, src, dst string, p *transfer) 
 			dst = path.Join(dst, filepath.Base(src))
 		}
 		p.set(0, fi.Size())
-		_, err = sb.Upload(ctx, dst, p.reader(f), uint32(fi.Mode().Perm()))
+		var r io.Reader = f // sent with sendfile(2)
+		if p != nil {
+			r = &sizedReader{r: p.reader(f), left: fi.Size()}
+		}
+		_, err = sb.Upload(ctx, dst, r, uint32(fi.Mode().Perm()))
 		return err
 	}
 	if info, err := sb.Stat(ctx, dst); err == nil && info.GetType() == sbxv1.FileType_FILE_TYPE_DIR {

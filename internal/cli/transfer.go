@@ -141,3 +141,19 @@ func (p *transfer) writer(w io.Writer) io.Writer {
 	}
 	return transferWriter{w, p}
 }
+
+// sizedReader says how many bytes it has left (Len, as *bytes.Reader
+// does), so that the SDK sends a file whose progress is counted over the
+// raw file route like the bare file.
+type sizedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (s *sizedReader) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	s.left -= int64(n)
+	return n, err
+}
+
+func (s *sizedReader) Len() int { return int(max(s.left, 0)) }

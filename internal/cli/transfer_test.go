@@ -47,3 +47,19 @@ func TestTransferOffTheTerminal(t *testing.T) {
 		t.Errorf("stderr got %q, want nothing", stderr.String())
 	}
 }
+
+// TestSizedReaderLen: the bytes left go down as they are read, so the SDK
+// sizes what is left of a file whose progress is shown.
+func TestSizedReaderLen(t *testing.T) {
+	r := &sizedReader{r: strings.NewReader("abcdef"), left: 6}
+	if got := r.Len(); got != 6 {
+		t.Fatalf("Len before reading: got %d, want 6", got)
+	}
+	buf := make([]byte, 4)
+	if n, err := r.Read(buf); n != 4 || err != nil {
+		t.Fatalf("Read: got %d, %v; want 4, nil", n, err)
+	}
+	if got := r.Len(); got != 2 {
+		t.Errorf("Len after 4 bytes: got %d, want 2", got)
+	}
+}

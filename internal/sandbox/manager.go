@@ -50,6 +50,10 @@ type Config struct {
 	Logger         *slog.Logger
 	// TickInterval is how often timeouts are checked (default 250ms).
 	TickInterval time.Duration
+	// AgentProtocol is the highest daemon↔agent protocol the manager uses
+	// with its boxes' agents (0: all internal/agentconn speaks). Tests set
+	// it to drive the paths kept for older agents.
+	AgentProtocol uint32
 	// Images resolves image references (nil: only the host image).
 	Images Images
 	// WarmPool is how many started boxes (default runtime, host image,
@@ -405,7 +409,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	}
 	pt.Mark("driver")
 	// Create returned with the agent serving (the driver contract).
-	conn := agentConn(drv, h)
+	conn := m.agentConn(drv, h)
 	b.mu.Lock()
 	b.handle = h
 	b.conn = conn
@@ -435,13 +439,14 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 }
 
 // agentConn returns a client of box h's agent, with framed execs where the
-// driver offers them.
-func agentConn(drv runtime.Driver, h runtime.Handle) *agentconn.Conn {
+// driver offers them, speaking at most Config.AgentProtocol.
+func (m *Manager) agentConn(drv runtime.Driver, h runtime.Handle) *agentconn.Conn {
 	dial := func(ctx context.Context) (netConn, error) { return drv.Dial(ctx, h) }
+	opts := []agentconn.Option{agentconn.WithMaxProtocol(m.cfg.AgentProtocol)}
 	if ed, ok := drv.(runtime.ExecDialer); ok {
-		return agentconn.New(dial, agentconn.WithExecDial(func(ctx context.Context) (netConn, error) { return ed.DialExec(ctx, h) }))
+		opts = append(opts, agentconn.WithExecDial(func(ctx context.Context) (netConn, error) { return ed.DialExec(ctx, h) }))
 	}
-	return agentconn.New(dial)
+	return agentconn.New(dial, opts...)
 }
 
 // warmUp opens the daemon's connection to a new box's agent while the

@@ -273,7 +273,7 @@ func (m *Manager) startWarm(ctx context.Context, drv runtime.Driver) (*warmBox, 
 	}
 	crashpoint.Pause(ctx, "warm-started", id)
 	w := &warmBox{id: id, handle: h, res: m.cfg.Defaults, net: att}
-	w.conn = agentConn(drv, h)
+	w.conn = m.agentConn(drv, h)
 	// The agent serves (the driver contract); connect now, off the claim's
 	// path, and make sure it speaks our protocol.
 	hctx, cancel := context.WithTimeout(ctx, runtime.ProbeTimeout)

@@ -201,7 +201,7 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) recovery {
 			b.entryBase = ev // nor for the box's own command
 		}
 	}
-	b.conn = agentConn(drv, nh)
+	b.conn = m.agentConn(drv, nh)
 	if dead {
 		if err := m.reserve(b, nil); err != nil {
 			b.conn.Close()

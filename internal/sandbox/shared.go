@@ -231,7 +231,7 @@ func (m *Manager) adopt(ctx context.Context, rec *store.Record) error {
 	if st, err := drv.Stats(ctx, h); err == nil {
 		b.oomSeen.Store(st.OOMKills)
 	}
-	b.conn = agentConn(drv, h)
+	b.conn = m.agentConn(drv, h)
 	m.mu.Lock()
 	if _, raced := m.boxes[rec.ID]; raced {
 		m.mu.Unlock()

@@ -56,6 +56,13 @@ func newExecEnv(t *testing.T, wrap func(http.Handler) http.Handler) *execEnv {
 // wrapDriver, if given.
 func newExecEnvDriver(t *testing.T, wrap func(http.Handler) http.Handler, wrapDriver func(*fake.Driver) runtime.Driver) *execEnv {
 	t.Helper()
+	return newExecEnvConfig(t, wrap, wrapDriver, 0)
+}
+
+// newExecEnvConfig is newExecEnvDriver whose manager speaks at most agent
+// protocol agentProtocol (0: all it can).
+func newExecEnvConfig(t *testing.T, wrap func(http.Handler) http.Handler, wrapDriver func(*fake.Driver) runtime.Driver, agentProtocol uint32) *execEnv {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(context.Background(), dir)
 	if err != nil {
@@ -77,7 +84,8 @@ func newExecEnvDriver(t *testing.T, wrap func(http.Handler) http.Handler, wrapDr
 			MinMemoryBytes: 16 << 20, MaxMemoryBytes: 8 << 30, MinCPUMillis: 10, MaxCPUMillis: 2000,
 			MinPids: 16, MaxPids: 1 << 20, MinDiskBytes: 1 << 20, MaxDiskBytes: 1 << 40, MaxTimeoutMs: 3600_000,
 		},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AgentProtocol: agentProtocol,
 	})
 	if err != nil {
 		t.Fatal(err)

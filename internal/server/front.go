@@ -201,6 +201,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.serveExec(w, r)
 			return
 		}
+		if r.URL.Path == FilesPath {
+			f.serveFiles(w, r)
+			return
+		}
 		if r.URL.Path == MCPPath && f.cfg.MCP != nil {
 			f.cfg.MCP.ServeHTTP(w, r)
 			return

@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,9 +23,9 @@ import (
 )
 
 // TestTenancyHTTPRoutes: every way to a sandbox port (path, raw TCP,
-// sbx and E2B headers, host name) and the exec upgrade answer another
-// tenant's token exactly as they answer for a missing sandbox, and work
-// for the owner; without a token they say Unauthorized.
+// sbx and E2B headers, host name), the exec upgrade and the raw file route
+// answer another tenant's token exactly as they answer for a missing
+// sandbox, and work for the owner; without a token they say Unauthorized.
 func TestTenancyHTTPRoutes(t *testing.T) {
 	e := newTenancyEnv(t)
 	// The fake driver shares the host's network: a server here is on
@@ -129,6 +132,58 @@ func TestTenancyHTTPRoutes(t *testing.T) {
 			if got := dial(e.boxA, tok); got != want || !strings.HasPrefix(got, "404") {
 				t.Errorf("%s: got %q, want %q (a 404 as for a missing sandbox)", who, got, want)
 			}
+		}
+	})
+
+	t.Run("raw file route", func(t *testing.T) {
+		// PUT and GET of FilesPath act as the caller's Principal, like
+		// WriteFile and ReadFile: another tenant's or a scoped token's
+		// (not its child) sandbox answers as a missing one, the admin token
+		// is refused, and nothing is written.
+		call := func(method, box, tok, path string) (int, string) {
+			var body io.Reader
+			if method == http.MethodPut {
+				body = strings.NewReader("raw data")
+			}
+			r, _ := http.NewRequest(method, e.srv.URL+FilesPath+"?"+url.Values{"sandbox": {box}, "path": {path}}.Encode(), body)
+			if tok != "" {
+				r.Header.Set("Authorization", "Bearer "+tok)
+			}
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		path := filepath.Join(t.TempDir(), "raw.txt")
+		if code, body := call(http.MethodPut, e.boxA, e.tokA, path); code != http.StatusOK {
+			t.Fatalf("acme PUT to its own box: got %d %q, want 200", code, body)
+		}
+		if code, body := call(http.MethodGet, e.boxA, e.tokA, path); code != http.StatusOK || body != "raw data" {
+			t.Fatalf("acme GET from its own box: got %d %q, want 200 \"raw data\"", code, body)
+		}
+		for _, method := range []string{http.MethodPut, http.MethodGet} {
+			for who, tok := range map[string]string{"beta": e.tokB, "scoped": e.scoped} {
+				mc, mb := call(method, missing, tok, path+".x")
+				code, body := call(method, e.boxA, tok, path+".x")
+				if code != http.StatusNotFound || code != mc || body != strings.ReplaceAll(mb, missing, e.boxA) {
+					t.Errorf("%s %s on acme's box: got %d %q, want %d %q (as for a missing sandbox)", who, method, code, body, mc, strings.ReplaceAll(mb, missing, e.boxA))
+				}
+			}
+			if code, _ := call(method, e.boxA, e.admin, path+".x"); code != http.StatusForbidden {
+				t.Errorf("admin token %s: got %d, want 403", method, code)
+			}
+			if code, _ := call(method, e.boxA, "", path+".x"); code != http.StatusUnauthorized {
+				t.Errorf("no token %s: got %d, want 401", method, code)
+			}
+		}
+		if _, err := os.Stat(path + ".x"); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a refused PUT left %s.x: %v", path, err)
+		}
+		if code, body := call(http.MethodPut, e.child, e.scoped, path+".child"); code != http.StatusOK {
+			t.Errorf("scoped token PUT to its child: got %d %q, want 200", code, body)
 		}
 	})
 

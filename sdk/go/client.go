@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -57,6 +58,12 @@ type Client struct {
 	// stream's bytes go from the handler to the socket without HTTP/2's
 	// framing and hand-over between goroutines on both sides.
 	filesTransport *http.Transport
+	// filesHTTP is the raw file route's client (rawfiles.go), over
+	// filesTransport.
+	filesHTTP     *http.Client
+	compressFiles bool
+	// noRawFiles: the daemon has no raw file route.
+	noRawFiles atomic.Bool
 }
 
 // Option configures a Client.
@@ -195,6 +202,9 @@ func NewClient(addr string, opts ...Option) *Client {
 		WriteBufferSize:     256 << 10,
 		ReadBufferSize:      256 << 10,
 		DisableCompression:  true,
+		// Raw uploads ask for 100-continue (rawfiles.go); the daemon
+		// answers once the agent opened the file.
+		ExpectContinueTimeout: 5 * time.Second,
 	}
 	var frt http.RoundTripper = ftr
 	if o.token != "" {
@@ -202,6 +212,8 @@ func NewClient(addr string, opts ...Option) *Client {
 	}
 	fhc := &http.Client{Transport: frt}
 	c.filesTransport = ftr
+	c.filesHTTP = fhc
+	c.compressFiles = o.compressFiles
 	c.files = sbxv1connect.NewSandboxServiceClient(fhc, base)
 	if o.compressFiles {
 		c.files = sbxv1connect.NewSandboxServiceClient(fhc, base, connect.WithSendGzip())

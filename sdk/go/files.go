@@ -28,6 +28,13 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 
 // Download streams a file of the sandbox to w.
 func (s *Sandbox) Download(ctx context.Context, path string, w io.Writer) error {
+	if s.c.useRaw() {
+		err := s.downloadRaw(ctx, path, w)
+		if !errors.Is(err, errNoRawRoute) {
+			return wrap("read "+path, err)
+		}
+		s.c.noRawFiles.Store(true)
+	}
 	stream, err := s.c.files.ReadFile(ctx, connect.NewRequest(&sbxv1.ReadFileRequest{Sandbox: s.ID, Path: path}))
 	if err != nil {
 		return wrap("read "+path, err)
@@ -49,7 +56,10 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode 
 }
 
 // Upload streams r into a file of the sandbox, creating missing parents. The
-// file appears whole or not at all.
+// file appears whole or not at all. A reader whose size is known up front (a
+// regular *os.File, or one with a Len method giving the bytes left unread,
+// as *bytes.Reader has) of at least 1 MiB goes over the daemon's raw file
+// route, spliced to the sandbox (rawfiles.go).
 func (s *Sandbox) Upload(ctx context.Context, path string, r io.Reader, mode uint32) (int64, error) {
 	return s.upload(ctx, path, r, mode, false)
 }
@@ -62,6 +72,15 @@ func (s *Sandbox) AppendFile(ctx context.Context, path string, data []byte, mode
 }
 
 func (s *Sandbox) upload(ctx context.Context, path string, r io.Reader, mode uint32, appendTo bool) (int64, error) {
+	if size, ok := knownSize(r); ok && size >= rawUploadMin && s.c.useRaw() {
+		n, err := s.uploadRaw(ctx, path, r, size, mode, appendTo)
+		if !errors.Is(err, errNoRawRoute) {
+			return n, wrap("write "+path, err)
+		}
+		// An old daemon: it answered before the body was sent
+		// (100-continue), so r is as it was.
+		s.c.noRawFiles.Store(true)
+	}
 	stream := s.c.files.WriteFile(ctx)
 	hdr := &sbxv1.WriteFileRequest{Msg: &sbxv1.WriteFileRequest_Header{Header: &sbxv1.WriteFileHeader{
 		Sandbox: s.ID, Path: path, Mode: mode, MakeParents: true, Append: appendTo,

@@ -22,10 +22,12 @@ from __future__ import annotations
 import base64
 import gzip
 import http.client
+import io
 import json
 import os
 import socket
 import ssl
+import stat
 import struct
 import threading
 import urllib.parse
@@ -266,6 +268,10 @@ class Transport:
         self._prefix = parsed.path.rstrip("/")
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        #: File data goes over the daemon's raw file route (cleared when
+        #: the daemon turns out to have none).
+        self.raw_files = not file_compression
+        self._raw_probed = False
 
     # -- connections -------------------------------------------------------
 
@@ -698,3 +704,162 @@ class ChunkStream(ServerStream):
                     break
                 data = data[k:]
         return n
+
+
+# -- the raw file route --------------------------------------------------------
+#
+# The daemon's ``/sbx/v1/files`` (see "The raw file route" in
+# docs/ARCHITECTURE.md): a file's bytes as a plain HTTP/1.1 body, which the
+# daemon splices to and from the sandbox's agent instead of carrying them in
+# WriteFile/ReadFile messages. ``Files`` uses it unless the transport
+# compresses file data, and stops using it once a daemon answers that it has
+# no such route (404 without the route's JSON).
+
+FILES_PATH = "/sbx/v1/files"
+
+#: The smallest upload sent over the raw route: the daemon closes each such
+#: connection after its answer, so small files stay on the Connect calls.
+RAW_UPLOAD_MIN = 1 << 20
+
+
+class NoRawRoute(Exception):
+    """The daemon predates the raw file route."""
+
+
+class RawStream(ChunkStream):
+    """A file's bytes from the raw file route. Iterating yields memoryviews
+    of one reused 1 MiB buffer, each valid until the next is asked for; a
+    body cut short of its Content-Length raises ``unavailable``."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, op: str) -> None:
+        super().__init__(conn, resp, op)
+        self._rbuf = bytearray(1 << 20)
+
+    def __next__(self) -> memoryview:  # type: ignore[override]
+        if self._done:
+            raise StopIteration
+        try:
+            n = self._resp.readinto(self._rbuf)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self._finish()
+            if self._closed_by_us():
+                raise error_from_code("canceled", "the call was canceled", op=self._op) from e
+            raise error_from_code("unavailable", f"the download was cut off: {e}", op=self._op) from e
+        if not n:
+            left = self._resp.length
+            self._finish()
+            if left:
+                raise error_from_code(
+                    "unavailable",
+                    f"the download was cut off {left} bytes short (the sandbox stopped, or the file changed?)",
+                    op=self._op,
+                )
+            raise StopIteration
+        return memoryview(self._rbuf)[:n]
+
+
+def _raw_error(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, op: str) -> Exception:
+    """The error of a raw route answer that is not 200 (NoRawRoute for a
+    daemon without the route)."""
+    obj: Any = None
+    try:
+        data = resp.read(1 << 16)
+        obj = json.loads(data.decode("utf-8")) if data else None
+    except (ValueError, OSError, http.client.HTTPException):
+        obj = None
+    conn.close()
+    if not (isinstance(obj, dict) and isinstance(obj.get("code"), str)) and resp.status == 404:
+        return NoRawRoute()
+    return _error_from_json(obj, op, resp.status)
+
+
+def _raw_size(data: Any) -> Optional[int]:
+    """How many bytes ``data`` has left to send, if known without reading it."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    if isinstance(data, memoryview):
+        return data.nbytes
+    fileno = getattr(data, "fileno", None)
+    if fileno is None:
+        return None
+    try:
+        st = os.fstat(fileno())
+        pos = data.tell()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    if not stat.S_ISREG(st.st_mode) or pos > st.st_size:
+        return None
+    return st.st_size - pos
+
+
+def _raw_route(t: "Transport", query: Dict[str, Any]) -> str:
+    return t._prefix + FILES_PATH + "?" + urllib.parse.urlencode(query)
+
+
+def raw_read(t: "Transport", query: Dict[str, Any], op: str) -> RawStream:
+    """GET a file over the raw route (raises NoRawRoute without one)."""
+    conn = t._connect(None)
+    try:
+        conn.request("GET", _raw_route(t, query), headers={"User-Agent": "sbx-python/0.1", **t.auth_headers()})
+        resp = conn.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()
+        raise SbxConnectionError(f"talking to the sbx daemon at {t.addr}: {e}", op=op) from e
+    if resp.status != 200:
+        raise _raw_error(conn, resp, op)
+    return RawStream(conn, resp, op)
+
+
+def _probe_raw(t: "Transport", op: str) -> None:
+    """Ask once whether the daemon has the raw route (a GET without a path:
+    the route answers 400 in its JSON, an older daemon 404), so that an
+    upload is never sent to a daemon that would drop it unread."""
+    if t._raw_probed:
+        return
+    try:
+        raw_read(t, {}, op)
+    except NoRawRoute:
+        raise
+    except SbxError:
+        pass  # the route's own refusal: it is there
+    t._raw_probed = True
+
+
+def raw_write(t: "Transport", query: Dict[str, Any], data: Any, size: int, op: str) -> int:
+    """PUT ``size`` bytes of ``data`` over the raw route and return the bytes
+    written (raises NoRawRoute without one, having sent nothing). A regular
+    file goes with sendfile(2), bytes in one send."""
+    _probe_raw(t, op)
+    conn = t._connect(None)
+    try:
+        try:
+            conn.putrequest("PUT", _raw_route(t, query), skip_accept_encoding=True)
+            conn.putheader("Content-Type", "application/octet-stream")
+            conn.putheader("Content-Length", str(size))
+            conn.putheader("User-Agent", "sbx-python/0.1")
+            for k, v in t.auth_headers().items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            sock = conn.sock
+            assert sock is not None
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                sock.sendall(data)
+            else:
+                pos = data.tell()
+                sent = sock.sendfile(data, offset=pos, count=size)
+                if sent != size:
+                    raise error_from_code("invalid_argument", f"the file ended after {sent} of {size} bytes", op=op)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon refused midway: its answer says why
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise _raw_error(conn, resp, op)
+        body = resp.read(1 << 16)
+    except (OSError, http.client.HTTPException) as e:
+        raise SbxConnectionError(f"talking to the sbx daemon at {t.addr}: {e}", op=op) from e
+    finally:
+        conn.close()
+    try:
+        return int(json.loads(body.decode("utf-8")).get("bytes_written", 0))
+    except (ValueError, AttributeError) as e:
+        raise error_from_code("internal", f"invalid answer from the daemon: {body[:200]!r}", op=op) from e

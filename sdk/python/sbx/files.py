@@ -10,7 +10,7 @@ from typing import IO, Any, Dict, Iterator, List, Optional, Union
 
 from . import _proto
 from ._tar import UnsafeArchiveError, pack_dir, safe_extract
-from ._transport import UPLOAD_CHUNK, ChunkStream, Transport
+from ._transport import RAW_UPLOAD_MIN, UPLOAD_CHUNK, ChunkStream, NoRawRoute, Transport, raw_read, raw_write, _raw_size
 from .errors import NotFoundError
 from .types import FileInfo
 
@@ -65,6 +65,16 @@ class Files:
     # -- reading -------------------------------------------------------------
 
     def _read_stream(self, path: str, offset: int, length: int) -> ChunkStream:
+        if self._t.raw_files and not self._t.file_compression:
+            q: Dict[str, Any] = {"sandbox": self._id, "path": path}
+            if offset:
+                q["offset"] = offset
+            if length:
+                q["length"] = length
+            try:
+                return raw_read(self._t, q, op=f"read {path}")
+            except NoRawRoute:
+                self._t.raw_files = False
         req: Dict[str, Any] = {"sandbox": self._id, "path": path}
         if offset:
             req["offset"] = offset
@@ -158,13 +168,27 @@ class Files:
             append: append instead of replacing.
             make_parents: create missing parent directories.
         """
+        src = self._source(data)
+        size = _raw_size(src)
+        if size is not None and size >= RAW_UPLOAD_MIN and self._t.raw_files and not self._t.file_compression:
+            q: Dict[str, Any] = {"sandbox": self._id, "path": path, "mode": format(mode & 0o7777, "o")}
+            if append:
+                q["append"] = "1"
+            if not make_parents:
+                q["parents"] = "0"
+            try:
+                return raw_write(self._t, q, src, size, op=f"write {path}")
+            except NoRawRoute:
+                # An old daemon answered before reading the body: fall back
+                # (a file object is where it was; sendfile leaves its offset).
+                self._t.raw_files = False
         header: Dict[str, Any] = {"sandbox": self._id, "path": path, "mode": mode}
         if append:
             header["append"] = True
         if make_parents:
             header["makeParents"] = True
         resp = self._t.upload_stream(
-            _SERVICE, "WriteFile", header, self._source(data),
+            _SERVICE, "WriteFile", header, src,
             _proto.WRITE_FILE_REQUEST, _proto.WRITE_FILE_RESPONSE, op=f"write {path}", compress=True,
         )
         return int(resp.get("bytesWritten") or 0)

@@ -174,7 +174,11 @@ def run_bounded(f: Callable[[], Any]) -> Any:
 
 
 def files(d: FakeDaemon, compress: bool = False) -> sbx.Files:
-    return sbx.Files(Transport(d.addr, file_compression=compress), "sb-1")
+    """Files over the Connect calls (the fake daemon has no raw file route,
+    which test_raw_* cover)."""
+    t = Transport(d.addr, file_compression=compress)
+    t.raw_files = False
+    return sbx.Files(t, "sb-1")
 
 
 def test_read_request_and_split_answer(fake: Any) -> None:
@@ -271,7 +275,9 @@ def test_download_memory_is_bounded(fake: Any) -> None:
         "        return len(b)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "s = Sink()\n"
-        "n = sbx.Files(Transport(sys.argv[1]), 'sb-1').download_file('/big', s)\n"
+        "t = Transport(sys.argv[1])\n"
+        "t.raw_files = False\n"
+        "n = sbx.Files(t, 'sb-1').download_file('/big', s)\n"
         "print(n, s.n, before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     sdk = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
