@@ -27,6 +27,9 @@ type KubernetesConfig struct {
 	// ("kubernetes-gvisor" → "gvisor"); the runtime "kubernetes" uses the
 	// cluster's default handler.
 	RuntimeClasses map[string]string
+	// Firewalls maps runtime names to their pod firewall's backend
+	// ("kubernetes-gvisor" → "iptables"); unnamed runtimes use nftables.
+	Firewalls map[string]string
 	// Instance separates daemons sharing a namespace ("" = "default").
 	Instance string
 	// UserNamespaces runs pods with hostUsers: false.
@@ -60,13 +63,19 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if err != nil {
 		return err
 	}
+	for name := range kc.Firewalls {
+		if _, ok := classes[name]; !ok {
+			return fmt.Errorf("--k8s-firewall %s: no kubernetes runtime of that name (runtimes: %v): %w",
+				name, slices.Sorted(maps.Keys(classes)), errdefs.ErrInvalidArgument)
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(classes)) {
 		if _, taken := drivers[name]; taken {
 			return fmt.Errorf("kubernetes runtime %q: the name is taken by another runtime: %w", name, errdefs.ErrInvalidArgument)
 		}
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
-			RuntimeClass: classes[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
+			RuntimeClass: classes[name], Firewall: kc.Firewalls[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
 			Pool: pools[name], Logger: log.With("runtime", name),
 		})
 		if err != nil {

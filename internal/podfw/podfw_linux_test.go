@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,11 +46,11 @@ func TestApplyInNetns(t *testing.T) {
 			done <- result{err: fmt.Errorf("lo up: %w", err)}
 			return
 		}
-		if err := Apply(Rules{Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+		if err := Apply(Rules{Backend: BackendNFTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
 			done <- result{err: err}
 			return
 		}
-		if err := Apply(Rules{Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+		if err := Apply(Rules{Backend: BackendNFTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
 			done <- result{err: fmt.Errorf("applying again: %w", err)}
 			return
 		}
@@ -102,5 +104,99 @@ func TestApplyInNetns(t *testing.T) {
 	// in and one out; applying twice must not double them.
 	if want := 2 + 2 + 1 + 2*2; r.rules != want {
 		t.Errorf("rules in table %s: got %d, want %d", Table, r.rules, want)
+	}
+}
+
+// TestApplyIPTablesInNetns programs the iptables backend on this host's
+// kernel (Linux implements the same x_tables ABI as gVisor's netstack) in a
+// fresh network namespace, twice (the second replaces the first), and has
+// iptables-legacy-save, where installed, print what the kernel holds: the
+// tool's reading of the table must be exactly ModeNone's rules.
+func TestApplyIPTablesInNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	type result struct {
+		save map[string]string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies in the netns
+		ns, err := netns.New()
+		if err != nil {
+			done <- result{err: fmt.Errorf("new netns: %w", err)}
+			return
+		}
+		defer ns.Close()
+		if lo, err := netlink.LinkByName("lo"); err != nil || netlink.LinkSetUp(lo) != nil {
+			done <- result{err: fmt.Errorf("lo up: %v", err)}
+			return
+		}
+		for i := range 2 {
+			if err := Apply(Rules{Backend: BackendIPTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+				done <- result{err: fmt.Errorf("apply %d: %w", i+1, err)}
+				return
+			}
+		}
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer ln.Close()
+		conn, err := net.DialTimeout("tcp4", ln.Addr().String(), 3*time.Second)
+		if err != nil {
+			done <- result{err: fmt.Errorf("loopback behind the firewall: %w", err)}
+			return
+		}
+		conn.Close()
+		r := result{save: map[string]string{}}
+		for _, tool := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				continue
+			}
+			// Run on this thread's netns: exec from a locked thread
+			// inherits it.
+			out, err := exec.Command(tool, "-t", "filter").CombinedOutput()
+			if err != nil {
+				done <- result{err: fmt.Errorf("%s: %v: %s", tool, err, out)}
+				return
+			}
+			r.save[tool] = string(out)
+		}
+		done <- r
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.save) == 0 {
+		t.Log("no iptables-legacy-save: the table was checked by reading it back only")
+	}
+	want := []string{
+		":INPUT DROP", ":FORWARD DROP", ":OUTPUT DROP",
+		"-A INPUT -i lo -j ACCEPT",
+		"-A INPUT -p tcp -m tcp --dport 7700 -j ACCEPT",
+		"-A INPUT -p tcp -m tcp --dport 7701 -j ACCEPT",
+		"-A OUTPUT -o lo -j ACCEPT",
+		"-A OUTPUT -p tcp -m tcp --sport 7700 --tcp-flags ACK ACK -j ACCEPT",
+		"-A OUTPUT -p tcp -m tcp --sport 7701 --tcp-flags ACK ACK -j ACCEPT",
+	}
+	for tool, out := range r.save {
+		var got []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "-A") || strings.HasPrefix(l, ":") {
+				got = append(got, strings.Fields(l)[0]+strings.TrimPrefix(l, strings.Fields(l)[0]))
+			}
+		}
+		for i := range got {
+			if f := strings.Fields(got[i]); strings.HasPrefix(got[i], ":") {
+				got[i] = f[0] + " " + f[1] // drop the counters
+			}
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s:\ngot\n%s\nwant\n%s", tool, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
 	}
 }

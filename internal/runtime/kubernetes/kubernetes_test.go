@@ -28,7 +28,7 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		d, err := kubernetes.New(ctx, kubernetes.Config{
-			Client: c.Client, Namespace: ns, AgentImage: img, RuntimeClass: class,
+			Client: c.Client, Namespace: ns, AgentImage: img, RuntimeClass: class, Firewall: firewallFor(class),
 			PullPolicy: corev1.PullNever, UserNamespaces: false, Logger: testLogger(),
 		})
 		if err != nil {
@@ -39,6 +39,15 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 		}
 		return d
 	}
+}
+
+// firewallFor is the pod firewall's backend for the test cluster's
+// RuntimeClass class: iptables for gvisor (runsc), else nftables.
+func firewallFor(class string) string {
+	if class == "gvisor" {
+		return "iptables"
+	}
+	return "nftables"
 }
 
 // podImage is the suite's image: preloaded busybox + python3. The daemon
@@ -66,8 +75,6 @@ func TestConformanceGvisor(t *testing.T) {
 	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
 		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
 	}
-	t.Skip("gvisor pods fail closed: their network mode none cannot be enforced (runsc has no nftables for the pod " +
-		"firewall; TestNetworkNoneGvisorFailsClosed); issue 18")
 	gaps := maps.Clone(knownGaps)
 	gaps["MemoryBound"] = "FOUND by this suite, not explained yet: in a gvisor pod with a 128 MiB memory limit a 512 MiB hog allocates " +
 		"and completes (the runsc sandbox process is in the pod's memory cgroup, limit 128 MiB; no swap); runc pods OOM-kill it"
