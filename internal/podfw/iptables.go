@@ -40,12 +40,11 @@ const (
 
 // ipTable is one family's filter table in the x_tables ABI.
 type ipTable struct {
-	v6         bool
-	entries    []byte
-	num        uint32
-	hookEntry  [5]uint32
-	underflow  [5]uint32
-	entryCount int
+	v6        bool
+	entries   []byte
+	num       uint32
+	hookEntry [5]uint32
+	underflow [5]uint32
 }
 
 // buildTable lowers rules (checked) into family v6's filter table: INPUT
