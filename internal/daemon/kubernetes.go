@@ -49,6 +49,14 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if kc.AgentImage == "" {
 		return fmt.Errorf("--k8s-namespace needs --k8s-agent-image (an image with the static sbx-agent at /sbx-agent): %w", errdefs.ErrInvalidArgument)
 	}
+	classes := map[string]string{k8sdriver.Name: ""}
+	maps.Copy(classes, kc.RuntimeClasses)
+	for name := range kc.Firewalls {
+		if _, ok := classes[name]; !ok {
+			return fmt.Errorf("--k8s-firewall %s: no kubernetes runtime of that name (runtimes: %v): %w",
+				name, slices.Sorted(maps.Keys(classes)), errdefs.ErrInvalidArgument)
+		}
+	}
 	rc, err := loadKubeConfig(kc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
@@ -57,17 +65,9 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
 	}
-	classes := map[string]string{k8sdriver.Name: ""}
-	maps.Copy(classes, kc.RuntimeClasses)
 	pools, err := k8sWarmPools(kc.WarmPool, classes, defaults)
 	if err != nil {
 		return err
-	}
-	for name := range kc.Firewalls {
-		if _, ok := classes[name]; !ok {
-			return fmt.Errorf("--k8s-firewall %s: no kubernetes runtime of that name (runtimes: %v): %w",
-				name, slices.Sorted(maps.Keys(classes)), errdefs.ErrInvalidArgument)
-		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(classes)) {
 		if _, taken := drivers[name]; taken {
