@@ -52,6 +52,14 @@ type ipTable struct {
 // drops everything, then the ERROR entry that ends every table. Rules
 // whose Remote is of the other family are left out.
 func buildTable(v6 bool, rules []Rule, policy Verdict) (*ipTable, error) {
+	for _, r := range rules {
+		if err := r.check(); err != nil {
+			return nil, err
+		}
+	}
+	if policy != Accept && policy != Drop {
+		return nil, fmt.Errorf("policy %d: want accept or drop", policy)
+	}
 	t := &ipTable{v6: v6}
 	for _, chain := range []struct {
 		hook int
@@ -59,9 +67,6 @@ func buildTable(v6 bool, rules []Rule, policy Verdict) (*ipTable, error) {
 	}{{hookIn, In}, {hookForward, 0}, {hookOut, Out}} {
 		t.hookEntry[chain.hook] = uint32(len(t.entries))
 		for _, r := range rules {
-			if err := r.check(); err != nil {
-				return nil, err
-			}
 			if r.Dir != chain.dir || (r.Remote.IsValid() && r.Remote.Addr().Is6() != v6) {
 				continue
 			}
@@ -146,16 +151,10 @@ func (t *ipTable) add(r Rule) {
 		ne.PutUint16(match, uint16(size))
 		copy(match[2:], name)
 		d := match[matchHdrSize:]
-		lo, hi := func(p uint16) uint16 { return p }, func(p uint16) uint16 {
-			if p == 0 {
-				return 0xffff
-			}
-			return p
-		}
-		ne.PutUint16(d[0:], lo(sp))
-		ne.PutUint16(d[2:], hi(sp))
-		ne.PutUint16(d[4:], lo(dp))
-		ne.PutUint16(d[6:], hi(dp))
+		ne.PutUint16(d[0:], sp) // a port range: p-p, or 0-65535 for any
+		ne.PutUint16(d[2:], portRangeEnd(sp))
+		ne.PutUint16(d[4:], dp)
+		ne.PutUint16(d[6:], portRangeEnd(dp))
 		if r.Established {
 			d[9], d[10] = tcpFlagACK, tcpFlagACK // flg_mask, flg_cmp
 		}
@@ -193,6 +192,13 @@ func (t *ipTable) finish(e, match, target []byte) {
 	binary.NativeEndian.PutUint16(e[off+2:], uint16(len(e)+len(match)+len(target)))
 	t.entries = append(append(append(t.entries, e...), match...), target...)
 	t.num++
+}
+
+func portRangeEnd(p uint16) uint16 {
+	if p == 0 {
+		return 0xffff
+	}
+	return p
 }
 
 func prefixMask(p netip.Prefix) []byte {
