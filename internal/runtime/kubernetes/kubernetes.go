@@ -219,6 +219,17 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 	defer cancel()
 	var stack cleanup.Stack
 	defer func() { _ = stack.Run() }() // before cancel
+	// Each rollback step (and the Secret's deletion once the agent has
+	// read it) gets apiTimeout from when it runs: a create that waited
+	// longer than that for its pod (one the cluster could not schedule at
+	// once) must still delete what it made, not fail on bg's deadline.
+	rollback := func(step func(context.Context) error) func() error {
+		return func() error {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+			defer cancel()
+			return step(rctx)
+		}
+	}
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {
@@ -227,7 +238,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		}
 		return runtime.Handle{}, fmt.Errorf("creating box %s's tls secret: %w", spec.ID, err)
 	}
-	stack.Add(func() error { d.deleteSecret(bg, spec.ID); return nil })
+	stack.Add(rollback(func(ctx context.Context) error { d.deleteSecret(ctx, spec.ID); return nil }))
 	if err := ctx.Err(); err != nil {
 		return runtime.Handle{}, fmt.Errorf("creating box %s: %w", spec.ID, err)
 	}
@@ -245,7 +256,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		}
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
-	stack.Add(func() error { return d.deletePod(bg, created.Name, string(created.UID)) })
+	stack.Add(rollback(func(ctx context.Context) error { return d.deletePod(ctx, created.Name, string(created.UID)) }))
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
@@ -262,7 +273,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, err
 	}
 	tAgent := time.Now()
-	d.deleteSecret(bg, spec.ID)
+	_ = rollback(func(ctx context.Context) error { d.deleteSecret(ctx, spec.ID); return nil })()
 	stack.Release()
 	d.log.Debug("box created", "box", spec.ID, "objects", tPod.Sub(t0), "pod running", tRunning.Sub(tPod),
 		"agent answers", tAgent.Sub(tRunning), "secret deleted", time.Since(tAgent))

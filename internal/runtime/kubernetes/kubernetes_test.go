@@ -41,6 +41,33 @@ func newDriverFunc(t *testing.T, class string) func(t *testing.T) runtime.Driver
 	}
 }
 
+// TestCreateUnschedulableLeavesNothing: a create whose pod the cluster
+// cannot schedule (more CPU than the node has) fails when its context ends,
+// after the driver's per-call API timeout (60 s), and still leaves no pod
+// and no Secret. Before, the rollback ran on a context whose 60 s had
+// started with the create: both objects stayed (seen under load, when
+// other tests held the node's CPU).
+func TestCreateUnschedulableLeavesNothing(t *testing.T) {
+	d := newDriverFunc(t, "")(t)
+	spec := withImage(testsuite.NewSpec("unschedulable"))
+	spec.Resources.CPUMillis = 64000
+	ctx, cancel := context.WithTimeout(context.Background(), 65*time.Second)
+	defer cancel()
+	h, err := d.Create(ctx, spec)
+	if err == nil {
+		_ = d.Destroy(context.Background(), h)
+		t.Fatalf("creating a box needing 64 CPUs: got a box, want the create to fail")
+	}
+	t.Logf("create: %v", err)
+	left, err := d.(*kubernetes.Driver).Leftovers(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Errorf("after the failed create: leftovers %v, want none", left)
+	}
+}
+
 // firewallFor is the pod firewall's backend for the test cluster's
 // RuntimeClass class: iptables for gvisor (runsc), else nftables.
 func firewallFor(class string) string {
