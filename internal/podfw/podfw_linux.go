@@ -30,8 +30,8 @@ func Apply(r Rules) error {
 }
 
 // applyNFT programs r in one netlink batch (all or nothing): table inet
-// sbx_pod with an input and an output chain
-// whose policy is drop. Both chains accept loopback and ICMPv6 neighbour
+// sbx_pod with an input and an output chain whose policy is drop. Both
+// chains accept loopback and ICMPv6 neighbour
 // discovery; input accepts TCP to the agent's ports and ICMP errors about
 // connections it has; output accepts only the replies of those
 // connections (TCP from the agent's ports, conntrack state established).
