@@ -22,9 +22,11 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/testsuite"
 )
 
-// reachPy tries a TCP connection to each HOST:PORT in argv[1:] (3 s each,
-// at once) and prints "reached T" or "blocked T"; first it checks loopback still
-// works ("loopback ok"), so a box with no network at all does not pass.
+// reachPy first sends UDP datagrams to port argv[1] of every host in
+// argv[2:], then tries a TCP connection to each HOST:PORT in argv[2:] (3 s
+// each, at once) and prints "reached T" or "blocked T"; before all that
+// it checks loopback still works ("loopback ok"), so a box with no
+// network at all does not pass.
 const reachPy = `
 import concurrent.futures, socket, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
@@ -32,6 +34,13 @@ try:
     socket.create_connection(s.getsockname(), 3).close(); print("loopback ok")
 except OSError as e:
     print("loopback broken", e)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for t in sys.argv[2:]:
+    for i in range(3):
+        try:
+            u.sendto(b"sbx", (t.rsplit(":", 1)[0], int(sys.argv[1])))
+        except OSError as e:
+            pass
 def try_(t):
     h, p = t.rsplit(":", 1)
     try:
@@ -39,7 +48,7 @@ def try_(t):
     except OSError as e:
         return "blocked %s %s" % (t, type(e).__name__)
 with concurrent.futures.ThreadPoolExecutor(len(sys.argv)) as ex:
-    for line in ex.map(try_, sys.argv[1:]):
+    for line in ex.map(try_, sys.argv[2:]):
         print(line)
 `
 
@@ -106,10 +115,10 @@ attempt("replace6", lambda: replace(True))
 // bridge CNI, which enforces no NetworkPolicy) tries to reach the node
 // (kubelet, a listener of the test's own on every host address), the API
 // server (its endpoint and the kubernetes service's ClusterIP) and another
-// box's pod, then tries to delete the pod firewall's nftables table and
-// tries again. It reaches nothing (the host listener sees no connection),
-// its delete is refused with EPERM, loopback works, and the daemon still
-// drives the box. On the driver before the pod firewall the box reached
+// box's pod over TCP (and sends UDP to a host listener), then tries to
+// undo the pod firewall (unfirewallPy) and tries again. It reaches nothing
+// (the host listeners see no connection and no datagram), every attempt is
+// refused (EPERM), loopback works, and the daemon still drives the box. On the driver before the pod firewall the box reached
 // every host address, the kubelet and the neighbour's agent. (The test
 // cluster's API server is out of pods' reach on any driver: it listens on
 // 127.0.0.1 and its ClusterIP answers the node only; the test still tries
@@ -201,6 +210,25 @@ func networkNoneAttack(t *testing.T, class string) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
+	// And a UDP one, counting datagrams. The box sends them before its TCP
+	// attempts, each of which waits 3 s on a blocked target, so a
+	// datagram that got through has long arrived when the count is read.
+	udp, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	var datagrams atomic.Int32
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, _, err := udp.ReadFrom(buf); err != nil {
+				return
+			}
+			datagrams.Add(1)
+		}
+	}()
+	udpPort := fmt.Sprint(udp.LocalAddr().(*net.UDPAddr).Port)
 	var targets []string
 	ifs, err := net.InterfaceAddrs()
 	if err != nil {
@@ -277,7 +305,7 @@ func networkNoneAttack(t *testing.T, class string) {
 	box := testsuite.Create(t, d, smallBox("attacker"))
 	reach := func(when string) {
 		t.Helper()
-		r := testsuite.MustExec(t, d, box, append([]string{"/usr/bin/python3", "-c", reachPy}, targets...)...)
+		r := testsuite.MustExec(t, d, box, append([]string{"/usr/bin/python3", "-c", reachPy, udpPort}, targets...)...)
 		t.Logf("%s:\n%s%s", when, r.Stdout, r.Stderr)
 		if !strings.Contains(r.Stdout, "loopback ok") {
 			t.Errorf("%s: loopback in the box: got %q, want it working", when, r.Stdout)
@@ -312,6 +340,9 @@ func networkNoneAttack(t *testing.T, class string) {
 	reach("after the attempts to undo the firewall")
 	if n := accepted.Load() - seen; n != 0 {
 		t.Errorf("the host listener saw %d connections from the box, want none", n)
+	}
+	if n := datagrams.Load(); n != 0 {
+		t.Errorf("the host's UDP listener got %d datagrams from the box, want none", n)
 	}
 }
 
