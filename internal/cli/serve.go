@@ -106,6 +106,7 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.Kubernetes.Kubeconfig, "k8s-kubeconfig", "", "kubeconfig of the cluster for the kubernetes runtime (default: the in-cluster service account)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding this build's static sbx-agent at /sbx-agent, which each pod's init container installs")
 	f.StringToStringVar(&cfg.Kubernetes.RuntimeClasses, "k8s-runtime-class", nil, "extra kubernetes runtime NAME=RUNTIMECLASS (e.g. kubernetes-gvisor=gvisor: sandboxes created with --runtime NAME get that runtimeClassName; repeatable)")
+	f.StringToStringVar(&cfg.Kubernetes.Firewalls, "k8s-firewall", nil, "kubernetes runtime NAME=BACKEND of its pod firewall: nftables (default) or iptables (gVisor RuntimeClasses: runsc has no nftables and needs --net-raw; docs/DRIVERS.md); repeatable")
 	f.StringVar(&cfg.Kubernetes.Instance, "k8s-instance", "", "label separating daemons that share a namespace: each cleans up only its own pods (replicas of one daemon share it; default \"default\")")
 	f.StringArrayVar(&cfg.Kubernetes.WarmPool, "k8s-warm-pool", nil, "keep N pods of IMAGE ready for creates of that image with the default limits, on the kubernetes runtime or RUNTIME: [RUNTIME=]IMAGE=N (repeatable; replicas claim from each other's pods)")
 	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")

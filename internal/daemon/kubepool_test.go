@@ -48,3 +48,17 @@ func TestK8sWarmPools(t *testing.T) {
 		})
 	}
 }
+
+// TestK8sFirewallUnknownRuntime: --k8s-firewall naming no kubernetes
+// runtime is refused, naming it and the runtimes there are, before any
+// cluster is reached.
+func TestK8sFirewallUnknownRuntime(t *testing.T) {
+	kc := KubernetesConfig{Namespace: "ns", AgentImage: "agent", Kubeconfig: "/nonexistent",
+		RuntimeClasses: map[string]string{"kubernetes-gvisor": "gvisor"},
+		Firewalls:      map[string]string{"kubernetes-gvisr": "iptables"}}
+	err := addKubernetes(t.Context(), kc, runtime.Resources{}, map[string]runtime.Driver{}, nil)
+	if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "--k8s-firewall kubernetes-gvisr") ||
+		!strings.Contains(err.Error(), "[kubernetes kubernetes-gvisor]") {
+		t.Fatalf("addKubernetes: got %v, want InvalidArgument naming kubernetes-gvisr and the runtimes", err)
+	}
+}

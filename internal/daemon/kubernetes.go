@@ -27,6 +27,9 @@ type KubernetesConfig struct {
 	// ("kubernetes-gvisor" → "gvisor"); the runtime "kubernetes" uses the
 	// cluster's default handler.
 	RuntimeClasses map[string]string
+	// Firewalls maps runtime names to their pod firewall's backend
+	// ("kubernetes-gvisor" → "iptables"); unnamed runtimes use nftables.
+	Firewalls map[string]string
 	// Instance separates daemons sharing a namespace ("" = "default").
 	Instance string
 	// UserNamespaces runs pods with hostUsers: false.
@@ -46,6 +49,14 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if kc.AgentImage == "" {
 		return fmt.Errorf("--k8s-namespace needs --k8s-agent-image (an image with the static sbx-agent at /sbx-agent): %w", errdefs.ErrInvalidArgument)
 	}
+	classes := map[string]string{k8sdriver.Name: ""}
+	maps.Copy(classes, kc.RuntimeClasses)
+	for name := range kc.Firewalls {
+		if _, ok := classes[name]; !ok {
+			return fmt.Errorf("--k8s-firewall %s: no kubernetes runtime of that name (runtimes: %v): %w",
+				name, slices.Sorted(maps.Keys(classes)), errdefs.ErrInvalidArgument)
+		}
+	}
 	rc, err := loadKubeConfig(kc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
@@ -54,8 +65,6 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
 	}
-	classes := map[string]string{k8sdriver.Name: ""}
-	maps.Copy(classes, kc.RuntimeClasses)
 	pools, err := k8sWarmPools(kc.WarmPool, classes, defaults)
 	if err != nil {
 		return err
@@ -66,7 +75,7 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		}
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
-			RuntimeClass: classes[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
+			RuntimeClass: classes[name], Firewall: kc.Firewalls[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
 			Pool: pools[name], Logger: log.With("runtime", name),
 		})
 		if err != nil {

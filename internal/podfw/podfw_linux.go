@@ -9,18 +9,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Apply programs r in the current network namespace in one netlink batch
-// (all or nothing): table inet sbx_pod with an input and an output chain
-// whose policy is drop. Both chains accept loopback and ICMPv6 neighbour
+// Apply programs r in the current network namespace with r's backend:
+// nftables (applyNFT) or iptables (the IPv4 and IPv6 filter tables
+// replaced with NoneRules in front of a drop policy, FORWARD dropping
+// everything, each read back and compared with what was written).
+func Apply(r Rules) error {
+	if r.Mode != ModeNone {
+		return fmt.Errorf("firewall mode %q: want %q", r.Mode, ModeNone)
+	}
+	switch r.Backend {
+	case BackendNFTables:
+		return applyNFT(r)
+	case BackendIPTables:
+		if err := applyIPTables(NoneRules(r.AgentPorts), Drop); err != nil {
+			return fmt.Errorf("programming the pod firewall with iptables: %w", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("firewall backend %q: want %q or %q", r.Backend, BackendNFTables, BackendIPTables)
+}
+
+// applyNFT programs r in one netlink batch (all or nothing): table inet
+// sbx_pod with an input and an output chain whose policy is drop. Both
+// chains accept loopback and ICMPv6 neighbour
 // discovery; input accepts TCP to the agent's ports and ICMP errors about
 // connections it has; output accepts only the replies of those
 // connections (TCP from the agent's ports, conntrack state established).
 // So user code reaches nothing off the pod: not the node, other pods,
 // services, the API server or the internet, over any protocol.
-func Apply(r Rules) error {
-	if r.Mode != ModeNone {
-		return fmt.Errorf("firewall mode %q: want %q", r.Mode, ModeNone)
-	}
+func applyNFT(r Rules) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
@@ -45,7 +62,7 @@ func Apply(r Rules) error {
 		add(out, append(tcpPort(0, p), ctState(expr.CtStateBitESTABLISHED)...)...)
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("programming the pod firewall (needs NET_ADMIN in the pod's network namespace): %w", err)
+		return fmt.Errorf("programming the pod firewall with nftables (needs NET_ADMIN in the pod's network namespace; gVisor pods need the iptables backend): %w", err)
 	}
 	return nil
 }

@@ -3,8 +3,11 @@ package podfw
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,11 +47,11 @@ func TestApplyInNetns(t *testing.T) {
 			done <- result{err: fmt.Errorf("lo up: %w", err)}
 			return
 		}
-		if err := Apply(Rules{Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+		if err := Apply(Rules{Backend: BackendNFTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
 			done <- result{err: err}
 			return
 		}
-		if err := Apply(Rules{Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+		if err := Apply(Rules{Backend: BackendNFTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
 			done <- result{err: fmt.Errorf("applying again: %w", err)}
 			return
 		}
@@ -102,5 +105,138 @@ func TestApplyInNetns(t *testing.T) {
 	// in and one out; applying twice must not double them.
 	if want := 2 + 2 + 1 + 2*2; r.rules != want {
 		t.Errorf("rules in table %s: got %d, want %d", Table, r.rules, want)
+	}
+}
+
+// TestApplyIPTablesInNetns programs the iptables backend on this host's
+// kernel (Linux implements the same x_tables ABI as gVisor's netstack) in a
+// fresh network namespace, twice (the second replaces the first), and has
+// iptables-legacy-save, where installed, print what the kernel holds: the
+// tool's reading of the table must be exactly ModeNone's rules.
+func TestApplyIPTablesInNetns(t *testing.T) {
+	save := inNetns(t, func() error {
+		for i := range 2 {
+			if err := Apply(Rules{Backend: BackendIPTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}); err != nil {
+				return fmt.Errorf("apply %d: %w", i+1, err)
+			}
+		}
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		conn, err := net.DialTimeout("tcp4", ln.Addr().String(), 3*time.Second)
+		if err != nil {
+			return fmt.Errorf("loopback behind the firewall: %w", err)
+		}
+		return conn.Close()
+	})
+	rules := []string{
+		"-A INPUT -i lo -j ACCEPT",
+		"-A INPUT -p tcp -m tcp --dport 7700 -j ACCEPT",
+		"-A INPUT -p tcp -m tcp --dport 7701 -j ACCEPT",
+		"-A OUTPUT -o lo -j ACCEPT",
+		"-A OUTPUT -p tcp -m tcp --sport 7700 --tcp-flags ACK ACK -j ACCEPT",
+		"-A OUTPUT -p tcp -m tcp --sport 7701 --tcp-flags ACK ACK -j ACCEPT",
+	}
+	checkSave(t, save, map[string][]string{"iptables-legacy-save": rules, "ip6tables-legacy-save": rules}, "DROP")
+}
+
+// TestIPTablesLowering: the generic rules other modes need (remote
+// prefixes of either family, UDP, remote ports, drop verdicts, an accept
+// policy) are what iptables reads back from the kernel.
+func TestIPTablesLowering(t *testing.T) {
+	rules := []Rule{
+		{Dir: Out, Proto: ProtoTCP, Remote: netip.MustParsePrefix("10.0.0.0/8"), Verdict: Drop},
+		{Dir: Out, Proto: ProtoUDP, Remote: netip.MustParsePrefix("192.0.2.53/32"), RemotePort: 53, Verdict: Accept},
+		{Dir: In, Proto: ProtoTCP, Remote: netip.MustParsePrefix("fd00::/8"), RemotePort: 443, Established: true, Verdict: Accept},
+		{Dir: In, Proto: ProtoUDP, LocalPort: 5353, Verdict: Drop},
+	}
+	save := inNetns(t, func() error { return applyIPTables(rules, Accept) })
+	checkSave(t, save, map[string][]string{
+		"iptables-legacy-save": {
+			"-A INPUT -p udp -m udp --dport 5353 -j DROP",
+			"-A OUTPUT -d 10.0.0.0/8 -p tcp -j DROP",
+			"-A OUTPUT -d 192.0.2.53/32 -p udp -m udp --dport 53 -j ACCEPT",
+		},
+		"ip6tables-legacy-save": {
+			"-A INPUT -s fd00::/8 -p tcp -m tcp --sport 443 --tcp-flags ACK ACK -j ACCEPT",
+			"-A INPUT -p udp -m udp --dport 5353 -j DROP",
+		},
+	}, "ACCEPT")
+}
+
+// inNetns runs fn in a fresh network namespace (lo up), then
+// {ip,ip6}tables-legacy-save -t filter there (the tools found), and
+// returns their output by tool.
+func inNetns(t *testing.T, fn func() error) map[string]string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	type result struct {
+		save map[string]string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies in the netns
+		ns, err := netns.New()
+		if err != nil {
+			done <- result{err: fmt.Errorf("new netns: %w", err)}
+			return
+		}
+		defer ns.Close()
+		if lo, err := netlink.LinkByName("lo"); err != nil || netlink.LinkSetUp(lo) != nil {
+			done <- result{err: fmt.Errorf("lo up: %v", err)}
+			return
+		}
+		if err := fn(); err != nil {
+			done <- result{err: err}
+			return
+		}
+		r := result{save: map[string]string{}}
+		for _, tool := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				continue
+			}
+			// A child started from this locked thread is in its netns.
+			out, err := exec.Command(tool, "-t", "filter").CombinedOutput()
+			if err != nil {
+				done <- result{err: fmt.Errorf("%s: %v: %s", tool, err, out)}
+				return
+			}
+			r.save[tool] = string(out)
+		}
+		done <- r
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.save
+}
+
+// checkSave compares each tool's rules and chain policies (INPUT and OUTPUT
+// policy, FORWARD DROP) with want.
+func checkSave(t *testing.T, save map[string]string, want map[string][]string, policy string) {
+	t.Helper()
+	if len(save) == 0 {
+		t.Log("no iptables-legacy-save: the tables were checked by reading them back only")
+	}
+	for tool, out := range save {
+		var got []string
+		for _, l := range strings.Split(out, "\n") {
+			switch {
+			case strings.HasPrefix(l, "-A"):
+				got = append(got, l)
+			case strings.HasPrefix(l, ":"):
+				got = append(got, strings.Join(strings.Fields(l)[:2], " ")) // without the counters
+			}
+		}
+		w := append([]string{":INPUT " + policy, ":FORWARD DROP", ":OUTPUT " + policy}, want[tool]...)
+		if strings.Join(got, "\n") != strings.Join(w, "\n") {
+			t.Errorf("%s:\ngot\n%s\nwant\n%s", tool, strings.Join(got, "\n"), strings.Join(w, "\n"))
+		}
 	}
 }

@@ -4,5 +4,5 @@ package podfw
 
 import "errors"
 
-// Apply needs Linux's nftables.
-func Apply(Rules) error { return errors.New("the pod firewall needs linux nftables") }
+// Apply needs Linux (nftables, or the x_tables setsockopts).
+func Apply(Rules) error { return errors.New("the pod firewall needs linux") }

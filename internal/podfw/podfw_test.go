@@ -12,13 +12,17 @@ func TestParse(t *testing.T) {
 		want    Rules
 		wantErr string
 	}{
-		{args: []string{"none", "7700", "7701"}, want: Rules{Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}},
-		{args: []string{"none"}, want: Rules{Mode: ModeNone}},
+		{args: []string{"nftables", "none", "7700", "7701"}, want: Rules{Backend: BackendNFTables, Mode: ModeNone, AgentPorts: []uint16{7700, 7701}}},
+		{args: []string{"iptables", "none", "7700"}, want: Rules{Backend: BackendIPTables, Mode: ModeNone, AgentPorts: []uint16{7700}}},
+		{args: []string{"nftables", "none"}, want: Rules{Backend: BackendNFTables, Mode: ModeNone}},
 		{args: nil, wantErr: "usage"},
-		{args: []string{"public"}, wantErr: `mode "public"`},
-		{args: []string{"none", "0"}, wantErr: `agent port "0"`},
-		{args: []string{"none", "65536"}, wantErr: `agent port "65536"`},
-		{args: []string{"none", "x"}, wantErr: `agent port "x"`},
+		{args: []string{"nftables"}, wantErr: "usage"},
+		{args: []string{"none", "7700"}, wantErr: `backend "none"`},
+		{args: []string{"ebpf", "none"}, wantErr: `backend "ebpf"`},
+		{args: []string{"nftables", "public"}, wantErr: `mode "public"`},
+		{args: []string{"iptables", "none", "0"}, wantErr: `agent port "0"`},
+		{args: []string{"nftables", "none", "65536"}, wantErr: `agent port "65536"`},
+		{args: []string{"nftables", "none", "x"}, wantErr: `agent port "x"`},
 	} {
 		got, err := Parse(tc.args)
 		if tc.wantErr != "" {

@@ -65,6 +65,10 @@ EOC
   cat > $K/containerd/runsc.toml <<EOC
 binary_name = "$B/runsc"
 root = "$R/runsc"
+# net-raw: without it runsc strips CAP_NET_RAW from every container, and the pod firewall's init container
+# needs a raw socket to program gVisor's netstack iptables (box containers drop NET_RAW; docs/DRIVERS.md).
+[runsc_config]
+  net-raw = "true"
 EOC
   cat > $K/cni/net.d/10-bridge.conflist <<EOC
 {"cniVersion": "0.4.0", "name": "k8s-local", "plugins": [

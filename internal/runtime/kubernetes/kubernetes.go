@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/sbxdev/sbx/internal/cleanup"
 	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/podfw"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
 
@@ -51,6 +53,12 @@ type Config struct {
 	// RuntimeClass is the pods' runtimeClassName ("" = the cluster's
 	// default handler).
 	RuntimeClass string
+	// Firewall is the pod firewall's backend (podfw): "nftables" (the
+	// default) for runtimes sharing the node's kernel, "iptables" for
+	// gVisor (runsc's netstack has no nftables; runsc needs --net-raw,
+	// docs/DRIVERS.md). A gVisor class left on nftables fails closed: its
+	// creates fail, naming the firewall's error.
+	Firewall string
 	// Instance separates daemons sharing a namespace: each labels its pods
 	// with it and cleans up only those ("" = "default"). Replicas of one
 	// daemon share it.
@@ -75,6 +83,11 @@ type Driver struct {
 	health string // "" when healthy
 	pool   *pool  // nil without Config.Pool
 	netpol string // why the NetworkPolicy was not made ("" = it was)
+
+	// fwMu guards fwFailed: the pod firewall's error in the last pod that
+	// ran it ("" once a pod's firewall succeeds), for Info.
+	fwMu     sync.Mutex
+	fwFailed string
 }
 
 // handleData is what a Handle carries (version 1). All of it is public:
@@ -109,6 +122,14 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.AgentImage == "" {
 		return nil, fmt.Errorf("kubernetes runtime: need a client, a namespace and an agent image: %w", errdefs.ErrInvalidArgument)
+	}
+	switch cfg.Firewall {
+	case "":
+		cfg.Firewall = podfw.BackendNFTables
+	case podfw.BackendNFTables, podfw.BackendIPTables:
+	default:
+		return nil, fmt.Errorf("kubernetes runtime %s: firewall backend %q: want %q or %q: %w",
+			cfg.Name, cfg.Firewall, podfw.BackendNFTables, podfw.BackendIPTables, errdefs.ErrInvalidArgument)
 	}
 	d := &Driver{cfg: cfg, client: cfg.Client, log: cfg.Logger}
 	if len(cfg.Pool) > 0 {
@@ -147,7 +168,15 @@ func (d *Driver) Info(context.Context) runtime.Info {
 	if class == "" {
 		class = "the cluster's default"
 	}
-	info.Detail = fmt.Sprintf("pods in namespace %s, runtime class %s, agent image %s", d.cfg.Namespace, class, d.cfg.AgentImage)
+	info.Detail = fmt.Sprintf("pods in namespace %s, runtime class %s, agent image %s, pod firewall %s",
+		d.cfg.Namespace, class, d.cfg.AgentImage, d.cfg.Firewall)
+	d.fwMu.Lock()
+	fw := d.fwFailed
+	d.fwMu.Unlock()
+	if fw != "" {
+		info.Detail += fmt.Sprintf("; PODS CANNOT BE FIREWALLED: the pod firewall (%s) failed in the last pod that ran it (%s), so creates fail closed; "+
+			"gVisor needs --k8s-firewall %s=%s and runsc --net-raw (docs/DRIVERS.md)", d.cfg.Firewall, fw, d.cfg.Name, podfw.BackendIPTables)
+	}
 	if d.netpol != "" {
 		info.Detail += "; no NetworkPolicy (" + d.netpol + "): network mode none is enforced by the in-pod firewall only"
 	}
@@ -190,6 +219,17 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 	defer cancel()
 	var stack cleanup.Stack
 	defer func() { _ = stack.Run() }() // before cancel
+	// Each rollback step (and the Secret's deletion once the agent has
+	// read it) gets apiTimeout from when it runs: a create that waited
+	// longer than that for its pod (one the cluster could not schedule at
+	// once) must still delete what it made, not fail on bg's deadline.
+	rollback := func(step func(context.Context) error) func() error {
+		return func() error {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+			defer cancel()
+			return step(rctx)
+		}
+	}
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {
@@ -198,7 +238,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		}
 		return runtime.Handle{}, fmt.Errorf("creating box %s's tls secret: %w", spec.ID, err)
 	}
-	stack.Add(func() error { d.deleteSecret(bg, spec.ID); return nil })
+	stack.Add(rollback(func(ctx context.Context) error { d.deleteSecret(ctx, spec.ID); return nil }))
 	if err := ctx.Err(); err != nil {
 		return runtime.Handle{}, fmt.Errorf("creating box %s: %w", spec.ID, err)
 	}
@@ -216,7 +256,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		}
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
-	stack.Add(func() error { return d.deletePod(bg, created.Name, string(created.UID)) })
+	stack.Add(rollback(func(ctx context.Context) error { return d.deletePod(ctx, created.Name, string(created.UID)) }))
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
@@ -233,7 +273,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, err
 	}
 	tAgent := time.Now()
-	d.deleteSecret(bg, spec.ID)
+	_ = rollback(func(ctx context.Context) error { d.deleteSecret(ctx, spec.ID); return nil })()
 	stack.Release()
 	d.log.Debug("box created", "box", spec.ID, "objects", tPod.Sub(t0), "pod running", tRunning.Sub(tPod),
 		"agent answers", tAgent.Sub(tRunning), "secret deleted", time.Since(tAgent))
@@ -279,6 +319,7 @@ func (d *Driver) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod,
 	cur := pod
 	for {
 		if done, err := podReady(cur); done || err != nil {
+			d.noteFirewall(cur, done)
 			return cur, err
 		}
 		select {
@@ -304,6 +345,26 @@ func (d *Driver) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod,
 			}
 		}
 	}
+}
+
+// noteFirewall records whether p's firewall init container failed (for
+// Info), once p runs (ran: it succeeded) or cannot run.
+func (d *Driver) noteFirewall(p *corev1.Pod, ran bool) {
+	msg := ""
+	for _, cs := range p.Status.InitContainerStatuses {
+		if t := cs.State.Terminated; cs.Name == firewallName && t != nil && t.ExitCode != 0 {
+			msg = fmt.Sprintf("exit %d", t.ExitCode)
+			if m := strings.TrimSpace(t.Message); m != "" {
+				msg = m
+			}
+		}
+	}
+	if !ran && msg == "" {
+		return // failed for another reason: says nothing of the firewall
+	}
+	d.fwMu.Lock()
+	d.fwFailed = msg
+	d.fwMu.Unlock()
 }
 
 // podReady says whether p runs with an IP (true, nil), cannot run (an

@@ -16,31 +16,42 @@ import (
 )
 
 // firewallContainer is the pod's first init container: the agent binary
-// as `sbx-agent sbx-firewall none 7700 7701`, which programs nftables in
-// the pod's network namespace (package podfw) before anything else in the
-// pod runs. Every box on this runtime has network mode none (the driver
-// lacks runtime.CapNetwork, so the manager refuses the other modes): the
-// pod keeps loopback and the agent's ports inbound, and reaches nothing.
-// It alone holds NET_ADMIN; the box container never does, so box root
-// cannot undo the rules. This holds on any CNI, enforcing NetworkPolicy or
-// not (the test cluster's bridge CNI does not).
+// as `sbx-agent sbx-firewall BACKEND none 7700 7701`, which programs the
+// pod's firewall (package podfw) before anything else in the pod runs.
+// Every box on this runtime has network mode none (the driver lacks
+// runtime.CapNetwork, so the manager refuses the other modes): the pod
+// keeps loopback and the agent's ports inbound, and reaches nothing. It
+// alone holds NET_ADMIN (and, for the iptables backend, NET_RAW: the
+// x_tables setsockopts go through a raw socket); the box container holds
+// neither, so box root cannot undo the rules. This holds on any CNI,
+// enforcing NetworkPolicy or not (the test cluster's bridge CNI does not).
+// The backend is Config.Firewall: nftables in the pod's netns (runc), or
+// iptables in gVisor's netstack, which the init container shares with the
+// box as one runsc sandbox.
 func (d *Driver) firewallContainer() corev1.Container {
 	f := false
 	zero := int64(0)
+	caps := []corev1.Capability{"NET_ADMIN"}
+	if d.cfg.Firewall == podfw.BackendIPTables {
+		caps = append(caps, "NET_RAW")
+	}
 	return corev1.Container{
-		Name:            "sbx-firewall",
+		Name:            firewallName,
 		Image:           d.cfg.AgentImage,
 		ImagePullPolicy: corev1.PullIfNotPresent,
-		Command: []string{"/sbx-agent", podfw.Arg, podfw.ModeNone,
+		Command: []string{"/sbx-agent", podfw.Arg, d.cfg.Firewall, podfw.ModeNone,
 			strconv.Itoa(apiPort), strconv.Itoa(execPort)},
 		SecurityContext: &corev1.SecurityContext{
 			RunAsUser:                &zero,
 			AllowPrivilegeEscalation: &f,
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN"}},
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: caps},
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 }
+
+// firewallName is the firewall init container's name.
+const firewallName = "sbx-firewall"
 
 // networkPolicyName is the NetworkPolicy of a runtime's (name, instance)
 // pods.

@@ -22,9 +22,11 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/testsuite"
 )
 
-// reachPy tries a TCP connection to each HOST:PORT in argv[1:] (3 s each,
-// at once) and prints "reached T" or "blocked T"; first it checks loopback still
-// works ("loopback ok"), so a box with no network at all does not pass.
+// reachPy first sends UDP datagrams to port argv[1] of every host in
+// argv[2:], then tries a TCP connection to each HOST:PORT in argv[2:] (3 s
+// each, at once) and prints "reached T" or "blocked T"; before all that
+// it checks loopback still works ("loopback ok"), so a box with no
+// network at all does not pass.
 const reachPy = `
 import concurrent.futures, socket, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
@@ -32,6 +34,13 @@ try:
     socket.create_connection(s.getsockname(), 3).close(); print("loopback ok")
 except OSError as e:
     print("loopback broken", e)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for t in sys.argv[2:]:
+    for i in range(3):
+        try:
+            u.sendto(b"sbx", (t.rsplit(":", 1)[0], int(sys.argv[1])))
+        except OSError as e:
+            pass
 def try_(t):
     h, p = t.rsplit(":", 1)
     try:
@@ -39,78 +48,141 @@ def try_(t):
     except OSError as e:
         return "blocked %s %s" % (t, type(e).__name__)
 with concurrent.futures.ThreadPoolExecutor(len(sys.argv)) as ex:
-    for line in ex.map(try_, sys.argv[1:]):
+    for line in ex.map(try_, sys.argv[2:]):
         print(line)
 `
 
-// flushPy is box root's attempt to delete the pod firewall's table over
-// nfnetlink (what "nft delete table inet sbx_pod" sends): a batch with
-// NFT_MSG_DELTABLE. It prints the kernel's answer: "errno 1" is EPERM.
-const flushPy = `
-import os, socket, struct
-NFNL_SUBSYS_NFTABLES, NFT_MSG_DELTABLE, NFPROTO_INET = 10, 2, 1
-def msg(typ, flags, family, resid, attrs=b""):
-    body = struct.pack("BBH", family, 0, socket.htons(resid)) + attrs
-    return struct.pack("=IHHII", 16 + len(body), typ, flags, 1, 0) + body
-name = b"sbx_pod\0"
-attr = struct.pack("=HH", 4 + len(name), 1) + name
-attr += b"\0" * (-len(attr) % 4)
-batch = (msg(0x10, 1, 0, NFNL_SUBSYS_NFTABLES) +
-         msg((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELTABLE, 1 | 4, NFPROTO_INET, 0, attr) +
-         msg(0x11, 1, 0, NFNL_SUBSYS_NFTABLES))
-s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)
-s.settimeout(5)
-s.send(batch)
-r = s.recv(65536)
-typ, = struct.unpack_from("=H", r, 4)
-err, = struct.unpack_from("=i", r, 16) if typ == 2 else (None,)
-print("errno", -err if err is not None else "none (type %d)" % typ)
+// unfirewallPy is box root's attempts to undo the pod firewall, each
+// printed as "NAME ok" or "NAME errno N":
+//   - nft: delete the nftables table over nfnetlink (what "nft delete
+//     table inet sbx_pod" sends: a batch with NFT_MSG_DELTABLE);
+//   - raw4, raw6: open the raw socket the iptables setsockopts need;
+//   - replace4, replace6: replace the IPv4/IPv6 filter table with one
+//     accepting everything (IPT_SO_SET_REPLACE on a datagram socket, all a
+//     box without raw sockets has).
+const unfirewallPy = `
+import ctypes, socket, struct
+def attempt(name, f):
+    try:
+        f(); print(name, "ok")
+    except OSError as e:
+        print(name, "errno", e.errno)
+def nft():
+    NFNL_SUBSYS_NFTABLES, NFT_MSG_DELTABLE, NFPROTO_INET = 10, 2, 1
+    def msg(typ, flags, family, resid, attrs=b""):
+        body = struct.pack("BBH", family, 0, socket.htons(resid)) + attrs
+        return struct.pack("=IHHII", 16 + len(body), typ, flags, 1, 0) + body
+    name = b"sbx_pod\0"
+    attr = struct.pack("=HH", 4 + len(name), 1) + name
+    attr += b"\0" * (-len(attr) % 4)
+    batch = (msg(0x10, 1, 0, NFNL_SUBSYS_NFTABLES) +
+             msg((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELTABLE, 1 | 4, NFPROTO_INET, 0, attr) +
+             msg(0x11, 1, 0, NFNL_SUBSYS_NFTABLES))
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)
+    s.settimeout(5)
+    s.send(batch)
+    r = s.recv(65536)
+    typ, = struct.unpack_from("=H", r, 4)
+    err, = struct.unpack_from("=i", r, 16) if typ == 2 else (0,)
+    if err:
+        raise OSError(-err, "nfnetlink")
+counters = ctypes.create_string_buffer(16 * 64)
+def replace(v6):
+    es = 168 if v6 else 112
+    def entry(target):
+        e = bytearray(es)
+        struct.pack_into("=HH", e, es - 28, es, es + len(target))
+        return bytes(e) + target
+    std = bytearray(40); struct.pack_into("=H", std, 0, 40); struct.pack_into("=i", std, 32, -2)
+    err = bytearray(64); struct.pack_into("=H", err, 0, 64); err[2:7] = b"ERROR"; err[32:37] = b"ERROR"
+    body = entry(bytes(std)) * 3 + entry(bytes(err))
+    rep = bytearray(96); rep[0:6] = b"filter"
+    struct.pack_into("=III", rep, 32, 0x0e, 4, len(body))
+    for h in (1, 2, 3):
+        struct.pack_into("=I", rep, 44 + 4 * h, (h - 1) * (es + 40))
+        struct.pack_into("=I", rep, 64 + 4 * h, (h - 1) * (es + 40))
+    struct.pack_into("=IQ", rep, 84, 10, ctypes.addressof(counters))
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(41 if v6 else 0, 64, bytes(rep) + body)
+attempt("nft", nft)
+attempt("raw4", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW))
+attempt("raw6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW))
+attempt("replace4", lambda: replace(False))
+attempt("replace6", lambda: replace(True))
 `
 
 // TestNetworkNoneAttack: code in a box (root, on the test cluster's
 // bridge CNI, which enforces no NetworkPolicy) tries to reach the node
 // (kubelet, a listener of the test's own on every host address), the API
 // server (its endpoint and the kubernetes service's ClusterIP) and another
-// box's pod, then tries to delete the pod firewall's nftables table and
-// tries again. It reaches nothing (the host listener sees no connection),
-// its delete is refused with EPERM, loopback works, and the daemon still
-// drives the box. On the driver before the pod firewall the box reached
+// box's pod over TCP (and sends UDP to a host listener), then tries to
+// undo the pod firewall (unfirewallPy) and tries again. It reaches nothing
+// (the host listeners see no connection and no datagram), every attempt is
+// refused (EPERM), loopback works, and the daemon still drives the box. On the driver before the pod firewall the box reached
 // every host address, the kubelet and the neighbour's agent. (The test
 // cluster's API server is out of pods' reach on any driver: it listens on
 // 127.0.0.1 and its ClusterIP answers the node only; the test still tries
 // both.)
 func TestNetworkNoneAttack(t *testing.T) { networkNoneAttack(t, "") }
 
-// TestNetworkNoneAttack runs on the cluster's default (runc) pods; see
-// TestNetworkNoneGvisorFailsClosed for gvisor.
-// TestNetworkNoneGvisorFailsClosed: on RuntimeClass gvisor (where the
-// cluster has it) the pod firewall cannot be programmed (runsc's netstack
-// has no NETLINK_NETFILTER, and traffic from its netstack would bypass the
-// pod netns's nftables anyway), so a create fails, saying why, and leaves
-// no pod: no box runs with an unenforced mode none.
-func TestNetworkNoneGvisorFailsClosed(t *testing.T) {
+// TestNetworkNoneAttackGvisor is the same attack from a box on RuntimeClass
+// gvisor (where the cluster has it), whose pod firewall is the iptables
+// backend in runsc's netstack: box root also tries to open the raw socket
+// the iptables setsockopts need (NET_RAW is dropped; runsc runs with
+// --net-raw) and to replace the filter tables.
+func TestNetworkNoneAttackGvisor(t *testing.T) {
+	skipWithoutGvisor(t)
+	networkNoneAttack(t, "gvisor")
+}
+
+// TestNetworkNoneGvisorNFTablesFailsClosed: a gVisor RuntimeClass left on
+// the nftables backend cannot program its firewall (runsc's netstack has
+// no NETLINK_NETFILTER, and traffic from its netstack would bypass the pod
+// netns's nftables anyway), so a create fails, saying why, leaves no pod,
+// and the runtime's detail says its pods cannot be firewalled: no box
+// runs with an unenforced mode none.
+func TestNetworkNoneGvisorNFTablesFailsClosed(t *testing.T) {
+	skipWithoutGvisor(t)
 	c := k8stest.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
-		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
+	d, err := kubernetes.New(ctx, kubernetes.Config{
+		Client: c.Client, Namespace: c.Namespace(t, "sbx-k8sdrv"), AgentImage: c.AgentImage(t), RuntimeClass: "gvisor",
+		Firewall: "nftables", PullPolicy: corev1.PullNever, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	d := newDriverFunc(t, "gvisor")(t)
-	spec := smallBox("gvisor")
-	h, err := d.Create(ctx, spec)
+	c.EnsurePyImage(t)
+	h, err := d.Create(ctx, smallBox("gvisor"))
 	if err == nil {
 		_ = d.Destroy(ctx, h)
-		t.Fatalf("creating a gvisor box: got a box, want the create refused (its firewall cannot be programmed)")
+		t.Fatalf("creating a gvisor box with the nftables firewall: got a box, want the create refused")
 	}
 	if !strings.Contains(err.Error(), "sbx-firewall") || !strings.Contains(err.Error(), "protocol not supported") {
 		t.Errorf("creating a gvisor box: got %v, want it to name sbx-firewall and the missing nftables", err)
 	}
-	left, err := d.(*kubernetes.Driver).Leftovers(ctx, nil)
+	if info := d.Info(ctx); !strings.Contains(info.Detail, "PODS CANNOT BE FIREWALLED") || !strings.Contains(info.Detail, "iptables") {
+		t.Errorf("runtime detail after the refused create: got %q, want it to say pods cannot be firewalled and name iptables", info.Detail)
+	}
+	left, err := d.Leftovers(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(left) != 0 {
 		t.Errorf("after the refused create: leftovers %v, want none", left)
+	}
+}
+
+// skipWithoutGvisor skips tests of RuntimeClass gvisor on clusters
+// without it.
+func skipWithoutGvisor(t *testing.T) {
+	t.Helper()
+	c := k8stest.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); err != nil {
+		t.Skipf("no RuntimeClass gvisor on the test cluster: %v", err)
 	}
 }
 
@@ -138,6 +210,25 @@ func networkNoneAttack(t *testing.T, class string) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
+	// And a UDP one, counting datagrams. The box sends them before its TCP
+	// attempts, each of which waits 3 s on a blocked target, so a
+	// datagram that got through has long arrived when the count is read.
+	udp, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	var datagrams atomic.Int32
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, _, err := udp.ReadFrom(buf); err != nil {
+				return
+			}
+			datagrams.Add(1)
+		}
+	}()
+	udpPort := fmt.Sprint(udp.LocalAddr().(*net.UDPAddr).Port)
 	var targets []string
 	ifs, err := net.InterfaceAddrs()
 	if err != nil {
@@ -214,7 +305,7 @@ func networkNoneAttack(t *testing.T, class string) {
 	box := testsuite.Create(t, d, smallBox("attacker"))
 	reach := func(when string) {
 		t.Helper()
-		r := testsuite.MustExec(t, d, box, append([]string{"/usr/bin/python3", "-c", reachPy}, targets...)...)
+		r := testsuite.MustExec(t, d, box, append([]string{"/usr/bin/python3", "-c", reachPy, udpPort}, targets...)...)
 		t.Logf("%s:\n%s%s", when, r.Stdout, r.Stderr)
 		if !strings.Contains(r.Stdout, "loopback ok") {
 			t.Errorf("%s: loopback in the box: got %q, want it working", when, r.Stdout)
@@ -225,15 +316,33 @@ func networkNoneAttack(t *testing.T, class string) {
 			}
 		}
 	}
-	reach("before the flush attempt")
-	r := testsuite.MustExec(t, d, box, "/usr/bin/python3", "-c", flushPy)
-	t.Logf("deleting the firewall table: %s%s", r.Stdout, r.Stderr)
-	if strings.TrimSpace(r.Stdout) != "errno 1" {
-		t.Errorf("box root deleting table inet sbx_pod: got %q %q, want errno 1 (EPERM)", r.Stdout, r.Stderr)
+	reach("before the attempts to undo the firewall")
+	r := testsuite.MustExec(t, d, box, "/usr/bin/python3", "-c", unfirewallPy)
+	t.Logf("undoing the firewall: %s%s", r.Stdout, r.Stderr)
+	// EPERM (1) is the capability check; gVisor refuses the x_tables
+	// setsockopts on anything but a raw socket first (ENOPROTOOPT, 92) and
+	// has no nfnetlink (EPROTONOSUPPORT, 93).
+	refused := map[string]int{"nft": 1, "raw4": 1, "raw6": 1, "replace4": 1, "replace6": 1}
+	if class == "gvisor" {
+		refused["nft"], refused["replace4"], refused["replace6"] = 93, 92, 92
 	}
-	reach("after the flush attempt")
+	for name, errno := range refused {
+		var got string
+		for _, l := range strings.Split(r.Stdout, "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == name {
+				got = strings.Join(f[1:], " ")
+			}
+		}
+		if want := fmt.Sprintf("errno %d", errno); got != want {
+			t.Errorf("box root's attempt %s on %q pods: got %q, want %q", name, class, got, want)
+		}
+	}
+	reach("after the attempts to undo the firewall")
 	if n := accepted.Load() - seen; n != 0 {
 		t.Errorf("the host listener saw %d connections from the box, want none", n)
+	}
+	if n := datagrams.Load(); n != 0 {
+		t.Errorf("the host's UDP listener got %d datagrams from the box, want none", n)
 	}
 }
 
