@@ -17,6 +17,7 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/store/kubestore"
+	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
 
@@ -27,6 +28,8 @@ type memShared struct {
 	mu   sync.Mutex
 	recs map[string]store.Record
 	n    int
+	// ledger is the usage ledger (UsageLedger): tenant → id → usage.
+	ledger map[string]map[string]tenant.Usage
 }
 
 func newMemShared() *memShared { return &memShared{recs: map[string]store.Record{}} }
@@ -92,6 +95,9 @@ func (s *memShared) TouchMany(_ context.Context, la map[string]int64) error {
 func (s *memShared) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r, ok := s.recs[id]; ok {
+		delete(s.ledger[r.Tenant], id)
+	}
 	delete(s.recs, id)
 	return nil
 }

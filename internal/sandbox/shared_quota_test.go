@@ -1,0 +1,115 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
+	"github.com/sbxdev/sbx/internal/errdefs"
+	"github.com/sbxdev/sbx/internal/tenant"
+)
+
+func (s *memShared) Reserve(_ context.Context, tenantName, id string, u tenant.Usage, check func(tenant.Usage) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var others tenant.Usage
+	for o, ou := range s.ledger[tenantName] {
+		if o != id {
+			others = others.Add(ou)
+		}
+	}
+	if err := check(others); err != nil {
+		return err
+	}
+	if s.ledger == nil {
+		s.ledger = map[string]map[string]tenant.Usage{}
+	}
+	if s.ledger[tenantName] == nil {
+		s.ledger[tenantName] = map[string]tenant.Usage{}
+	}
+	s.ledger[tenantName][id] = u
+	return nil
+}
+
+func (s *memShared) Unreserve(_ context.Context, tenantName, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ledger[tenantName], id)
+	return nil
+}
+
+func (s *memShared) ReconcileUsage(context.Context, map[string]map[string]tenant.Usage, time.Duration) error {
+	return nil // the memory ledger never misses a write
+}
+
+// TestReplicaQuotaAcrossReplicas: creates for one tenant racing through
+// two replicas admit exactly the tenant's max_sandboxes, not that many per
+// replica; a destroy through one replica frees room for a create through
+// the other once its teardown ends (no sweep in between).
+func TestReplicaQuotaAcrossReplicas(t *testing.T) {
+	const quota, creates = 3, 10
+	for name, mk := range sharedBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			r := newReplicas(t, mk(t), 2)
+			ctx := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: "acme", Quotas: tenant.Quotas{MaxSandboxes: quota}})
+			var (
+				wg      sync.WaitGroup
+				mu      sync.Mutex
+				made    []string
+				refused int
+				others  []error
+			)
+			start := make(chan struct{})
+			for i := range creates {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					sb, err := r.mgrs[i%2].Create(ctx, &sbxv1.CreateSandboxRequest{})
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil:
+						made = append(made, sb.Id)
+					case errors.Is(err, errdefs.ErrResourceExhausted):
+						refused++
+					default:
+						others = append(others, err)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if len(made) != quota || refused != creates-quota || len(others) > 0 {
+				t.Fatalf("%d creates over 2 replicas with max_sandboxes %d: %d made, %d refused, other errors %v; want %d made, %d refused",
+					creates, quota, len(made), refused, others, quota, creates-quota)
+			}
+			// At the quota through either replica.
+			for i, m := range r.mgrs {
+				if _, err := m.Create(ctx, &sbxv1.CreateSandboxRequest{}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+					t.Errorf("create through replica %d at the quota: got %v, want resource exhausted", i, err)
+				}
+			}
+			if err := r.mgrs[1].Destroy(ctx, made[0]); err != nil {
+				t.Fatalf("destroy through B: %v", err)
+			}
+			// The box counts until its teardown ends and its record goes.
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				if _, err := r.st.Get(context.Background(), made[0]); errdefs.IsNotFound(err) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the record of %s is still there 30 s after its destroy", made[0])
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if _, err := r.mgrs[0].Create(ctx, &sbxv1.CreateSandboxRequest{}); err != nil {
+				t.Errorf("create through A after a destroy through B: %v", err)
+			}
+		})
+	}
+}
