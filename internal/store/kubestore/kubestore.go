@@ -435,12 +435,13 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if derr == nil && r.Name != "" {
 		s.release(ctx, r.Tenant, r.Name, id)
 	}
+	if derr == nil {
+		// Before the record goes, so that a record gone means its quota
+		// is free; what fails here the sweep mends (ReconcileUsage).
+		_ = s.Unreserve(ctx, r.Tenant, id)
+	}
 	if err := s.secrets().Delete(ctx, sec.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete sandbox %s: %w", id, wrap(err))
-	}
-	if derr == nil {
-		// What fails here the sweep mends (ReconcileUsage).
-		_ = s.Unreserve(ctx, r.Tenant, id)
 	}
 	return nil
 }
