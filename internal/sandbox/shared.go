@@ -117,8 +117,7 @@ func (m *Manager) reconcileUsage(ctx context.Context, recs []*store.Record) erro
 		if held[rec.Tenant] == nil {
 			held[rec.Tenant] = map[string]tenant.Usage{}
 		}
-		r := spec.GetResources()
-		held[rec.Tenant][rec.ID] = tenant.Usage{Sandboxes: 1, MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), DiskBytes: r.GetDiskBytes()}
+		held[rec.Tenant][rec.ID] = usageOfSpec(spec)
 	}
 	return m.ledger.ReconcileUsage(ctx, held, ledgerGrace)
 }

@@ -113,3 +113,40 @@ func TestReplicaQuotaAcrossReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaLimitQuotaAcrossReplicas: growing two sandboxes' memory
+// through two replicas counts both growths against the tenant's memory
+// quota, though neither replica's memory has seen the other's yet.
+func TestReplicaLimitQuotaAcrossReplicas(t *testing.T) {
+	for name, mk := range sharedBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			r := newReplicas(t, mk(t), 2)
+			a, b := r.mgrs[0], r.mgrs[1]
+			ctx := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: "acme", Quotas: tenant.Quotas{MemoryBytes: 200 << 20}})
+			res := &sbxv1.Resources{MemoryBytes: 64 << 20}
+			one, err := a.Create(ctx, &sbxv1.CreateSandboxRequest{Resources: res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			two, err := b.Create(ctx, &sbxv1.CreateSandboxRequest{Resources: res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 128 MiB in use of 200: one may grow by 64, then two may not.
+			if _, err := a.Update(ctx, &sbxv1.UpdateSandboxRequest{Sandbox: one.Id, Resources: &sbxv1.Resources{MemoryBytes: 128 << 20}}); err != nil {
+				t.Fatalf("growing %s through A to 128 MiB: %v", one.Id, err)
+			}
+			_, err = b.Update(ctx, &sbxv1.UpdateSandboxRequest{Sandbox: two.Id, Resources: &sbxv1.Resources{MemoryBytes: 128 << 20}})
+			if !errors.Is(err, errdefs.ErrResourceExhausted) {
+				t.Fatalf("growing %s through B to 128 MiB with 192 of 200 MiB in use: got %v, want resource exhausted", two.Id, err)
+			}
+			// Shrinking through A makes room for B at once.
+			if _, err := a.Update(ctx, &sbxv1.UpdateSandboxRequest{Sandbox: one.Id, Resources: &sbxv1.Resources{MemoryBytes: 64 << 20}}); err != nil {
+				t.Fatalf("shrinking %s through A: %v", one.Id, err)
+			}
+			if _, err := b.Update(ctx, &sbxv1.UpdateSandboxRequest{Sandbox: two.Id, Resources: &sbxv1.Resources{MemoryBytes: 128 << 20}}); err != nil {
+				t.Errorf("growing %s through B after A shrank %s: %v", two.Id, one.Id, err)
+			}
+		})
+	}
+}

@@ -196,8 +196,10 @@ func (r *replicas) driver() *fake.Driver {
 
 // start starts one more replica.
 func (r *replicas) start() *Manager {
+	// Every replica's fake can change limits (as the kubernetes driver can).
+	var drv runtime.Driver = &updatingDriver{Driver: r.driver()}
 	mgr, err := New(Config{
-		Store: r.st, Drivers: map[string]runtime.Driver{"fake": r.driver()}, DefaultRuntime: "fake",
+		Store: r.st, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits:   testLimits, TickInterval: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

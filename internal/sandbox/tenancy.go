@@ -41,8 +41,11 @@ func (m *Manager) Owner(id string) (string, bool) {
 }
 
 // usageOf is what box b counts against its tenant's quotas.
-func usageOf(b *box) tenant.Usage {
-	r := b.spec().GetResources()
+func usageOf(b *box) tenant.Usage { return usageOfSpec(b.spec()) }
+
+// usageOfSpec is what a box of spec counts against its tenant's quotas.
+func usageOfSpec(spec *sbxv1.CreateSandboxRequest) tenant.Usage {
+	r := spec.GetResources()
 	return tenant.Usage{Sandboxes: 1, MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), DiskBytes: r.GetDiskBytes()}
 }
 
