@@ -59,8 +59,8 @@ type SharedStore interface {
 // its sandboxes holds (kubestore), so that replicas admit creates against a
 // tenant's quotas together: each replica's memory sees the others'
 // sandboxes only at its next sweep, so two replicas counting in memory
-// could together admit more than the quota. Deleting a record takes its
-// sandbox out of the ledger.
+// could together admit more than the quota. Marking a record destroying
+// (and deleting it) takes its sandbox out of the ledger.
 type UsageLedger interface {
 	// Reserve sets sandbox id's usage u in tenant's ledger, as an atomic
 	// read-check-write: check is given what the tenant's other sandboxes
@@ -110,6 +110,9 @@ func (m *Manager) reconcileUsage(ctx context.Context, recs []*store.Record) erro
 	}
 	held := map[string]map[string]tenant.Usage{}
 	for _, rec := range recs {
+		if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_DESTROYING {
+			continue // counts against no quota
+		}
 		spec := &sbxv1.CreateSandboxRequest{}
 		if err := protojson.Unmarshal(rec.Spec, spec); err != nil {
 			continue

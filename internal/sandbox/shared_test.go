@@ -81,6 +81,7 @@ func (s *memShared) UpdateSpec(_ context.Context, r *store.Record) error {
 
 func (s *memShared) MarkDestroying(_ context.Context, r *store.Record) error {
 	return s.modify(r, func(c *store.Record) {
+		delete(s.ledger[c.Tenant], c.ID)
 		c.State, c.Handle, c.StateDetail, c.Name, c.DestroyingSinceMs = r.State, r.Handle, r.StateDetail, "", nowMs()
 	})
 }

@@ -388,6 +388,9 @@ func (s *Store) MarkDestroying(ctx context.Context, r *store.Record) error {
 		// saves the next creator of the name a look at the record.
 		s.release(ctx, tenant, name, r.ID)
 	}
+	// A sandbox being destroyed counts against no quota (as with one
+	// daemon); what fails here the sweep mends (ReconcileUsage).
+	_ = s.Unreserve(ctx, tenant, r.ID)
 	return nil
 }
 
