@@ -140,3 +140,34 @@ func TestReplicaLimitQuotaAcrossReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaSeesUnadopted: a replica asked whether a tenant sees a box
+// another replica just made (codeexec asks it of a session's sandbox)
+// looks in the store instead of answering from its memory, which has not
+// adopted the box yet; another tenant still does not see it.
+func TestReplicaSeesUnadopted(t *testing.T) {
+	for name, mk := range sharedBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			r := newReplicas(t, mk(t), 2)
+			acme := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: "acme"})
+			other := tenant.WithPrincipal(context.Background(), tenant.Principal{Tenant: "other"})
+			sb, err := r.mgrs[0].Create(acme, &sbxv1.CreateSandboxRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.mgrs[1].Sees(acme, sb.Id) {
+				t.Errorf("B: acme does not see its own %s made through A, want it seen", sb.Id)
+			}
+			if r.mgrs[1].Sees(other, sb.Id) {
+				t.Errorf("B: tenant other sees acme's %s, want not", sb.Id)
+			}
+			two, err := r.mgrs[0].Create(acme, &sbxv1.CreateSandboxRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.mgrs[1].Sees(other, two.Id) {
+				t.Errorf("B: tenant other sees acme's unadopted %s, want not", two.Id)
+			}
+		})
+	}
+}
