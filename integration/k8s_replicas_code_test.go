@@ -3,13 +3,19 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
+	"github.com/sbxdev/sbx/internal/tenant"
 	sbx "github.com/sbxdev/sbx/sdk/go"
 )
 
@@ -141,4 +147,77 @@ func leaseHolder(ctx context.Context, c *k8stest.Cluster, ns, id string) string 
 		return ""
 	}
 	return strings.TrimSpace(r.Lease.Holder)
+}
+
+// TestKubernetesReplicasQuota: a tenant with max_sandboxes 2 racing six
+// creates through two real replicas gets exactly two sandboxes (each
+// replica's memory alone admitted two of its own), and a destroy through
+// one makes room for a create through the other.
+func TestKubernetesReplicasQuota(t *testing.T) {
+	const quota, creates = 2, 6
+	c := k8stest.Get(t)
+	ns := c.Namespace(t, "sbx-replquota")
+	img := c.AgentImage(t)
+	tok := tenant.NewToken()
+	tenants := filepath.Join(t.TempDir(), "tenants.json")
+	if err := os.WriteFile(tenants, fmt.Appendf(nil, `{"tenants": [{"name": "acme", "tokens": [%q], "quotas": {"max_sandboxes": %d}}]}`,
+		tenant.HashToken(tok), quota), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startReplicaOpts(t, c, ns, img, daemonOpts{token: tok}, "--tenants", tenants)
+	b := startReplicaOpts(t, c, ns, img, daemonOpts{token: tok}, "--tenants", tenants)
+	// Generous: on the shared test cluster a pod has taken minutes to start
+	// while other tests churned hundreds of pods.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		made    []*sbx.Sandbox
+		refused int
+		others  []error
+	)
+	defer func() {
+		for _, sb := range made {
+			_ = sb.Destroy(context.Background())
+		}
+	}()
+	start := make(chan struct{})
+	for i := range creates {
+		d := a
+		if i%2 == 1 {
+			d = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			sb, err := d.client().Create(ctx, sbx.CreateOptions{Image: k8stest.PyImage})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				made = append(made, sb)
+			case connect.CodeOf(err) == connect.CodeResourceExhausted:
+				refused++
+			default:
+				others = append(others, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(made) != quota || refused != creates-quota || len(others) > 0 {
+		t.Fatalf("%d creates over two replicas with max_sandboxes %d: %d made, %d refused, other errors %v; want %d made",
+			creates, quota, len(made), refused, others, quota)
+	}
+	if err := made[0].WithClient(b.client()).Destroy(ctx); err != nil {
+		t.Fatalf("destroy through B: %v", err)
+	}
+	made = made[1:]
+	sb, err := a.client().Create(ctx, sbx.CreateOptions{Image: k8stest.PyImage})
+	if err != nil {
+		t.Fatalf("create through A after a destroy through B: %v", err)
+	}
+	made = append(made, sb)
 }
