@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -79,6 +80,19 @@ func TestKubernetesReplicasCode(t *testing.T) {
 	sh(sessB, "B", `echo $Y $PWD`, "7 /tmp\n")
 	sh(sessA, "A", `echo $Y`, "7\n")
 	step("state carried between A and B")
+	// Cost: a command through the replica attached (lease take and give
+	// back) and commands alternating between replicas (each re-attaches).
+	p50 := func(via ...*sbx.CodeContext) time.Duration {
+		var ds []time.Duration
+		for i := range 10 {
+			t0 := time.Now()
+			run(via[i%len(via)], "A or B", "pass", "")
+			ds = append(ds, time.Since(t0))
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	t.Logf("run code p50: through one replica %v, alternating between two %v", p50(onB), p50(onA, onB))
 
 	// One command at a time: B's waits for A's (which holds the record's
 	// lease while it runs) and the outputs stay apart.
