@@ -122,7 +122,7 @@ func New(agents Agents, log *slog.Logger) *Service {
 }
 
 // UseStore makes s persist its contexts in st. Call it before any CreateContext.
-func (s *Service) UseStore(st ProcessStore) { s.store, s.contexts.store = st, st }
+func (s *Service) UseStore(st ProcessStore) { s.store = st; s.contexts.useStore(st) }
 
 func newID() string {
 	var b [8]byte
@@ -141,13 +141,17 @@ func (s *Service) RunCode(ctx context.Context, req *sbxv1.RunCodeRequest, sink S
 			return fmt.Errorf("run code: bad library name %q: %w", l, errdefs.ErrInvalidArgument)
 		}
 	}
-	var k *kernel
-	langName := req.GetLanguage()
 	if req.GetContext() != "" {
-		var err error
-		if k, err = s.contexts.get(ctx, req.GetContext()); err != nil {
-			return err
-		}
+		// With a shared store this holds the context's lease for the run.
+		return s.contexts.use(ctx, req.GetContext(), func(k *kernel) error { return s.runCode(ctx, req, k, start, sink) })
+	}
+	return s.runCode(ctx, req, nil, start, sink)
+}
+
+// runCode is RunCode in k, or in a one-shot interpreter when k is nil.
+func (s *Service) runCode(ctx context.Context, req *sbxv1.RunCodeRequest, k *kernel, start time.Time, sink Sink) error {
+	langName := req.GetLanguage()
+	if k != nil {
 		langName = k.lang.name
 	}
 	lang, err := lookupLanguage(langName)

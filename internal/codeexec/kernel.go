@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/store"
@@ -43,6 +45,9 @@ type kernel struct {
 	runs       atomic.Int64
 	dead       atomic.Bool
 	forgetOnce sync.Once
+	// elsewhere is set once another replica took the process over (or
+	// this one let it go for one that did): it is left alone.
+	elsewhere atomic.Bool
 
 	// mu serializes runs.
 	mu sync.Mutex
@@ -123,7 +128,7 @@ func (s *Service) CreateContext(ctx context.Context, req *sbxv1.CreateContextReq
 	s.contexts.put(k)
 	if s.store != nil {
 		rec := &store.ProcessRecord{ID: id, Kind: store.ProcessContext, SandboxID: k.sandbox, Program: lang.name,
-			Token: k.token, Workdir: req.GetCwd(), CreatedAtMs: k.created.UnixMilli()}
+			Token: k.token, Workdir: req.GetCwd(), CreatedAtMs: k.created.UnixMilli(), Lease: s.contexts.newLease()}
 		if err := s.store.PutProcess(ctx, rec); err != nil {
 			s.contexts.drop(k)
 			k.close()
@@ -202,6 +207,10 @@ func (k *kernel) read(s *Service) {
 	for {
 		msg, err := k.stream.Receive()
 		if err != nil {
+			if connect.CodeOf(err) == connect.CodeAborted {
+				// Another client attached: the agent gave it the process.
+				k.elsewhere.Store(true)
+			}
 			return
 		}
 		k.events <- msg
@@ -211,9 +220,15 @@ func (k *kernel) read(s *Service) {
 	}
 }
 
+// detach drops the stream and leaves the kernel and its record alone.
+func (k *kernel) detach() {
+	k.elsewhere.Store(true)
+	k.cancel()
+}
+
 // close kills the kernel's process group, drops the stream and forgets the context.
 func (k *kernel) close() {
-	if !k.dead.Swap(true) {
+	if !k.dead.Swap(true) && !k.elsewhere.Load() {
 		_ = k.stream.Send(&sbxv1.ExecInput{Event: &sbxv1.ExecInput_Signal{Signal: 9}})
 	}
 	k.cancel()
@@ -222,6 +237,9 @@ func (k *kernel) close() {
 
 // forget removes the context's record and its detached process, once.
 func (k *kernel) forget() {
+	if k.elsewhere.Load() {
+		return // another replica's now
+	}
 	k.forgetOnce.Do(func() {
 		forgetProcess(k.owner.agents, k.owner.store, k.owner.log, k.sandbox, k.id)
 	})
@@ -230,8 +248,12 @@ func (k *kernel) forget() {
 // ListContexts lists live contexts, of one sandbox if sandbox is set.
 func (s *Service) ListContexts(ctx context.Context, sandbox string) []*sbxv1.CodeContext {
 	var out []*sbxv1.CodeContext
-	for _, k := range s.contexts.list(ctx, sandbox) {
+	live, others := s.contexts.list(ctx, sandbox)
+	for _, k := range live {
 		out = append(out, k.info())
+	}
+	for _, r := range others {
+		out = append(out, &sbxv1.CodeContext{Id: r.ID, Sandbox: r.SandboxID, Language: r.Program, CreatedMs: r.CreatedAtMs})
 	}
 	return out
 }
@@ -282,6 +304,9 @@ func (k *kernel) run(ctx context.Context, req *sbxv1.RunCodeRequest, out string,
 	for reply == nil || !stderrDone {
 		select {
 		case msg, ok := <-k.events:
+			if !ok && k.elsewhere.Load() {
+				return false, fmt.Errorf("context %s: another replica took its kernel over: %w", k.id, errdefs.ErrUnavailable)
+			}
 			if !ok || msg.GetExited() != nil {
 				k.close()
 				res.ExitCode, res.Error = 1, "the context's kernel exited"

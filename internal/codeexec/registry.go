@@ -19,6 +19,9 @@ type attached interface {
 	ident() (id, sandbox string)
 	// close kills the process and forgets its record.
 	close()
+	// detach ends this attachment, leaving the process and its record to
+	// the replica that took it over.
+	detach()
 }
 
 // registry keeps the live processes of one kind by id. A process whose
@@ -34,6 +37,10 @@ type registry[T attached] struct {
 	log    *slog.Logger
 	agents Agents
 	store  ProcessStore // nil: nothing is persisted
+	// leaser is store when replicas share it (lease.go), holder this
+	// replica's name in its leases.
+	leaser ProcessLeaser
+	holder string
 	// restore re-attaches r's process and registers it with put (before it
 	// starts reading, so a stream that ends at once is dropped). A process
 	// that is gone wraps errdefs.ErrNotFound.
@@ -43,6 +50,7 @@ type registry[T attached] struct {
 	restoreMu sync.Mutex
 	mu        sync.Mutex
 	live      map[string]T
+	busy      map[string]*idLock // lockID's locks
 }
 
 // lookup returns the live process id, if there is one.
@@ -119,7 +127,9 @@ func (g *registry[T]) get(ctx context.Context, id string) (T, error) {
 // with a log line; one whose sandbox cannot be reached now is kept for a
 // later try.
 func (g *registry[T]) restoreAll(ctx context.Context) error {
-	if g.store == nil {
+	if g.store == nil || g.leaser != nil {
+		// Shared: another replica may be attached to them; each is
+		// attached when it is next used (use).
 		return nil
 	}
 	recs, err := g.store.ListProcesses(ctx, g.kind)
@@ -181,28 +191,56 @@ func (g *registry[T]) restorePending(sandbox string) {
 
 // list restores the pending processes, then returns the live ones (of one
 // sandbox if sandbox is set) that ctx's caller may see.
-func (g *registry[T]) list(ctx context.Context, sandbox string) []T {
-	g.restorePending(sandbox)
+// With a shared store, the records of the processes that are not live here
+// (another replica opened them, or had them last) come back too: listing
+// attaches to nothing.
+func (g *registry[T]) list(ctx context.Context, sandbox string) ([]T, []*store.ProcessRecord) {
+	if g.leaser == nil {
+		g.restorePending(sandbox)
+	}
 	var out []T
+	live := map[string]bool{}
 	for _, v := range g.all() {
-		if _, sb := v.ident(); (sandbox == "" || sb == sandbox) && g.agents.Sees(ctx, sb) {
+		id, sb := v.ident()
+		live[id] = true
+		if (sandbox == "" || sb == sandbox) && g.agents.Sees(ctx, sb) {
 			out = append(out, v)
 		}
 	}
-	return out
+	if g.leaser == nil {
+		return out, nil
+	}
+	recs, err := g.store.ListProcesses(ctx, g.kind)
+	if err != nil {
+		g.log.Warn("listing "+g.noun+" records", "err", err)
+		return out, nil
+	}
+	var others []*store.ProcessRecord
+	for _, r := range recs {
+		if !live[r.ID] && (sandbox == "" || r.SandboxID == sandbox) && g.agents.Sees(ctx, r.SandboxID) {
+			others = append(others, r)
+		}
+	}
+	return out, others
 }
 
 // close kills a live process, or forgets a persisted one that is not
 // attached (its sandbox was stopped at restore), if ctx's caller may see it.
 func (g *registry[T]) close(ctx context.Context, id string) error {
 	notFound := fmt.Errorf("%s %s: %w", g.noun, id, errdefs.ErrNotFound)
+	closed := false
 	if v, ok := g.lookup(id); ok {
 		if _, sb := v.ident(); !g.agents.Sees(ctx, sb) {
 			return notFound
 		}
 		v.close() // forgets the record first: a list meanwhile does not restore it
 		g.drop(v)
-		return nil
+		if g.leaser == nil {
+			return nil
+		}
+		// Shared: another replica may have taken it over meanwhile, and
+		// this close then left it alone; forget it through its record.
+		closed = true
 	}
 	if g.store != nil {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -211,6 +249,9 @@ func (g *registry[T]) close(ctx context.Context, id string) error {
 			forgetProcess(g.agents, g.store, g.log, r.SandboxID, r.ID)
 			return nil
 		}
+	}
+	if closed {
+		return nil
 	}
 	return notFound
 }

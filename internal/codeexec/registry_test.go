@@ -19,10 +19,12 @@ import (
 type fakeProc struct {
 	id, sandbox string
 	closed      atomic.Bool
+	detached    atomic.Bool
 }
 
 func (p *fakeProc) ident() (string, string) { return p.id, p.sandbox }
 func (p *fakeProc) close()                  { p.closed.Store(true) }
+func (p *fakeProc) detach()                 { p.detached.Store(true) }
 
 // noAgents has no running sandboxes: forgetProcess then only deletes records.
 type noAgents struct{}
@@ -137,7 +139,8 @@ func TestRegistryList(t *testing.T) {
 		t.Run("sandbox="+tt.sandbox, func(t *testing.T) {
 			g, st, restored := newTestRegistry(t)
 			var got []string
-			for _, p := range g.list(context.Background(), tt.sandbox) {
+			live, _ := g.list(context.Background(), tt.sandbox)
+			for _, p := range live {
 				got = append(got, p.id)
 			}
 			slices.Sort(got)

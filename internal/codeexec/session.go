@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
+
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -57,7 +59,7 @@ func NewSessions(agents Agents, log *slog.Logger) *Sessions {
 }
 
 // UseStore makes s persist its sessions in st. Call it before any Create.
-func (s *Sessions) UseStore(st ProcessStore) { s.store, s.sessions.store = st, st }
+func (s *Sessions) UseStore(st ProcessStore) { s.store = st; s.sessions.useStore(st) }
 
 // SessionSink receives a command's events: output chunks, then the result.
 type SessionSink func(*sbxv1.SessionExecEvent) error
@@ -81,6 +83,9 @@ type session struct {
 	execs              atomic.Int64
 	dead               atomic.Bool
 	forgetOnce         sync.Once
+	// elsewhere is set once another replica took the process over (or
+	// this one let it go for one that did): it is left alone.
+	elsewhere atomic.Bool
 
 	// mu serializes commands.
 	mu sync.Mutex
@@ -166,7 +171,7 @@ func (s *Sessions) Create(ctx context.Context, req *sbxv1.CreateSessionRequest) 
 	s.sessions.put(ss)
 	if s.store != nil {
 		rec := &store.ProcessRecord{ID: ss.id, Kind: store.ProcessSession, SandboxID: ss.sandbox, Program: shell,
-			Token: ss.token, Workdir: req.GetWorkdir(), CreatedAtMs: ss.created.UnixMilli()}
+			Token: ss.token, Workdir: req.GetWorkdir(), CreatedAtMs: ss.created.UnixMilli(), Lease: s.sessions.newLease()}
 		if err := s.store.PutProcess(ctx, rec); err != nil {
 			s.sessions.drop(ss)
 			ss.close()
@@ -256,6 +261,10 @@ func (ss *session) read(s *Sessions) {
 	for {
 		msg, err := ss.stream.Receive()
 		if err != nil {
+			if connect.CodeOf(err) == connect.CodeAborted {
+				// Another client attached: the agent gave it the process.
+				ss.elsewhere.Store(true)
+			}
 			return
 		}
 		ss.events <- msg
@@ -265,10 +274,16 @@ func (ss *session) read(s *Sessions) {
 	}
 }
 
+// detach drops the stream and leaves the shell and its record alone.
+func (ss *session) detach() {
+	ss.elsewhere.Store(true)
+	ss.cancel()
+}
+
 // close kills the shell's whole process group (background jobs included),
 // drops the stream and forgets the session.
 func (ss *session) close() {
-	if !ss.dead.Swap(true) {
+	if !ss.dead.Swap(true) && !ss.elsewhere.Load() {
 		ss.signal(9)
 	}
 	ss.cancel()
@@ -277,6 +292,9 @@ func (ss *session) close() {
 
 // forget removes the session's record and its detached process, once.
 func (ss *session) forget() {
+	if ss.elsewhere.Load() {
+		return // another replica's now
+	}
 	ss.forgetOnce.Do(func() {
 		forgetProcess(ss.owner.agents, ss.owner.store, ss.owner.log, ss.sandbox, ss.id)
 	})
@@ -285,8 +303,12 @@ func (ss *session) forget() {
 // List lists live sessions, of one sandbox if sandbox is set.
 func (s *Sessions) List(ctx context.Context, sandbox string) []*sbxv1.Session {
 	var out []*sbxv1.Session
-	for _, ss := range s.sessions.list(ctx, sandbox) {
+	live, others := s.sessions.list(ctx, sandbox)
+	for _, ss := range live {
 		out = append(out, ss.info())
+	}
+	for _, r := range others {
+		out = append(out, &sbxv1.Session{Id: r.ID, Sandbox: r.SandboxID, Shell: r.Program, CreatedMs: r.CreatedAtMs})
 	}
 	return out
 }
@@ -302,10 +324,12 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 	if strings.ContainsRune(req.GetCommand(), 0) {
 		return fmt.Errorf("session exec: command contains a NUL byte: %w", errdefs.ErrInvalidArgument)
 	}
-	ss, err := s.sessions.get(ctx, req.GetSession())
-	if err != nil {
-		return err
-	}
+	// With a shared store this holds the session's lease for the command.
+	return s.sessions.use(ctx, req.GetSession(), func(ss *session) error { return s.exec(ctx, ss, req, sink) })
+}
+
+// exec is Exec in the live session ss.
+func (s *Sessions) exec(ctx context.Context, ss *session, req *sbxv1.SessionExecRequest, sink SessionSink) error {
 	if s.limit != nil {
 		done, err := s.limit(ctx, ss.sandbox)
 		if err != nil {
@@ -385,6 +409,9 @@ func (ss *session) exec(ctx context.Context, req *sbxv1.SessionExecRequest, res 
 	for !outDone || !errDone {
 		select {
 		case msg, ok := <-ss.events:
+			if !ok && ss.elsewhere.Load() {
+				return fmt.Errorf("session %s: another replica took its shell over: %w", ss.id, errdefs.ErrUnavailable)
+			}
 			if !ok || msg.GetExited() != nil {
 				ss.close()
 				res.ExitCode, res.Error = 1, "the session's shell exited; the session is gone"

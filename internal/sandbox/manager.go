@@ -88,6 +88,9 @@ type Manager struct {
 	log *slog.Logger
 	// shared is cfg.Store when several replicas share it (nil otherwise).
 	shared SharedStore
+	// ledger is shared when it keeps usage ledgers: quotas are then
+	// admitted through it, not against memory.
+	ledger UsageLedger
 
 	mu sync.RWMutex
 	// boxes holds every sandbox not yet destroyed, by id. Guarded by mu.
@@ -208,6 +211,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if s, ok := cfg.Store.(SharedStore); ok {
 		m.shared = s
+		m.ledger, _ = s.(UsageLedger)
 	}
 	if cfg.WarmPool > 0 && !cfg.Drivers[cfg.DefaultRuntime].Info(context.Background()).Has(runtime.CapHostImage) {
 		// The pool keeps host-image boxes: a default runtime without the
@@ -347,9 +351,14 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 	if err := m.reserve(b, new(tenant.FromContext(ctx))); err != nil {
 		return nil, err
 	}
+	if err := m.admitShared(ctx, b, new(tenant.FromContext(ctx))); err != nil {
+		m.forget(b.id, "")
+		return nil, err
+	}
 	release()
 	if err := m.cfg.Store.Insert(ctx, rec); err != nil {
 		m.forget(b.id, "")
+		m.unreserveShared(ctx, b)
 		return nil, err
 	}
 	crashpoint.Hit("create-recorded")
@@ -575,8 +584,11 @@ func (m *Manager) reserve(b *box, admit *tenant.Principal) error {
 				return fmt.Errorf("parent sandbox %s is gone: %w", b.parent, errdefs.ErrFailedPrecondition)
 			}
 		}
-		if err := admit.Quotas.Admit(b.tenant, m.usageLocked(b.tenant), usageOf(b)); err != nil {
-			return err
+		// With a usage ledger, admitShared checks the quotas instead.
+		if m.ledger == nil {
+			if err := admit.Quotas.Admit(b.tenant, m.usageLocked(b.tenant), usageOf(b)); err != nil {
+				return err
+			}
 		}
 	}
 	if b.spec().Name != "" {

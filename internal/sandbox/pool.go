@@ -433,6 +433,11 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
 		return nil, err
 	}
+	if err := m.admitShared(ctx, b, new(tenant.FromContext(ctx))); err != nil {
+		m.forget(b.id, "")
+		m.putBackWarm(context.WithoutCancel(ctx), w, drv)
+		return nil, err
+	}
 	// The record is written once, running, after the box is set up: a
 	// crash before that leaves a started box no record accounts for, which
 	// the driver's Cleanup removes at the next start like any warm box.
@@ -441,6 +446,7 @@ func (m *Manager) claimWarm(ctx context.Context, w *warmBox, spec *sbxv1.CreateS
 		defer cancel()
 		m.destroyWarm(cctx, w, drv)
 		m.forget(b.id, "")
+		m.unreserveShared(cctx, b)
 		return nil, err
 	}
 	if m.cfg.Network != nil && drv.Info(ctx).Has(runtime.CapNetwork) && !samePolicy(pol, w.net.Policy) {

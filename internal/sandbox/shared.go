@@ -55,6 +55,76 @@ type SharedStore interface {
 	ByName(ctx context.Context, tenant, name string) (*store.Record, error)
 }
 
+// UsageLedger is a SharedStore that also keeps, per tenant, what each of
+// its sandboxes holds (kubestore), so that replicas admit creates against a
+// tenant's quotas together: each replica's memory sees the others'
+// sandboxes only at its next sweep, so two replicas counting in memory
+// could together admit more than the quota. Marking a record destroying
+// (and deleting it) takes its sandbox out of the ledger.
+type UsageLedger interface {
+	// Reserve sets sandbox id's usage u in tenant's ledger, as an atomic
+	// read-check-write: check is given what the tenant's other sandboxes
+	// hold, and its error refuses (and is returned; nothing is written).
+	Reserve(ctx context.Context, tenantName, id string, u tenant.Usage, check func(others tenant.Usage) error) error
+	// Unreserve takes sandbox id out of tenant's ledger.
+	Unreserve(ctx context.Context, tenantName, id string) error
+	// ReconcileUsage brings the ledgers in line with the records a sweep
+	// listed (tenant → id → usage), keeping entries younger than grace
+	// that have no record (creates in flight).
+	ReconcileUsage(ctx context.Context, held map[string]map[string]tenant.Usage, grace time.Duration) error
+}
+
+// ledgerGrace is how long a ledger entry without a record counts as a
+// create in flight: a create reserves before it writes its record. It is
+// far above the time between the two writes; an entry a killed replica
+// left counts against its tenant until then.
+const ledgerGrace = time.Minute
+
+// admitShared reserves b's usage in its tenant's ledger, checked against
+// p's quotas, when the store keeps one.
+func (m *Manager) admitShared(ctx context.Context, b *box, p *tenant.Principal) error {
+	if m.ledger == nil {
+		return nil
+	}
+	u := usageOf(b)
+	return m.ledger.Reserve(ctx, b.tenant, b.id, u, func(others tenant.Usage) error {
+		return p.Quotas.Admit(b.tenant, others, u)
+	})
+}
+
+// unreserveShared takes b back out of its tenant's ledger after a create
+// that wrote no record failed.
+func (m *Manager) unreserveShared(ctx context.Context, b *box) {
+	if m.ledger == nil {
+		return
+	}
+	if err := m.ledger.Unreserve(context.WithoutCancel(ctx), b.tenant, b.id); err != nil {
+		m.log.Warn("taking a failed create out of its tenant's usage ledger (the sweep retries)", "sandbox", b.id, "err", err)
+	}
+}
+
+// reconcileUsage brings the ledgers in line with recs, every record.
+func (m *Manager) reconcileUsage(ctx context.Context, recs []*store.Record) error {
+	if m.ledger == nil {
+		return nil
+	}
+	held := map[string]map[string]tenant.Usage{}
+	for _, rec := range recs {
+		if stateOf(rec.State) == sbxv1.SandboxState_SANDBOX_STATE_DESTROYING {
+			continue // counts against no quota
+		}
+		spec := &sbxv1.CreateSandboxRequest{}
+		if err := protojson.Unmarshal(rec.Spec, spec); err != nil {
+			continue
+		}
+		if held[rec.Tenant] == nil {
+			held[rec.Tenant] = map[string]tenant.Usage{}
+		}
+		held[rec.Tenant][rec.ID] = usageOfSpec(spec)
+	}
+	return m.ledger.ReconcileUsage(ctx, held, ledgerGrace)
+}
+
 const (
 	// sharedSweepInterval is how often a replica re-reads every record.
 	sharedSweepInterval = 5 * time.Second
@@ -282,6 +352,9 @@ func (m *Manager) syncAll(ctx context.Context) error {
 		if err := m.syncRecord(ctx, rec); err != nil && !errdefs.IsFailedPrecondition(err) {
 			errs = append(errs, err)
 		}
+	}
+	if err := m.reconcileUsage(ctx, recs); err != nil {
+		errs = append(errs, fmt.Errorf("reconciling usage ledgers: %w", err))
 	}
 	m.mu.RLock()
 	var gone []*box

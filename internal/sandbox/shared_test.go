@@ -17,6 +17,7 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/kubernetes/k8stest"
 	"github.com/sbxdev/sbx/internal/store"
 	"github.com/sbxdev/sbx/internal/store/kubestore"
+	"github.com/sbxdev/sbx/internal/tenant"
 	"github.com/sbxdev/sbx/internal/testutil"
 )
 
@@ -27,6 +28,8 @@ type memShared struct {
 	mu   sync.Mutex
 	recs map[string]store.Record
 	n    int
+	// ledger is the usage ledger (UsageLedger): tenant → id → usage.
+	ledger map[string]map[string]tenant.Usage
 }
 
 func newMemShared() *memShared { return &memShared{recs: map[string]store.Record{}} }
@@ -78,6 +81,7 @@ func (s *memShared) UpdateSpec(_ context.Context, r *store.Record) error {
 
 func (s *memShared) MarkDestroying(_ context.Context, r *store.Record) error {
 	return s.modify(r, func(c *store.Record) {
+		delete(s.ledger[c.Tenant], c.ID)
 		c.State, c.Handle, c.StateDetail, c.Name, c.DestroyingSinceMs = r.State, r.Handle, r.StateDetail, "", nowMs()
 	})
 }
@@ -92,6 +96,9 @@ func (s *memShared) TouchMany(_ context.Context, la map[string]int64) error {
 func (s *memShared) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r, ok := s.recs[id]; ok {
+		delete(s.ledger[r.Tenant], id)
+	}
 	delete(s.recs, id)
 	return nil
 }
@@ -190,8 +197,10 @@ func (r *replicas) driver() *fake.Driver {
 
 // start starts one more replica.
 func (r *replicas) start() *Manager {
+	// Every replica's fake can change limits (as the kubernetes driver can).
+	var drv runtime.Driver = &updatingDriver{Driver: r.driver()}
 	mgr, err := New(Config{
-		Store: r.st, Drivers: map[string]runtime.Driver{"fake": r.driver()}, DefaultRuntime: "fake",
+		Store: r.st, Drivers: map[string]runtime.Driver{"fake": drv}, DefaultRuntime: "fake",
 		Defaults: runtime.Resources{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 64, DiskBytes: 16 << 20},
 		Limits:   testLimits, TickInterval: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -41,8 +41,11 @@ func (m *Manager) Owner(id string) (string, bool) {
 }
 
 // usageOf is what box b counts against its tenant's quotas.
-func usageOf(b *box) tenant.Usage {
-	r := b.spec().GetResources()
+func usageOf(b *box) tenant.Usage { return usageOfSpec(b.spec()) }
+
+// usageOfSpec is what a box of spec counts against its tenant's quotas.
+func usageOfSpec(spec *sbxv1.CreateSandboxRequest) tenant.Usage {
+	r := spec.GetResources()
 	return tenant.Usage{Sandboxes: 1, MemoryBytes: r.GetMemoryBytes(), CPUMillis: r.GetCpuMillis(), DiskBytes: r.GetDiskBytes()}
 }
 
@@ -155,12 +158,25 @@ func (m *Manager) reapOrphans(ctx context.Context) {
 
 // Sees reports whether ctx's Principal may see sandbox id (codeexec asks it
 // of sessions' and contexts' sandboxes).
+//
+// With a shared store, a box this replica has not adopted yet (another
+// replica made it since the last sweep) is looked up there first.
 func (m *Manager) Sees(ctx context.Context, id string) bool {
 	p := tenant.FromContext(ctx)
 	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if b, ok := m.boxes[id]; ok {
+	b, ok := m.boxes[id]
+	m.mu.RUnlock()
+	if ok {
 		return visible(p, id, b.tenant, b.parent)
+	}
+	if m.shared != nil && IsID(id) {
+		_, err := m.lookupShared(ctx, id)
+		if err == nil {
+			return true // lookupShared answers only what p may see
+		}
+		if !errdefs.IsNotFound(err) {
+			return false
+		}
 	}
 	// A box that is gone: only the single-user owner's own records.
 	return p.Tenant == "" && p.Scope == "" && p.Only == "" && !p.Admin

@@ -141,6 +141,18 @@ func (m *Manager) swapLimits(ctx context.Context, b *box, old, next *sbxv1.Creat
 	if n.GetCpuMillis() > o.GetCpuMillis() {
 		check.CPUMillis = q.CPUMillis
 	}
+	if m.ledger != nil {
+		// Replicas share the count: the ledger's entry for b is replaced,
+		// checked against the tenant's other sandboxes there.
+		nu := usageOfSpec(next)
+		if err := m.ledger.Reserve(ctx, b.tenant, b.id, nu, func(others tenant.Usage) error { return check.Admit(b.tenant, others, nu) }); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		b.specp.Store(next)
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	used := m.usageLocked(b.tenant)
@@ -156,8 +168,16 @@ func (m *Manager) swapLimits(ctx context.Context, b *box, old, next *sbxv1.Creat
 // m.mu: usageOf reads it for quotas).
 func (m *Manager) restoreSpec(b *box, next, old *sbxv1.CreateSandboxRequest) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	b.specp.CompareAndSwap(next, old)
+	swapped := b.specp.CompareAndSwap(next, old)
+	m.mu.Unlock()
+	if swapped && m.ledger != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ou := usageOfSpec(old)
+		if err := m.ledger.Reserve(ctx, b.tenant, b.id, ou, func(tenant.Usage) error { return nil }); err != nil {
+			m.log.Warn("restoring a sandbox's usage in its tenant's ledger (the sweep leaves the larger one)", "sandbox", b.id, "err", err)
+		}
+	}
 }
 
 // applyLabels applies req's label changes to spec.

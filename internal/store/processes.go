@@ -44,6 +44,21 @@ type ProcessRecord struct {
 	Token       []byte
 	Workdir     string
 	CreatedAtMs int64
+	// Lease is who runs code in the process now, when replicas share the
+	// records (kubestore); the SQLite store does not keep it (one daemon
+	// serialises in memory).
+	Lease ProcessLease `json:",omitempty"`
+}
+
+// ProcessLease serialises the use of one session or context across
+// replicas: the holder attaches to the process and runs one command;
+// another replica waits until it is released or expires (its holder died).
+type ProcessLease struct {
+	Holder  string `json:",omitempty"`
+	UntilMs int64  `json:",omitempty"`
+	// Last is the holder that took the lease last: a replica whose own
+	// attachment predates another holder's must re-attach.
+	Last string `json:",omitempty"`
 }
 
 // PutProcess inserts or replaces a process record.

@@ -20,7 +20,11 @@
 //     — its record gone or its name released — is removed by another
 //     writer, with the claim's UID and resourceVersion as preconditions.
 //   - a process record (shell session, code context) is a Secret
-//     "sbx-proc-<id>".
+//     "sbx-proc-<id>"; it carries the lease a replica holds while it runs
+//     a command in the process (processes.go).
+//   - a tenant's usage ledger is a Secret "sbx-usage-<hash of tenant>"
+//     listing what each of its sandboxes holds, against which creates are
+//     admitted under the tenant's quotas (usage.go).
 //
 // Every change of a record is a read-check-write with the object's
 // resourceVersion (the API server's optimistic concurrency): a conflict is
@@ -384,6 +388,9 @@ func (s *Store) MarkDestroying(ctx context.Context, r *store.Record) error {
 		// saves the next creator of the name a look at the record.
 		s.release(ctx, tenant, name, r.ID)
 	}
+	// A sandbox being destroyed counts against no quota (as with one
+	// daemon); what fails here the sweep mends (ReconcileUsage).
+	_ = s.Unreserve(ctx, tenant, r.ID)
 	return nil
 }
 
@@ -427,8 +434,14 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, wrap(err))
 	}
-	if r, derr := decode(sec); derr == nil && r.Name != "" {
+	r, derr := decode(sec)
+	if derr == nil && r.Name != "" {
 		s.release(ctx, r.Tenant, r.Name, id)
+	}
+	if derr == nil {
+		// Before the record goes, so that a record gone means its quota
+		// is free; what fails here the sweep mends (ReconcileUsage).
+		_ = s.Unreserve(ctx, r.Tenant, id)
 	}
 	if err := s.secrets().Delete(ctx, sec.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete sandbox %s: %w", id, wrap(err))

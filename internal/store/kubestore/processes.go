@@ -3,12 +3,15 @@ package kubestore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/store"
@@ -98,4 +101,78 @@ func (s *Store) ListProcesses(ctx context.Context, kind string) ([]*store.Proces
 		return out[i].ID < out[j].ID
 	})
 	return out, nil
+}
+
+// LeaseProcess takes the lease of process id for holder until until, as a
+// read-check-write on its record: another holder's lease that has not
+// expired refuses it (wrapping errdefs.ErrUnavailable, with the time it
+// ends). It returns the holder that took the lease before this one ("" if
+// none did), so that a replica can tell whether its attachment is still
+// the process's. A missing record wraps errdefs.ErrNotFound.
+func (s *Store) LeaseProcess(ctx context.Context, id, holder string, until time.Time) (last string, err error) {
+	err = s.modifyProcess(ctx, id, func(r *store.ProcessRecord) error {
+		l := r.Lease
+		if l.Holder != "" && l.Holder != holder && time.Now().UnixMilli() < l.UntilMs {
+			return fmt.Errorf("%s %s is in use through another replica until %s: %w", r.Kind, id,
+				time.UnixMilli(l.UntilMs).UTC().Format(time.RFC3339Nano), errdefs.ErrUnavailable)
+		}
+		last = l.Last
+		r.Lease = store.ProcessLease{Holder: holder, UntilMs: until.UnixMilli(), Last: holder}
+		return nil
+	})
+	return last, err
+}
+
+// ReleaseProcess gives back holder's lease of process id; a lease another
+// holder took meanwhile (this one's expired) and a missing record are left
+// alone.
+func (s *Store) ReleaseProcess(ctx context.Context, id, holder string) error {
+	err := s.modifyProcess(ctx, id, func(r *store.ProcessRecord) error {
+		if r.Lease.Holder != holder {
+			return errUnchanged
+		}
+		r.Lease.Holder, r.Lease.UntilMs = "", 0
+		return nil
+	})
+	if errors.Is(err, errUnchanged) || errdefs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// errUnchanged makes modifyProcess write nothing.
+var errUnchanged = errors.New("unchanged")
+
+// modifyProcess applies change to the record of process id as a
+// read-check-write with its resourceVersion, retried on conflicts.
+func (s *Store) modifyProcess(ctx context.Context, id string, change func(r *store.ProcessRecord) error) error {
+	err := retry.RetryOnConflict(conflictBackoff, func() error {
+		sec, err := s.secrets().Get(ctx, processObject(id), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var r store.ProcessRecord
+		if err := json.Unmarshal(sec.Data[keyProcess], &r); err != nil {
+			return fmt.Errorf("decode process record %s: %w", id, err)
+		}
+		if err := change(&r); err != nil {
+			return err
+		}
+		b, err := json.Marshal(&r)
+		if err != nil {
+			return fmt.Errorf("encode process record %s: %w", id, err)
+		}
+		sec.Data[keyProcess] = b
+		_, err = s.secrets().Update(ctx, sec, metav1.UpdateOptions{})
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("process record %s: %w", id, errdefs.ErrNotFound)
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("process record %s still contended after %d attempts: %w: %w", id, conflictBackoff.Steps, err, errdefs.ErrUnavailable)
+	}
+	return wrap(err)
 }
