@@ -3,6 +3,8 @@ package podfw
 import (
 	"fmt"
 	"net"
+	"net/netip"
+	"reflect"
 	"os"
 	"runtime"
 	"testing"
@@ -102,5 +104,64 @@ func TestApplyInNetns(t *testing.T) {
 	// in and one out; applying twice must not double them.
 	if want := 2 + 2 + 1 + 2*2; r.rules != want {
 		t.Errorf("rules in table %s: got %d, want %d", Table, r.rules, want)
+	}
+}
+
+func TestGateways(t *testing.T) {
+	table := "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n" +
+		"eth0\t00000000\t0100F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n" +
+		"eth0\t0000F40A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+	got := gateways([]byte(table))
+	if want := []netip.Addr{netip.MustParseAddr("10.244.0.1")}; !reflect.DeepEqual(got, want) {
+		t.Errorf("gateways: got %v, want %v", got, want)
+	}
+}
+
+// TestApplyLowersEveryRule: every rule a connected mode lists lowers to
+// nftables and the kernel takes them, more than one batch's worth.
+func TestApplyLowersEveryRule(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	r := Rules{Mode: ModePublic, AgentPorts: []uint16{7700}, DNS: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Blocked: prefixes("10.0.0.0/8", "240.0.0.0/4")}
+	for i := range 600 {
+		r.Deny = append(r.Deny, netip.PrefixFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), 32))
+	}
+	done := make(chan error, 1)
+	var got int
+	go func() {
+		runtime.LockOSThread()
+		ns, err := netns.New()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer ns.Close()
+		if err := apply(r.List()); err != nil {
+			done <- err
+			return
+		}
+		c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+		if err != nil {
+			done <- err
+			return
+		}
+		tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: Table}
+		for _, ch := range []string{ChainInput, ChainOutput} {
+			rules, err := c.GetRules(tb, &nftables.Chain{Name: ch, Table: tb})
+			if err != nil {
+				done <- err
+				return
+			}
+			got += len(rules)
+		}
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := len(r.List()); got != want {
+		t.Errorf("rules in the kernel: got %d, want %d", got, want)
 	}
 }
