@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -62,8 +63,13 @@ type Config struct {
 	PullPolicy corev1.PullPolicy
 	// Pool is the warm pool: pods started ahead per image and limits, which
 	// a matching Create claims (warmpool.go). Start it with StartPool.
-	Pool   []PoolSpec
-	Logger *slog.Logger
+	Pool []PoolSpec
+	// ClusterCIDRs are the cluster's own ranges (pods, services, nodes):
+	// boxes in a connected mode never reach them, whatever their
+	// allow-list says. The pod firewall adds what each pod finds itself
+	// (its node, its own network, the API server's ClusterIP).
+	ClusterCIDRs []netip.Prefix
+	Logger       *slog.Logger
 }
 
 // Driver is the kubernetes runtime driver.
@@ -138,7 +144,7 @@ func (d *Driver) Name() string { return d.cfg.Name }
 
 // Info reports capabilities and health (as found by New).
 func (d *Driver) Info(context.Context) runtime.Info {
-	info := runtime.Info{Name: d.cfg.Name, Healthy: d.health == "", Capabilities: []runtime.Capability{runtime.CapRecover}}
+	info := runtime.Info{Name: d.cfg.Name, Healthy: d.health == "", Capabilities: []runtime.Capability{runtime.CapRecover, runtime.CapPodNetwork}}
 	if d.health != "" {
 		info.Detail = "cannot use the cluster: " + d.health
 		return info
@@ -217,6 +223,8 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
 	stack.Add(func() error { return d.deletePod(bg, created.Name, string(created.UID)) })
+	d.createBoxPolicy(bg, spec, created)
+	stack.Add(func() error { d.deleteBoxPolicy(bg, spec.ID); return nil })
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
@@ -258,8 +266,8 @@ func (d *Driver) check(spec runtime.Spec) error {
 	for _, m := range spec.Mounts {
 		return fmt.Errorf("runtime %q takes no mounts (box %s asked for one at %s): %w", d.cfg.Name, spec.ID, m.Destination, errdefs.ErrFailedPrecondition)
 	}
-	if spec.Network != nil {
-		return fmt.Errorf("runtime %q does not join sbx networks (it lacks the %q capability): %w", d.cfg.Name, runtime.CapNetwork, errdefs.ErrFailedPrecondition)
+	if spec.Network != nil && spec.Network.Pod == nil {
+		return fmt.Errorf("runtime %q does not join sbx network namespaces (it lacks the %q capability; it takes pod policies): %w", d.cfg.Name, runtime.CapNetwork, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -411,6 +419,9 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 // from the warm pool keeps its pool name).
 func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	d.deleteSecret(ctx, h.ID)
+	if idRe.MatchString(h.ID) {
+		d.deleteBoxPolicy(ctx, h.ID)
+	}
 	if hd, err := d.decode(h); err == nil {
 		return d.deletePod(ctx, hd.Pod, hd.UID)
 	}
