@@ -60,7 +60,9 @@ func (l *countingListener) count(addr string) int {
 	return l.by[addr]
 }
 
-func (l *countingListener) target(addr string) string { return net.JoinHostPort(addr, fmt.Sprint(l.port)) }
+func (l *countingListener) target(addr string) string {
+	return net.JoinHostPort(addr, fmt.Sprint(l.port))
+}
 
 // publicAddrs puts two addresses the pod firewall counts as public
 // (TEST-NET-3, 203.0.113.0/24, in no blocked range) on the node's
