@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"k8s.io/client-go/kubernetes"
@@ -31,6 +32,9 @@ type KubernetesConfig struct {
 	Instance string
 	// UserNamespaces runs pods with hostUsers: false.
 	UserNamespaces bool
+	// ClusterCIDRs are the cluster's own ranges (IPv4 CIDRs or
+	// addresses): boxes in modes public and allow never reach them.
+	ClusterCIDRs []string
 	// WarmPool is the pods kept ready per image: `[RUNTIME=]IMAGE=N`
 	// values (kubepool.go).
 	WarmPool []string
@@ -54,6 +58,21 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
 	}
+	var cluster []netip.Prefix
+	for _, c := range kc.ClusterCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return fmt.Errorf("--k8s-cluster-cidrs %q: not a CIDR or address: %w", c, errdefs.ErrInvalidArgument)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			return fmt.Errorf("--k8s-cluster-cidrs %q: only IPv4 (the pod firewall drops all IPv6 of boxes in a connected mode): %w", c, errdefs.ErrInvalidArgument)
+		}
+		cluster = append(cluster, p.Masked())
+	}
 	classes := map[string]string{k8sdriver.Name: ""}
 	maps.Copy(classes, kc.RuntimeClasses)
 	pools, err := k8sWarmPools(kc.WarmPool, classes, defaults)
@@ -67,7 +86,7 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
 			RuntimeClass: classes[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
-			Pool: pools[name], Logger: log.With("runtime", name),
+			Pool: pools[name], ClusterCIDRs: cluster, Logger: log.With("runtime", name),
 		})
 		if err != nil {
 			return fmt.Errorf("kubernetes runtime %q: %w", name, err)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,6 +117,16 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.AgentImage == "" {
 		return nil, fmt.Errorf("kubernetes runtime: need a client, a namespace and an agent image: %w", errdefs.ErrInvalidArgument)
 	}
+	if len(cfg.ClusterCIDRs) > runtime.MaxPodNetworkEntries {
+		return nil, fmt.Errorf("kubernetes runtime: %d cluster CIDRs, at most %d: %w", len(cfg.ClusterCIDRs), runtime.MaxPodNetworkEntries, errdefs.ErrInvalidArgument)
+	}
+	cfg.ClusterCIDRs = slices.Clone(cfg.ClusterCIDRs)
+	for i, c := range cfg.ClusterCIDRs {
+		if !c.IsValid() || !c.Addr().Is4() {
+			return nil, fmt.Errorf("kubernetes runtime: cluster CIDR %q: want IPv4: %w", c, errdefs.ErrInvalidArgument)
+		}
+		cfg.ClusterCIDRs[i] = c.Masked()
+	}
 	d := &Driver{cfg: cfg, client: cfg.Client, log: cfg.Logger}
 	if len(cfg.Pool) > 0 {
 		specs, err := poolSpecs(cfg.Pool)
@@ -130,10 +141,10 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d.id = id
 	if d.health == "" {
-		// The pod firewall enforces mode none whatever happens here.
+		// The pod firewall enforces every mode whatever happens here.
 		if err := d.ensureNetworkPolicy(ctx); err != nil {
 			d.netpol = err.Error()
-			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces mode none)", "err", err)
+			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces every network mode)", "err", err)
 		}
 	}
 	return d, nil

@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -9,7 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/network"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
@@ -152,6 +156,25 @@ func TestUnitFirewallCommand(t *testing.T) {
 		}
 		if len(c.Env) != 1 || c.Env[0].Name != "SBX_NODE_IP" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "status.hostIP" {
 			t.Errorf("%s: firewall env %+v, want SBX_NODE_IP from status.hostIP", tc.name, c.Env)
+		}
+	}
+}
+
+// TestUnitClusterCIDRsInvalid: New refuses cluster ranges the pod
+// firewall cannot hold, naming them (no cluster needed).
+func TestUnitClusterCIDRsInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cidrs []netip.Prefix
+		want  string
+	}{
+		{"ipv6", []netip.Prefix{netip.MustParsePrefix("fd00::/8")}, `cluster CIDR "fd00::/8": want IPv4`},
+		{"zero", []netip.Prefix{{}}, `cluster CIDR "invalid Prefix"`},
+		{"too many", make([]netip.Prefix, runtime.MaxPodNetworkEntries+1), "1025 cluster CIDRs"},
+	} {
+		_, err := New(context.Background(), Config{Client: fake.NewSimpleClientset(), Namespace: "ns", AgentImage: "agent", ClusterCIDRs: tc.cidrs})
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: New: got %v, want InvalidArgument containing %q", tc.name, err, tc.want)
 		}
 	}
 }
