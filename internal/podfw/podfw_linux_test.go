@@ -1,6 +1,7 @@
 package podfw
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -163,5 +164,143 @@ func TestApplyLowersEveryRule(t *testing.T) {
 	}
 	if want := len(r.List()); got != want {
 		t.Errorf("rules in the kernel: got %d, want %d", got, want)
+	}
+}
+
+// TestPublicDNSInNetns: in mode public the firewall lets UDP and TCP 53
+// through to a nameserver in a blocked range and nothing else to it (TCP
+// 80 there is dropped), on a real kernel: a "pod" namespace with a veth to
+// a "node" namespace serving both ports.
+func TestPublicDNSInNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces")
+	}
+	type result struct {
+		tcp53, tcp80, udp53 error
+		err                 error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		fail := func(err error) { done <- result{err: err} }
+		node, err := netns.New()
+		if err != nil {
+			fail(err)
+			return
+		}
+		defer node.Close()
+		pod, err := netns.New()
+		if err != nil {
+			fail(err)
+			return
+		}
+		defer pod.Close()
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pod0"}, PeerName: "node0"}
+		if err := netlink.LinkAdd(veth); err != nil {
+			fail(fmt.Errorf("veth: %w", err))
+			return
+		}
+		peer, err := netlink.LinkByName("node0")
+		if err == nil {
+			err = netlink.LinkSetNsFd(peer, int(node))
+		}
+		if err != nil {
+			fail(fmt.Errorf("moving the peer: %w", err))
+			return
+		}
+		up := func(name, addr string) error {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if addr != "" {
+				a, _ := netlink.ParseAddr(addr)
+				if err := netlink.AddrAdd(l, a); err != nil {
+					return err
+				}
+			}
+			return netlink.LinkSetUp(l)
+		}
+		if err := errors.Join(up("lo", ""), up("pod0", "10.99.0.2/24")); err != nil {
+			fail(err)
+			return
+		}
+		if err := netns.Set(node); err != nil {
+			fail(err)
+			return
+		}
+		if err := errors.Join(up("lo", ""), up("node0", "10.99.0.1/24")); err != nil {
+			fail(err)
+			return
+		}
+		for _, p := range []string{"53", "80"} {
+			ln, err := net.Listen("tcp4", "10.99.0.1:"+p)
+			if err != nil {
+				fail(err)
+				return
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+		}
+		udp, err := net.ListenPacket("udp4", "10.99.0.1:53")
+		if err != nil {
+			fail(err)
+			return
+		}
+		defer udp.Close()
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				n, from, err := udp.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = udp.WriteTo(buf[:n], from)
+			}
+		}()
+		if err := netns.Set(pod); err != nil {
+			fail(err)
+			return
+		}
+		r := Rules{Mode: ModePublic, DNS: []netip.Addr{netip.MustParseAddr("10.99.0.1")}, Blocked: prefixes("10.0.0.0/8")}
+		if err := apply(r.List()); err != nil {
+			fail(err)
+			return
+		}
+		dial := func(network, addr string) error {
+			c, err := net.DialTimeout(network, addr, time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if network == "udp4" {
+				_ = c.SetDeadline(time.Now().Add(time.Second))
+				if _, err := c.Write([]byte("q")); err != nil {
+					return err
+				}
+				_, err = c.Read(make([]byte, 8))
+				return err
+			}
+			return nil
+		}
+		done <- result{tcp53: dial("tcp4", "10.99.0.1:53"), tcp80: dial("tcp4", "10.99.0.1:80"), udp53: dial("udp4", "10.99.0.1:53")}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.tcp53 != nil || r.udp53 != nil {
+		t.Errorf("DNS to the nameserver: tcp %v, udp %v; want both through", r.tcp53, r.udp53)
+	}
+	if r.tcp80 == nil {
+		t.Errorf("TCP 80 to the nameserver (in a blocked range): connected, want it dropped")
 	}
 }
