@@ -270,19 +270,31 @@ func TestPublicDNSInNetns(t *testing.T) {
 			fail(err)
 			return
 		}
+		// The kernel reports a veth's carrier asynchronously (linkwatch,
+		// up to a second): wait until the pod's end is up.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			l, err := netlink.LinkByName("pod0")
+			if err == nil && l.Attrs().OperState == netlink.OperUp {
+				break
+			}
+			if time.Now().After(deadline) {
+				fail(fmt.Errorf("pod0 not up after 5 s: %v", err))
+				return
+			}
+		}
 		r := Rules{Mode: ModePublic, DNS: []netip.Addr{netip.MustParseAddr("10.99.0.1")}, Blocked: prefixes("10.0.0.0/8")}
 		if err := apply(r.List()); err != nil {
 			fail(err)
 			return
 		}
 		dial := func(network, addr string) error {
-			c, err := net.DialTimeout(network, addr, time.Second)
+			c, err := net.DialTimeout(network, addr, 3*time.Second)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			if network == "udp4" {
-				_ = c.SetDeadline(time.Now().Add(time.Second))
+				_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 				if _, err := c.Write([]byte("q")); err != nil {
 					return err
 				}
