@@ -276,8 +276,9 @@ func (r Rule) String() string {
 // Every mode: loopback and neighbour discovery both ways; TCP in to the
 // agent's ports and out from them (the replies). Mode none adds ICMP
 // errors in (related) and nothing else. The connected modes add, in:
-// replies to the box's own connections (established, related); out: IPv6
-// dropped (allow-lists are IPv4), then Deny dropped, DNS accepted on port
+// replies to the box's own connections (established, related); out: the
+// rest of flows already let through, IPv6 dropped (allow-lists are IPv4),
+// then Deny dropped, DNS accepted on port
 // 53, Never dropped, Allow accepted, and in public mode Blocked dropped and
 // the rest accepted.
 func (r Rules) List() []Rule {
@@ -299,7 +300,11 @@ func (r Rules) List() []Rule {
 	if r.Mode == ModeNone {
 		return rs
 	}
-	rs = append(rs, out(Rule{IPv6: true, Verdict: "drop"}))
+	// The rules are fixed for the pod's life, so a flow they let start
+	// may go on: its packets skip the lists below (a box with a thousand
+	// CIDRs pays for them once per connection, not per packet).
+	rs = append(rs, out(Rule{CtState: "established,related", Verdict: "accept"}),
+		out(Rule{IPv6: true, Verdict: "drop"}))
 	for _, p := range r.Deny {
 		rs = append(rs, out(Rule{Remote: p, Verdict: "drop"}))
 	}

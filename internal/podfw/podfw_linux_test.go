@@ -316,3 +316,40 @@ func TestPublicDNSInNetns(t *testing.T) {
 		t.Errorf("TCP 80 to the nameserver (in a blocked range): connected, want it dropped")
 	}
 }
+
+// TestApplyLargestPolicy: the largest policy the API lets through (1024
+// allow and 1024 deny CIDRs) with the blocked and cluster ranges programs
+// in a bounded time.
+func TestApplyLargestPolicy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	r := Rules{Mode: ModePublic, AgentPorts: []uint16{7700, 7701}, Blocked: prefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"),
+		Never: prefixes("10.96.0.0/12", "10.244.0.0/16")}
+	for i := range 1024 {
+		r.Allow = append(r.Allow, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 32))
+		r.Deny = append(r.Deny, netip.PrefixFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), 32))
+	}
+	done := make(chan error, 1)
+	var took time.Duration
+	go func() {
+		runtime.LockOSThread()
+		ns, err := netns.New()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer ns.Close()
+		t0 := time.Now()
+		err = apply(r.List())
+		took = time.Since(t0)
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d rules programmed in %v", len(r.List()), took)
+	if took > 10*time.Second {
+		t.Errorf("programming %d rules took %v, want under 10 s", len(r.List()), took)
+	}
+}

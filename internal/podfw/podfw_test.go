@@ -83,6 +83,7 @@ func TestList(t *testing.T) {
 			DNS: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Never: prefixes("10.96.0.0/16"),
 			Allow: prefixes("10.1.0.0/16"), Blocked: prefixes("10.0.0.0/8")},
 			cat(common, []string{"input: ct state established,related accept"}, agent, []string{
+				"output: ct state established,related accept",
 				"output: meta nfproto ipv6 drop",
 				"output: ip daddr 203.0.113.0/24 drop",
 				"output: ip daddr 10.96.0.10/32 meta l4proto udp udp dport 53 accept",
@@ -94,6 +95,7 @@ func TestList(t *testing.T) {
 			})},
 		{"allow", Rules{Mode: ModeAllow, AgentPorts: []uint16{7700}, Never: prefixes("10.244.0.0/24"), Allow: prefixes("0.0.0.0/0")},
 			cat(common, []string{"input: ct state established,related accept"}, agent, []string{
+				"output: ct state established,related accept",
 				"output: meta nfproto ipv6 drop",
 				"output: ip daddr 10.244.0.0/24 drop",
 				"output: ip daddr 0.0.0.0/0 accept",
