@@ -164,8 +164,6 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	return m.toProto(b, nil), nil
 }
 
-// detachNetwork releases a sandbox's network, logging failures (Cleanup at
-// the next start retries).
 // podNetwork is pol for a driver that enforces it itself
 // (CapPodNetwork); nil for mode none (loopback only).
 func podNetwork(pol network.Policy) *runtime.Network {
@@ -185,6 +183,8 @@ func netAttachment(att network.Attachment) *runtime.Network {
 	return &runtime.Network{NetNS: &runtime.NetNS{Path: att.NetNS}, DNS: att.DNS}
 }
 
+// detachNetwork releases a sandbox's network, logging failures (Cleanup at
+// the next start retries).
 func (m *Manager) detachNetwork(ctx context.Context, id string) {
 	if m.cfg.Network == nil {
 		return
