@@ -50,6 +50,10 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	if kc.AgentImage == "" {
 		return fmt.Errorf("--k8s-namespace needs --k8s-agent-image (an image with the static sbx-agent at /sbx-agent): %w", errdefs.ErrInvalidArgument)
 	}
+	cluster, err := clusterCIDRs(kc.ClusterCIDRs)
+	if err != nil {
+		return err
+	}
 	rc, err := loadKubeConfig(kc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
@@ -57,21 +61,6 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
-	}
-	var cluster []netip.Prefix
-	for _, c := range kc.ClusterCIDRs {
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			a, aerr := netip.ParseAddr(c)
-			if aerr != nil {
-				return fmt.Errorf("--k8s-cluster-cidrs %q: not a CIDR or address: %w", c, errdefs.ErrInvalidArgument)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		if !p.Addr().Is4() {
-			return fmt.Errorf("--k8s-cluster-cidrs %q: only IPv4 (the pod firewall drops all IPv6 of boxes in a connected mode): %w", c, errdefs.ErrInvalidArgument)
-		}
-		cluster = append(cluster, p.Masked())
 	}
 	classes := map[string]string{k8sdriver.Name: ""}
 	maps.Copy(classes, kc.RuntimeClasses)
@@ -94,4 +83,24 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		drivers[name] = d
 	}
 	return nil
+}
+
+// clusterCIDRs parses --k8s-cluster-cidrs: IPv4 CIDRs or addresses.
+func clusterCIDRs(in []string) ([]netip.Prefix, error) {
+	var cluster []netip.Prefix
+	for _, c := range in {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return nil, fmt.Errorf("--k8s-cluster-cidrs %q: not a CIDR or address: %w", c, errdefs.ErrInvalidArgument)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("--k8s-cluster-cidrs %q: only IPv4 (the pod firewall drops all IPv6 of boxes in a connected mode): %w", c, errdefs.ErrInvalidArgument)
+		}
+		cluster = append(cluster, p.Masked())
+	}
+	return cluster, nil
 }
