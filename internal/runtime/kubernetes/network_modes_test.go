@@ -268,3 +268,52 @@ func TestNetworkAllowAttack(t *testing.T) {
 		t.Errorf("host listener at the allowed address %s: %d connections, want 2 (one per attempt)", pubA, n)
 	}
 }
+
+// TestBoxNetworkPolicyObject: the API server takes a connected box's own
+// NetworkPolicy (its ipBlocks and excepts pass validation; the driver
+// would only log a refusal), selecting that box's pod alone and owned by
+// it, and Destroy removes it.
+func TestBoxNetworkPolicyObject(t *testing.T) {
+	c := k8stest.Get(t)
+	d := newModeDriver(t, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := smallBox("polpublic")
+	spec.Network = &runtime.Network{Pod: &runtime.PodNetwork{Mode: runtime.PodPublic,
+		Allow: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.1.2.0/24")}}}
+	box := testsuite.Create(t, d, spec)
+	var hd struct {
+		NS  string `json:"ns"`
+		Pod string `json:"pod"`
+		UID string `json:"uid"`
+	}
+	if err := json.Unmarshal(box.Data, &hd); err != nil {
+		t.Fatal(err)
+	}
+	api := c.Client.NetworkingV1().NetworkPolicies(hd.NS)
+	p, err := api.Get(ctx, "sbx-"+spec.ID+"-egress", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the box's network policy: %v", err)
+	}
+	if got := p.Spec.PodSelector.MatchLabels["sbx.dev/id"]; got != spec.ID {
+		t.Errorf("policy selects box %q, want %q", got, spec.ID)
+	}
+	if o := p.OwnerReferences; len(o) != 1 || string(o[0].UID) != hd.UID {
+		t.Errorf("policy owners %+v, want the pod %s (uid %s)", o, hd.Pod, hd.UID)
+	}
+	var blocks []string
+	for _, e := range p.Spec.Egress {
+		for _, to := range e.To {
+			blocks = append(blocks, to.IPBlock.CIDR)
+		}
+	}
+	if got := strings.Join(blocks, " "); got != "0.0.0.0/0 10.1.0.0/16 0.0.0.0/0" {
+		t.Errorf("egress ipBlocks %q, want the internet, the allowed range and DNS", got)
+	}
+	if err := d.Destroy(ctx, box); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+		t.Errorf("network policy %s after Destroy: still there, want it gone", p.Name)
+	}
+}
