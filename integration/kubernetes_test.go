@@ -68,17 +68,42 @@ func TestKubernetesRuntime(t *testing.T) {
 	if err := sb.Stop(ctx); !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), `"pause" capability`) {
 		t.Errorf("stop on kubernetes: %v, want FailedPrecondition naming the pause capability", err)
 	}
-	// Modes its pods cannot enforce are refused, not run as none (or open).
-	for _, pol := range []sbx.NetworkPolicy{{Mode: "public"}, {Mode: "allow", AllowCIDRs: []string{"192.0.2.0/24"}}} {
-		_, err := cl.Create(ctx, sbx.CreateOptions{Image: img, Runtime: "kubernetes", Network: &pol})
-		if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "network") {
-			t.Errorf("create on kubernetes with network mode %s: %v, want FailedPrecondition naming the network", pol.Mode, err)
+	// What its pods cannot enforce is refused, not run as none (or open):
+	// allow-listed names (they need the daemon's DNS forwarder), domain
+	// secrets, and changing a created box's policy.
+	for _, opts := range []sbx.CreateOptions{
+		{Network: &sbx.NetworkPolicy{Mode: "allow", AllowDomains: []string{"example.com"}}},
+		{DomainSecrets: []sbx.DomainSecret{{Name: "K", Value: "v", Domains: []string{"example.com"}}}},
+	} {
+		opts.Image, opts.Runtime = img, "kubernetes"
+		_, err := cl.Create(ctx, opts)
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), `"network" capability`) {
+			t.Errorf("create on kubernetes with %+v: %v, want FailedPrecondition naming the network capability", opts, err)
 		}
+	}
+	if err := sb.UpdateNetwork(ctx, sbx.NetworkPolicy{Mode: "public"}); !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition {
+		t.Errorf("changing the network of a kubernetes box: %v, want FailedPrecondition", err)
 	}
 	if pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
 		t.Errorf("listing pods: %v", err)
 	} else if len(pods.Items) != 1 {
 		t.Errorf("pods after the refused creates: %d, want only the sandbox's", len(pods.Items))
+	}
+	// An allow-listed box's policy reaches its pod's firewall (the attack
+	// tests in internal/runtime/kubernetes prove what it enforces).
+	allowed, err := cl.Create(ctx, sbx.CreateOptions{Image: img, Runtime: "kubernetes",
+		Network: &sbx.NetworkPolicy{Mode: "allow", AllowCIDRs: []string{"203.0.113.7"}, DenyCIDRs: []string{"203.0.113.8/32"}}})
+	if err != nil {
+		t.Fatalf("create on kubernetes in mode allow: %v", err)
+	}
+	if apod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "sbx-"+allowed.ID, metav1.GetOptions{}); err != nil {
+		t.Errorf("the allow-listed sandbox's pod: %v", err)
+	} else if got := strings.Join(apod.Spec.InitContainers[0].Command, " "); !strings.Contains(got, "sbx-firewall allow -deny 203.0.113.8/32 ") ||
+		!strings.Contains(got, "-allow 203.0.113.7/32 ") {
+		t.Errorf("the allow-listed sandbox's firewall: %q, want mode allow with its deny and allow CIDRs", got)
+	}
+	if err := allowed.Destroy(ctx); err != nil {
+		t.Errorf("destroy: %v", err)
 	}
 
 	d.kill9()

@@ -35,7 +35,7 @@ type netFlags struct {
 }
 
 func (n *netFlags) add(f *pflag.FlagSet, modeFlag string) {
-	f.StringVar(&n.mode, modeFlag, "", "network mode: none, public (default) or allow")
+	f.StringVar(&n.mode, modeFlag, "", "network mode: none, public (default; none on runtimes without the network capability, e.g. kubernetes) or allow")
 	f.StringArrayVar(&n.allowCIDRs, "allow-cidr", nil, "reachable CIDR (mode allow), or a hole in the blocked ranges (public); never opens the host's own addresses; repeatable")
 	f.StringArrayVar(&n.allowDomains, "allow-domain", nil, `reachable domain, "*.example.com" wildcards allowed (mode allow); repeatable`)
 	f.StringArrayVar(&n.deny, "deny-cidr", nil, "CIDR blocked in every mode; repeatable")

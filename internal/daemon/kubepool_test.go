@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -60,5 +61,20 @@ func TestK8sFirewallUnknownRuntime(t *testing.T) {
 	if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "--k8s-firewall kubernetes-gvisr") ||
 		!strings.Contains(err.Error(), "[kubernetes kubernetes-gvisor]") {
 		t.Fatalf("addKubernetes: got %v, want InvalidArgument naming kubernetes-gvisr and the runtimes", err)
+	}
+}
+
+func TestClusterCIDRs(t *testing.T) {
+	got, err := clusterCIDRs([]string{"10.244.0.0/16", "192.0.2.7", "10.96.1.2/12"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[10.244.0.0/16 192.0.2.7/32 10.96.0.0/12]"; fmt.Sprint(got) != want {
+		t.Errorf("clusterCIDRs: got %v, want %s", got, want)
+	}
+	for _, bad := range []string{"x", "fd00::/8", "10.0.0.0/33"} {
+		if _, err := clusterCIDRs([]string{bad}); err == nil || !strings.Contains(err.Error(), bad) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("clusterCIDRs(%q): got %v, want InvalidArgument naming it", bad, err)
+		}
 	}
 }

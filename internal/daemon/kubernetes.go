@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +35,9 @@ type KubernetesConfig struct {
 	Instance string
 	// UserNamespaces runs pods with hostUsers: false.
 	UserNamespaces bool
+	// ClusterCIDRs are the cluster's own ranges (IPv4 CIDRs or
+	// addresses): boxes in modes public and allow never reach them.
+	ClusterCIDRs []string
 	// WarmPool is the pods kept ready per image: `[RUNTIME=]IMAGE=N`
 	// values (kubepool.go).
 	WarmPool []string
@@ -57,6 +61,10 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 				name, slices.Sorted(maps.Keys(classes)), errdefs.ErrInvalidArgument)
 		}
 	}
+	cluster, err := clusterCIDRs(kc.ClusterCIDRs)
+	if err != nil {
+		return err
+	}
 	rc, err := loadKubeConfig(kc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes runtime: %w", err)
@@ -76,7 +84,7 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
 			RuntimeClass: classes[name], Firewall: kc.Firewalls[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
-			Pool: pools[name], Logger: log.With("runtime", name),
+			Pool: pools[name], ClusterCIDRs: cluster, Logger: log.With("runtime", name),
 		})
 		if err != nil {
 			return fmt.Errorf("kubernetes runtime %q: %w", name, err)
@@ -84,4 +92,24 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		drivers[name] = d
 	}
 	return nil
+}
+
+// clusterCIDRs parses --k8s-cluster-cidrs: IPv4 CIDRs or addresses.
+func clusterCIDRs(in []string) ([]netip.Prefix, error) {
+	var cluster []netip.Prefix
+	for _, c := range in {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return nil, fmt.Errorf("--k8s-cluster-cidrs %q: not a CIDR or address: %w", c, errdefs.ErrInvalidArgument)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("--k8s-cluster-cidrs %q: only IPv4 (the pod firewall drops all IPv6 of boxes in a connected mode): %w", c, errdefs.ErrInvalidArgument)
+		}
+		cluster = append(cluster, p.Masked())
+	}
+	return cluster, nil
 }

@@ -48,6 +48,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/sbxdev/sbx/internal/errdefs"
@@ -317,6 +318,11 @@ var blockedRanges = []netip.Prefix{
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 }
+
+// BlockedRanges returns the ranges ModePublic does not reach unless
+// allow_cidrs say otherwise (a copy): drivers that enforce policies
+// themselves (the kubernetes pod firewall) block the same.
+func BlockedRanges() []netip.Prefix { return slices.Clone(blockedRanges) }
 
 // Config configures a Manager.
 type Config struct {

@@ -48,6 +48,13 @@ const (
 	// (Network.NetNS: public, allow-listed and egress-proxied modes,
 	// ports). Without it a box has loopback only.
 	CapNetwork Capability = "network"
+	// CapPodNetwork: the driver enforces Spec.Network.Pod itself, in the
+	// box's own network (kubernetes: nftables in the pod, written by an
+	// init container): modes public and allow with CIDRs, no
+	// allow_domains, domain secrets or scoped tokens (they need the
+	// daemon's DNS forwarder, egress proxy and box API), and no policy
+	// change of a created box (UpdateNetwork needs CapNetwork).
+	CapPodNetwork Capability = "pod-network"
 	// CapNetworkReplug: a running (or paused) box picks up an interface
 	// added to or removed from its network namespace, so its network mode
 	// can switch between none and a connected mode in place (and a warm

@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -245,15 +246,21 @@ func ValidateMountPath(p string) error {
 }
 
 // Network is a box's network attachment. Exactly one kind is set; each
-// driver takes the kinds it declares (CapNetwork: NetNS). More kinds (a
-// tap device for a VM, a pod network) come with the drivers that need them.
+// driver takes the kinds it declares (CapNetwork: NetNS; CapPodNetwork:
+// Pod). More kinds (a tap device for a VM) come with the drivers that need
+// them.
 type Network struct {
 	// NetNS is a network namespace the daemon made for the box (veth,
 	// addresses, firewall), owned by the host's user namespace so the box
 	// cannot reconfigure it: the box joins it.
 	NetNS *NetNS
+	// Pod is a policy the driver enforces itself, in a network of its own
+	// (a kubernetes pod's), without the daemon's namespace, bridge or DNS
+	// forwarder.
+	Pod *PodNetwork
 	// DNS lists nameservers written to the box's /etc/resolv.conf (none:
-	// the image's file is left alone).
+	// the image's file is left alone). Only with NetNS: a pod keeps the
+	// nameservers its cluster gives it.
 	DNS []string
 }
 
@@ -261,6 +268,35 @@ type Network struct {
 type NetNS struct {
 	// Path is its bind mount (an absolute host path).
 	Path string
+}
+
+// Pod network modes. Mode none is no Network at all (loopback only).
+const (
+	// PodPublic: the internet, but not the blocked ranges (private,
+	// shared, link-local, multicast, reserved) unless Allow opens them,
+	// and never the cluster itself (its node, pods, services and API
+	// server) whatever Allow says; Deny first.
+	PodPublic = "public"
+	// PodAllow: only Allow, never the cluster itself; Deny first.
+	PodAllow = "allow"
+)
+
+// MaxPodNetworkEntries bounds PodNetwork's lists, as the API bounds a
+// policy's (each entry is a firewall rule in the pod).
+const MaxPodNetworkEntries = 1024
+
+// PodNetwork is a box's network policy for a driver that enforces it
+// itself (CapPodNetwork). It has no domains: allow-listed names need the
+// daemon's DNS forwarder, which such a box does not reach.
+type PodNetwork struct {
+	// Mode is PodPublic or PodAllow.
+	Mode string
+	// Allow: in PodAllow the ranges the box reaches; in PodPublic holes in
+	// the blocked ranges. IPv4, masked.
+	Allow []netip.Prefix
+	// Deny is unreachable in every mode, before anything is allowed.
+	// IPv4, masked.
+	Deny []netip.Prefix
 }
 
 // NetNSPath returns the namespace path of n's NetNS ("" for none: a nil
@@ -280,15 +316,24 @@ func (n *Network) Nameservers() []string {
 	return n.DNS
 }
 
-// Validate checks a (possibly nil) attachment: one kind, an absolute
-// namespace path, DNS servers that are IP addresses. Errors wrap
-// errdefs.ErrInvalidArgument.
+// Validate checks a (possibly nil) attachment: one kind; a namespace's
+// absolute path and DNS servers that are IP addresses; a pod policy's
+// mode and its bounded lists of masked IPv4 prefixes, without DNS servers.
+// Errors wrap errdefs.ErrInvalidArgument.
 func (n *Network) Validate() error {
 	if n == nil {
 		return nil
 	}
-	if n.NetNS == nil {
-		return fmt.Errorf("network attachment names no kind (want a network namespace): %w", errdefs.ErrInvalidArgument)
+	switch {
+	case n.NetNS == nil && n.Pod == nil:
+		return fmt.Errorf("network attachment names no kind (want a network namespace or a pod policy): %w", errdefs.ErrInvalidArgument)
+	case n.NetNS != nil && n.Pod != nil:
+		return fmt.Errorf("network attachment names two kinds (a network namespace and a pod policy), want one: %w", errdefs.ErrInvalidArgument)
+	case n.Pod != nil:
+		if len(n.DNS) > 0 {
+			return fmt.Errorf("pod network with dns servers %q: a pod keeps its cluster's nameservers: %w", n.DNS, errdefs.ErrInvalidArgument)
+		}
+		return n.Pod.validate()
 	}
 	if !filepath.IsAbs(n.NetNS.Path) {
 		return fmt.Errorf("network namespace %q: must be an absolute path: %w", n.NetNS.Path, errdefs.ErrInvalidArgument)
@@ -296,6 +341,27 @@ func (n *Network) Validate() error {
 	for _, ns := range n.DNS {
 		if net.ParseIP(ns) == nil {
 			return fmt.Errorf("dns server %q: %w", ns, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+func (p *PodNetwork) validate() error {
+	if p.Mode != PodPublic && p.Mode != PodAllow {
+		return fmt.Errorf("pod network mode %q: want %q or %q (mode none is no network): %w", p.Mode, PodPublic, PodAllow, errdefs.ErrInvalidArgument)
+	}
+	for _, l := range []struct {
+		field string
+		ps    []netip.Prefix
+	}{{"allow", p.Allow}, {"deny", p.Deny}} {
+		field, ps := l.field, l.ps
+		if len(ps) > MaxPodNetworkEntries {
+			return fmt.Errorf("pod network %s: %d entries, at most %d: %w", field, len(ps), MaxPodNetworkEntries, errdefs.ErrInvalidArgument)
+		}
+		for _, c := range ps {
+			if !c.IsValid() || !c.Addr().Is4() || c != c.Masked() {
+				return fmt.Errorf("pod network %s entry %q: want a masked IPv4 prefix: %w", field, c, errdefs.ErrInvalidArgument)
+			}
 		}
 	}
 	return nil

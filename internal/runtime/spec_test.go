@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -35,6 +36,14 @@ func TestSpecValidate(t *testing.T) {
 		{name: "reserved destination", spec: Spec{Image: host, Mounts: []Mount{vol("/proc/x", "/v")}}, wantErr: "/proc is reserved"},
 		{name: "network", spec: Spec{Image: host, Network: &Network{NetNS: &NetNS{Path: "/run/netns/x"}, DNS: []string{"10.0.0.1"}}}},
 		{name: "network without kind", spec: Spec{Image: host, Network: &Network{DNS: []string{"10.0.0.1"}}}, wantErr: "names no kind"},
+		{name: "pod public", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodPublic, Deny: []netip.Prefix{netip.MustParsePrefix("1.2.3.0/24")}}}}},
+		{name: "pod allow", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodAllow, Allow: []netip.Prefix{netip.MustParsePrefix("1.2.3.4/32")}}}}},
+		{name: "pod mode none", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: "none"}}}, wantErr: `pod network mode "none"`},
+		{name: "pod and netns", spec: Spec{Image: host, Network: &Network{NetNS: &NetNS{Path: "/n"}, Pod: &PodNetwork{Mode: PodPublic}}}, wantErr: "names two kinds"},
+		{name: "pod with dns", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodPublic}, DNS: []string{"10.0.0.1"}}}, wantErr: "keeps its cluster's nameservers"},
+		{name: "pod ipv6", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodAllow, Allow: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}}}}, wantErr: `allow entry "2001:db8::/32"`},
+		{name: "pod unmasked", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodPublic, Deny: []netip.Prefix{netip.MustParsePrefix("1.2.3.4/24")}}}}, wantErr: `deny entry "1.2.3.4/24"`},
+		{name: "pod too many", spec: Spec{Image: host, Network: &Network{Pod: &PodNetwork{Mode: PodAllow, Allow: make([]netip.Prefix, MaxPodNetworkEntries+1)}}}, wantErr: "1025 entries"},
 		{name: "relative netns", spec: Spec{Image: host, Network: &Network{NetNS: &NetNS{Path: "x"}}}, wantErr: `network namespace "x": must be an absolute path`},
 		{name: "bad dns", spec: Spec{Image: host, Network: &Network{NetNS: &NetNS{Path: "/n"}, DNS: []string{"dns.example"}}}, wantErr: `dns server "dns.example"`},
 	} {

@@ -33,6 +33,8 @@ func (m *Manager) requireCapabilities(info runtime.Info, spec *sbxv1.CreateSandb
 		when bool
 		what string
 	}
+	connected := pol.Mode != network.ModeNone
+	podNet := info.Has(runtime.CapPodNetwork) && !info.Has(runtime.CapNetwork)
 	for _, n := range []need{
 		{runtime.CapHostImage, spec.GetImage() == HostImage, "the host image"},
 		{runtime.CapHostImage, img != nil && img.OnHost && spec.GetImage() != HostImage, fmt.Sprintf("image %q (a snapshot of a host-image sandbox)", spec.GetImage())},
@@ -40,7 +42,9 @@ func (m *Manager) requireCapabilities(info runtime.Info, spec *sbxv1.CreateSandb
 		{runtime.CapVolumes, len(spec.GetVolumes()) > 0, "volumes"},
 		{runtime.CapCodebases, len(spec.GetCodebases()) > 0, "codebases"},
 		{runtime.CapPause, spec.GetIdleAction() == sbxv1.IdleAction_IDLE_ACTION_STOP, "stopping sandboxes when idle"},
-		{runtime.CapNetwork, m.cfg.Network != nil && pol.Mode != network.ModeNone, fmt.Sprintf("network mode %q", pol.Mode)},
+		{runtime.CapNetwork, !podNet && m.cfg.Network != nil && connected, fmt.Sprintf("network mode %q", pol.Mode)},
+		// A pod policy has no names: they need the daemon's DNS forwarder.
+		{runtime.CapNetwork, podNet && len(pol.AllowDomains) > 0, "allow_domains (allow-listed names need the daemon's DNS forwarder; allow their addresses as allow_cidrs)"},
 		{runtime.CapNetwork, len(spec.GetDomainSecrets()) > 0, "domain secrets"},
 		{runtime.CapNetwork, spec.GetScopedToken(), "scoped tokens (the box reaches the API over the network)"},
 	} {

@@ -304,7 +304,7 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		return nil, err
 	}
 	defaultNetworkFor(info, spec)
-	pol, err := m.requestedPolicy(spec)
+	pol, err := m.requestedPolicy(spec, info)
 	if err != nil {
 		return nil, err
 	}
@@ -409,6 +409,8 @@ func (m *Manager) Create(ctx context.Context, req *sbxv1.CreateSandboxRequest) (
 		b.net = att
 		b.mu.Unlock()
 		rs.Network = netAttachment(att)
+	} else if info.Has(runtime.CapPodNetwork) {
+		rs.Network = podNetwork(pol)
 	}
 	pt.Mark("network")
 	crashpoint.Hit("create-prepared")

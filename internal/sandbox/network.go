@@ -69,13 +69,14 @@ func policyProto(p network.Policy) *sbxv1.NetworkPolicy {
 }
 
 // requestedPolicy is the policy a create asks for; without a network
-// manager only loopback exists, and asking for more is an error.
-func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest) (network.Policy, error) {
+// manager only loopback exists, and asking for more is an error, unless
+// the runtime enforces policies itself (CapPodNetwork).
+func (m *Manager) requestedPolicy(spec *sbxv1.CreateSandboxRequest, info runtime.Info) (network.Policy, error) {
 	pol, err := policyOf(spec.GetNetwork())
 	if err != nil {
 		return pol, err
 	}
-	if m.cfg.Network == nil {
+	if m.cfg.Network == nil && !info.Has(runtime.CapPodNetwork) {
 		if len(spec.GetDomainSecrets()) > 0 {
 			return pol, fmt.Errorf("domain secrets need the egress proxy, and networking is off in this daemon: %w", errdefs.ErrFailedPrecondition)
 		}
@@ -163,14 +164,27 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, p *sbxv1.Networ
 	return m.toProto(b, nil), nil
 }
 
-// detachNetwork releases a sandbox's network, logging failures (Cleanup at
-// the next start retries).
+// podNetwork is pol for a driver that enforces it itself
+// (CapPodNetwork); nil for mode none (loopback only).
+func podNetwork(pol network.Policy) *runtime.Network {
+	if pol.Mode == network.ModeNone {
+		return nil
+	}
+	mode := runtime.PodPublic
+	if pol.Mode == network.ModeAllow {
+		mode = runtime.PodAllow
+	}
+	return &runtime.Network{Pod: &runtime.PodNetwork{Mode: mode, Allow: pol.AllowCIDRs, Deny: pol.DenyCIDRs}}
+}
+
 // netAttachment is the driver's view of a network attachment: the
 // namespace to join and the nameservers.
 func netAttachment(att network.Attachment) *runtime.Network {
 	return &runtime.Network{NetNS: &runtime.NetNS{Path: att.NetNS}, DNS: att.DNS}
 }
 
+// detachNetwork releases a sandbox's network, logging failures (Cleanup at
+// the next start retries).
 func (m *Manager) detachNetwork(ctx context.Context, id string) {
 	if m.cfg.Network == nil {
 		return

@@ -310,6 +310,10 @@ func (m *Manager) takeWarm(ctx context.Context, spec *sbxv1.CreateSandboxRequest
 		pol.Mode == network.ModeNone && !info.Has(runtime.CapNetworkReplug) {
 		return nil, func() {}
 	}
+	// A box's pod policy is written when it starts.
+	if info := drv.Info(ctx); info.Has(runtime.CapPodNetwork) && !info.Has(runtime.CapNetwork) && pol.Mode != network.ModeNone {
+		return nil, func() {}
+	}
 	if _, ok := drv.(runtime.Updater); !ok && toResources(spec.Resources) != m.cfg.Defaults {
 		return nil, func() {}
 	}

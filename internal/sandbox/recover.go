@@ -180,7 +180,13 @@ func (m *Manager) recoverOne(ctx context.Context, rec *store.Record) recovery {
 	}
 	var err error
 	att := network.Attachment{Policy: network.Policy{Mode: network.ModeNone}}
-	if m.cfg.Network != nil {
+	if info := drv.Info(ctx); info.Has(runtime.CapPodNetwork) && !info.Has(runtime.CapNetwork) {
+		// The driver enforces the policy the box was created with, which
+		// its spec records; the daemon's network has nothing of it.
+		if pol, err := policyOf(spec.GetNetwork()); err == nil {
+			att.Policy = pol
+		}
+	} else if m.cfg.Network != nil {
 		if att, err = m.cfg.Network.Recover(ctx, rec.ID, m.domainSecrets(rec.ID, spec)); err != nil {
 			if !errdefs.IsNotFound(err) {
 				return drop("could not re-attach its network: " + err.Error())

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -70,8 +72,13 @@ type Config struct {
 	PullPolicy corev1.PullPolicy
 	// Pool is the warm pool: pods started ahead per image and limits, which
 	// a matching Create claims (warmpool.go). Start it with StartPool.
-	Pool   []PoolSpec
-	Logger *slog.Logger
+	Pool []PoolSpec
+	// ClusterCIDRs are the cluster's own ranges (pods, services, nodes):
+	// boxes in a connected mode never reach them, whatever their
+	// allow-list says. The pod firewall adds what each pod finds itself
+	// (its node, its own network, the API server's ClusterIP).
+	ClusterCIDRs []netip.Prefix
+	Logger       *slog.Logger
 }
 
 // Driver is the kubernetes runtime driver.
@@ -131,6 +138,16 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("kubernetes runtime %s: firewall backend %q: want %q or %q: %w",
 			cfg.Name, cfg.Firewall, podfw.BackendNFTables, podfw.BackendIPTables, errdefs.ErrInvalidArgument)
 	}
+	if len(cfg.ClusterCIDRs) > runtime.MaxPodNetworkEntries {
+		return nil, fmt.Errorf("kubernetes runtime: %d cluster CIDRs, at most %d: %w", len(cfg.ClusterCIDRs), runtime.MaxPodNetworkEntries, errdefs.ErrInvalidArgument)
+	}
+	cfg.ClusterCIDRs = slices.Clone(cfg.ClusterCIDRs)
+	for i, c := range cfg.ClusterCIDRs {
+		if !c.IsValid() || !c.Addr().Is4() {
+			return nil, fmt.Errorf("kubernetes runtime: cluster CIDR %q: want IPv4: %w", c, errdefs.ErrInvalidArgument)
+		}
+		cfg.ClusterCIDRs[i] = c.Masked()
+	}
 	d := &Driver{cfg: cfg, client: cfg.Client, log: cfg.Logger}
 	if len(cfg.Pool) > 0 {
 		specs, err := poolSpecs(cfg.Pool)
@@ -145,10 +162,10 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d.id = id
 	if d.health == "" {
-		// The pod firewall enforces mode none whatever happens here.
+		// The pod firewall enforces every mode whatever happens here.
 		if err := d.ensureNetworkPolicy(ctx); err != nil {
 			d.netpol = err.Error()
-			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces mode none)", "err", err)
+			d.log.Warn("kubernetes runtime: no NetworkPolicy (the in-pod firewall still enforces every network mode)", "err", err)
 		}
 	}
 	return d, nil
@@ -160,6 +177,12 @@ func (d *Driver) Name() string { return d.cfg.Name }
 // Info reports capabilities and health (as found by New).
 func (d *Driver) Info(context.Context) runtime.Info {
 	info := runtime.Info{Name: d.cfg.Name, Healthy: d.health == "", Capabilities: []runtime.Capability{runtime.CapRecover}}
+	if d.cfg.Firewall == podfw.BackendNFTables {
+		// The iptables backend (gVisor) enforces mode none only: without
+		// a conntrack match it cannot let the replies of a box's own
+		// connections in, so the manager refuses the connected modes.
+		info.Capabilities = append(info.Capabilities, runtime.CapPodNetwork)
+	}
 	if d.health != "" {
 		info.Detail = "cannot use the cluster: " + d.health
 		return info
@@ -257,6 +280,8 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
 	stack.Add(rollback(func(ctx context.Context) error { return d.deletePod(ctx, created.Name, string(created.UID)) }))
+	d.createBoxPolicy(bg, spec, created)
+	stack.Add(rollback(func(ctx context.Context) error { d.deleteBoxPolicy(ctx, spec.ID); return nil }))
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
@@ -298,8 +323,8 @@ func (d *Driver) check(spec runtime.Spec) error {
 	for _, m := range spec.Mounts {
 		return fmt.Errorf("runtime %q takes no mounts (box %s asked for one at %s): %w", d.cfg.Name, spec.ID, m.Destination, errdefs.ErrFailedPrecondition)
 	}
-	if spec.Network != nil {
-		return fmt.Errorf("runtime %q does not join sbx networks (it lacks the %q capability): %w", d.cfg.Name, runtime.CapNetwork, errdefs.ErrFailedPrecondition)
+	if spec.Network != nil && spec.Network.Pod == nil {
+		return fmt.Errorf("runtime %q does not join sbx network namespaces (it lacks the %q capability; it takes pod policies): %w", d.cfg.Name, runtime.CapNetwork, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -472,6 +497,9 @@ func (d *Driver) Stats(context.Context, runtime.Handle) (runtime.Stats, error) {
 // from the warm pool keeps its pool name).
 func (d *Driver) Destroy(ctx context.Context, h runtime.Handle) error {
 	d.deleteSecret(ctx, h.ID)
+	if idRe.MatchString(h.ID) {
+		d.deleteBoxPolicy(ctx, h.ID)
+	}
 	if hd, err := d.decode(h); err == nil {
 		return d.deletePod(ctx, hd.Pod, hd.UID)
 	}

@@ -171,7 +171,7 @@ func (d *Driver) pod(spec runtime.Spec) *corev1.Pod {
 				{Name: "sbx-run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(1<<20, resource.BinarySI)}}},
 				{Name: "sbx-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secretName(spec.ID), DefaultMode: &secretMode}}},
 			},
-			InitContainers: []corev1.Container{d.firewallContainer(), {
+			InitContainers: []corev1.Container{d.firewallContainer(spec), {
 				Name:            "sbx-install",
 				Image:           d.cfg.AgentImage,
 				ImagePullPolicy: corev1.PullIfNotPresent,
