@@ -72,6 +72,23 @@ export class Files {
     return concat(chunks);
   }
 
+  /** Stream a file (or `length` bytes of it from `offset`) as it is read,
+   * in chunks; abort `signal` to stop. */
+  async *stream(path: string, opts: { offset?: number; length?: number; signal?: AbortSignal } = {}): AsyncGenerator<Uint8Array> {
+    try {
+      for await (const m of this.c.rpc.sandboxes.readFile({
+        sandbox: this.sandbox, path, offset: BigInt(opts.offset ?? 0), length: BigInt(opts.length ?? 0),
+      }, { signal: opts.signal })) {
+        yield m.data;
+      }
+    } catch (e) {
+      if (opts.signal?.aborted) {
+        return;
+      }
+      throw toSbxError(`read ${path}`, e);
+    }
+  }
+
   /** Read a file as UTF-8 text. */
   async readText(path: string): Promise<string> {
     return new TextDecoder().decode(await this.read(path));
