@@ -626,6 +626,14 @@ export class Sandbox {
     };
   }
 
+  /** The URL at which the daemon proxies `port` (HTTP and WebSocket), like
+   * E2B's getHost: the host-name URL when the daemon has a proxy domain,
+   * else the path-routed one. */
+  async getHost(port: number): Promise<string> {
+    const p = await this.getPort(port);
+    return p.hostUrl || p.url;
+  }
+
   /** The ports servers in the sandbox listen on. */
   async ports(): Promise<Port[]> {
     const r = await call("list ports", () => this.client.rpc.ports.listPorts({ sandbox: this.id }));

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { Readable, Writable } from "node:stream";
@@ -289,6 +289,32 @@ describe("sandbox.open", () => {
     await m.write("#!/bin/sh\necho ran\n");
     await m.close();
     assert.equal((await sb.run("/tmp/open/perm.sh")).stdout, "ran\n");
+  });
+});
+
+describe("local files", () => {
+  it("uploadFile and downloadFile stream whole files, modes and holes kept", async (t) => {
+    if (skip(t)) return;
+    const dir = fresh("files");
+    const src = join(dir, "src.bin");
+    const blob = Buffer.concat([randomBytes(1 << 20), Buffer.alloc(3 << 20), randomBytes(4097)]);
+    writeFileSync(src, blob, { mode: 0o751 });
+    assert.equal(await sb.files.uploadFile(src, "/tmp/files/up.bin"), blob.length);
+    const sum = (b) => createHash("sha256").update(b).digest("hex");
+    assert.equal(await box_sha(sb, "/tmp/files/up.bin"), sum(blob));
+    assert.equal((await sb.files.stat("/tmp/files/up.bin")).mode & 0o777, 0o751);
+    const dst = join(dir, "dst.bin");
+    assert.equal(await sb.files.downloadFile("/tmp/files/up.bin", dst), blob.length);
+    assert.equal(sum(readFileSync(dst)), sum(blob));
+    assert.ok(!existsSync(`${dst}.sbx-partial`));
+    await assert.rejects(sb.files.downloadFile("/tmp/files/missing", join(dir, "m")), NotFoundError);
+    assert.ok(!existsSync(join(dir, "m")) && !existsSync(join(dir, "m.sbx-partial")));
+  });
+
+  it("getHost is the port's URL", async (t) => {
+    if (skip(t)) return;
+    const p = await sb.getPort(8000);
+    assert.equal(await sb.getHost(8000), p.hostUrl || p.url);
   });
 });
 
