@@ -32,7 +32,9 @@ import (
 // the tree (a deeper file wins over a shallower one; in one directory
 // .sandboxignore wins over .gitignore) and from extra patterns, which are
 // anchored at the root and win over every file. The last matching rule
-// decides.
+// decides. An ignore file is read only if it is a regular file of the tree
+// of at most MaxIgnoreFileBytes (readIgnoreFile): a symlink, a FIFO or a
+// device fails the walk naming it.
 
 // ignoreRule is one compiled pattern.
 type ignoreRule struct {

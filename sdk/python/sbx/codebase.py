@@ -12,6 +12,10 @@ test vectors, ``sdk/testdata/codebase_ignore.json``) as the Go SDK:
 * ``#`` comments, ``!`` negation, ``dir/`` (directories only), ``/anchored``,
   ``*``, ``?``, ``[a-z]``, ``**/``, ``/**``, ``/**/``; a file inside an
   excluded directory cannot be re-included;
+* an ignore file is read only if it is a regular file of the tree of at most
+  1 MiB (never through a symlink, not even one to a file inside the tree, as
+  git reads them): anything else (``.gitignore -> /etc/shadow``, a FIFO)
+  raises :class:`~sbx.IgnoreFileError` naming it, before it is opened;
 * ``.git`` is uploaded unless ``include_git=False`` (so that ``git`` works
   in the sandbox); files larger than ``max_file_bytes`` are skipped and
   reported, as are sockets, FIFOs and devices.
