@@ -81,14 +81,19 @@ export class Codebases {
           yield create(CreateCodebaseRequestSchema, { msg: { case: "data", value: data } });
         }
       } catch (e) {
+        // Abort the call: ending the request stream would let the daemon
+        // take the tar so far for the whole tree and create the codebase.
+        // (Throwing here would end it: the generator waits for the abort.)
         packErr = e;
-        throw e;
+        ac.abort(e);
+        await new Promise(() => undefined);
       }
     }
+    const ac = new AbortController();
     let packErr: unknown;
     let r;
     try {
-      r = await call(`create codebase from ${dir}`, () => this.c.rpc.codebases.createCodebase(messages()));
+      r = await call(`create codebase from ${dir}`, () => this.c.rpc.codebases.createCodebase(messages(), { signal: ac.signal }));
     } catch (e) {
       // A file the walk saw was swapped or shrank: that error, not the
       // stream's.

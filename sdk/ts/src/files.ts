@@ -130,21 +130,37 @@ export class Files {
     try {
       const mode = opts.mode ?? (await fh.stat()).mode & 0o777;
       const sandbox = this.sandbox;
+      // A read that fails aborts the call: ending the request stream would
+      // make what was sent so far the whole file.
+      const ac = new AbortController();
+      let readErr: unknown;
       async function* messages(): AsyncIterable<WriteFileRequest> {
         yield create(WriteFileRequestSchema, {
           msg: { case: "header", value: { sandbox, path: remotePath, mode, append: false, makeParents: true } },
         });
         for (;;) {
           const buf = new Uint8Array(CHUNK);
-          const { bytesRead } = await fh.read(buf, 0, CHUNK, null);
+          let bytesRead: number;
+          try {
+            ({ bytesRead } = await fh.read(buf, 0, CHUNK, null));
+          } catch (e) {
+            readErr = e;
+            ac.abort(e); // (throwing here would end the stream: wait for the abort)
+            await new Promise(() => undefined);
+            return;
+          }
           if (bytesRead === 0) {
             return;
           }
           yield create(WriteFileRequestSchema, { msg: { case: "data", value: buf.subarray(0, bytesRead) } });
         }
       }
-      const r = await call(`upload ${localPath} to ${remotePath}`, () => this.c.rpc.sandboxes.writeFile(messages()));
-      return Number(r.bytesWritten);
+      try {
+        const r = await call(`upload ${localPath} to ${remotePath}`, () => this.c.rpc.sandboxes.writeFile(messages(), { signal: ac.signal }));
+        return Number(r.bytesWritten);
+      } catch (e) {
+        throw readErr ?? e;
+      }
     } finally {
       await fh.close();
     }

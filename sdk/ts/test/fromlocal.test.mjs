@@ -6,7 +6,9 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import fs from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from "node:fs";
+import { syncBuiltinESMExports } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { Readable, Writable } from "node:stream";
@@ -14,7 +16,7 @@ import { pipeline } from "node:stream/promises";
 import { after, before, describe, it } from "node:test";
 
 import {
-  AlreadyExistsError, Client, IgnoreFileError, NotFoundError, Sandbox, walkCodebase,
+  AlreadyExistsError, Client, IgnoreFileError, NotFoundError, ReplacedFileError, Sandbox, walkCodebase,
 } from "@sbxdev/sbx";
 
 import { REPO, startDaemon } from "./daemon.mjs";
@@ -220,6 +222,64 @@ describe("codebases from a local directory", () => {
     await assert.rejects(Sandbox.fromLocal(root, { client, image: "Not A Reference!" }));
     assert.equal((await client.codebases.list()).length, before);
   });
+});
+
+describe("codebases.fromLocal while the directory is reshaped", () => {
+  // A file or directory swapped for a symlink to a secret outside the tree
+  // just after the walk looked at it: the upload fails naming it, and no
+  // codebase holds the secret or the outside directory's names.
+  const SECRET = "SECRET-OUTSIDE-THE-DIRECTORY";
+  const swaps = {
+    "file replaced by a link out (between walk and read)": ["f", (code, outside) => {
+      unlinkSync(join(code, "f"));
+      symlinkSync(join(outside, "secret"), join(code, "f"));
+    }],
+    "directory replaced by a link out before it is listed": ["d", (code, outside) => {
+      rmSync(join(code, "d"), { recursive: true });
+      symlinkSync(outside, join(code, "d"));
+    }],
+    "file replaced by a link to an ignored file inside": ["f", (code) => {
+      unlinkSync(join(code, "f"));
+      symlinkSync(".env", join(code, "f"));
+    }],
+  };
+  for (const [name, [rel, swap]] of Object.entries(swaps)) {
+    it(name, async (t) => {
+      if (skip(t)) return;
+      const base = fresh("swap");
+      const code = join(base, "code");
+      const outside = join(base, "outside");
+      mkdirSync(join(code, "d"), { recursive: true });
+      mkdirSync(outside);
+      const pad = "x".repeat(SECRET.length); // as long as the secret: a size check alone passes
+      writeFileSync(join(code, "f"), pad);
+      writeFileSync(join(code, "d", "secret"), pad);
+      writeFileSync(join(code, ".gitignore"), ".env\n");
+      writeFileSync(join(code, ".env"), SECRET);
+      writeFileSync(join(outside, "secret"), SECRET);
+      writeFileSync(join(outside, "outside-only-name"), SECRET);
+      const orig = fs.lstatSync;
+      let done = false;
+      fs.lstatSync = function (p, ...rest) {
+        const st = orig.call(this, p, ...rest);
+        if (!done && p === join(code, rel)) {
+          done = true;
+          swap(code, outside);
+        }
+        return st;
+      };
+      syncBuiltinESMExports();
+      const cbName = `swap-${process.pid}-${n}`;
+      try {
+        await assert.rejects(client.codebases.fromLocal(code, { name: cbName }), ReplacedFileError);
+      } finally {
+        fs.lstatSync = orig;
+        syncBuiltinESMExports();
+      }
+      assert.ok(done, "the swap was never made");
+      await assert.rejects(client.codebases.get(cbName), NotFoundError);
+    });
+  }
 });
 
 describe("sandbox.open", () => {
