@@ -17,8 +17,7 @@ import (
 
 // TestExtractTreeNeedsTheEndMarker: an upload whose stream stops without
 // the tar's end-of-archive marker (a client whose packing failed midway and
-// which closed its request rather than aborting it: connect-node does, on
-// abort) is refused, not taken for the whole tree; one with the marker is
+// which closed its request rather than aborting it) is refused, not taken for the whole tree; one with the marker is
 // extracted.
 func TestExtractTreeNeedsTheEndMarker(t *testing.T) {
 	testutil.RequiresRoot(t)

@@ -194,8 +194,8 @@ func (x *treeExtractor) read(ctx context.Context, r io.Reader) error {
 		if errors.Is(err, io.EOF) {
 			// Every SDK ends its upload with the marker; a stream that
 			// stops without one is cut short (a client whose packing
-			// failed and which closed its request instead of aborting
-			// it), and is not taken for the whole tree.
+			// failed and which closed or aborted its request), and is
+			// not taken for the whole tree.
 			if er.cut {
 				return fmt.Errorf("the upload ended after %d entries without the tar's end-of-archive marker (cut short?): %w", entries, errRejected)
 			}
