@@ -260,6 +260,11 @@ func TestCodebaseHostileUpload(t *testing.T) {
 		"symlink escape": mk(&tar.Header{Name: "d", Typeflag: tar.TypeSymlink, Linkname: "/etc"}, &tar.Header{Name: "d/evil", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1}),
 		"garbage":        bytes.Repeat([]byte("not a tar "), 100),
 	}
+	// A fine entry, but the stream stops without the end-of-archive
+	// marker: a client whose packing failed closed its request (taken for
+	// the whole tree, a codebase of what came, on the old code).
+	cut := mk(&tar.Header{Name: "fine", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
+	cases["cut short"] = cut[:len(cut)-1024]
 	for name, data := range cases {
 		stream := api.CreateCodebase(ctx)
 		_ = stream.Send(&sbxv1.CreateCodebaseRequest{Msg: &sbxv1.CreateCodebaseRequest_Header{Header: &sbxv1.CreateCodebaseHeader{Name: "evil"}}})

@@ -91,3 +91,81 @@ func TestOutputRelayBudget(t *testing.T) {
 		t.Errorf("two floods of %d MiB relayed in %v, want at least %v at %d MiB/s for the sandbox", flood>>20, took, least, rate>>20)
 	}
 }
+
+// TestCodeRelayBudget: a code run's and a session command's output
+// (internal/codeexec relays them, not the exec path) costs the same
+// per-sandbox budget as exec output. A python run, a session command and an
+// exec flooding at once take at least as long as their bytes cost from one
+// budget (with only the exec charged, the three finished in about the time
+// of the exec alone), and every byte still arrives.
+func TestCodeRelayBudget(t *testing.T) {
+	const (
+		// A rate well under what the code and session paths relay
+		// unbudgeted, so that their sharing it shows.
+		rate  = 2 << 20 // bytes per second
+		flood = 6 << 20 // per command
+		burst = 1 << 20  // server.relayBurst
+	)
+	d := startDaemon(t, "--exec-relay-rate", fmt.Sprint(rate))
+	ctx := context.Background()
+	sb := newBox(t, ctx, d, sbx.CreateOptions{Name: "codebudget", CPUs: 2, MemoryBytes: 512 << 20, Timeout: 10 * time.Minute})
+	ss, err := sb.CreateSession(ctx, sbx.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm up: the interpreter's first start is not part of the flood.
+	if res, err := sb.RunCode(ctx, "python", "print(1)", sbx.RunCodeOptions{}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("warm-up run: %+v, %v", res, err)
+	}
+	floods := map[string]func(w *countingWriter) error{
+		"exec": func(w *countingWriter) error {
+			st, err := sb.Exec(ctx, sbx.ExecOptions{Shell: fmt.Sprintf("head -c %d /dev/zero", flood), Stdout: w})
+			if err == nil && st.Code != 0 {
+				err = fmt.Errorf("exited %d", st.Code)
+			}
+			return err
+		},
+		"code run": func(w *countingWriter) error {
+			code := fmt.Sprintf("import os\nb = b'x' * 65536\nfor _ in range(%d):\n    os.write(1, b)\n", flood/65536)
+			res, err := sb.RunCode(ctx, "python", code, sbx.RunCodeOptions{Stdout: w})
+			if err == nil && (res.ExitCode != 0 || res.Error != "") {
+				err = fmt.Errorf("exited %d: %s %s", res.ExitCode, res.Error, res.Stderr)
+			}
+			return err
+		},
+		"session command": func(w *countingWriter) error {
+			res, err := ss.Exec(ctx, fmt.Sprintf("yes | head -c %d", flood), sbx.SessionExecOptions{Stdout: w})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exited %d", res.ExitCode)
+			}
+			return err
+		},
+	}
+	start := time.Now()
+	errs := make(chan error, len(floods))
+	for name, run := range floods {
+		go func() {
+			var got countingWriter
+			err := run(&got)
+			if err == nil && got.n != flood {
+				err = fmt.Errorf("relayed %d bytes, want %d", got.n, flood)
+			}
+			if err != nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			}
+			errs <- err
+		}()
+	}
+	for range floods {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	least := time.Duration(float64(len(floods)*flood-burst) / rate * float64(time.Second))
+	t.Logf("%d MiB from an exec, a code run and a session command in %v (budget %d MiB/s: at least %v)",
+		len(floods)*flood>>20, took, rate>>20, least)
+	if took < least {
+		t.Errorf("three floods of %d MiB relayed in %v, want at least %v at %d MiB/s for the sandbox", flood>>20, took, least, rate>>20)
+	}
+}

@@ -169,12 +169,36 @@ func (x *treeExtractor) worker() {
 	}
 }
 
+// endReader tells a tar that ended with its end-of-archive marker (two
+// zero blocks, which archive/tar reads whole and answers io.EOF) from one
+// whose stream just stopped (the tar answers io.EOF too, after the last
+// read of the stream came back empty at its end).
+type endReader struct {
+	r io.Reader
+	// cut: the last read came back empty at the end of the stream.
+	cut bool
+}
+
+func (e *endReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	e.cut = n == 0 && errors.Is(err, io.EOF)
+	return n, err
+}
+
 func (x *treeExtractor) read(ctx context.Context, r io.Reader) error {
-	tr := tar.NewReader(r)
+	er := &endReader{r: r}
+	tr := tar.NewReader(er)
 	entries := 0
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
+			// Every SDK ends its upload with the marker; a stream that
+			// stops without one is cut short (a client whose packing
+			// failed and which closed or aborted its request), and is
+			// not taken for the whole tree.
+			if er.cut {
+				return fmt.Errorf("the upload ended after %d entries without the tar's end-of-archive marker (cut short?): %w", entries, errRejected)
+			}
 			return nil
 		}
 		if err != nil {

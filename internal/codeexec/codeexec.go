@@ -86,8 +86,39 @@ type Agents interface {
 // Limit admits one command relayed for a client (a code run, a session
 // command) into sandbox id, counted against that sandbox's bound on running
 // commands; call release when its relay ends. An error (ResourceExhausted
-// naming the bound) refuses it. internal/server's Streams provides it.
-type Limit func(ctx context.Context, id string) (release func(), err error)
+// naming the bound) refuses it. spend (nil: none) charges each output event
+// relayed for the command, n bytes of data, to the sandbox's output relay
+// budget, the one its exec output, logs and process followers share
+// (--exec-relay-rate): it waits until the budget has them or ctx ends, so a
+// flooding run's output is read from the agent no faster than the budget
+// allows. internal/server's Streams provides it.
+type Limit func(ctx context.Context, id string) (spend Spend, release func(), err error)
+
+// Spend charges an output event of n bytes to a sandbox's relay budget,
+// waiting until the budget has them or ctx ends.
+type Spend func(ctx context.Context, n int) error
+
+// budgeted returns sink with every output event charged to spend first.
+func budgeted(ctx context.Context, sink Sink, spend Spend) Sink {
+	if spend == nil {
+		return sink
+	}
+	return func(ev *sbxv1.RunCodeEvent) error {
+		var n int
+		switch e := ev.GetEvent().(type) {
+		case *sbxv1.RunCodeEvent_Stdout:
+			n = len(e.Stdout)
+		case *sbxv1.RunCodeEvent_Stderr:
+			n = len(e.Stderr)
+		default:
+			return sink(ev)
+		}
+		if err := spend(ctx, n); err != nil {
+			return err
+		}
+		return sink(ev)
+	}
+}
 
 // Sink receives a run's events: output chunks, then the result.
 type Sink func(*sbxv1.RunCodeEvent) error
@@ -174,12 +205,15 @@ func (s *Service) runCode(ctx context.Context, req *sbxv1.RunCodeRequest, k *ker
 		if err != nil {
 			return err
 		}
-		done, err := s.limit(ctx, id)
+		spend, done, err := s.limit(ctx, id)
 		if err != nil {
 			return err
 		}
 		defer done()
 		sandboxRef = id
+		// Its output (a context's kernel's too) costs the sandbox's relay
+		// budget, as an exec's does.
+		sink = budgeted(ctx, sink, spend)
 	}
 	conn, release, err := s.agents.Agent(ctx, sandboxRef)
 	if err != nil {

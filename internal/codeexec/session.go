@@ -331,11 +331,12 @@ func (s *Sessions) Exec(ctx context.Context, req *sbxv1.SessionExecRequest, sink
 // exec is Exec in the live session ss.
 func (s *Sessions) exec(ctx context.Context, ss *session, req *sbxv1.SessionExecRequest, sink SessionSink) error {
 	if s.limit != nil {
-		done, err := s.limit(ctx, ss.sandbox)
+		spend, done, err := s.limit(ctx, ss.sandbox)
 		if err != nil {
 			return err
 		}
 		defer done()
+		sink = budgetedSession(ctx, sink, spend)
 	}
 	start := time.Now()
 	res := &sbxv1.SessionExecResult{}
@@ -344,6 +345,29 @@ func (s *Sessions) exec(ctx context.Context, ss *session, req *sbxv1.SessionExec
 	}
 	res.DurationMs = time.Since(start).Milliseconds()
 	return sink(&sbxv1.SessionExecEvent{Event: &sbxv1.SessionExecEvent_Result{Result: res}})
+}
+
+// budgetedSession returns sink with every output event charged to spend
+// first (budgeted's twin for session commands).
+func budgetedSession(ctx context.Context, sink SessionSink, spend Spend) SessionSink {
+	if spend == nil {
+		return sink
+	}
+	return func(ev *sbxv1.SessionExecEvent) error {
+		var n int
+		switch e := ev.GetEvent().(type) {
+		case *sbxv1.SessionExecEvent_Stdout:
+			n = len(e.Stdout)
+		case *sbxv1.SessionExecEvent_Stderr:
+			n = len(e.Stderr)
+		default:
+			return sink(ev)
+		}
+		if err := spend(ctx, n); err != nil {
+			return err
+		}
+		return sink(ev)
+	}
 }
 
 func sessionChunk(sink SessionSink, b []byte, stderr bool) error {

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sbxdev/sbx/internal/agentconn"
+	"github.com/sbxdev/sbx/internal/codeexec"
 	"github.com/sbxdev/sbx/internal/connlimit"
 	"github.com/sbxdev/sbx/internal/sandbox"
 )
@@ -33,8 +34,9 @@ type StreamLimits struct {
 	// running commands.
 	BackgroundPerSandbox int
 	// RelayBytesPerSecond is one sandbox's output relay budget (see
-	// relaybudget.go): the output of all its commands and log followers
-	// together, each event counted with RelayFrameCost.
+	// relaybudget.go): the output of all its commands (code runs and
+	// session commands included) and log followers together, each event
+	// counted with RelayFrameCost.
 	RelayBytesPerSecond int64
 }
 
@@ -108,13 +110,15 @@ func (s *Streams) execRelay(ctx context.Context, ref string) (*agentconn.Conn, *
 
 // HoldExec counts one command relayed elsewhere (a code run, a session
 // command: internal/codeexec's Limit) against sandbox id's running
-// commands, exactly as exec does.
-func (s *Streams) HoldExec(ctx context.Context, id string) (func(), error) {
+// commands, exactly as exec does, and returns spend, which charges its
+// output to the sandbox's relay budget as execRelay's relays are charged.
+func (s *Streams) HoldExec(ctx context.Context, id string) (spend codeexec.Spend, release func(), err error) {
 	done, ok := s.execs.Acquire(id)
 	if !ok {
-		return nil, s.refused(id, s.execs, "running commands", "--exec-max-streams")
+		return nil, nil, s.refused(id, s.execs, "running commands", "--exec-max-streams")
 	}
-	return done, nil
+	rb, let := s.relay.acquire(id)
+	return rb.spend, func() { let(); done() }, nil
 }
 
 // file returns the agent of sandbox ref for one file call.

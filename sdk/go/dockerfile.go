@@ -5,9 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -160,15 +158,12 @@ type ignoreRuleD struct {
 
 func readDockerignore(root *os.Root) (*dockerignore, error) {
 	di := &dockerignore{}
-	f, err := root.Open(".dockerignore")
-	if errors.Is(err, fs.ErrNotExist) {
-		return di, nil
+	// Never followed, a regular file, bounded (readIgnoreFile).
+	data, err := readIgnoreFile(root, ".dockerignore")
+	if err != nil || data == nil {
+		return di, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read .dockerignore: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, 1<<20))
+	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {

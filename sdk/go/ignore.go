@@ -2,8 +2,11 @@ package sbx
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"regexp"
@@ -29,7 +32,9 @@ import (
 // the tree (a deeper file wins over a shallower one; in one directory
 // .sandboxignore wins over .gitignore) and from extra patterns, which are
 // anchored at the root and win over every file. The last matching rule
-// decides.
+// decides. An ignore file is read only if it is a regular file of the tree
+// of at most MaxIgnoreFileBytes (readIgnoreFile): a symlink, a FIFO or a
+// device fails the walk naming it.
 
 // ignoreRule is one compiled pattern.
 type ignoreRule struct {
@@ -162,17 +167,17 @@ type ignoreMatcher struct {
 func (m *ignoreMatcher) child(root *os.Root, dir string) (*ignoreMatcher, error) {
 	var add []ignoreRule
 	for _, name := range []string{".gitignore", ".sandboxignore"} {
-		f, err := root.Open(path.Join(dir, name))
+		p := path.Join(dir, name)
+		data, err := readIgnoreFile(root, p)
 		if err != nil {
-			if os.IsNotExist(err) {
-				continue
-			}
-			return nil, fmt.Errorf("read %s: %w", path.Join(dir, name), err)
+			return nil, err
 		}
-		rules, err := parseIgnore(f, dir)
-		f.Close()
+		if data == nil {
+			continue
+		}
+		rules, err := parseIgnore(bytes.NewReader(data), dir)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", path.Join(dir, name), err)
+			return nil, fmt.Errorf("read %s: %w", p, err)
 		}
 		add = append(add, rules...)
 	}
@@ -180,6 +185,65 @@ func (m *ignoreMatcher) child(root *os.Root, dir string) (*ignoreMatcher, error)
 		return m, nil
 	}
 	return &ignoreMatcher{rules: append(append([]ignoreRule(nil), m.rules...), add...), extra: m.extra}, nil
+}
+
+// MaxIgnoreFileBytes bounds an ignore file (.gitignore, .sandboxignore,
+// .dockerignore).
+const MaxIgnoreFileBytes = 1 << 20
+
+// readIgnoreFile returns the content of the ignore file name (slash-separated,
+// relative to root), or nil when there is none. The walker opens it for its
+// own reasons and the tree may be hostile (a cloned repository's
+// ".gitignore -> /etc/shadow", "-> /dev/zero", a FIFO): it must be a regular
+// file, not a symlink even to one inside the tree (git reads its ignore files
+// with O_NOFOLLOW too), of at most MaxIgnoreFileBytes; it is looked at before
+// it is opened (a device is never opened), then opened without following a
+// symlink or blocking and must be the file looked at. Anything else is an
+// error naming the file: quietly dropping its rules could upload what they
+// were meant to keep out.
+func readIgnoreFile(root *os.Root, name string) ([]byte, error) {
+	fi, err := root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		kind := "a special file"
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			kind = "a symlink"
+		case fi.IsDir():
+			kind = "a directory"
+		case fi.Mode()&fs.ModeNamedPipe != 0:
+			kind = "a FIFO"
+		}
+		return nil, fmt.Errorf("read %s: is %s; ignore files are read only when they are regular files (replace it with a copy, or turn ignore files off)", name, kind)
+	}
+	if fi.Size() > MaxIgnoreFileBytes {
+		return nil, fmt.Errorf("read %s: %d bytes, more than the %d an ignore file may hold", name, fi.Size(), MaxIgnoreFileBytes)
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|oNoFollow|oNonBlock, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	defer f.Close()
+	now, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if !now.Mode().IsRegular() || !os.SameFile(now, fi) {
+		return nil, fmt.Errorf("read %s: replaced during the walk; not read", name)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxIgnoreFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(data) > MaxIgnoreFileBytes {
+		return nil, fmt.Errorf("read %s: grew past the %d bytes an ignore file may hold", name, MaxIgnoreFileBytes)
+	}
+	return data, nil
 }
 
 // ignored reports whether rel (relative to the root) is excluded.

@@ -20,7 +20,7 @@ protocol (``$SBX_ADDR``, default ``127.0.0.1:7777``)::
 An asyncio flavour lives in :mod:`sbx.aio`.
 """
 
-from ._tar import UnsafeArchiveError
+from ._tar import IgnoreFileError, ReplacedFileError, UnsafeArchiveError
 from ._transport import DEFAULT_ADDR
 from .client import Client
 from .code import Artifact, CodeContext, CodeResult, Plot, PolicyFinding
@@ -135,6 +135,8 @@ __all__ = [
     "SbxConnectionError",
     "CommandError",
     "UnsafeArchiveError",
+    "IgnoreFileError",
+    "ReplacedFileError",
     "AbortedError",
     "AlreadyExistsError",
     "CanceledError",

@@ -15,7 +15,7 @@ import re
 import tarfile
 from typing import List, Tuple
 
-from ._tar import ReplacedFileError, open_walked, walk_tree
+from ._tar import ReplacedFileError, open_walked, read_ignore_file, walk_tree
 
 __all__ = ["MAX_CONTEXT_BYTES", "pack_context", "DockerIgnore"]
 
@@ -99,11 +99,8 @@ def pack_context(context_dir: "os.PathLike[str] | str") -> bytes:
         ValueError: the context is larger than :data:`MAX_CONTEXT_BYTES`.
     """
     root = os.fspath(context_dir)
-    try:
-        with open(os.path.join(root, ".dockerignore"), encoding="utf-8") as f:
-            ign = DockerIgnore(f.read(1 << 20))
-    except FileNotFoundError:
-        ign = DockerIgnore()
+    # Never followed out of the context, a regular file, bounded.
+    ign = DockerIgnore(read_ignore_file(root, ".dockerignore", ".dockerignore") or "")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for cur, dirs, files in walk_tree(root):

@@ -7,12 +7,16 @@ the archive)."""
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import stat
 import tarfile
-from typing import IO, Callable, Iterator, List, Optional, Tuple
+from typing import IO, Callable, Iterator, List, Optional, Tuple, Union
 
-__all__ = ["pack_dir", "safe_extract", "open_walked", "walk_tree", "UnsafeArchiveError", "ReplacedFileError"]
+__all__ = [
+    "pack_dir", "safe_extract", "open_walked", "read_ignore_file", "walk_tree", "IgnoreFileError", "UnsafeArchiveError",
+    "ReplacedFileError", "MAX_IGNORE_FILE_BYTES",
+]
 
 
 class UnsafeArchiveError(ValueError):
@@ -69,6 +73,73 @@ def open_walked(root: str, rel: str, st: os.stat_result) -> IO[bytes]:
         f.close()
         raise ReplacedFileError(f"{rel}: replaced by another file during the walk; not read")
     return f
+
+
+#: The most bytes an ignore file (.gitignore, .sandboxignore, .dockerignore) may hold.
+MAX_IGNORE_FILE_BYTES = 1 << 20
+
+
+class IgnoreFileError(ValueError):
+    """An ignore file of a directory being uploaded is not one the SDK reads:
+    not a regular file (a symlink, a FIFO, a device), or too large."""
+
+
+def read_ignore_file(abs_dir: str, name: str, rel: str, dir_fd: Optional[int] = None) -> Optional[str]:
+    """The text of the ignore file ``name`` of the directory ``abs_dir``
+    (open as ``dir_fd`` when given), or ``None`` when there is none.
+
+    The walker opens it for its own reasons, and the tree may be hostile (a
+    cloned repository's ``.gitignore -> /etc/shadow``, ``-> /dev/zero``, a
+    FIFO): it is opened without following a symlink (git reads its ignore
+    files with ``O_NOFOLLOW`` too) and without blocking, must be a regular
+    file and hold at most :data:`MAX_IGNORE_FILE_BYTES`.
+
+    Raises:
+        IgnoreFileError: it is anything else. Quietly dropping its rules
+            could upload what they were meant to keep out.
+    """
+    def refuse(kind: str) -> IgnoreFileError:
+        return IgnoreFileError(
+            f"read {rel}: is {kind}; ignore files are read only when they are regular files "
+            "(replace it with a copy, or pass use_ignore_files=False)"
+        )
+
+    def kind_of(mode: int) -> str:
+        if stat.S_ISLNK(mode):
+            return "a symlink"
+        if stat.S_ISDIR(mode):
+            return "a directory"
+        return "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+
+    path: Union[str, int] = name if dir_fd is not None else os.path.join(abs_dir, name)
+    try:
+        # Looked at before it is opened: a device is never opened at all.
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse(kind_of(st.st_mode))
+    if st.st_size > MAX_IGNORE_FILE_BYTES:
+        raise IgnoreFileError(f"read {rel}: {st.st_size} bytes, more than the {MAX_IGNORE_FILE_BYTES} an ignore file may hold")
+    # O_NOFOLLOW and O_NONBLOCK: one swapped for a symlink or a FIFO since
+    # is refused, not followed or waited on.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise refuse("a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        now = os.fstat(f.fileno())
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise IgnoreFileError(f"read {rel}: replaced during the walk; not read")
+        data = f.read(MAX_IGNORE_FILE_BYTES + 1)
+    if len(data) > MAX_IGNORE_FILE_BYTES:
+        raise IgnoreFileError(f"read {rel}: grew past the {MAX_IGNORE_FILE_BYTES} bytes an ignore file may hold")
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 def walk_tree(top: str) -> Iterator[Tuple[str, List[str], List[str]]]:

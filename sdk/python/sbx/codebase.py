@@ -12,6 +12,10 @@ test vectors, ``sdk/testdata/codebase_ignore.json``) as the Go SDK:
 * ``#`` comments, ``!`` negation, ``dir/`` (directories only), ``/anchored``,
   ``*``, ``?``, ``[a-z]``, ``**/``, ``/**``, ``/**/``; a file inside an
   excluded directory cannot be re-included;
+* an ignore file is read only if it is a regular file of the tree of at most
+  1 MiB (never through a symlink, not even one to a file inside the tree, as
+  git reads them): anything else (``.gitignore -> /etc/shadow``, a FIFO)
+  raises :class:`~sbx.IgnoreFileError` naming it, before it is opened;
 * ``.git`` is uploaded unless ``include_git=False`` (so that ``git`` works
   in the sandbox); files larger than ``max_file_bytes`` are skipped and
   reported, as are sockets, FIFOs and devices.
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _proto
-from ._tar import _BY_FD, ReplacedFileError, open_walked
+from ._tar import _BY_FD, MAX_IGNORE_FILE_BYTES, IgnoreFileError, ReplacedFileError, open_walked, read_ignore_file
 from ._transport import ChunkStream, Transport
 from .types import PathPolicy, PermissionRule
 
@@ -50,6 +54,8 @@ __all__ = [
     "SyncConflict",
     "SyncResult",
     "DEFAULT_MAX_FILE_BYTES",
+    "IgnoreFileError",
+    "MAX_IGNORE_FILE_BYTES",
     "walk_codebase",
 ]
 
@@ -235,18 +241,13 @@ class _Matcher:
         self.rules = rules
         self.extra = extra
 
-    def child(self, abs_dir: str, rel_dir: str) -> "_Matcher":
+    def child(self, abs_dir: str, rel_dir: str, dir_fd: Optional[int] = None) -> "_Matcher":
         add: List[_Rule] = []
         for name in (".gitignore", ".sandboxignore"):
-            p = os.path.join(abs_dir, name)
-            try:
-                with open(p, "r", encoding="utf-8", errors="surrogateescape") as f:
-                    lines = f.read().split("\n")
-            except FileNotFoundError:
+            text = read_ignore_file(abs_dir, name, rel_dir + "/" + name if rel_dir else name, dir_fd)
+            if text is None:
                 continue
-            except IsADirectoryError:
-                continue
-            for line in lines:
+            for line in text.split("\n"):
                 r = _compile(line, rel_dir)
                 if r is not None:
                     add.append(r)
@@ -297,7 +298,7 @@ def walk_codebase(
 
     def walk(abs_dir: str, rel_dir: str, m: _Matcher, fd: Optional[int]) -> None:
         if use_ignore_files:
-            m = m.child(abs_dir, rel_dir)
+            m = m.child(abs_dir, rel_dir, fd)
         with os.scandir(fd if fd is not None else abs_dir) as it:
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:

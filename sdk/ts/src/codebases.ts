@@ -3,6 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { CreateCodebaseRequestSchema, type Codebase as PbCodebase, type CreateCodebaseRequest } from "./gen/sbx/v1/codebase_pb.js";
 import type { Client } from "./client.js";
 import { call, toSbxError } from "./errors.js";
+import { codebaseTar, DEFAULT_MAX_FILE_BYTES, walkCodebase, type SkippedFile, type WalkOptions } from "./localtree.js";
 import { concat } from "./process.js";
 
 const CHUNK = 1 << 20;
@@ -17,6 +18,8 @@ export interface Codebase {
   createdAt: Date;
   updatedAt: Date;
   sandboxes: string[];
+  /** What the upload left out (fromLocal's answer only; empty otherwise). */
+  skipped: SkippedFile[];
 }
 
 /** What syncCodebase wrote back (or would, with dryRun). */
@@ -33,6 +36,7 @@ function codebaseOf(cb: PbCodebase | undefined): Codebase {
     id: cb?.id ?? "", name: cb?.name ?? "", revision: Number(cb?.revision ?? 0), fileCount: Number(cb?.fileCount ?? 0),
     sizeBytes: Number(cb?.sizeBytes ?? 0), createdAt: new Date(Number(cb?.createdAtMs ?? 0)),
     updatedAt: new Date(Number(cb?.updatedAtMs ?? 0)), sandboxes: cb?.sandboxes ?? [],
+    skipped: (cb?.skipped ?? []).map((s) => ({ path: s.path, sizeBytes: Number(s.sizeBytes), reason: s.reason })),
   };
 }
 
@@ -51,6 +55,53 @@ export class Codebases {
     }
     const r = await call(`create codebase ${name}`, () => this.c.rpc.codebases.createCodebase(messages()));
     return codebaseOf(r.codebase);
+  }
+
+  /**
+   * Upload the local directory `dir` as a new codebase, leaving out what
+   * its .gitignore and .sandboxignore files and `ignore` exclude (those
+   * files never leave this machine; gitignore(5) rules, as the Go and
+   * Python SDKs apply them), files over `maxFileBytes` (default 10 MiB) and
+   * sockets, FIFOs and devices. `skipped` in the answer lists every file
+   * left out for size or type. Symlinks are uploaded as links and never
+   * followed; a file or directory swapped for a symlink during the upload
+   * fails it (ReplacedFileError), and so does an ignore file that is not a
+   * regular file of the tree or is over 1 MiB (IgnoreFileError).
+   */
+  async fromLocal(dir: string, opts: WalkOptions & { name?: string } = {}): Promise<Codebase> {
+    const { files, skipped } = walkCodebase(dir, opts);
+    const maxFile = opts.maxFileBytes === undefined ? DEFAULT_MAX_FILE_BYTES : opts.maxFileBytes ?? 0;
+    async function* messages(): AsyncIterable<CreateCodebaseRequest> {
+      yield create(CreateCodebaseRequestSchema, { msg: { case: "header", value: {
+        name: opts.name ?? "", maxFileBytes: BigInt(maxFile),
+        skipped: skipped.map((s) => ({ path: s.path, sizeBytes: BigInt(s.sizeBytes), reason: s.reason })),
+      } } });
+      try {
+        for (const data of codebaseTar(dir, files)) {
+          yield create(CreateCodebaseRequestSchema, { msg: { case: "data", value: data } });
+        }
+      } catch (e) {
+        // Abort the call: ending the request stream would let the daemon
+        // take the tar so far for the whole tree and create the codebase.
+        // (Throwing here would end it: the generator waits for the abort.)
+        packErr = e;
+        ac.abort(e);
+        await new Promise(() => undefined);
+      }
+    }
+    const ac = new AbortController();
+    let packErr: unknown;
+    let r;
+    try {
+      r = await call(`create codebase from ${dir}`, () => this.c.rpc.codebases.createCodebase(messages(), { signal: ac.signal }));
+    } catch (e) {
+      // A file the walk saw was swapped or shrank: that error, not the
+      // stream's.
+      throw packErr ?? e;
+    }
+    const cb = codebaseOf(r.codebase);
+    const all = r.skipped.map((s) => ({ path: s.path, sizeBytes: Number(s.sizeBytes), reason: s.reason }));
+    return { ...cb, skipped: all.length > 0 ? all : cb.skipped };
   }
 
   async list(): Promise<Codebase[]> {

@@ -1,3 +1,6 @@
+import { constants } from "node:fs";
+import { open, rename, unlink } from "node:fs/promises";
+
 import { create } from "@bufbuild/protobuf";
 
 import {
@@ -70,6 +73,97 @@ export class Files {
       throw toSbxError(`read ${path}`, e);
     }
     return concat(chunks);
+  }
+
+  /** Stream a file (or `length` bytes of it from `offset`) as it is read,
+   * in chunks; abort `signal` to stop. */
+  async *stream(path: string, opts: { offset?: number; length?: number; signal?: AbortSignal } = {}): AsyncGenerator<Uint8Array> {
+    try {
+      for await (const m of this.c.rpc.sandboxes.readFile({
+        sandbox: this.sandbox, path, offset: BigInt(opts.offset ?? 0), length: BigInt(opts.length ?? 0),
+      }, { signal: opts.signal })) {
+        yield m.data;
+      }
+    } catch (e) {
+      if (opts.signal?.aborted) {
+        return;
+      }
+      throw toSbxError(`read ${path}`, e);
+    }
+  }
+
+  /**
+   * Copy a file of the sandbox to the local path `localPath`, streaming
+   * (a file of any size takes little memory): written to a temporary file
+   * beside it ("<localPath>.sbx-partial", never through a symlink there)
+   * and renamed into place when complete; runs of zeros stay holes.
+   * Returns its size.
+   */
+  async downloadFile(remotePath: string, localPath: string): Promise<number> {
+    const tmp = `${localPath}.sbx-partial`;
+    const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW, 0o644);
+    let n = 0;
+    try {
+      for await (const data of this.stream(remotePath)) {
+        if (!data.every((b) => b === 0)) {
+          for (let w = 0; w < data.length;) {
+            w += (await fh.write(data, w, data.length - w, n + w)).bytesWritten;
+          }
+        }
+        n += data.length;
+      }
+      await fh.truncate(n);
+      await fh.close();
+      await rename(tmp, localPath);
+    } catch (e) {
+      await fh.close().catch(() => undefined);
+      await unlink(tmp).catch(() => undefined);
+      throw e;
+    }
+    return n;
+  }
+
+  /** Copy the local file `localPath` into the sandbox, streaming (with its
+   * permission bits unless `mode`); returns the bytes written. */
+  async uploadFile(localPath: string, remotePath: string, opts: { mode?: number } = {}): Promise<number> {
+    const fh = await open(localPath, "r");
+    try {
+      const mode = opts.mode ?? (await fh.stat()).mode & 0o777;
+      const sandbox = this.sandbox;
+      // A read that fails aborts the call: ending the request stream would
+      // make what was sent so far the whole file.
+      const ac = new AbortController();
+      let readErr: unknown;
+      async function* messages(): AsyncIterable<WriteFileRequest> {
+        yield create(WriteFileRequestSchema, {
+          msg: { case: "header", value: { sandbox, path: remotePath, mode, append: false, makeParents: true } },
+        });
+        for (;;) {
+          const buf = new Uint8Array(CHUNK);
+          let bytesRead: number;
+          try {
+            ({ bytesRead } = await fh.read(buf, 0, CHUNK, null));
+          } catch (e) {
+            readErr = e;
+            ac.abort(e); // (throwing here would end the stream: wait for the abort)
+            await new Promise(() => undefined);
+            return;
+          }
+          if (bytesRead === 0) {
+            return;
+          }
+          yield create(WriteFileRequestSchema, { msg: { case: "data", value: buf.subarray(0, bytesRead) } });
+        }
+      }
+      try {
+        const r = await call(`upload ${localPath} to ${remotePath}`, () => this.c.rpc.sandboxes.writeFile(messages(), { signal: ac.signal }));
+        return Number(r.bytesWritten);
+      } catch (e) {
+        throw readErr ?? e;
+      }
+    } finally {
+      await fh.close();
+    }
   }
 
   /** Read a file as UTF-8 text. */

@@ -1,5 +1,5 @@
-import { readFileSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { readFileSync, realpathSync } from "node:fs";
+import { dirname, resolve } from "node:path";
 
 import { create } from "@bufbuild/protobuf";
 
@@ -8,7 +8,7 @@ import type { Client } from "./client.js";
 import { call, NotFoundError, PermissionDeniedError, toSbxError } from "./errors.js";
 import { concat } from "./process.js";
 import type { Recipe } from "./recipe.js";
-import { DockerIgnore, packDir } from "./tar.js";
+import { DockerIgnore, packDir, readIgnoreFile } from "./tar.js";
 
 const CHUNK = 1 << 20;
 
@@ -126,12 +126,8 @@ export class Images {
     if ("dockerfile" in source) {
       const text = readFileSync(source.dockerfile, "utf8");
       const ctx = source.context ?? dirname(resolve(source.dockerfile));
-      let ignore = "";
-      try {
-        ignore = readFileSync(join(ctx, ".dockerignore"), "utf8");
-      } catch {
-        // none
-      }
+      // Never followed out of the context, a regular file, bounded.
+      const ignore = readIgnoreFile(realpathSync(ctx), ".dockerignore") ?? "";
       req = { ...base, dockerfile: text, context: packDir(ctx, new DockerIgnore(ignore), MAX_CONTEXT_BYTES), buildArgs: source.buildArgs ?? {} };
     } else {
       req = { ...base, recipe: source.toProto() };

@@ -18,12 +18,14 @@ export { CodeContext, type Artifact, type CodeResult, type RunCodeOptions } from
 export { Session, type SessionResult } from "./session.js";
 export { Volumes, type Volume } from "./volumes.js";
 export { Codebases, type Codebase, type SyncResult } from "./codebases.js";
+export { compileIgnore, DEFAULT_MAX_FILE_BYTES, walkCodebase, type LocalEntry, type SkippedFile, type WalkOptions } from "./localtree.js";
+export { parseMode, SandboxFile, type OpenMode } from "./fileobj.js";
 export { Images, MAX_CONTEXT_BYTES, type BuildOptions, type ImageInfo, type ImageProgress } from "./images.js";
 export { Recipe } from "./recipe.js";
 export { BackgroundProcess, Processes, signalNumber, type ProcessOutput, type StartProcessOptions } from "./processes.js";
 export { EVENT_TYPES, type EventsOptions, type EventTypeName, type SandboxUsage, type SbxEvent, type UsageSample } from "./observe.js";
 export { Tenants, type Tenant, type TenantQuotas, type TenantUsage } from "./tenants.js";
-export { DockerIgnore, packDir, ReplacedFileError, safeExtract, UnsafeArchiveError } from "./tar.js";
+export { DockerIgnore, IgnoreFileError, MAX_IGNORE_FILE_BYTES, packDir, readIgnoreFile, ReplacedFileError, safeExtract, UnsafeArchiveError } from "./tar.js";
 export { parseSize } from "./size.js";
 export {
   AlreadyExistsError,

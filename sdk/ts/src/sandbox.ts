@@ -10,6 +10,8 @@ import { Client, getDefaultClient } from "./client.js";
 import { CodeContext, runCode, type CodeResult, type RunCodeOptions } from "./code.js";
 import { call, NotFoundError, toSbxError } from "./errors.js";
 import { Files } from "./files.js";
+import { SandboxFile } from "./fileobj.js";
+import type { WalkOptions } from "./localtree.js";
 import { imageOf, type ImageInfo } from "./images.js";
 import { collect, exitStatusOf, Process, type CommandResult, type ExitStatus, type OutputHandlers } from "./process.js";
 import { Processes } from "./processes.js";
@@ -278,6 +280,8 @@ export class Sandbox {
   /** Background processes: commands that outlive their client. */
   readonly processes: Processes;
   private _info: SandboxInfo;
+  /** Codebases fromLocal made for this sandbox, deleted after it by terminate. */
+  private ownCodebases: string[] = [];
 
   /** @internal */
   constructor(readonly client: Client, info: SandboxInfo) {
@@ -331,6 +335,38 @@ export class Sandbox {
       throw new NotFoundError("not_found", "create sandbox: the daemon returned no sandbox");
     }
     return new Sandbox(c, infoOf(r.sandbox));
+  }
+
+  /**
+   * Upload the local directory `dir` as a codebase (codebases.fromLocal:
+   * its .gitignore and .sandboxignore rules and `ignore` apply) and create
+   * a sandbox with it mounted at `mount` (default /workspace), guarded by
+   * `preset` (default "view-only": the sandbox sees names and metadata and
+   * reads nothing; "read-only", "agent-safe"... open more, `rules` refine
+   * it), in one call, like the Python SDK's Sandbox.from_local. `preset: ""`
+   * mounts it unguarded: writable in the sandbox's own copy-on-write layer
+   * (syncCodebase writes changes back). terminate() destroys the sandbox,
+   * then deletes the codebase (unless keepCodebases); if the create fails,
+   * the codebase is deleted at once. Other options are create's.
+   */
+  static async fromLocal(dir: string, opts: CreateOptions & WalkOptions & {
+    preset?: string; mount?: string; rules?: PermissionRule[];
+  } = {}): Promise<Sandbox> {
+    const c = opts.client ?? getDefaultClient();
+    const { preset, mount, rules, ignore, maxFileBytes, includeGit, useIgnoreFiles, ...createOpts } = opts;
+    const cb = await c.codebases.fromLocal(dir, { ignore, maxFileBytes, includeGit, useIgnoreFiles });
+    let sb: Sandbox;
+    try {
+      sb = await Sandbox.create({
+        ...createOpts, client: c,
+        codebases: [{ codebase: cb.id, path: mount ?? "/workspace", preset: preset ?? "view-only", rules }, ...(createOpts.codebases ?? [])],
+      });
+    } catch (e) {
+      await c.codebases.delete(cb.id).catch(() => undefined);
+      throw e;
+    }
+    sb.ownCodebases.push(cb.id);
+    return sb;
   }
 
   /** The sandbox with this id (it must exist). */
@@ -395,9 +431,48 @@ export class Sandbox {
     await call(`start ${this.id}`, () => this.client.rpc.sandboxes.startSandbox({ sandbox: this.id }));
   }
 
-  /** Destroy the sandbox and everything in it. */
-  async terminate(opts: { syncCodebases?: boolean } = {}): Promise<void> {
+  /** Destroy the sandbox and everything in it; then the codebase
+   * fromLocal made for it, unless keepCodebases. */
+  async terminate(opts: { syncCodebases?: boolean; keepCodebases?: boolean } = {}): Promise<void> {
     await call(`destroy ${this.id}`, () => this.client.rpc.sandboxes.destroySandbox({ sandbox: this.id, syncCodebases: opts.syncCodebases ?? false }));
+    if (opts.keepCodebases) {
+      return;
+    }
+    for (const id of this.ownCodebases.splice(0)) {
+      try {
+        await this.client.codebases.delete(id);
+      } catch (e) {
+        if (!(e instanceof NotFoundError)) {
+          throw e;
+        }
+      }
+    }
+  }
+
+  /** Write this sandbox's changes under its codebase mount at `path`
+   * (default: its only one) back into the codebase. */
+  syncCodebase(opts: { path?: string; dryRun?: boolean; force?: boolean } = {}) {
+    return this.client.codebases.sync(this.id, opts);
+  }
+
+  /**
+   * Open a file of the sandbox as a stream (like Python's sandbox.open,
+   * but streaming): mode "r" reads it as you consume it (for await, .readable,
+   * .nodeStream(), read(), text()); "w" (truncate), "a" (append) and "x"
+   * (create, AlreadyExistsError if it exists) send what you write() as you
+   * write it; close() finishes. `perm` is a created file's mode (0o644).
+   *
+   *     const f = await sb.open("/tmp/out.txt", "w");
+   *     await f.write("hello\n");
+   *     await f.close();
+   *     await pipeline((await sb.open("/tmp/big.bin")).nodeStream(), createWriteStream("big.bin"));
+   *
+   * Throws NotFoundError (mode r and no such file), AlreadyExistsError
+   * (mode x and the file exists), RangeError (a bad mode; "+" modes are
+   * refused: a stream has no random access).
+   */
+  open(path: string, mode: string = "r", opts: { perm?: number } = {}): Promise<SandboxFile> {
+    return SandboxFile.open(this.client, this.files, this.id, path, mode, opts.perm ?? 0o644);
   }
 
   /**
@@ -549,6 +624,14 @@ export class Sandbox {
       port: p?.port ?? port, url: p?.url ?? "", hostUrl: p?.hostUrl ?? "", websocketUrl: p?.websocketUrl ?? "",
       tcpUrl: p?.tcpUrl ?? "", headers: p?.headers ?? {},
     };
+  }
+
+  /** The URL at which the daemon proxies `port` (HTTP and WebSocket), like
+   * E2B's getHost: the host-name URL when the daemon has a proxy domain,
+   * else the path-routed one. */
+  async getHost(port: number): Promise<string> {
+    const p = await this.getPort(port);
+    return p.hostUrl || p.url;
   }
 
   /** The ports servers in the sandbox listen on. */

@@ -1,6 +1,6 @@
 // Tar archives of local directories: packed for uploads and builds,
 // extracted safely from what a sandbox sent (its contents are hostile).
-import { closeSync, constants, fstatSync, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, constants, fstatSync, linkSync, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, realpathSync, symlinkSync, unlinkSync, writeSync } from "node:fs";
 import type { BigIntStats } from "node:fs";
 import { dirname, join, posix, resolve } from "node:path";
 
@@ -27,9 +27,16 @@ function octal(buf: Uint8Array, off: number, len: number, v: number): void {
   buf.set(enc.encode(v.toString(8).padStart(len - 1, "0") + "\0"), off);
 }
 
-function header(name: string, type: string, size: number, mode: number, mtime: number, link = ""): Uint8Array[] {
+/** The largest size the 11 octal digits of a ustar header hold (8 GiB - 1):
+ * bigger files carry a pax size record. */
+const USTAR_MAX_SIZE = 0o77777777777;
+
+export function header(name: string, type: string, size: number, mode: number, mtime: number, link = ""): Uint8Array[] {
   const out: Uint8Array[] = [];
   const pax: string[] = [];
+  if (size > USTAR_MAX_SIZE) {
+    pax.push(record("size", String(size)));
+  }
   if (enc.encode(name).length > 100) {
     pax.push(record("path", name));
     name = name.slice(0, 99);
@@ -62,7 +69,7 @@ function rawHeader(name: string, type: string, size: number, mode: number, mtime
   octal(h, 100, 8, mode & 0o7777);
   octal(h, 108, 8, 0);
   octal(h, 116, 8, 0);
-  octal(h, 124, 12, size);
+  octal(h, 124, 12, Math.min(size, USTAR_MAX_SIZE));
   octal(h, 136, 12, Math.floor(mtime));
   h.fill(0x20, 148, 156);
   h[156] = type.charCodeAt(0);
@@ -143,16 +150,17 @@ export function packDir(dir: string, ignore?: { excluded(rel: string): boolean; 
 }
 
 /**
- * readWalked reads the regular file at p (rel inside the directory whose
- * real path is rootReal) only if it is the very file the walk saw (st: its
- * lstat). A directory packed for upload may be reshaped by someone else (a
- * cloned repository's scripts, a tree a sandbox shares) while it is read:
- * a file swapped for a symlink since the walk is refused by O_NOFOLLOW and
- * the device and inode check, and where /proc tells where the opened file
- * really is (Linux), a file reached through a directory swapped for a
- * symlink is refused unless it lies under rootReal.
+ * openWalked opens the regular file at p (rel inside the directory whose
+ * real path is rootReal) for reading, only if it is the very file the walk
+ * saw (st: its lstat), and returns the descriptor. A directory packed for
+ * upload may be reshaped by someone else (a cloned repository's scripts, a
+ * tree a sandbox shares) while it is read: a file swapped for a symlink
+ * since the walk is refused by O_NOFOLLOW and the device and inode check
+ * (O_NONBLOCK: a FIFO swapped in does not block the open), and where /proc
+ * tells where the opened file really is (Linux), a file reached through a
+ * directory swapped for a symlink is refused unless it lies under rootReal.
  */
-function readWalked(rootReal: string, p: string, rel: string, st: BigIntStats): Buffer {
+export function openWalked(rootReal: string, p: string, rel: string, st: BigIntStats): number {
   let fd: number;
   try {
     fd = openSync(p, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
@@ -173,11 +181,77 @@ function readWalked(rootReal: string, p: string, rel: string, st: BigIntStats): 
     if (real !== undefined && !real.startsWith(rootReal.endsWith("/") ? rootReal : `${rootReal}/`)) {
       throw new ReplacedFileError(`${rel}: is ${real}, outside ${rootReal} (a directory above it was swapped for a symlink); not read`);
     }
+    return fd;
+  } catch (e) {
+    closeSync(fd);
+    throw e;
+  }
+}
+
+/** readWalked reads the file openWalked opens, whole. */
+function readWalked(rootReal: string, p: string, rel: string, st: BigIntStats): Buffer {
+  const fd = openWalked(rootReal, p, rel, st);
+  try {
     const data = readFileSync(fd);
     if (BigInt(data.length) !== st.size) {
       throw new ReplacedFileError(`${rel}: changed size while being packed`);
     }
     return data;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The most bytes an ignore file (.gitignore, .sandboxignore, .dockerignore) may hold. */
+export const MAX_IGNORE_FILE_BYTES = 1 << 20;
+
+/** An ignore file of a directory being packed is not one the SDK reads:
+ * not a regular file (a symlink, a FIFO, a device), or too large. */
+export class IgnoreFileError extends Error {
+  override readonly name = "IgnoreFileError";
+}
+
+/**
+ * readIgnoreFile returns the text of the ignore file rel (inside the
+ * directory whose real path is rootReal), or undefined when there is none.
+ * The walker opens it for its own reasons, and the tree may be hostile (a
+ * cloned repository's ".gitignore -> /etc/shadow", "-> /dev/zero", a FIFO):
+ * it must be a regular file of the tree, not a symlink (git reads its
+ * ignore files with O_NOFOLLOW too), at most MAX_IGNORE_FILE_BYTES, and is
+ * opened as openWalked opens files (never following a symlink, never
+ * blocking, never outside rootReal). Anything else throws IgnoreFileError:
+ * quietly dropping its rules could upload what they were meant to keep out.
+ */
+export function readIgnoreFile(rootReal: string, rel: string): string | undefined {
+  const p = join(rootReal, rel);
+  let st: BigIntStats;
+  try {
+    st = lstatSync(p, { bigint: true });
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === "ENOENT" || code === "ENOTDIR") {
+      return undefined;
+    }
+    throw e;
+  }
+  if (!st.isFile()) {
+    const kind = st.isSymbolicLink() ? "a symlink" : st.isDirectory() ? "a directory" : st.isFIFO() ? "a FIFO" : "a special file";
+    throw new IgnoreFileError(`read ${rel}: is ${kind}; ignore files are read only when they are regular files (replace it with a copy, or turn ignore files off)`);
+  }
+  if (st.size > BigInt(MAX_IGNORE_FILE_BYTES)) {
+    throw new IgnoreFileError(`read ${rel}: ${st.size} bytes, more than the ${MAX_IGNORE_FILE_BYTES} an ignore file may hold`);
+  }
+  const fd = openWalked(rootReal, p, rel, st);
+  try {
+    const buf = Buffer.alloc(MAX_IGNORE_FILE_BYTES + 1);
+    let n = 0;
+    for (let r; n < buf.length && (r = readSync(fd, buf, n, buf.length - n, null)) > 0;) {
+      n += r;
+    }
+    if (n > MAX_IGNORE_FILE_BYTES) {
+      throw new IgnoreFileError(`read ${rel}: grew past the ${MAX_IGNORE_FILE_BYTES} bytes an ignore file may hold`);
+    }
+    return buf.subarray(0, n).toString("utf8");
   } finally {
     closeSync(fd);
   }
