@@ -20,9 +20,16 @@ import (
 // its own data dir and port, the shared namespace for pods and records.
 func startReplica(t *testing.T, c *k8stest.Cluster, ns, agentImage string) *daemon {
 	t.Helper()
-	d := startDaemon(t, "--state", "kubernetes", "--default-runtime", "kubernetes",
+	return startReplicaOpts(t, c, ns, agentImage, nil)
+}
+
+// startReplicaOpts is startReplica with env added to the daemon's
+// environment and extra flags.
+func startReplicaOpts(t *testing.T, c *k8stest.Cluster, ns, agentImage string, env []string, extra ...string) *daemon {
+	t.Helper()
+	d := startDaemonOpts(t, daemonOpts{env: env}, append([]string{"--state", "kubernetes", "--default-runtime", "kubernetes",
 		"--k8s-namespace", ns, "--k8s-kubeconfig", filepath.Join(c.Dir, "pki", "admin.kubeconfig"),
-		"--k8s-agent-image", agentImage, "--k8s-instance", "replicas")
+		"--k8s-agent-image", agentImage, "--k8s-instance", "replicas"}, extra...)...)
 	// The daemon resolves images in its own store before the cluster pulls
 	// them by reference: every replica imports the test image.
 	f, err := os.Open(filepath.Join(c.Dir, "images", "pybox.tar"))

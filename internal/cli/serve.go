@@ -111,6 +111,8 @@ func newServe(a *app) *cobra.Command {
 	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")
 	f.StringVar(&cfg.State, "state", daemon.StateSQLite, "where sandbox records live: sqlite (a file in --data-dir, one daemon) or kubernetes (Secrets in --state-namespace, shared by replicas of the daemon behind one address; only the kubernetes runtimes)")
 	f.StringVar(&cfg.StateNamespace, "state-namespace", "", "namespace of the records with --state kubernetes (default: --k8s-namespace)")
+	f.DurationVar(&cfg.StateCreatingGrace, "state-creating-grace", sandbox.DefaultCreatingGrace, "with --state kubernetes: how long a sandbox may stay creating before another replica takes it for a dead replica's and deletes it with its pod (keep it above the slowest create, image pull included)")
+	f.DurationVar(&cfg.StateTeardownGrace, "state-teardown-grace", sandbox.DefaultTeardownGrace, "with --state kubernetes: how long a destroyed sandbox's teardown may take before another replica takes it for a dead replica's and finishes it")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
 	f.DurationVar(&cfg.StatsInterval, "stats-interval", metrics.DefaultInterval, "how often the daemon samples every sandbox's usage for /metrics and `sbx stats` (each sandbox keeps 15 minutes of samples)")
@@ -184,6 +186,8 @@ func checkLimits(cfg daemon.Config) error {
 		return fmt.Errorf("--stats-interval %s: want 100ms to 1m", cfg.StatsInterval)
 	case cfg.StreamLimits.BackgroundPerSandbox > server.MaxBackgroundPerSandbox:
 		return fmt.Errorf("--exec-max-background %d: at most %d (the sandbox agent's own bound)", cfg.StreamLimits.BackgroundPerSandbox, server.MaxBackgroundPerSandbox)
+	case cfg.StateCreatingGrace <= 0 || cfg.StateTeardownGrace <= 0:
+		return fmt.Errorf("--state-creating-grace %s, --state-teardown-grace %s: want positive durations", cfg.StateCreatingGrace, cfg.StateTeardownGrace)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
 	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:

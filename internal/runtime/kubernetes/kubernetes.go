@@ -22,6 +22,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/sbxdev/sbx/internal/cleanup"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/runtime"
 )
@@ -217,6 +218,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, fmt.Errorf("creating pod for box %s: %w", spec.ID, err)
 	}
 	stack.Add(func() error { return d.deletePod(bg, created.Name, string(created.UID)) })
+	crashpoint.Hit("k8s-create-pod")
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {
