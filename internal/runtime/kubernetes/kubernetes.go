@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"strings"
 	"time"
@@ -63,8 +64,12 @@ type Config struct {
 	PullPolicy corev1.PullPolicy
 	// Pool is the warm pool: pods started ahead per image and limits, which
 	// a matching Create claims (warmpool.go). Start it with StartPool.
-	Pool   []PoolSpec
-	Logger *slog.Logger
+	Pool []PoolSpec
+	// LeaseDuration is how long a pool owner's Lease lasts unrenewed
+	// before other processes delete its unclaimed pool pods (lease.go;
+	// 0 = DefaultLeaseDuration).
+	LeaseDuration time.Duration
+	Logger        *slog.Logger
 }
 
 // Driver is the kubernetes runtime driver.
@@ -73,9 +78,10 @@ type Driver struct {
 	client k8s.Interface
 	id     *identity
 	log    *slog.Logger
-	health string // "" when healthy
-	pool   *pool  // nil without Config.Pool
-	netpol string // why the NetworkPolicy was not made ("" = it was)
+	health string   // "" when healthy
+	pool   *pool    // nil without Config.Pool
+	sweep  *sweeper // nil until StartPool
+	netpol string   // why the NetworkPolicy was not made ("" = it was)
 }
 
 // handleData is what a Handle carries (version 1). All of it is public:
@@ -107,6 +113,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = DefaultLeaseDuration
+	}
+	if cfg.LeaseDuration < 3*time.Second {
+		return nil, fmt.Errorf("kubernetes runtime: a pool lease of %v: want at least 3s (it is renewed every third): %w", cfg.LeaseDuration, errdefs.ErrInvalidArgument)
 	}
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.AgentImage == "" {
 		return nil, fmt.Errorf("kubernetes runtime: need a client, a namespace and an agent image: %w", errdefs.ErrInvalidArgument)
@@ -175,9 +187,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	return d.create(ctx, spec, nil)
 }
 
-// create makes a pod for spec (decorate, if set, adds to its object) and
-// waits for its agent.
-func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*corev1.Pod)) (runtime.Handle, error) {
+// create makes a pod for spec (labels, if set, are added to its pod's and
+// its Secret's) and waits for its agent.
+func (d *Driver) create(ctx context.Context, spec runtime.Spec, labels map[string]string) (runtime.Handle, error) {
 	t0 := time.Now()
 	box, err := newBoxCert(spec.ID)
 	if err != nil {
@@ -193,6 +205,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 	defer func() { _ = stack.Run() }() // before cancel
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
+	maps.Copy(sec.Labels, labels)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return runtime.Handle{}, fmt.Errorf("creating box %s: a secret %s exists: %w", spec.ID, sec.Name, errdefs.ErrAlreadyExists)
@@ -204,9 +217,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, fmt.Errorf("creating box %s: %w", spec.ID, err)
 	}
 	pod := d.pod(spec)
-	if decorate != nil {
-		decorate(pod)
-	}
+	maps.Copy(pod.Labels, labels)
 	created, err := d.client.CoreV1().Pods(d.cfg.Namespace).Create(bg, pod, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
