@@ -35,8 +35,7 @@ func TestKubernetesPoolOrphans(t *testing.T) {
 		}
 		return l.Items
 	}
-	// Small pods: the test node has 2 CPUs for every test at once.
-	lease := []string{"--k8s-pool-lease", "5s", "--default-cpus", "0.1", "--default-memory", "128M"}
+	lease := []string{"--k8s-pool-lease", "5s"}
 
 	// A fills a pool of 3, a sandbox claims one of them, A refills.
 	a := startReplicaOpts(t, c, ns, img, nil, append(lease, "--k8s-warm-pool", k8stest.PyImage+"=3")...)
