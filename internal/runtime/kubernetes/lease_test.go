@@ -193,6 +193,7 @@ func TestPoolOrphanSweep(t *testing.T) {
 		t.Fatalf("driver as the deploy Role unhealthy: %s", info.Detail)
 	}
 	d.StartPool()
+	t.Cleanup(func() { _ = d.Close(context.Background()) }) // a failed test too: no filler outlives it
 	start := time.Now()
 	exists := func(get func() error) bool { return !apierrors.IsNotFound(get()) }
 	pods, secrets, leases := c.Client.CoreV1().Pods(ns), c.Client.CoreV1().Secrets(ns), c.Client.CoordinationV1().Leases(ns)
