@@ -129,8 +129,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		if err != nil {
 			return nil, err
 		}
-		d.pool = &pool{specs: specs, owner: randHex(8), wake: make(chan struct{}, 1), creating: map[string]int{},
-			filling: map[string]int{}, waiting: map[string]int{}, filled: map[string]chan struct{}{}}
+		d.pool = &pool{specs: specs, owner: randHex(8), wake: make(chan struct{}, 1), creating: map[string]int{}}
 	}
 	id, err := loadIdentity(ctx, cfg.Client, cfg.Namespace, cfg.Instance)
 	if err != nil {

@@ -86,47 +86,6 @@ type pool struct {
 	mu sync.Mutex
 	// creating counts, by poolKey, fills whose pod the API may not list yet.
 	creating map[string]int
-	// filling counts, by poolKey, this process's fills in flight, waiting
-	// the creates waiting for one of them to be ready (each waits only
-	// while fills outnumber the waiters: see claim), and filled is closed
-	// (and replaced) whenever a fill of the key ends.
-	filling, waiting map[string]int
-	filled           map[string]chan struct{}
-}
-
-// fillEnded wakes the creates waiting for a fill of key.
-func (p *pool) fillEnded(key string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.filling[key]--
-	if ch := p.filled[key]; ch != nil {
-		close(ch)
-		delete(p.filled, key)
-	}
-}
-
-// await reserves one of the fills of key in flight for a create that
-// found no ready pod, if there is one no other create waits for, and
-// returns what is closed when a fill ends.
-func (p *pool) await(key string) (<-chan struct{}, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.filling[key] <= p.waiting[key] {
-		return nil, false
-	}
-	p.waiting[key]++
-	ch := p.filled[key]
-	if ch == nil {
-		ch = make(chan struct{})
-		p.filled[key] = ch
-	}
-	return ch, true
-}
-
-func (p *pool) unwait(key string) {
-	p.mu.Lock()
-	p.waiting[key]--
-	p.mu.Unlock()
 }
 
 // poolSpecs checks Config.Pool and indexes it by poolKey.
@@ -207,7 +166,6 @@ func (d *Driver) fill(ctx context.Context) {
 			for range ps.Size - n - len(pods.Items) {
 				p.mu.Lock()
 				p.creating[key]++
-				p.filling[key]++
 				p.mu.Unlock()
 				p.wg.Add(1)
 				go d.fillOne(ctx, key, ps)
@@ -230,7 +188,6 @@ func (d *Driver) poolSelector(key string) string {
 func (d *Driver) fillOne(ctx context.Context, key string, ps PoolSpec) {
 	p := d.pool
 	defer p.wg.Done()
-	defer p.fillEnded(key) // after the ready mark (or the rollback)
 	listed := false
 	listable := func() {
 		if !listed {
@@ -274,9 +231,8 @@ func (d *Driver) fillOne(ctx context.Context, key string, ps PoolSpec) {
 	d.log.Debug("warm pool: pod ready", "pod", hd.Pod, "image", ps.Image)
 }
 
-// claim turns a ready pool pod matching spec into box spec.ID, waiting for
-// one of this process's fills if none is ready (see below); ok is false
-// when no pool matches or no pod became ready for it (the caller creates
+// claim turns a ready pool pod matching spec into box spec.ID; ok is false
+// when no pool matches or none of its pods is ready (the caller creates
 // cold).
 func (d *Driver) claim(ctx context.Context, spec runtime.Spec) (h runtime.Handle, ok bool, err error) {
 	p := d.pool
@@ -289,47 +245,9 @@ func (d *Driver) claim(ctx context.Context, spec runtime.Spec) (h runtime.Handle
 	if _, pooled := p.specs[key]; !pooled {
 		return runtime.Handle{}, false, nil
 	}
-	// No ready pod: rather than start a pod of its own beside the refills
-	// (the node then starts both, and every create waits longer), a create
-	// waits for a fill of this process in flight that no other create
-	// waits for, and claims again once a fill ends (its pod is ready, or
-	// the fill failed). With none to wait for, or after apiTimeout, it is
-	// made cold.
-	deadline := time.NewTimer(apiTimeout)
-	defer deadline.Stop()
-	for fresh := false; ; fresh = true {
-		if h, ok, err := d.claimReady(ctx, spec, key, fresh); ok || err != nil {
-			return h, ok, err
-		}
-		filled, wait := p.await(key)
-		if !wait {
-			return runtime.Handle{}, false, nil
-		}
-		select {
-		case <-filled:
-			p.unwait(key)
-		case <-deadline.C:
-			p.unwait(key)
-			return runtime.Handle{}, false, nil
-		case <-ctx.Done():
-			p.unwait(key)
-			return runtime.Handle{}, false, fmt.Errorf("waiting for a warm pod for box %s: %w", spec.ID, ctx.Err())
-		}
-	}
-}
-
-// claimReady claims a ready pool pod of key for spec, if one is listed
-// (fresh: read from etcd, not from the API server's cache, which may not
-// show a pod marked ready a moment ago).
-func (d *Driver) claimReady(ctx context.Context, spec runtime.Spec, key string, fresh bool) (h runtime.Handle, ok bool, err error) {
-	p := d.pool
 	pods := d.client.CoreV1().Pods(d.cfg.Namespace)
 	// From the API server's cache: a stale entry only costs a conflict.
-	opts := metav1.ListOptions{LabelSelector: d.poolSelector(key) + "," + labelWarm + "=ready", ResourceVersion: "0"}
-	if fresh {
-		opts.ResourceVersion = ""
-	}
-	list, err := pods.List(ctx, opts)
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: d.poolSelector(key) + "," + labelWarm + "=ready", ResourceVersion: "0"})
 	if err != nil {
 		return runtime.Handle{}, false, fmt.Errorf("listing warm pods for box %s: %w", spec.ID, err)
 	}

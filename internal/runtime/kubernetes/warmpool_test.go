@@ -258,10 +258,8 @@ func TestWarmPoolReplicasClaimOnce(t *testing.T) {
 	if c := slices.Compact(slices.Clone(pods)); len(c) != len(pods) {
 		t.Errorf("boxes share pods: %v", pods)
 	}
-	// Creates through the filling replica that find no ready pod wait for
-	// its refills: any number may be warm, at least one.
-	if warm == 0 {
-		t.Errorf("boxes made from the pool: got 0, want at least 1 (%d pods were ready before the creates)", size)
+	if warm == 0 || warm > size {
+		t.Errorf("boxes made from the pool: got %d, want 1..%d (the pods ready before the creates)", warm, size)
 	}
 	t.Logf("%d of %d concurrent creates through 2 replicas claimed a pool pod (pool of %d)", warm, creates, size)
 }
@@ -348,34 +346,4 @@ func TestClaimedHostname(t *testing.T) {
 	if r := testsuite.MustExec(t, d, neighbour, "hostname"); r.Stdout != neighbour.ID+"\n" {
 		t.Errorf("neighbour's hostname: got %q, want %q", r.Stdout, neighbour.ID+"\n")
 	}
-}
-
-// TestWarmPoolWaitsForFill creates a box while the pool has no ready pod
-// but a refill is starting: the create waits for that pod and claims it
-// instead of starting a pod of its own beside it (before, it was made
-// cold, and the node started two pods for one create).
-func TestWarmPoolWaitsForFill(t *testing.T) {
-	e := newPoolEnv(t)
-	tmpl := poolSpec()
-	d := e.driver(t, []kubernetes.PoolSpec{{Image: tmpl.Image.Ref, Resources: tmpl.Resources, Size: 1}}, true)
-	e.waitReady(t, 1)
-	first := testsuite.Create(t, d, poolSpec())
-	if !claimed(first) {
-		t.Fatalf("box %s made cold with a ready pool pod", first.ID)
-	}
-	// The refill's pod exists (its fill is in flight, or it is ready).
-	deadline := time.Now().Add(time.Minute)
-	for len(e.pods(t, "sbx.dev/pool")) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no refill started within a minute")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	starting := len(e.pods(t, "sbx.dev/warm=starting"))
-	t0 := time.Now()
-	second := testsuite.Create(t, d, poolSpec())
-	if !claimed(second) {
-		t.Errorf("box %s made cold while the pool's refill was starting, want it to claim the refill", second.ID)
-	}
-	t.Logf("create with the refill starting (%d pods starting when it began): %v", starting, time.Since(t0).Round(time.Millisecond))
 }
