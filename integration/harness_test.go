@@ -123,6 +123,8 @@ type daemonOpts struct {
 	tokenFile bool
 	// tls, when set, makes the clients speak HTTPS with it.
 	tls *tls.Config
+	// env is added to the daemon's environment (daemon.env).
+	env []string
 }
 
 func startDaemonOpts(t *testing.T, o daemonOpts, extraArgs ...string) *daemon {
@@ -136,7 +138,7 @@ func startDaemonOpts(t *testing.T, o daemonOpts, extraArgs ...string) *daemon {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(data, 0o711)
-	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs, token: token, tls: o.tls}
+	d := &daemon{t: t, bin: filepath.Join(dir, "sbx"), addr: freeAddr(t), dataDir: data, args: extraArgs, token: token, tls: o.tls, env: o.env}
 	if o.tokenFile {
 		tf := filepath.Join(data, "token")
 		if err := os.WriteFile(tf, []byte(token+"\n"), 0o600); err != nil {

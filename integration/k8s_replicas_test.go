@@ -29,7 +29,9 @@ func startReplicaOpts(t *testing.T, c *k8stest.Cluster, ns, agentImage string, o
 	t.Helper()
 	d := startDaemonOpts(t, o, append([]string{"--state", "kubernetes", "--default-runtime", "kubernetes",
 		"--k8s-namespace", ns, "--k8s-kubeconfig", filepath.Join(c.Dir, "pki", "admin.kubeconfig"),
-		"--k8s-agent-image", agentImage, "--k8s-instance", "replicas"}, extraArgs...)...)
+		"--k8s-agent-image", agentImage, "--k8s-instance", "replicas",
+		// Small pods: the test node has 2 CPUs for every test at once.
+		"--default-cpus", "0.1", "--default-memory", "128M"}, extraArgs...)...)
 	// The daemon resolves images in its own store before the cluster pulls
 	// them by reference: every replica imports the test image.
 	f, err := os.Open(filepath.Join(c.Dir, "images", "pybox.tar"))

@@ -104,7 +104,7 @@ func TestCodeRelayBudget(t *testing.T) {
 		// unbudgeted, so that their sharing it shows.
 		rate  = 2 << 20 // bytes per second
 		flood = 6 << 20 // per command
-		burst = 1 << 20  // server.relayBurst
+		burst = 1 << 20 // server.relayBurst
 	)
 	d := startDaemon(t, "--exec-relay-rate", fmt.Sprint(rate))
 	ctx := context.Background()

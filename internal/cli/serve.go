@@ -26,7 +26,8 @@ import (
 
 func newServe(a *app) *cobra.Command {
 	var cfg daemon.Config
-	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits, reqPerTenant, reqTotal string
+	var logLevel, tokenFile, maxLayer, tenantsFile, boxLimits, reqPerTenant, reqTotal, defMemory string
+	var defCPUs float64
 	var tenantPullAllow []string
 	var boxAPIPort uint16
 	var egressPorts []uint
@@ -72,6 +73,13 @@ func newServe(a *app) *cobra.Command {
 			if cfg.BoxLimits, err = idmap.ParseLimits(boxLimits); err != nil {
 				return fmt.Errorf("--box-kernel-limits: %w", err)
 			}
+			if cfg.Defaults.MemoryBytes, err = parseSize(defMemory); err != nil || cfg.Defaults.MemoryBytes < 16<<20 {
+				return fmt.Errorf("--default-memory %q: want a size of at least 16M, such as 512M", defMemory)
+			}
+			if defCPUs < 0.01 || defCPUs > 1024 {
+				return fmt.Errorf("--default-cpus %v: want 0.01 to 1024", defCPUs)
+			}
+			cfg.Defaults.CPUMillis = int64(defCPUs * 1000)
 			if cfg.MaxLayerBytes, err = parseSize(maxLayer); err != nil || cfg.MaxLayerBytes <= 0 {
 				return fmt.Errorf("--max-layer-size %q: want a size such as 8G", maxLayer)
 			}
@@ -110,9 +118,14 @@ func newServe(a *app) *cobra.Command {
 	f.StringVar(&cfg.Kubernetes.Instance, "k8s-instance", "", "label separating daemons that share a namespace: each cleans up only its own pods (replicas of one daemon share it; default \"default\")")
 	f.StringArrayVar(&cfg.Kubernetes.WarmPool, "k8s-warm-pool", nil, "keep N pods of IMAGE ready for creates of that image with the default limits, on the kubernetes runtime or RUNTIME: [RUNTIME=]IMAGE=N (repeatable; replicas claim from each other's pods)")
 	f.StringSliceVar(&cfg.Kubernetes.ClusterCIDRs, "k8s-cluster-cidrs", nil, "the cluster's own ranges (pod, service and node networks, every address a node has): sandboxes in modes public and allow never reach them, whatever their allow-list says (comma-separated or repeated; each pod also blocks its own node's InternalIP, pod network, gateway and the API server's ClusterIP)")
+	f.DurationVar(&cfg.Kubernetes.PoolLease, "k8s-pool-lease", daemon.DefaultK8sPoolLease, "how long a replica's warm-pool Lease lasts unrenewed (it is renewed every third) before the other replicas delete the unclaimed pool pods it made: a replica killed with SIGKILL leaves none for longer (at least 3s)")
 	f.BoolVar(&cfg.Kubernetes.UserNamespaces, "k8s-user-namespaces", false, "run sandbox pods with hostUsers: false (box root is not host root; needs the cluster's support)")
 	f.StringVar(&cfg.State, "state", daemon.StateSQLite, "where sandbox records live: sqlite (a file in --data-dir, one daemon) or kubernetes (Secrets in --state-namespace, shared by replicas of the daemon behind one address; only the kubernetes runtimes)")
 	f.StringVar(&cfg.StateNamespace, "state-namespace", "", "namespace of the records with --state kubernetes (default: --k8s-namespace)")
+	f.DurationVar(&cfg.StateCreatingGrace, "state-creating-grace", sandbox.DefaultCreatingGrace, "with --state kubernetes: how long a sandbox may stay creating before another replica takes it for a dead replica's and deletes it with its pod (keep it above the slowest create, image pull included)")
+	f.DurationVar(&cfg.StateTeardownGrace, "state-teardown-grace", sandbox.DefaultTeardownGrace, "with --state kubernetes: how long a destroyed sandbox's teardown may take before another replica takes it for a dead replica's and finishes it")
+	f.StringVar(&defMemory, "default-memory", "512M", "memory limit of sandboxes created without --memory, and of warm-pool boxes (on kubernetes also the pods' memory request)")
+	f.Float64Var(&defCPUs, "default-cpus", 1, "CPU limit of sandboxes created without --cpus, and of warm-pool boxes (on kubernetes also the pods' CPU request, which the node's allocatable CPU must hold)")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "lifetime of sandboxes created without --timeout (0: unlimited)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 2, "started sandboxes kept ready so creates with the host image are near-instant, at least (0: off)")
 	f.DurationVar(&cfg.StatsInterval, "stats-interval", metrics.DefaultInterval, "how often the daemon samples every sandbox's usage for /metrics and `sbx stats` (each sandbox keeps 15 minutes of samples)")
@@ -186,6 +199,8 @@ func checkLimits(cfg daemon.Config) error {
 		return fmt.Errorf("--stats-interval %s: want 100ms to 1m", cfg.StatsInterval)
 	case cfg.StreamLimits.BackgroundPerSandbox > server.MaxBackgroundPerSandbox:
 		return fmt.Errorf("--exec-max-background %d: at most %d (the sandbox agent's own bound)", cfg.StreamLimits.BackgroundPerSandbox, server.MaxBackgroundPerSandbox)
+	case cfg.StateCreatingGrace <= 0 || cfg.StateTeardownGrace <= 0:
+		return fmt.Errorf("--state-creating-grace %s, --state-teardown-grace %s: want positive durations", cfg.StateCreatingGrace, cfg.StateTeardownGrace)
 	case cfg.WarmPool < 0 || cfg.WarmPoolMax < 0:
 		return fmt.Errorf("--warm-pool %d, --warm-pool-max %d: want counts of sandboxes, 0 or more", cfg.WarmPool, cfg.WarmPoolMax)
 	case cfg.WarmPoolMax > 0 && cfg.WarmPoolMax < cfg.WarmPool:

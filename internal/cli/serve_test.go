@@ -15,6 +15,7 @@ func TestCheckLimits(t *testing.T) {
 		cfg.NetLimits.DNSQueriesPerSec, cfg.NetLimits.DNSInFlight, cfg.NetLimits.DNSTCPConns = 1, 1, 1
 		cfg.NetLimits.DNSTCPIdleTimeout, cfg.NetLimits.EgressConns, cfg.NetLimits.EgressIdleTimeout = 1, 1, 1
 		cfg.ProxyMaxConns = 1
+		cfg.StateCreatingGrace, cfg.StateTeardownGrace = time.Minute, time.Minute
 		cfg.StreamLimits = server.StreamLimits{ExecsPerSandbox: 256, FilesPerSandbox: 64, BackgroundPerSandbox: 64,
 			RelayBytesPerSecond: server.DefaultRelayBytesPerSecond}
 		return cfg
@@ -33,6 +34,8 @@ func TestCheckLimits(t *testing.T) {
 		{"no background processes", func(c *daemon.Config) { c.StreamLimits.BackgroundPerSandbox = 0 }, "--exec-max-background must be positive"},
 		{"more background processes than the agent keeps", func(c *daemon.Config) { c.StreamLimits.BackgroundPerSandbox = 1025 }, "--exec-max-background 1025: at most 1024"},
 		{"no relay budget", func(c *daemon.Config) { c.StreamLimits.RelayBytesPerSecond = 0 }, "--exec-relay-rate must be positive"},
+		{"no creating grace", func(c *daemon.Config) { c.StateCreatingGrace = 0 }, "--state-creating-grace 0s, --state-teardown-grace 1m0s: want positive durations"},
+		{"negative teardown grace", func(c *daemon.Config) { c.StateTeardownGrace = -time.Second }, "--state-teardown-grace -1s: want positive durations"},
 		{"pool max below floor", func(c *daemon.Config) { c.WarmPool, c.WarmPoolMax = 4, 2 }, "--warm-pool-max 2 is below --warm-pool 4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

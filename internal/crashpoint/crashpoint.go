@@ -41,6 +41,14 @@ var Points = []string{
 	"session-recorded",   // codeexec: the session is recorded, the client not yet told
 }
 
+// KubernetesPoints lists the kubernetes runtime's crash points, which
+// replicas sharing --state kubernetes are killed at
+// (integration/k8s_replica_kill_test.go); the crash loop, on the oci
+// runtime, never reaches them.
+var KubernetesPoints = []string{
+	"k8s-create-pod", // kubernetes: the box's TLS Secret and Pod are made, the pod neither running nor its agent answering
+}
+
 // PausePoints lists every pause point.
 var PausePoints = []string{
 	"oci-create-starting", // oci: the runtime started the box, its agent not yet ready (the create's ctx ends the wait)

@@ -76,6 +76,11 @@ type Config struct {
 	// StateNamespace holds the records with StateKubernetes ("" = the
 	// kubernetes runtime's namespace).
 	StateNamespace string
+	// StateCreatingGrace and StateTeardownGrace are how long, with
+	// StateKubernetes, a record may stay creating or destroying before
+	// another replica finishes it as a dead replica's (0: the manager's
+	// defaults, 10m and 2m).
+	StateCreatingGrace, StateTeardownGrace time.Duration
 	// DefaultTimeout is the lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	// Defaults are the resources of sandboxes that ask for none.
@@ -393,6 +398,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Images:         imageResolver{stores: stores, gc: &gcLock, puller: server.NewPuller(stores, &gcLock)},
 		MaxLayerBytes:  maxLayer,
 		BoxAPIAddr:     boxAPI,
+		CreatingGrace:  cfg.StateCreatingGrace,
+		TeardownGrace:  cfg.StateTeardownGrace,
 	})
 	if err != nil {
 		return err

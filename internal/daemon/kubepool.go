@@ -40,9 +40,10 @@ func k8sWarmPools(values []string, runtimes map[string]string, defaults runtime.
 	return out, nil
 }
 
-// startK8sPools starts filling the kubernetes runtimes' warm pools (after
-// the manager's Recover: its Cleanup deletes every pod no record keeps)
-// and returns what deletes this daemon's unclaimed pool pods at stop.
+// startK8sPools starts filling the kubernetes runtimes' warm pools and
+// sweeping dead replicas' pool pods (after the manager's Recover: its
+// Cleanup deletes every pod no record keeps) and returns what deletes this
+// daemon's unclaimed pool pods and its pool Lease at stop.
 func startK8sPools(drivers map[string]runtime.Driver, log *slog.Logger) func() {
 	var started []*k8sdriver.Driver
 	for _, d := range drivers {

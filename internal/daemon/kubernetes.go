@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -41,7 +42,14 @@ type KubernetesConfig struct {
 	// WarmPool is the pods kept ready per image: `[RUNTIME=]IMAGE=N`
 	// values (kubepool.go).
 	WarmPool []string
+	// PoolLease is how long a replica's warm-pool Lease lasts unrenewed
+	// before the other replicas delete its unclaimed pool pods (0 = the
+	// driver's default, 30 s).
+	PoolLease time.Duration
 }
+
+// DefaultK8sPoolLease is KubernetesConfig.PoolLease's default.
+const DefaultK8sPoolLease = k8sdriver.DefaultLeaseDuration
 
 // addKubernetes adds the kubernetes runtimes to drivers when configured.
 // A cluster that cannot be reached leaves them unhealthy (sbx info says
@@ -84,7 +92,7 @@ func addKubernetes(ctx context.Context, kc KubernetesConfig, defaults runtime.Re
 		d, err := k8sdriver.New(ctx, k8sdriver.Config{
 			Name: name, Client: client, Namespace: kc.Namespace, AgentImage: kc.AgentImage,
 			RuntimeClass: classes[name], Firewall: kc.Firewalls[name], Instance: kc.Instance, UserNamespaces: kc.UserNamespaces,
-			Pool: pools[name], ClusterCIDRs: cluster, Logger: log.With("runtime", name),
+			Pool: pools[name], ClusterCIDRs: cluster, LeaseDuration: kc.PoolLease, Logger: log.With("runtime", name),
 		})
 		if err != nil {
 			return fmt.Errorf("kubernetes runtime %q: %w", name, err)

@@ -78,6 +78,11 @@ type Config struct {
 	// Events receives the sandboxes' lifecycle events (nil: none; see
 	// observe.go).
 	Events *events.Bus
+	// CreatingGrace and TeardownGrace are how long a record of a shared
+	// store may stay creating, or destroying, before another replica
+	// finishes it as a dead replica's leftover (0: DefaultCreatingGrace,
+	// DefaultTeardownGrace; see shared.go).
+	CreatingGrace, TeardownGrace time.Duration
 }
 
 // Manager runs sandboxes. All methods are safe for concurrent use; lifecycle
@@ -194,6 +199,12 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
+	}
+	if cfg.CreatingGrace == 0 {
+		cfg.CreatingGrace = DefaultCreatingGrace
+	}
+	if cfg.TeardownGrace == 0 {
+		cfg.TeardownGrace = DefaultTeardownGrace
 	}
 	// The default disk (that of warm boxes too) fits the default memory
 	// when the default runtime keeps disks in memory.

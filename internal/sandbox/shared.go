@@ -128,15 +128,19 @@ func (m *Manager) reconcileUsage(ctx context.Context, recs []*store.Record) erro
 const (
 	// sharedSweepInterval is how often a replica re-reads every record.
 	sharedSweepInterval = 5 * time.Second
-	// creatingGrace is how long a record may stay creating before a
-	// replica that is not creating it removes it as a dead replica's
-	// leftover. It is far above any create (image pull and pod start
-	// included) and assumes replicas' clocks agree within it.
-	creatingGrace = 10 * time.Minute
-	// teardownGrace is how long a record may stay destroying before
-	// another replica finishes the teardown of the replica that began it
-	// (which was killed, or its teardown is failing).
-	teardownGrace = 2 * time.Minute
+)
+
+const (
+	// DefaultCreatingGrace is how long a record may stay creating before a
+	// replica that is not creating it removes it, and destroys its box, as
+	// a dead replica's leftover (Config.CreatingGrace). It is far above
+	// any create (image pull and pod start included) and assumes replicas'
+	// clocks agree within it.
+	DefaultCreatingGrace = 10 * time.Minute
+	// DefaultTeardownGrace is how long a record may stay destroying before
+	// another replica finishes the teardown of the replica that began it,
+	// which was killed or whose teardown is failing (Config.TeardownGrace).
+	DefaultTeardownGrace = 2 * time.Minute
 )
 
 // lookupShared resolves ref through the shared store, bringing memory up
@@ -382,14 +386,14 @@ func (m *Manager) sweepRecord(ctx context.Context, rec *store.Record) bool {
 	now := time.Now()
 	switch stateOf(rec.State) {
 	case sbxv1.SandboxState_SANDBOX_STATE_DESTROYING:
-		if m.tearingDown(rec.ID) || now.Sub(time.UnixMilli(rec.DestroyingSinceMs)) < teardownGrace {
+		if m.tearingDown(rec.ID) || now.Sub(time.UnixMilli(rec.DestroyingSinceMs)) < m.cfg.TeardownGrace {
 			return true
 		}
 	case sbxv1.SandboxState_SANDBOX_STATE_CREATING:
 		m.mu.RLock()
 		_, local := m.boxes[rec.ID]
 		m.mu.RUnlock()
-		if local || now.Sub(time.UnixMilli(rec.CreatedAtMs)) < creatingGrace {
+		if local || now.Sub(time.UnixMilli(rec.CreatedAtMs)) < m.cfg.CreatingGrace {
 			return true
 		}
 	default:

@@ -336,7 +336,7 @@ func TestReplicaNameRace(t *testing.T) {
 
 // TestReplicaGoneOthersServe: a replica that stops (its memory gone)
 // leaves its sandboxes to the others; one it left half-destroyed is torn
-// down by another once teardownGrace has passed.
+// down by another once DefaultTeardownGrace has passed.
 func TestReplicaGoneOthersServe(t *testing.T) {
 	for name, mk := range sharedBackends(t) {
 		t.Run(name, func(t *testing.T) {
@@ -379,7 +379,7 @@ func TestReplicaGoneOthersServe(t *testing.T) {
 			}
 			rec, _ = r.st.Get(ctx, half.Id)
 			old := *rec
-			old.DestroyingSinceMs = nowMs() - teardownGrace.Milliseconds() - 1
+			old.DestroyingSinceMs = nowMs() - DefaultTeardownGrace.Milliseconds() - 1
 			if !b.sweepRecord(ctx, &old) {
 				t.Fatal("sweepRecord did not take over a teardown past its grace")
 			}

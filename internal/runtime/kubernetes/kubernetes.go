@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -25,6 +26,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/sbxdev/sbx/internal/cleanup"
+	"github.com/sbxdev/sbx/internal/crashpoint"
 	"github.com/sbxdev/sbx/internal/errdefs"
 	"github.com/sbxdev/sbx/internal/podfw"
 	"github.com/sbxdev/sbx/internal/runtime"
@@ -78,7 +80,11 @@ type Config struct {
 	// allow-list says. The pod firewall adds what each pod finds itself
 	// (its node, its own network, the API server's ClusterIP).
 	ClusterCIDRs []netip.Prefix
-	Logger       *slog.Logger
+	// LeaseDuration is how long a pool owner's Lease lasts unrenewed
+	// before other processes delete its unclaimed pool pods (lease.go;
+	// 0 = DefaultLeaseDuration).
+	LeaseDuration time.Duration
+	Logger        *slog.Logger
 }
 
 // Driver is the kubernetes runtime driver.
@@ -87,9 +93,10 @@ type Driver struct {
 	client k8s.Interface
 	id     *identity
 	log    *slog.Logger
-	health string // "" when healthy
-	pool   *pool  // nil without Config.Pool
-	netpol string // why the NetworkPolicy was not made ("" = it was)
+	health string   // "" when healthy
+	pool   *pool    // nil without Config.Pool
+	sweep  *sweeper // nil until StartPool
+	netpol string   // why the NetworkPolicy was not made ("" = it was)
 
 	// fwMu guards fwFailed: the pod firewall's error in the last pod that
 	// ran it ("" once a pod's firewall succeeds), for Info.
@@ -126,6 +133,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = DefaultLeaseDuration
+	}
+	if cfg.LeaseDuration < 3*time.Second {
+		return nil, fmt.Errorf("kubernetes runtime: a pool lease of %v: want at least 3s (it is renewed every third): %w", cfg.LeaseDuration, errdefs.ErrInvalidArgument)
 	}
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.AgentImage == "" {
 		return nil, fmt.Errorf("kubernetes runtime: need a client, a namespace and an agent image: %w", errdefs.ErrInvalidArgument)
@@ -226,9 +239,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle,
 	return d.create(ctx, spec, nil)
 }
 
-// create makes a pod for spec (decorate, if set, adds to its object) and
-// waits for its agent.
-func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*corev1.Pod)) (runtime.Handle, error) {
+// create makes a pod for spec (labels, if set, are added to its pod's and
+// its Secret's) and waits for its agent.
+func (d *Driver) create(ctx context.Context, spec runtime.Spec, labels map[string]string) (runtime.Handle, error) {
 	t0 := time.Now()
 	box, err := newBoxCert(spec.ID)
 	if err != nil {
@@ -255,6 +268,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 	}
 	secrets := d.client.CoreV1().Secrets(d.cfg.Namespace)
 	sec := d.secret(spec, box)
+	maps.Copy(sec.Labels, labels)
 	if _, err := secrets.Create(bg, sec, metav1.CreateOptions{}); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return runtime.Handle{}, fmt.Errorf("creating box %s: a secret %s exists: %w", spec.ID, sec.Name, errdefs.ErrAlreadyExists)
@@ -266,9 +280,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 		return runtime.Handle{}, fmt.Errorf("creating box %s: %w", spec.ID, err)
 	}
 	pod := d.pod(spec)
-	if decorate != nil {
-		decorate(pod)
-	}
+	maps.Copy(pod.Labels, labels)
 	created, err := d.client.CoreV1().Pods(d.cfg.Namespace).Create(bg, pod, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
@@ -282,6 +294,7 @@ func (d *Driver) create(ctx context.Context, spec runtime.Spec, decorate func(*c
 	stack.Add(rollback(func(ctx context.Context) error { return d.deletePod(ctx, created.Name, string(created.UID)) }))
 	d.createBoxPolicy(bg, spec, created)
 	stack.Add(rollback(func(ctx context.Context) error { d.deleteBoxPolicy(ctx, spec.ID); return nil }))
+	crashpoint.Hit("k8s-create-pod")
 	tPod := time.Now()
 	running, err := d.waitRunning(ctx, created)
 	if err != nil {

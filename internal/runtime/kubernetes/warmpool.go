@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
@@ -47,8 +46,9 @@ import (
 // cannot change: its name (sbx-w…, kept in the handle) and its hostname.
 //
 // Each daemon process fills its own share (pods labelled with its owner
-// id) to PoolSpec.Size in the background and deletes its unclaimed pods at
-// Close. The manager never sees pool pods: they have no record, so no
+// id) to PoolSpec.Size in the background, under a Lease it renews, and
+// deletes its unclaimed pods at Close; the other processes delete them
+// once that Lease expires (a process killed with SIGKILL: lease.go). The manager never sees pool pods: they have no record, so no
 // tenant is charged for them.
 
 // Labels of pool pods.
@@ -105,11 +105,16 @@ func poolSpecs(cfg []PoolSpec) (map[string]PoolSpec, error) {
 }
 
 // StartPool starts filling this process's share of the pools of
-// Config.Pool in the background, until Close. A driver that was not
-// started still claims from the pods other replicas fill.
+// Config.Pool in the background, under a Lease, and sweeping the pool pods
+// of dead processes (lease.go), until Close. A driver that was not started
+// still claims from the pods other replicas fill.
 func (d *Driver) StartPool() {
+	if d.sweep != nil || d.health != "" {
+		return
+	}
+	d.startSweeper()
 	p := d.pool
-	if p == nil || p.cancel != nil {
+	if p == nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -136,6 +141,11 @@ func (p *pool) wakeUp() {
 func (d *Driver) fill(ctx context.Context) {
 	p := d.pool
 	defer p.wg.Done()
+	select { // no pool pod without this process's Lease
+	case <-ctx.Done():
+		return
+	case <-d.sweep.leased:
+	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -190,11 +200,7 @@ func (d *Driver) fillOne(ctx context.Context, key string, ps PoolSpec) {
 	defer listable()
 	id := "w" + randHex(10)
 	spec := runtime.Spec{ID: id, Image: runtime.Image{Ref: ps.Image}, Resources: ps.Resources, Hostname: id, Workdir: "/"}
-	h, err := d.create(ctx, spec, func(pod *corev1.Pod) {
-		pod.Labels[labelPool] = key
-		pod.Labels[labelOwner] = p.owner
-		pod.Labels[labelWarm] = "starting"
-	})
+	h, err := d.create(ctx, spec, map[string]string{labelPool: key, labelOwner: p.owner, labelWarm: "starting"})
 	listable() // the pod exists (and is listed), or create rolled it back
 	if err != nil {
 		if ctx.Err() == nil {
@@ -310,12 +316,27 @@ func (d *Driver) configure(ctx context.Context, h runtime.Handle, spec runtime.S
 // pods (a pod another replica claims meanwhile is its own: each delete is
 // conditional on the resourceVersion it was listed at).
 func (d *Driver) Close(ctx context.Context) error {
-	p := d.pool
-	if p == nil || p.cancel == nil {
+	if d.sweep == nil {
 		return nil
+	}
+	p := d.pool
+	if p == nil {
+		return d.stopSweeper(ctx, false)
 	}
 	p.cancel()
 	p.wg.Wait()
+	if err := d.closePool(ctx); err != nil {
+		// The Lease stays, unrenewed: the other processes' sweeps delete
+		// what is left once it expires.
+		_ = d.stopSweeper(ctx, false)
+		return err
+	}
+	return d.stopSweeper(ctx, true)
+}
+
+// closePool deletes this process's unclaimed pool pods.
+func (d *Driver) closePool(ctx context.Context) error {
+	p := d.pool
 	pods := d.client.CoreV1().Pods(d.cfg.Namespace)
 	var errs []error
 	for range 5 {

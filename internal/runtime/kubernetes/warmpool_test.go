@@ -316,3 +316,34 @@ func TestWarmPoolFigures(t *testing.T) {
 	report("create→ready, claimed from the pool", warm)
 	report("create→ready, cold", cold)
 }
+
+// TestClaimedHostname records what a claimed box's hostname is and that
+// code in a box cannot change it: the pod keeps the pool pod's hostname (a
+// pod's hostname is immutable), and setting the UTS hostname needs
+// CAP_SYS_ADMIN, which neither user code nor the agent (same capabilities)
+// holds, so the agent cannot give the box the sandbox's hostname after the
+// claim either. A cold neighbour's hostname is its own id, untouched by
+// the attempts.
+func TestClaimedHostname(t *testing.T) {
+	e := newPoolEnv(t)
+	tmpl := poolSpec()
+	d := e.driver(t, []kubernetes.PoolSpec{{Image: tmpl.Image.Ref, Resources: tmpl.Resources, Size: 1}}, true)
+	e.waitReady(t, 1)
+	box := testsuite.Create(t, d, poolSpec())
+	if !claimed(box) {
+		t.Fatalf("box %s made cold with a ready pool pod", box.ID)
+	}
+	nspec := poolSpec()
+	nspec.Resources.MemoryBytes *= 2 // no pool: cold, hostname its id
+	neighbour := testsuite.Create(t, d, nspec)
+	pod := strings.TrimPrefix(podOf(t, box).Pod, "sbx-")
+	r := testsuite.MustExec(t, d, box, "/bin/sh", "-c",
+		`hostname; hostname evil 2>/dev/null; echo "hostname rc=$?"; (echo evil > /proc/sys/kernel/hostname) 2>/dev/null; echo "proc rc=$?"; hostname`)
+	want := pod + "\nhostname rc=1\nproc rc=1\n" + pod + "\n"
+	if r.Stdout != want {
+		t.Errorf("claimed box's hostname and attempts to set it: got %q, want %q", r.Stdout, want)
+	}
+	if r := testsuite.MustExec(t, d, neighbour, "hostname"); r.Stdout != neighbour.ID+"\n" {
+		t.Errorf("neighbour's hostname: got %q, want %q", r.Stdout, neighbour.ID+"\n")
+	}
+}
