@@ -167,11 +167,12 @@ func newModeDriver(t *testing.T, clusterCIDRs []netip.Prefix) runtime.Driver {
 
 // attackModes runs reachPy in box against reach (must connect) and blocked
 // (must not), tries to delete the firewall's table, and runs it again.
+// reachPy's datagrams go to port 9 (discard): these tests count TCP only.
 func attackModes(t *testing.T, d runtime.Driver, box runtime.Handle, reach, blocked []string) {
 	t.Helper()
 	check := func(when string) {
 		t.Helper()
-		r := testsuite.MustExec(t, d, box, append(append([]string{"/usr/bin/python3", "-c", reachPy}, reach...), blocked...)...)
+		r := testsuite.MustExec(t, d, box, append(append([]string{"/usr/bin/python3", "-c", reachPy, "9"}, reach...), blocked...)...)
 		t.Logf("%s:\n%s%s", when, r.Stdout, r.Stderr)
 		if !strings.Contains(r.Stdout, "loopback ok") {
 			t.Errorf("%s: loopback in the box: got %q, want it working", when, r.Stdout)
