@@ -618,6 +618,9 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 	if err := runCmd(cmd, netns, d.rt.hide); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
 	}
+	if err := d.cg.narrowDevices(id); err != nil {
+		return nil, fmt.Errorf("%s run: %w", d.rt.name, err)
+	}
 	b, err := os.ReadFile(pidFile(box))
 	if err != nil {
 		return nil, fmt.Errorf("read init pid: %w", err)
