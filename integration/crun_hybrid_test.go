@@ -165,3 +165,59 @@ func checkBoxCgroups(t *testing.T, d *daemon, id string) {
 		t.Errorf("found %d processes of box %s on the host, want the agent and the double-forked sleep", n, id)
 	}
 }
+
+// TestCrunEscapedBombsStayInTheirBox: on crun, a memory hog and a fork
+// bomb that box root detaches from the agent (setsid, double fork) are
+// still held by the box's cgroups: the host sees an OOM kill counted in
+// the box's memory cgroup (or its user cgroup below) and the user cgroup's
+// pids.current reach its pids.max, while a neighbour keeps answering
+// execs.
+func TestCrunEscapedBombsStayInTheirBox(t *testing.T) {
+	requireRuntime(t, "crun")
+	if _, err := os.Stat("/sys/fs/cgroup/pids/cgroup.procs"); err != nil {
+		t.Skip("no v1 pids hierarchy")
+	}
+	d := startDaemon(t, "--oci-runtime", "crun")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	neighbour := newBox(t, ctx, d, sbx.CreateOptions{})
+	bomb := newBox(t, ctx, d, sbx.CreateOptions{Pids: 64, MemoryBytes: 128 << 20})
+	start := func(cmd string) {
+		t.Helper()
+		res, err := bomb.RunShell(ctx, "setsid sh -c '"+cmd+" </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1")
+		if err != nil || res.Code != 0 {
+			t.Fatalf("start %s: %v %+v", cmd, err, res)
+		}
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("bomb box %s: %s not seen on the host within a minute", bomb.ID, what)
+			}
+		}
+	}
+	mem := boxCgroupDir(t, "memory", bomb.ID)
+	start("tail /dev/zero")
+	waitFor("an OOM kill", func() bool {
+		for _, dir := range []string{mem, filepath.Join(mem, "user")} {
+			b, _ := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+			if strings.Contains(string(b), "oom_kill ") && !strings.Contains(string(b), "oom_kill 0") {
+				return true
+			}
+		}
+		return false
+	})
+	pids := boxCgroupDir(t, "pids", bomb.ID)
+	user := filepath.Join(pids, "user")
+	if _, err := os.Stat(user); err != nil {
+		user = pids
+	}
+	start(`bash -c "while :; do sleep 1000 & done"`)
+	waitFor("pids.current at pids.max", func() bool {
+		cur, _ := os.ReadFile(filepath.Join(user, "pids.current"))
+		limit, _ := os.ReadFile(filepath.Join(user, "pids.max"))
+		return len(cur) > 0 && string(cur) == string(limit)
+	})
+	execWorks(t, neighbour, "neighbour of a pids-full, OOM-killing crun box")
+}
