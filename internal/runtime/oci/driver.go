@@ -614,9 +614,15 @@ func (d *Driver) start(ctx context.Context, id, box, netns string, extra []*os.F
 		}
 		defer cg.Close()
 		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		// A cut-off create kills every crun process, its detached child
+		// too, and what it started, before the rollback.
+		cmd.Cancel = func() error { return d.cg.killUnifiedBoxCgroup(id) }
 	}
 	if err := runCmd(cmd, netns, d.rt.hide); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", d.rt.name, err, logTail(agentLog(box)))
+	}
+	if err := d.cg.narrowDevices(id); err != nil {
+		return nil, fmt.Errorf("%s run: %w", d.rt.name, err)
 	}
 	b, err := os.ReadFile(pidFile(box))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -75,6 +76,37 @@ func (l cgroupLayout) unifiedBoxCgroup(id string) (*os.File, error) {
 		return nil, fmt.Errorf("open box cgroup in %s: %w", l.unified, err)
 	}
 	return f, nil
+}
+
+// killUnifiedBoxCgroup kills every process in box id's cgroup2 cgroup and
+// waits until the cgroup is empty. A runtime started there
+// (unifiedBoxCgroup) is cancelled with it: `crun run --detach` makes the
+// container in a child of its own (in a session of its own), which killing
+// the crun that the driver started leaves running, to make the box's
+// cgroups and container after the create's rollback has removed them.
+func (l cgroupLayout) killUnifiedBoxCgroup(id string) error {
+	dir := filepath.Join(l.unified, l.parent, id)
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		// Before cgroup.kill (Linux 5.14): one by one, until none is left.
+		for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	delay := 100 * time.Microsecond
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		pids := readPids(filepath.Join(dir, "cgroup.procs"))
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kill box %s's runtime: %d processes left in %s", id, len(pids), dir)
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 10*time.Millisecond)
+	}
 }
 
 // runCmd runs cmd. With netns or hide set it runs it from an OS thread of

@@ -158,12 +158,7 @@ func boxMounts(p specParams) []specs.Mount {
 
 func boxResources(r runtime.Resources, swapLimit bool) *specs.LinuxResources {
 	res := &specs.LinuxResources{
-		// Deny every device but the standard ones the runtime provides.
-		Devices: []specs.LinuxDeviceCgroup{
-			{Allow: false, Access: "rwm"},
-			charDev(1, 3), charDev(1, 5), charDev(1, 7), charDev(1, 8), charDev(1, 9),
-			charDev(5, 0), charDev(5, 2), charDev(136, -1), charDev(10, 229),
-		},
+		Devices: boxDevices(),
 	}
 	if r.MemoryBytes > 0 {
 		mem := r.MemoryBytes
@@ -206,6 +201,18 @@ func cpuQuota(millis int64) int64 {
 // converts it to cpu.weight on cgroup v2.
 func cpuShares(millis int64) uint64 {
 	return uint64(max(2, millis*1024/1000))
+}
+
+// boxDevices is a box's device cgroup: every device denied but the
+// standard ones the runtime provides (null, zero, full, random, urandom,
+// tty, ptmx, the ptys) and /dev/fuse. The runtimes add rules of their own
+// to it, which narrowDevices takes back out.
+func boxDevices() []specs.LinuxDeviceCgroup {
+	return []specs.LinuxDeviceCgroup{
+		{Allow: false, Access: "rwm"},
+		charDev(1, 3), charDev(1, 5), charDev(1, 7), charDev(1, 8), charDev(1, 9),
+		charDev(5, 0), charDev(5, 2), charDev(136, -1), charDev(10, 229),
+	}
 }
 
 func charDev(major, minor int64) specs.LinuxDeviceCgroup {
