@@ -5,6 +5,7 @@ package oci_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -43,8 +44,18 @@ func TestCrunCreateCutOffLeavesNoCgroups(t *testing.T) {
 		}
 	}
 	// Whatever crun process a cut-off left behind would go on making
-	// cgroups: give it the time a whole create takes.
-	time.Sleep(200 * time.Millisecond)
+	// cgroups: wait until no process names this driver's state root (a
+	// runtime's argv does: its --root and bundle), then look.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		procs := procsNaming(dir)
+		if len(procs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runtime processes of cut-off creates still running after 30 s: %v", procs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var left []string
 	for _, id := range ids {
 		left = append(left, cgroupDirs(filepath.Join(cgroupParent(dir), id))...)
@@ -55,6 +66,19 @@ func TestCrunCreateCutOffLeavesNoCgroups(t *testing.T) {
 			_ = removeAll(p)
 		}
 	}
+}
+
+// procsNaming returns the pids of processes whose argv contains s.
+func procsNaming(s string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), s) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // removeAll removes a leftover cgroup dir so that the test's cleanup can
