@@ -100,21 +100,29 @@ type Spend func(ctx context.Context, n int) error
 
 // budgeted returns sink with every output event charged to spend first.
 func budgeted(ctx context.Context, sink Sink, spend Spend) Sink {
+	return charged(ctx, sink, spend, func(ev *sbxv1.RunCodeEvent) (int, bool) {
+		switch e := ev.GetEvent().(type) {
+		case *sbxv1.RunCodeEvent_Stdout:
+			return len(e.Stdout), true
+		case *sbxv1.RunCodeEvent_Stderr:
+			return len(e.Stderr), true
+		}
+		return 0, false
+	})
+}
+
+// charged returns sink with each event that output says is output charged
+// to spend (its byte count) before it is passed on; other events pass
+// free. A nil spend charges nothing.
+func charged[E any](ctx context.Context, sink func(E) error, spend Spend, output func(E) (int, bool)) func(E) error {
 	if spend == nil {
 		return sink
 	}
-	return func(ev *sbxv1.RunCodeEvent) error {
-		var n int
-		switch e := ev.GetEvent().(type) {
-		case *sbxv1.RunCodeEvent_Stdout:
-			n = len(e.Stdout)
-		case *sbxv1.RunCodeEvent_Stderr:
-			n = len(e.Stderr)
-		default:
-			return sink(ev)
-		}
-		if err := spend(ctx, n); err != nil {
-			return err
+	return func(ev E) error {
+		if n, ok := output(ev); ok {
+			if err := spend(ctx, n); err != nil {
+				return err
+			}
 		}
 		return sink(ev)
 	}

@@ -350,24 +350,15 @@ func (s *Sessions) exec(ctx context.Context, ss *session, req *sbxv1.SessionExec
 // budgetedSession returns sink with every output event charged to spend
 // first (budgeted's twin for session commands).
 func budgetedSession(ctx context.Context, sink SessionSink, spend Spend) SessionSink {
-	if spend == nil {
-		return sink
-	}
-	return func(ev *sbxv1.SessionExecEvent) error {
-		var n int
+	return charged(ctx, sink, spend, func(ev *sbxv1.SessionExecEvent) (int, bool) {
 		switch e := ev.GetEvent().(type) {
 		case *sbxv1.SessionExecEvent_Stdout:
-			n = len(e.Stdout)
+			return len(e.Stdout), true
 		case *sbxv1.SessionExecEvent_Stderr:
-			n = len(e.Stderr)
-		default:
-			return sink(ev)
+			return len(e.Stderr), true
 		}
-		if err := spend(ctx, n); err != nil {
-			return err
-		}
-		return sink(ev)
-	}
+		return 0, false
+	})
 }
 
 func sessionChunk(sink SessionSink, b []byte, stderr bool) error {

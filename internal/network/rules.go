@@ -208,14 +208,14 @@ func boxMembership(p ruleParams, pol Policy) membership {
 		public: pol.Mode == ModePublic,
 		egress: p.proxyPort != 0 && pol.proxied(),
 		api:    p.apiPort != 0 && pol.APIAccess,
-		allow:  disjointPrefixes(pol.AllowCIDRs),
-		deny:   disjointPrefixes(pol.DenyCIDRs),
+		allow:  DisjointPrefixes(pol.AllowCIDRs),
+		deny:   DisjointPrefixes(pol.DenyCIDRs),
 	}
 }
 
-// disjointPrefixes returns ps masked, sorted, without duplicates and
+// DisjointPrefixes returns ps masked, sorted, without duplicates and
 // without prefixes another one covers: the same addresses, no overlaps.
-func disjointPrefixes(ps []netip.Prefix) []netip.Prefix {
+func DisjointPrefixes(ps []netip.Prefix) []netip.Prefix {
 	sorted := make([]netip.Prefix, 0, len(ps))
 	for _, p := range ps {
 		sorted = append(sorted, p.Masked())

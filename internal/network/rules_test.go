@@ -164,11 +164,11 @@ func TestDisjointPrefixes(t *testing.T) {
 			in = append(in, netip.MustParsePrefix(s))
 		}
 		var got []string
-		for _, p := range disjointPrefixes(in) {
+		for _, p := range DisjointPrefixes(in) {
 			got = append(got, p.String())
 		}
 		if d := cmp.Diff(tt.want, got); d != "" {
-			t.Errorf("disjointPrefixes(%v) (-want +got):\n%s", tt.in, d)
+			t.Errorf("DisjointPrefixes(%v) (-want +got):\n%s", tt.in, d)
 		}
 	}
 }

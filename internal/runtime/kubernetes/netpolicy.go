@@ -161,7 +161,7 @@ func (d *Driver) boxNetworkPolicy(spec runtime.Spec, pod *corev1.Pod) *networkin
 		return nil
 	}
 	r := d.firewallRules(spec)
-	closed := mergePrefixes(slices.Concat(r.Deny, r.Never))
+	closed := network.DisjointPrefixes(slices.Concat(r.Deny, r.Never))
 	var egress []networkingv1.NetworkPolicyEgressRule
 	block := func(cidr netip.Prefix, except []netip.Prefix) *networkingv1.NetworkPolicyEgressRule {
 		b := &networkingv1.IPBlock{CIDR: cidr.String()}
@@ -176,17 +176,17 @@ func (d *Driver) boxNetworkPolicy(spec runtime.Spec, pod *corev1.Pod) *networkin
 		return &networkingv1.NetworkPolicyEgressRule{To: []networkingv1.NetworkPolicyPeer{{IPBlock: b}}}
 	}
 	if r.Mode == podfw.ModePublic {
-		if e := block(netip.MustParsePrefix("0.0.0.0/0"), mergePrefixes(slices.Concat(closed, r.Blocked))); e != nil {
+		if e := block(netip.MustParsePrefix("0.0.0.0/0"), network.DisjointPrefixes(slices.Concat(closed, r.Blocked))); e != nil {
 			egress = append(egress, *e)
 		}
 	}
-	for _, a := range mergePrefixes(r.Allow) {
+	for _, a := range network.DisjointPrefixes(r.Allow) {
 		if e := block(a, closed); e != nil {
 			egress = append(egress, *e)
 		}
 	}
 	if r.Mode == podfw.ModePublic {
-		if e := block(netip.MustParsePrefix("0.0.0.0/0"), mergePrefixes(r.Deny)); e != nil {
+		if e := block(netip.MustParsePrefix("0.0.0.0/0"), network.DisjointPrefixes(r.Deny)); e != nil {
 			udp, tcp, dns := corev1.ProtocolUDP, corev1.ProtocolTCP, intstr.FromInt32(53)
 			e.Ports = []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}}
 			egress = append(egress, *e)
@@ -230,27 +230,4 @@ func (d *Driver) deleteBoxPolicy(ctx context.Context, id string) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		d.log.Warn("deleting box network policy", "box", id, "err", err)
 	}
-}
-
-// mergePrefixes returns ps sorted without prefixes another one covers:
-// the same addresses, no overlaps (IPv4 prefixes nest or are disjoint).
-func mergePrefixes(ps []netip.Prefix) []netip.Prefix {
-	sorted := make([]netip.Prefix, 0, len(ps))
-	for _, p := range ps {
-		sorted = append(sorted, p.Masked())
-	}
-	slices.SortFunc(sorted, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
-	var out []netip.Prefix
-	for _, p := range sorted {
-		if n := len(out); n > 0 && out[n-1].Contains(p.Addr()) {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
 }

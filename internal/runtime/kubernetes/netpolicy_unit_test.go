@@ -126,7 +126,7 @@ func mergedStrings(ss []string) []string {
 		ps = append(ps, netip.MustParsePrefix(s))
 	}
 	var out []string
-	for _, p := range mergePrefixes(ps) {
+	for _, p := range network.DisjointPrefixes(ps) {
 		out = append(out, p.String())
 	}
 	return out
