@@ -50,6 +50,32 @@ func GoneOrZombie(pid int) bool {
 	return len(f) == 0 || f[0] == "Z" || f[0] == "X"
 }
 
+// Kill sends SIGKILL to process pid, started at start (StartTime), through
+// a pidfd, so a reused pid is never signalled: a process already gone (or
+// whose pid now belongs to another) is no error.
+func Kill(pid int, start uint64) error {
+	if pid <= 0 || start == 0 {
+		return fmt.Errorf("kill pid %d: no process recorded: %w", pid, errors.ErrUnsupported)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open(%d): %w", pid, err)
+	}
+	defer unix.Close(fd)
+	// Checked after the pidfd is open: it refers to the very process whose
+	// start time matched, even if the pid is reused later.
+	if StartTime(pid) != start {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill pid %d: %w", pid, err)
+	}
+	return nil
+}
+
 // Watch calls conv once process pid, started at start (StartTime), has
 // exited, and sends what it returns on the channel, which is then closed.
 // If the process is gone already, the value is in the channel when Watch

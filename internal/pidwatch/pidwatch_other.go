@@ -23,6 +23,11 @@ func Watch[T any](_ context.Context, pid int, _ uint64, _ func(Status) T) (<-cha
 	return nil, fmt.Errorf("watch pid %d: %w", pid, errors.ErrUnsupported)
 }
 
+// Kill is unsupported off Linux.
+func Kill(pid int, _ uint64) error {
+	return fmt.Errorf("kill pid %d: %w", pid, errors.ErrUnsupported)
+}
+
 // Reap does nothing off Linux.
 func Reap(int, time.Duration) error { return nil }
 

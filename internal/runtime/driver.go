@@ -232,6 +232,18 @@ type Watcher interface {
 	Watch(ctx context.Context, h Handle) (<-chan Exit, error)
 }
 
+// Killer is implemented by drivers that can stop every process of a box at
+// once and cheaply (one signal, no runtime invocation), ahead of Destroy,
+// which then releases what the box held. The manager kills a destroyed box
+// before it queues the teardown, so the queue of boxes waiting to be torn
+// down may be long without holding running code (teardown.go). Kill of a
+// box whose processes are gone already is no error; a box killed this way
+// is not restarted by anything, and Watch reports its init's death as for
+// any other (the manager ignores it for a box it is destroying).
+type Killer interface {
+	Kill(ctx context.Context, h Handle) error
+}
+
 // Exit says how a box's init ended.
 type Exit struct {
 	// Reason is for humans and names what happened: "OOM-killed (SIGKILL)",

@@ -929,7 +929,7 @@ func (m *Manager) destroyLocked(ctx context.Context, b *box, reason string) erro
 		conn.Close()
 	}
 	m.forget(b.id, reason)
-	if !m.tearDownLater(b, reason) {
+	if !m.tearDownLater(b, reason, m.kill(ctx, b)) {
 		m.tearDown(ctx, b, reason)
 	}
 	return nil

@@ -417,3 +417,75 @@ func TestManagerRecover(t *testing.T) {
 		t.Errorf("records after recovery: got %d, want 2", len(recs))
 	}
 }
+
+// killStuckDriver is stuckDestroyDriver that can kill a box ahead of its
+// teardown (runtime.Killer), counting the boxes it killed.
+type killStuckDriver struct {
+	*stuckDestroyDriver
+	mu     sync.Mutex
+	killed map[string]bool
+}
+
+func (d *killStuckDriver) Kill(_ context.Context, h runtime.Handle) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.killed[h.ID] = true
+	return nil
+}
+
+// Destroys of boxes their driver killed first queue past teardownBacklog:
+// with every teardown held, more destroys than the plain backlog (plus the
+// workers) takes all answer, each box killed before its destroy answered;
+// once the teardowns run, every record is gone.
+func TestManagerKilledBoxesQueuePastBacklog(t *testing.T) {
+	e := newEnv(t)
+	e.mgr.Close()
+	e.store.Close()
+	stuck := &killStuckDriver{stuckDestroyDriver: &stuckDestroyDriver{entered: make(chan string, 1), release: make(chan struct{})},
+		killed: map[string]bool{}}
+	e.open(func(d runtime.Driver) runtime.Driver { stuck.Driver = d; return stuck })
+	released := false
+	defer func() {
+		if !released {
+			close(stuck.release)
+		}
+	}()
+	ctx := context.Background()
+	n := teardownBacklog + teardownConcurrency + 8
+	var ids []string
+	for range n {
+		sb, err := e.mgr.Create(ctx, &sbxv1.CreateSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.Id)
+	}
+	for i, id := range ids {
+		done := make(chan error, 1)
+		go func() { done <- e.mgr.Destroy(ctx, id) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("destroy %d of %d did not answer while the teardowns were held (torn down inline: not queued)", i+1, n)
+		}
+		stuck.mu.Lock()
+		k := stuck.killed[id]
+		stuck.mu.Unlock()
+		if !k {
+			t.Errorf("destroy of %s answered before its box was killed", id)
+		}
+	}
+	close(stuck.release)
+	released = true
+	if err := e.mgr.WaitTeardowns(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if _, err := e.store.Get(ctx, id); !errdefs.IsNotFound(err) {
+			t.Errorf("record of %s after its teardown: %v, want it deleted", id, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	sbxv1 "github.com/sbxdev/sbx/api/gen/sbx/v1"
 	"github.com/sbxdev/sbx/internal/crashpoint"
+	"github.com/sbxdev/sbx/internal/runtime"
 )
 
 // A destroy answers once the sandbox is marked destroying in the store
@@ -21,15 +22,22 @@ import (
 // record no longer accounts for.
 //
 // At most teardownConcurrency teardowns run at once, so a burst of
-// destroys does not take the CPU from the creates around it; at most
-// teardownBacklog wait, beyond which Destroy tears down itself before
-// answering (back-pressure: the boxes destroyed but still running stay
-// few, whatever the rate of destroys). Close waits for every queued
-// teardown, so a graceful stop leaves nothing of a destroyed box.
+// destroys does not take the CPU from the creates around it. A box whose
+// driver killed every process of it first (runtime.Killer: one signal)
+// holds no running code while it waits, only mounts, cgroups and its
+// network: up to teardownKilledBacklog of those wait. Other boxes wait
+// only while fewer than teardownBacklog are queued, beyond which Destroy
+// tears down itself before answering (back-pressure: the boxes destroyed
+// but still running stay few, whatever the rate of destroys). Close waits
+// for every queued teardown, so a graceful stop leaves nothing of a
+// destroyed box.
 
 const (
 	teardownConcurrency = 4
 	teardownBacklog     = 64
+	// teardownKilledBacklog bounds the queue for boxes killed before they
+	// were queued (more than the largest burst of destroys measured, 1000).
+	teardownKilledBacklog = 4096
 	// teardownAttempts is how often a failing driver destroy is tried
 	// before the record is left for the next start's recovery.
 	teardownAttempts = 3
@@ -57,15 +65,20 @@ type teardownJob struct {
 }
 
 // tearDownLater queues b's teardown and reports whether it did; it does
-// not when the queue is full or closed, and the caller tears down itself.
-func (m *Manager) tearDownLater(b *box, reason string) bool {
+// not when the queue is full (for a killed box, teardownKilledBacklog;
+// else teardownBacklog) or closed, and the caller tears down itself.
+func (m *Manager) tearDownLater(b *box, reason string, killed bool) bool {
 	t := &m.teardowns
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.dying == nil {
 		t.dying = map[string]*box{}
 	}
-	if t.closed || len(t.queue) >= teardownBacklog {
+	limit := teardownBacklog
+	if killed {
+		limit = teardownKilledBacklog
+	}
+	if t.closed || len(t.queue) >= limit {
 		t.dying[b.id] = b
 		return false
 	}
@@ -75,6 +88,24 @@ func (m *Manager) tearDownLater(b *box, reason string) bool {
 		t.workers++
 		t.wg.Add(1)
 		go m.teardownWorker()
+	}
+	return true
+}
+
+// kill has b's driver kill every process of b (runtime.Killer) and
+// reports whether it did; drivers without it, and a kill that fails
+// (logged), leave b running until its teardown.
+func (m *Manager) kill(ctx context.Context, b *box) bool {
+	k, ok := b.driver.(runtime.Killer)
+	if !ok {
+		return false
+	}
+	b.mu.Lock()
+	h := b.handle
+	b.mu.Unlock()
+	if err := k.Kill(ctx, h); err != nil {
+		m.log.Warn("killing a destroyed sandbox ahead of its teardown", "sandbox", b.id, "err", err)
+		return false
 	}
 	return true
 }

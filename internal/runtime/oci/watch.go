@@ -15,7 +15,29 @@ import (
 	"github.com/sbxdev/sbx/internal/runtime/ocibox"
 )
 
-var _ runtime.Watcher = (*Driver)(nil)
+var (
+	_ runtime.Watcher = (*Driver)(nil)
+	_ runtime.Killer  = (*Driver)(nil)
+)
+
+// Kill sends SIGKILL to the box's init (runtime.Killer), identified by the
+// pid and start time recorded at create, through a pidfd: the agent is
+// PID 1 of the box's pid namespace, so the kernel kills every process in
+// it. Destroy, later, releases the box's mounts, cgroups and runtime state.
+// A box whose init is gone already is no error.
+func (d *Driver) Kill(_ context.Context, h runtime.Handle) error {
+	if err := checkID(h.ID); err != nil {
+		return err
+	}
+	data, err := parseData(h)
+	if err != nil {
+		return fmt.Errorf("kill box %s: %w", h.ID, err)
+	}
+	if err := pidwatch.Kill(data.Pid, data.StartTime); err != nil {
+		return fmt.Errorf("kill box %s: %w", h.ID, err)
+	}
+	return nil
+}
 
 // Watch reports when the box's init (the agent, PID 1 of the box) exits
 // (runtime.Watcher), through a pidfd on the init recorded at create (pid
