@@ -512,9 +512,13 @@ func TestInteractiveExec(t *testing.T) {
 
 	// Only the usual device nodes exist, plus /dev/fuse for the agent's
 	// permission layers (opening it is harmless: mounting needs
-	// CAP_SYS_ADMIN, which no user process has).
-	if got := mustRun(t, ctx, sb, "ls /dev | tr '\\n' ' '"); got != "fd full fuse mqueue null ptmx pts random shm stderr stdin stdout tty urandom zero " {
+	// CAP_SYS_ADMIN, which no user process has). crun also links
+	// /dev/core to /proc/kcore, which is masked (reads nothing).
+	if got := mustRun(t, ctx, sb, "ls /dev | grep -vx core | tr '\\n' ' '"); got != "fd full fuse mqueue null ptmx pts random shm stderr stdin stdout tty urandom zero " {
 		t.Errorf("/dev holds %q", got)
+	}
+	if got := mustRun(t, ctx, sb, "if [ -e /dev/core ] || [ -L /dev/core ]; then readlink /dev/core; head -c 1 /proc/kcore 2>/dev/null | wc -c; fi | tr '\\n' ' '"); got != "" && got != "/proc/kcore 0 " {
+		t.Errorf("/dev/core: readlink and bytes of /proc/kcore: %q, want none, or a link to /proc/kcore that reads nothing (masked)", got)
 	}
 	if got := mustRun(t, ctx, sb, "grep -E '^Cap(Eff|Bnd)' /proc/self/status | tr '\\n\\t' '  '"); strings.Contains(got, "00000000a02405fb") || !strings.Contains(got, "00000000a00405fb") {
 		t.Errorf("capabilities of a user process: %q, want Docker's set without CAP_SYS_ADMIN", got)
