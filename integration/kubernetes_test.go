@@ -98,7 +98,7 @@ func TestKubernetesRuntime(t *testing.T) {
 	}
 	if apod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "sbx-"+allowed.ID, metav1.GetOptions{}); err != nil {
 		t.Errorf("the allow-listed sandbox's pod: %v", err)
-	} else if got := strings.Join(apod.Spec.InitContainers[0].Command, " "); !strings.Contains(got, "sbx-firewall allow -deny 203.0.113.8/32 ") ||
+	} else if got := strings.Join(apod.Spec.InitContainers[0].Command, " "); !strings.Contains(got, "sbx-firewall nftables allow -deny 203.0.113.8/32 ") ||
 		!strings.Contains(got, "-allow 203.0.113.7/32 ") {
 		t.Errorf("the allow-listed sandbox's firewall: %q, want mode allow with its deny and allow CIDRs", got)
 	}
